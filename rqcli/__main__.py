@@ -1,0 +1,3 @@
+from rqcli.main import main
+
+main()

@@ -1,0 +1,22 @@
+"""The one exception rqcli commands raise to stop with a message and an exit code."""
+
+from __future__ import annotations
+
+from rqcli.exitcodes import ExitCode
+
+
+class CliError(Exception):
+    """Stops the command: `message` goes to stderr as one line, `code` becomes the exit status.
+
+    `hint` says what to do about it; it is appended to the same line.
+    """
+
+    def __init__(self, message: str, code: ExitCode = ExitCode.FAILURE, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.hint = hint
+
+    def one_line(self) -> str:
+        text = self.message if not self.hint else f"{self.message} — {self.hint}"
+        return " ".join(text.split())  # one line, whatever the library put in it

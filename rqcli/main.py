@@ -1,0 +1,148 @@
+"""The `rq` command group: global options, lazy subcommands, and the one place errors become exit codes."""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rqcli import __version__
+from rqcli.config import load_config
+from rqcli.errors import CliError
+from rqcli.exitcodes import EXIT_CODE_HELP, ExitCode
+from rqcli.output import Output
+
+# name -> (module, attribute, one-line example). Modules load only when their command runs, so
+# `rq tail` does not pay for boto3 and `rq preload` does not pay for aioquic. A module that is not
+# there yet is simply not listed.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "preload": ("rqcli.commands.preload", "preload", "rq preload s3://bucket/train/ --tier ram"),
+    "cache": ("rqcli.commands.cache", "cache", "rq cache du"),
+    "send": ("rqcli.commands.transfer", "send", "rq send ckpt/ rq://10.0.0.2:7420"),
+    "recv": ("rqcli.commands.transfer", "recv", "rq recv /data/ckpt --listen 0.0.0.0:7420"),
+    "produce": ("rqcli.commands.topics", "produce", "seq 10 | rq produce events"),
+    "tail": ("rqcli.commands.topics", "tail", "rq tail events -n 20 -f"),
+    "replay": ("rqcli.commands.topics", "replay", "rq replay events --from @-1h --to end"),
+    "offsets": ("rqcli.commands.topics", "offsets", "rq offsets events --group trainer"),
+    "doctor": ("rqcli.commands.doctor", "doctor", "rq doctor --endpoint-url http://127.0.0.1:8333"),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name, (mod, _, _) in COMMANDS.items() if importlib.util.find_spec(mod) is not None]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None or importlib.util.find_spec(entry[0]) is None:
+            return None
+        command = getattr(importlib.import_module(entry[0]), entry[1])
+        assert isinstance(command, click.Command)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is None or cmd.hidden:
+                continue
+            rows.append((name, f"{cmd.get_short_help_str(60)}  e.g. `{COMMANDS[name][2]}`"))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {int(code):>3}  {text}" for code, text in EXIT_CODE_HELP.items())
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
+@click.option("--json", "json_", is_flag=True, help="Machine output: one JSON object per line.")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors on stderr.")
+@click.option("-v", "--verbose", count=True, help="More detail on stderr; tracebacks on errors.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="RQ_CONFIG",
+    help="Config file (default ~/.config/rq/config.toml).",
+)
+@click.version_option(__version__, "--version", prog_name="rq")
+@click.pass_context
+def cli(ctx: click.Context, json_: bool, quiet: bool, verbose: int, config_path: Path | None) -> None:
+    """rq moves AI training data and checkpoints fast and safely.
+
+    Preload datasets into a local RAM/disk cache, send checkpoints between machines,
+    and tail or replay topics exactly.
+
+    Settings come from flags, then RQ_<COMMAND>_<OPTION> environment variables,
+    then the config file, then defaults.
+    """
+    ctx.obj = Output(json=json_, quiet=quiet, verbose=verbose)
+    ctx.default_map = load_config(config_path)
+
+
+def _from_os_error(exc: OSError) -> CliError:
+    code = {
+        errno.ENOSPC: ExitCode.NO_SPACE,
+        errno.EDQUOT: ExitCode.NO_SPACE,
+        errno.ENOENT: ExitCode.NOT_FOUND,
+        errno.EACCES: ExitCode.AUTH,
+        errno.EPERM: ExitCode.AUTH,
+        errno.ECONNREFUSED: ExitCode.UNREACHABLE,
+        errno.EHOSTUNREACH: ExitCode.UNREACHABLE,
+        errno.ECONNRESET: ExitCode.UNREACHABLE,
+        errno.EEXIST: ExitCode.EXISTS,
+    }.get(exc.errno or 0, ExitCode.FAILURE)
+    where = f": {exc.filename}" if exc.filename else ""
+    return CliError(f"{exc.strerror or exc}{where}", code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry: runs `rq` and turns every failure into one stderr line and an exit code."""
+    verbose = any(
+        a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"})
+        for a in (argv or sys.argv[1:])
+    )
+    try:
+        rv: Any = cli.main(args=argv, prog_name="rq", standalone_mode=False, auto_envvar_prefix="RQ")
+        code = int(rv) if isinstance(rv, int) else 0
+    except CliError as exc:
+        if verbose:
+            traceback.print_exc()
+        click.echo(f"rq: error: {exc.one_line()}", err=True)
+        code = int(exc.code)
+    except click.exceptions.Exit as exc:
+        code = exc.exit_code
+    except click.exceptions.Abort:
+        click.echo("rq: interrupted", err=True)
+        code = int(ExitCode.INTERRUPTED)
+    except click.ClickException as exc:
+        exc.show()
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("rq: interrupted", err=True)
+        code = int(ExitCode.INTERRUPTED)
+    except BrokenPipeError:
+        # `rq tail … | head`: the reader left; that is not an error worth a line.
+        sys.stderr.close()
+        code = 0
+    except OSError as exc:
+        if verbose:
+            traceback.print_exc()
+        err = _from_os_error(exc)
+        click.echo(f"rq: error: {err.one_line()}", err=True)
+        code = int(err.code)
+    except Exception as exc:
+        if verbose:
+            traceback.print_exc()
+        click.echo(
+            f"rq: error: unexpected {type(exc).__name__}: {exc} (run with -v for the traceback)", err=True
+        )
+        code = int(ExitCode.FAILURE)
+    sys.exit(code)

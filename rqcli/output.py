@@ -1,0 +1,143 @@
+"""How rq talks to people and scripts: JSON lines, quiet mode, progress bars only on a terminal."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import click
+import orjson
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {0x7F: "\\x7f"}
+
+
+def safe_text(text: str) -> str:
+    """A name from the network or a bucket, made safe to print: control characters escaped."""
+    return text.translate(_CONTROL)
+
+
+@dataclass
+class Output:
+    """The terminal side of one rq invocation. Commands get it with `get_output()`."""
+
+    json: bool = False
+    quiet: bool = False
+    verbose: int = 0
+    stdout: Any = field(default_factory=lambda: sys.stdout)
+    stderr: Any = field(default_factory=lambda: sys.stderr)
+
+    @property
+    def interactive(self) -> bool:
+        """True when a person watches stderr: progress bars are drawn only then."""
+        if self.json or self.quiet or os.environ.get("CI"):
+            return False
+        return bool(getattr(self.stderr, "isatty", lambda: False)())
+
+    def emit(self, obj: dict[str, Any]) -> None:
+        """One JSON object on one line of stdout (only in --json mode)."""
+        if self.json:
+            self.stdout.write(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
+            self.stdout.flush()
+
+    def info(self, text: str) -> None:
+        """A human line on stdout; silent under --json and --quiet."""
+        if not (self.json or self.quiet):
+            click.echo(text, file=self.stdout)
+
+    def warn(self, text: str) -> None:
+        """A warning on stderr; silent under --quiet."""
+        if not self.quiet:
+            click.echo(f"rq: warning: {text}", file=self.stderr)
+
+    def debug(self, text: str) -> None:
+        if self.verbose:
+            click.echo(f"rq: {text}", file=self.stderr)
+
+    def console(self) -> Console:
+        return Console(file=self.stdout, highlight=False, soft_wrap=False)
+
+    @contextlib.contextmanager
+    def progress(self, transfer: bool = True) -> Iterator[Progress | None]:
+        """A rich progress display on stderr when interactive, else None (callers skip updates)."""
+        if not self.interactive:
+            yield None
+            return
+        columns: list[Any] = [TextColumn("{task.description}"), BarColumn(), TaskProgressColumn()]
+        if transfer:
+            columns += [DownloadColumn(), TransferSpeedColumn()]
+        columns.append(TimeRemainingColumn())
+        with Progress(*columns, console=Console(file=self.stderr), transient=False) as bar:
+            yield bar
+
+
+def get_output() -> Output:
+    """The Output of the running command (created by the `rq` group)."""
+    ctx = click.get_current_context()
+    out = ctx.find_object(Output)
+    if out is None:
+        out = ctx.ensure_object(Output)
+    return out
+
+
+def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(Output).json = True
+
+
+def _set_quiet(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.ensure_object(Output).quiet = True
+
+
+def _set_verbose(ctx: click.Context, _param: click.Parameter, value: int) -> None:
+    if value:
+        out = ctx.ensure_object(Output)
+        out.verbose = max(out.verbose, value)
+
+
+def output_options(func: F) -> F:
+    """Adds --json/-q/-v to a subcommand, so `rq doctor --json` works as well as `rq --json doctor`."""
+    func = click.option(
+        "-v",
+        "--verbose",
+        count=True,
+        expose_value=False,
+        callback=_set_verbose,
+        is_eager=True,
+        help="More detail on stderr; tracebacks on errors.",
+    )(func)
+    func = click.option(
+        "-q",
+        "--quiet",
+        is_flag=True,
+        expose_value=False,
+        callback=_set_quiet,
+        is_eager=True,
+        help="Only errors on stderr.",
+    )(func)
+    func = click.option(
+        "--json",
+        "json_",
+        is_flag=True,
+        expose_value=False,
+        callback=_set_json,
+        is_eager=True,
+        help="Machine output: one JSON object per line.",
+    )(func)
+    return func

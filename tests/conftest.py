@@ -1,0 +1,202 @@
+"""Shared fixtures: the real services (SeaweedFS S3, NATS JetStream, Mosquitto) and a way to run `rq`.
+
+Services are those of scripts/services.sh. If they already run (scripts/test.sh started them, or a
+developer did), the tests use them and leave them running; otherwise the session starts them and
+stops them at the end. Each test gets its own bucket / stream, removed afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SERVICES = REPO / "scripts" / "services.sh"
+STATE = Path(os.environ.get("RQ_SERVICES_DIR", REPO / ".rq-services"))
+
+
+@dataclass(frozen=True)
+class Services:
+    s3_endpoint: str
+    access_key: str
+    secret_key: str
+    nats_url: str
+    mqtt_url: str | None
+
+    def aws_env(self) -> dict[str, str]:
+        """Environment for a subprocess that should reach the test S3 through boto3's standard chain."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_ENDPOINT_URL": self.s3_endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export ") and "=" in line:
+            key, _, value = line[len("export ") :].partition("=")
+            env[key] = value
+    return env
+
+
+@pytest.fixture(scope="session")
+def services() -> Iterator[Services]:
+    out = subprocess.run(
+        ["bash", str(SERVICES), "start"], capture_output=True, text=True, timeout=180, check=False
+    )
+    if out.returncode != 0:
+        pytest.fail(f"scripts/services.sh start failed:\n{out.stdout}\n{out.stderr}")
+    started_here = " started" in out.stdout
+    env = _read_env_file(STATE / "services.env")
+    yield Services(
+        s3_endpoint=env["RQ_TEST_S3_ENDPOINT"],
+        access_key=env["RQ_TEST_AWS_ACCESS_KEY_ID"],
+        secret_key=env["RQ_TEST_AWS_SECRET_ACCESS_KEY"],
+        nats_url=env["RQ_TEST_NATS_URL"],
+        mqtt_url=env.get("RQ_TEST_MQTT_URL"),
+    )
+    if started_here:
+        subprocess.run(["bash", str(SERVICES), "stop"], capture_output=True, timeout=120, check=False)
+
+
+@pytest.fixture
+def aws_env(services: Services, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """Points boto3's standard chain (in this process and in subprocesses) at the test S3."""
+    env = services.aws_env()
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    return env
+
+
+@pytest.fixture
+def s3_client(services: Services) -> Any:
+    import boto3
+
+    return boto3.client(
+        "s3",
+        endpoint_url=services.s3_endpoint,
+        aws_access_key_id=services.access_key,
+        aws_secret_access_key=services.secret_key,
+        region_name="us-east-1",
+    )
+
+
+@pytest.fixture
+def bucket(s3_client: Any) -> Iterator[str]:
+    """A fresh, empty bucket for one test; emptied and deleted afterwards."""
+    name = f"rqtest-{uuid.uuid4().hex[:12]}"
+    s3_client.create_bucket(Bucket=name)
+    yield name
+    paginator = s3_client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=name):
+        keys = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+        if keys:
+            s3_client.delete_objects(Bucket=name, Delete={"Objects": keys, "Quiet": True})
+    s3_client.delete_bucket(Bucket=name)
+
+
+@pytest.fixture
+def nats_url(services: Services) -> str:
+    return services.nats_url
+
+
+@pytest.fixture
+def stream_name(nats_url: str) -> Iterator[str]:
+    """A unique JetStream stream name (subject `<name>.>`); the stream is deleted afterwards if created."""
+    name = f"RQTEST_{uuid.uuid4().hex[:10].upper()}"
+    yield name
+    import asyncio
+
+    import nats
+
+    async def drop() -> None:
+        nc = await nats.connect(nats_url, connect_timeout=2, max_reconnect_attempts=0)
+        try:
+            await nc.jetstream().delete_stream(name)
+        except Exception:
+            pass  # the test never created it
+        finally:
+            await nc.close()
+
+    asyncio.run(drop())
+
+
+@pytest.fixture
+def mqtt_url(services: Services) -> str:
+    if not services.mqtt_url:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    return services.mqtt_url
+
+
+def rq_command() -> list[str]:
+    """How tests run the CLI: the installed console script's module, in this interpreter."""
+    return [sys.executable, "-m", "rqcli"]
+
+
+def run_rq(
+    *args: str,
+    env: dict[str, str] | None = None,
+    input: bytes | None = None,
+    timeout: float = 120,
+    cwd: str | Path | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    """Runs `rq ARGS` as a real subprocess (exit codes, stderr and all)."""
+    full_env = {**os.environ, "CI": "1", **(env or {})}
+    return subprocess.run(
+        [*rq_command(), *args],
+        env=full_env,
+        input=input,
+        capture_output=True,
+        timeout=timeout,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def _rdma_device_present() -> bool:
+    tool = shutil.which("ibv_devices")
+    if tool is None:
+        return False
+    out = subprocess.run([tool], capture_output=True, text=True, check=False)
+    lines = [ln for ln in out.stdout.splitlines()[2:] if ln.strip()]
+    return out.returncode == 0 and bool(lines)
+
+
+def _netns_usable() -> bool:
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        return False
+    name = f"rqprobe{os.getpid()}"
+    ok = subprocess.run(["ip", "netns", "add", name], capture_output=True, check=False).returncode == 0
+    if ok:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+    return ok
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    needs_rdma = [i for i in items if "rdma" in i.keywords]
+    if needs_rdma and not _rdma_device_present():
+        skip = pytest.mark.skip(
+            reason="no RDMA device: `ibv_devices` lists none (needs rdma-core and a NIC or rxe)"
+        )
+        for item in needs_rdma:
+            item.add_marker(skip)
+    needs_netns = [i for i in items if "netns" in i.keywords]
+    if needs_netns and not _netns_usable():
+        skip = pytest.mark.skip(
+            reason="needs root, iproute2 and tc, and permission to create a network namespace"
+        )
+        for item in needs_netns:
+            item.add_marker(skip)

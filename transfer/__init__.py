@@ -1,0 +1,1 @@
+"""rq transfer library."""
