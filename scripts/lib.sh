@@ -1,0 +1,60 @@
+# Shared by scripts/test.sh and scripts/quickstart.sh: set up .venv and the optional system packages.
+# shellcheck shell=bash
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+ensure_venv() {
+  local py=${PYTHON:-python3}
+  if [ ! -x "$REPO/.venv/bin/python" ]; then
+    say "creating .venv with $($py --version 2>&1)"
+    "$py" -m venv "$REPO/.venv"
+  fi
+  # Re-install only when pyproject.toml changed since the last install (saves ~10 s a run).
+  local stamp="$REPO/.venv/.rq-installed"
+  if [ ! -f "$stamp" ] || [ "$REPO/pyproject.toml" -nt "$stamp" ]; then
+    say "installing rq and its dev tools into .venv"
+    "$REPO/.venv/bin/python" -m pip install -q --disable-pip-version-check -e "$REPO[dev]" 2>&1 \
+      | grep -v -e '^WARNING: Location' -e 'is ignored: it is neither' >&2 || true
+    "$REPO/.venv/bin/python" -c "import rqcli, cache, transfer, topics" || { say "install failed"; return 1; }
+    touch "$stamp"
+  fi
+  export PATH="$REPO/.venv/bin:$PATH"
+}
+
+# Debian packages that make more of the suite run (Mosquitto for MQTT, iperf3/rclone as bench peers,
+# iproute2 for the netns fault tests). Optional: without root or apt they are skipped with a message.
+ensure_system_packages() {
+  local missing=()
+  command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ] || missing+=(mosquitto)
+  command -v ip >/dev/null || missing+=(iproute2)
+  command -v tc >/dev/null || missing+=(iproute2)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+    say "optional packages missing (${missing[*]}): not root or no apt-get; their tests will be skipped"
+    return 0
+  fi
+  say "installing optional Debian packages: ${missing[*]}"
+  if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >/dev/null 2>&1; then
+    say "apt-get install ${missing[*]} failed; their tests will be skipped"
+  fi
+  # Debian starts a system mosquitto on :1883; ours runs on its own port, so that one is left alone.
+  return 0
+}
+
+# Starts the services; sets RQ_STARTED_SERVICES=1 when this call started any (so the caller stops them).
+start_services() {
+  local out
+  out=$(bash "$REPO/scripts/services.sh" start) || { printf '%s\n' "$out" >&2; return 1; }
+  printf '%s\n' "$out" >&2
+  RQ_STARTED_SERVICES=0
+  if grep -q ' started$' <<<"$out"; then RQ_STARTED_SERVICES=1; fi
+  export RQ_STARTED_SERVICES
+}
+
+stop_services_if_started() {
+  if [ "${RQ_STARTED_SERVICES:-0}" = 1 ]; then
+    bash "$REPO/scripts/services.sh" stop >&2 || true
+  fi
+}

@@ -1,0 +1,128 @@
+"""The `rq` shell: help, version, global options, config precedence, exit codes, doctor."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import Services, run_rq
+
+from rqcli.exitcodes import ExitCode
+
+
+def test_help_lists_commands_with_examples() -> None:
+    res = run_rq("--help")
+    assert res.returncode == 0
+    text = res.stdout.decode()
+    assert "doctor" in text and "\n  rq doctor --endpoint-url" in text
+    assert "Exit codes:" in text and "130" in text
+
+
+def test_version_and_module_entry() -> None:
+    res = run_rq("--version")
+    assert res.returncode == 0
+    assert res.stdout.decode().startswith("rq, version ")
+
+
+def test_unknown_command_is_usage_error() -> None:
+    res = run_rq("no-such-command")
+    assert res.returncode == ExitCode.USAGE
+    assert b"No such command" in res.stderr
+
+
+@pytest.mark.integration
+def test_doctor_json_against_real_services(services: Services) -> None:
+    res = run_rq(
+        "doctor",
+        "--json",
+        "--endpoint-url",
+        services.s3_endpoint,
+        "--nats-url",
+        services.nats_url,
+        env=services.aws_env(),
+    )
+    assert res.returncode == 0, res.stderr
+    lines = [json.loads(line) for line in res.stdout.decode().splitlines()]
+    by_check = {o["check"]: o for o in lines if o["type"] == "finding"}
+    assert by_check["s3"]["status"] == "ok"
+    assert by_check["nats"]["status"] == "ok" and "JetStream" in by_check["nats"]["detail"]
+    assert lines[-1]["type"] == "summary" and lines[-1]["ok"] is True
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("position", ["before", "after"])
+def test_wrong_endpoint_one_line_and_exit_code(services: Services, position: str) -> None:
+    args = ["doctor", "--endpoint-url", "http://127.0.0.1:1"]
+    args = ["--json", *args] if position == "before" else [*args, "--json"]
+    res = run_rq(*args, env=services.aws_env())
+    assert res.returncode == ExitCode.UNREACHABLE
+    err = res.stderr.decode().strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rq: error: ") and "Traceback" not in res.stderr.decode()
+    json.loads(res.stdout.decode().splitlines()[-1])  # the report is still valid JSON lines
+
+
+@pytest.mark.integration
+def test_wrong_credentials_exit_auth(services: Services) -> None:
+    env = {**services.aws_env(), "AWS_SECRET_ACCESS_KEY": "wrong"}
+    res = run_rq("doctor", "-q", "--endpoint-url", services.s3_endpoint, env=env)
+    assert res.returncode == ExitCode.AUTH
+    assert b"credentials refused" in res.stderr
+
+
+@pytest.mark.integration
+def test_missing_bucket_exit_not_found(services: Services) -> None:
+    res = run_rq(
+        "doctor",
+        "-q",
+        "--endpoint-url",
+        services.s3_endpoint,
+        "--bucket",
+        "rq-no-such-bucket",
+        env=services.aws_env(),
+    )
+    assert res.returncode == ExitCode.NOT_FOUND
+
+
+def test_malformed_url_is_usage_error() -> None:
+    res = run_rq("doctor", "--endpoint-url", "not a url")
+    assert res.returncode == ExitCode.USAGE
+    assert len(res.stderr.decode().strip().splitlines()) == 1
+
+
+@pytest.mark.integration
+def test_config_file_env_and_flag_precedence(tmp_path: Path, services: Services) -> None:
+    """flag > RQ_* env > config file > default, shown through the NATS URL doctor reports."""
+    bad = "nats://127.0.0.1:1"
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[doctor]\nnats-url = "{bad}"\n')
+
+    def nats_detail(*args: str, env: dict[str, str] | None = None) -> str:
+        res = run_rq(
+            "--config", str(cfg), "doctor", "--json", *args, env={**services.aws_env(), **(env or {})}
+        )
+        return next(
+            json.loads(line)["detail"]
+            for line in res.stdout.decode().splitlines()
+            if json.loads(line).get("check") == "nats"
+        )
+
+    assert nats_detail().startswith(bad)  # the config file's value
+    assert nats_detail(env={"RQ_DOCTOR_NATS_URL": services.nats_url}).startswith(services.nats_url)
+    assert nats_detail("--nats-url", services.nats_url, env={"RQ_DOCTOR_NATS_URL": bad}).startswith(
+        services.nats_url
+    )
+
+
+def test_missing_explicit_config_is_usage_error(tmp_path: Path) -> None:
+    res = run_rq("--config", str(tmp_path / "absent.toml"), "doctor")
+    assert res.returncode == ExitCode.USAGE
+    assert b"does not exist" in res.stderr
+
+
+def test_invalid_config_is_usage_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[doctor\n")
+    res = run_rq("--config", str(cfg), "doctor")
+    assert res.returncode == ExitCode.USAGE
+    assert b"not valid TOML" in res.stderr
