@@ -1,0 +1,447 @@
+"""`rq send` and `rq recv`: checkpoint transfer over QUIC, TCP or RDMA (library: transfer/)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+from urllib.parse import parse_qs, urlsplit
+
+import click
+from platformdirs import user_config_path, user_data_path
+
+from rqcli.errors import CliError
+from rqcli.exitcodes import ExitCode
+from rqcli.output import Output, get_output, output_options, safe_text
+
+if TYPE_CHECKING:
+    from transfer.codec import CompressMode
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int | None) -> int | None:
+    """'4MiB', '64M', '1.5G', '4096' → bytes (K/M/G/T are powers of 1024, as for chunk sizes)."""
+    if text is None or isinstance(text, int):
+        return text
+    m = _SIZE.match(str(text))
+    if not m:
+        raise click.BadParameter(f"{text!r} is not a size like 4MiB, 64M or 1G")
+    power = " kmgtp".index(m.group(2).lower() or " ")
+    return int(float(m.group(1)) * 1024**power)
+
+
+def _size_option(_ctx: click.Context, _param: click.Parameter, value: Any) -> int | None:
+    return parse_size(value)
+
+
+def _default_token_file() -> Path:
+    return user_config_path("rq") / "transfer-token"
+
+
+def _exit_code(exc: Exception) -> ExitCode:
+    from transfer import errors as e
+
+    table: list[tuple[type[Exception], ExitCode]] = [
+        (e.AuthError, ExitCode.AUTH),
+        (e.VerifyError, ExitCode.VERIFY),
+        (e.NoSpaceError, ExitCode.NO_SPACE),
+        (e.LimitError, ExitCode.NO_SPACE),
+        (e.ExistsError, ExitCode.EXISTS),
+        (e.UnsupportedError, ExitCode.UNSUPPORTED),
+        (e.PeerUnreachableError, ExitCode.UNREACHABLE),
+        (e.UnsafeNameError, ExitCode.FAILURE),
+    ]
+    for cls, code in table:
+        if isinstance(exc, cls):
+            return code
+    return ExitCode.FAILURE
+
+
+_HINTS = {
+    ExitCode.AUTH: "check the token file / RQ_TOKEN and the --pin printed by `rq recv`",
+    ExitCode.UNREACHABLE: "is `rq recv` running there? re-run the same command to resume",
+    ExitCode.NO_SPACE: "free space on the receiver (or raise --max-bytes) and re-run the same command to resume",
+    ExitCode.EXISTS: "pass --overwrite to `rq recv` to replace existing files",
+    ExitCode.VERIFY: "re-run the same command; changed or corrupt parts are sent again",
+}
+
+
+def _cli_error(exc: Exception) -> CliError:
+    code = _exit_code(exc)
+    return CliError(safe_text(str(exc)), code, hint=_HINTS.get(code))
+
+
+def _host_port(text: str, default_port: int = 7420) -> tuple[str, int]:
+    m = re.match(r"^\[([^\]]+)\](?::(\d+))?$", text) or re.match(r"^([^:]*)(?::(\d+))?$", text)
+    if not m:
+        raise CliError(f"{text!r} is not HOST:PORT", ExitCode.USAGE)
+    port = int(m.group(2)) if m.group(2) else default_port
+    if not 0 <= port <= 65535:
+        raise CliError(f"port {port} out of range", ExitCode.USAGE)
+    return m.group(1) or "127.0.0.1", port
+
+
+def _parse_url(url: str) -> tuple[str, int, str | None]:
+    """rq://HOST:PORT[?pin=sha256:…] (the scheme may be left out)."""
+    if "://" not in url:
+        url = "rq://" + url
+    parts = urlsplit(url)
+    if parts.scheme != "rq":
+        raise CliError(f"destination {url!r} must look like rq://HOST:PORT", ExitCode.USAGE)
+    host, port = _host_port(parts.netloc)
+    pins = parse_qs(parts.query).get("pin")
+    pin = pins[0] if pins else None
+    return host, port, pin
+
+
+def _transport_extra(
+    datagram_size: int | None,
+    quic_backend: str,
+    rdma_device: str | None,
+    rdma_port: int | None,
+    gid_index: int | None,
+) -> dict[str, Any]:
+    extra: dict[str, Any] = {"quic_backend": quic_backend}
+    if datagram_size:
+        extra["datagram_size"] = datagram_size
+    for key, value in (("rdma_device", rdma_device), ("rdma_port", rdma_port), ("gid_index", gid_index)):
+        if value is not None:
+            extra[key] = value
+    return extra
+
+
+def _common(func: Any) -> Any:
+    options = [
+        click.option(
+            "--transport",
+            type=click.Choice(["quic", "tcp", "rdma"]),
+            default="quic",
+            show_default=True,
+            help="quic: TLS 1.3, pinned cert; tcp: fastest on trusted links; rdma: needs a device.",
+        ),
+        click.option(
+            "--token-file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="Shared secret (default: RQ_TOKEN, else ~/.config/rq/transfer-token).",
+        ),
+        click.option(
+            "--tls/--no-tls",
+            "tls",
+            default=None,
+            help="TCP only: wrap channels in TLS with the pinned certificate (QUIC always has TLS).",
+        ),
+        click.option(
+            "--datagram-size", type=int, help="QUIC UDP payload size (default: largest the path allows)."
+        ),
+        click.option(
+            "--quic-backend",
+            type=click.Choice(["auto", "aioquic", "qh3"]),
+            default="auto",
+            show_default=True,
+            help="auto uses qh3 when installed, else aioquic.",
+        ),
+        click.option("--rdma-device", help="RDMA only: device name (e.g. mlx5_0)."),
+        click.option("--rdma-port", type=int, help="RDMA only: device port."),
+        click.option("--gid-index", type=int, help="RDMA only: GID index (RoCE)."),
+    ]
+    for opt in reversed(options):
+        func = opt(func)
+    return func
+
+
+# ---------------------------------------------------------------------------------------------- recv
+
+
+@click.command("recv")
+@click.argument("dest_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--listen", default="127.0.0.1:7420", show_default=True, help="HOST:PORT to listen on (port 0: any)."
+)
+@_common
+@click.option("--once", is_flag=True, help="Exit after one transfer completes.")
+@click.option("--overwrite", is_flag=True, help="Replace files that already exist in DEST_DIR.")
+@click.option("--max-bytes", callback=_size_option, help="Refuse transfers larger than SIZE (e.g. 500G).")
+@click.option(
+    "--max-files", type=int, default=100_000, show_default=True, help="Refuse manifests with more files."
+)
+@click.option(
+    "--cert-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where the receiver keeps its TLS certificate (default: rq's data dir).",
+)
+@output_options
+def recv(
+    dest_dir: Path,
+    listen: str,
+    transport: str,
+    token_file: Path | None,
+    tls: bool | None,
+    datagram_size: int | None,
+    quic_backend: str,
+    rdma_device: str | None,
+    rdma_port: int | None,
+    gid_index: int | None,
+    once: bool,
+    overwrite: bool,
+    max_bytes: int | None,
+    max_files: int,
+    cert_dir: Path | None,
+) -> None:
+    """Receive checkpoints into DEST_DIR; prints the line to paste on the sender.
+
+    \b
+    Example:
+      rq recv /data/ckpt --listen 0.0.0.0:7420 --once
+      (on the sender) rq send ckpt/ rq://10.0.0.2:7420 --pin sha256:…
+    """
+    from transfer.credentials import load_identity, load_token
+    from transfer.errors import TransferError
+    from transfer.manifest import Limits
+    from transfer.receiver import Receiver
+    from transfer.transport import ListenOptions, get_transport
+
+    out = get_output()
+    host, port = _host_port(listen)
+    use_tls = True if transport == "quic" else bool(tls)
+    try:
+        token = load_token(
+            token_file or (None if os.environ.get("RQ_TOKEN") else _default_token_file()),
+            os.environ.get("RQ_TOKEN"),
+            create=True,
+        )
+        identity = load_identity(cert_dir or user_data_path("rq") / "transfer")
+        driver = get_transport(transport)
+        receiver = Receiver(
+            dest_dir,
+            token,
+            Limits(max_bytes=max_bytes, max_files=max_files),
+            overwrite,
+            on_event=lambda ev: _recv_event(out, ev),
+        )
+        opts = ListenOptions(
+            host,
+            port,
+            identity,
+            tls=use_tls,
+            extra=_transport_extra(datagram_size, quic_backend, rdma_device, rdma_port, gid_index),
+        )
+        listener = driver.listen(opts, receiver.handle_channel)
+    except TransferError as exc:
+        raise _cli_error(exc) from None
+    except OSError as exc:
+        raise CliError(f"cannot listen on {listen}: {exc.strerror or exc}", ExitCode.UNREACHABLE) from None
+    addr_host, addr_port = listener.address
+    shown_host = socket.gethostname() if addr_host in ("0.0.0.0", "::") else addr_host
+    url_host = f"[{shown_host}]" if ":" in shown_host else shown_host
+    pin = identity.fingerprint if use_tls else None
+    line = f"rq send SOURCE rq://{url_host}:{addr_port} --transport {transport}"
+    if transport == "tcp" and use_tls:
+        line += " --tls"
+    if pin:
+        line += f" --pin {pin}"
+    if token_file is not None:
+        line += f" --token-file {token_file}"
+    out.emit(
+        {
+            "event": "listening",
+            "address": f"{addr_host}:{addr_port}",
+            "transport": transport,
+            "pin": pin,
+            "send": line,
+        }
+    )
+    out.info(f"receiving into {dest_dir} on {addr_host}:{addr_port}; on the sender run:\n  {line}")
+
+    server = threading.Thread(target=listener.serve_forever, daemon=True)
+    server.start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.is_set() and server.is_alive():
+            if once and receiver.completed.wait(0.2):
+                break
+            if not once:
+                stop.wait(0.5)
+    except KeyboardInterrupt:
+        raise click.exceptions.Abort() from None
+    finally:
+        listener.close()
+        server.join(timeout=5)
+        receiver.close()
+
+
+def _recv_event(out: Output, ev: Any) -> None:
+    from transfer.events import TransferFailed, TransferFinished, TransferPlanned
+
+    if isinstance(ev, TransferPlanned):
+        out.emit(
+            {
+                "event": "transfer",
+                "transfer_id": ev.transfer_id,
+                "files": ev.files,
+                "bytes": ev.total_bytes,
+                "have_bytes": ev.have_bytes,
+                "restarted": list(ev.restarted),
+            }
+        )
+        if ev.restarted:
+            out.warn(f"source changed since the last attempt; restarting {len(ev.restarted)} file(s)")
+        resume = f", {ev.have_bytes} already here" if ev.have_bytes else ""
+        out.info(f"transfer {ev.transfer_id[:12]}: {ev.files} file(s), {ev.total_bytes} bytes{resume}")
+    elif isinstance(ev, TransferFinished):
+        out.emit({"event": "done", **ev.summary})
+        out.info(
+            f"transfer {str(ev.summary.get('transfer_id'))[:12]} complete and verified: "
+            f"{ev.summary.get('files')} file(s), {ev.summary.get('bytes')} bytes"
+        )
+    elif isinstance(ev, TransferFailed):
+        out.emit({"event": "refused", "code": ev.code, "error": safe_text(ev.error)})
+        out.warn(f"refused a transfer: {safe_text(ev.error)}")
+
+
+# ---------------------------------------------------------------------------------------------- send
+
+
+@click.command("send")
+@click.argument("args", nargs=-1, required=True, metavar="SOURCE... rq://HOST:PORT")
+@_common
+@click.option(
+    "--pin", envvar="RQ_PIN", help="Receiver certificate fingerprint (sha256:…) printed by `rq recv`."
+)
+@click.option(
+    "--connections",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Parallel connections (QUIC: one process each).",
+)
+@click.option(
+    "--streams",
+    type=click.IntRange(1, 64),
+    default=2,
+    show_default=True,
+    help="Channels per connection (QUIC streams; extra TCP connections).",
+)
+@click.option("--chunk-size", default="4MiB", show_default=True, callback=_size_option, help="Chunk size.")
+@click.option(
+    "--compress",
+    type=click.Choice(["auto", "zstd", "none"]),
+    default="auto",
+    show_default=True,
+    help="auto: zstd (byte-grouped for floats) per chunk, raw where it would not shrink.",
+)
+@click.option(
+    "--retry-for",
+    type=float,
+    default=60.0,
+    show_default=True,
+    help="Keep reconnecting for this many seconds without progress.",
+)
+@output_options
+def send(
+    args: tuple[str, ...],
+    transport: str,
+    token_file: Path | None,
+    tls: bool | None,
+    datagram_size: int | None,
+    quic_backend: str,
+    rdma_device: str | None,
+    rdma_port: int | None,
+    gid_index: int | None,
+    pin: str | None,
+    connections: int,
+    streams: int,
+    chunk_size: int,
+    compress: str,
+    retry_for: float,
+) -> None:
+    """Send files and directories to `rq recv`; re-run the same command to resume.
+
+    \b
+    Example:
+      rq send ckpt/ rq://10.0.0.2:7420 --pin sha256:3f…  --connections 4
+    """
+    from transfer.credentials import load_token, normalise_pin
+    from transfer.errors import TransferError
+    from transfer.manifest import MAX_CHUNK, MIN_CHUNK
+    from transfer.sender import SendOptions
+    from transfer.sender import send as do_send
+    from transfer.transport import ConnectOptions, get_transport
+
+    out = get_output()
+    if len(args) < 2:
+        raise CliError("give at least one SOURCE and the rq://HOST:PORT destination", ExitCode.USAGE)
+    sources, url = [Path(a) for a in args[:-1]], args[-1]
+    host, port, url_pin = _parse_url(url)
+    pin = pin or url_pin
+    use_tls = True if transport == "quic" else bool(tls)
+    if not MIN_CHUNK <= (chunk_size or 0) <= MAX_CHUNK:
+        raise CliError(f"--chunk-size must be between {MIN_CHUNK} and {MAX_CHUNK} bytes", ExitCode.USAGE)
+    try:
+        if use_tls:
+            if not pin:
+                raise CliError("no --pin: copy the sha256 fingerprint `rq recv` printed", ExitCode.AUTH)
+            pin = normalise_pin(pin)
+        token = load_token(
+            token_file or (None if os.environ.get("RQ_TOKEN") else _default_token_file()),
+            os.environ.get("RQ_TOKEN"),
+            create=False,
+        )
+        driver = get_transport(transport)
+        copts = ConnectOptions(
+            host,
+            port,
+            pin,
+            tls=use_tls,
+            extra=_transport_extra(datagram_size, quic_backend, rdma_device, rdma_port, gid_index),
+        )
+        opts = SendOptions(
+            connections=connections,
+            streams=streams,
+            chunk_size=chunk_size or 0,
+            compress=cast("CompressMode", compress),
+            retry_for=retry_for,
+        )
+        with out.progress() as bar:
+            on_event = _send_progress(out, bar)
+            summary = do_send(sources, driver, copts, token, opts, on_event)
+    except TransferError as exc:
+        raise _cli_error(exc) from None
+    except FileNotFoundError as exc:
+        raise CliError(f"source not found: {exc.filename}", ExitCode.NOT_FOUND) from None
+    out.emit({"event": "summary", **summary})
+    out.info(
+        f"sent {summary['files']} file(s), {summary['bytes_total']} bytes: {summary['bytes_raw']} moved "
+        f"({summary['bytes_on_wire']} on the wire, ratio {summary['ratio']}) in {summary['seconds']}s, "
+        f"{summary['mb_per_s']} MB/s, {summary['chunks_resent']} chunk(s) resent, verified"
+    )
+
+
+def _send_progress(out: Output, bar: Any) -> Any:
+    from transfer.events import ChunkMoved, ChunkResent, Retrying, TransferPlanned
+
+    state: dict[str, Any] = {"task": None, "resent": 0}
+    lock = threading.Lock()
+
+    def on_event(ev: Any) -> None:
+        with lock:
+            if isinstance(ev, Retrying):
+                out.warn(f"connection problem ({safe_text(ev.error)}); retry {ev.attempt} in {ev.delay:.1f}s")
+            if bar is None:
+                return
+            if isinstance(ev, TransferPlanned):
+                if state["task"] is None:
+                    state["task"] = bar.add_task("sending", total=ev.total_bytes)
+                bar.update(state["task"], completed=ev.have_bytes)
+            elif isinstance(ev, ChunkMoved) and state["task"] is not None:
+                bar.advance(state["task"], ev.raw_bytes)
+            elif isinstance(ev, ChunkResent) and state["task"] is not None:
+                state["resent"] += 1
+                bar.update(state["task"], description=f"sending ({state['resent']} resent)")
+
+    return on_event

@@ -1,0 +1,92 @@
+"""The shared token and the receiver's TLS identity (self-signed, pinned by fingerprint)."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import os
+import secrets
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from transfer.errors import AuthError
+from transfer.transport import Identity
+
+TOKEN_BYTES = 32
+
+
+def load_token(path: Path | None, env_value: str | None, create: bool) -> bytes:
+    """The token from `path` (created 0600 with a fresh random token if absent and `create`), else env."""
+    if path is not None:
+        try:
+            text = path.read_text().strip()
+        except FileNotFoundError:
+            if not create:
+                raise AuthError(f"token file {path} does not exist; copy it from the receiver") from None
+            text = secrets.token_urlsafe(TOKEN_BYTES)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text + "\n")
+        if not text:
+            raise AuthError(f"token file {path} is empty")
+        return text.encode()
+    if env_value:
+        return env_value.strip().encode()
+    raise AuthError("no token: pass --token-file FILE or set RQ_TOKEN")
+
+
+def fingerprint(cert_der: bytes) -> str:
+    return "sha256:" + hashlib.sha256(cert_der).hexdigest()
+
+
+def normalise_pin(pin: str) -> str:
+    """Accepts "sha256:<hex>", bare hex, or hex with colons; returns "sha256:<hex>"."""
+    value = pin.strip().lower()
+    value = value.removeprefix("sha256:").replace(":", "")
+    if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        raise AuthError(f"certificate pin {pin!r} is not a sha256 fingerprint")
+    return "sha256:" + value
+
+
+def load_identity(directory: Path) -> Identity:
+    """The receiver's certificate, kept in `directory` so the pin survives a restart (and resume)."""
+    cert_path, key_path = directory / "recv-cert.pem", directory / "recv-key.pem"
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        cert_pem, key_pem = cert_path.read_bytes(), key_path.read_bytes()
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        if cert.not_valid_after_utc > datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1):
+            return Identity(cert_pem, key_pem, fingerprint(cert.public_bytes(serialization.Encoding.DER)))
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rq-recv")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=365))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("rq-recv")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    for path, data in ((key_path, key_pem), (cert_path, cert_pem)):
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    return Identity(cert_pem, key_pem, fingerprint(cert.public_bytes(serialization.Encoding.DER)))

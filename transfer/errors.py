@@ -1,0 +1,103 @@
+"""The transfer library's exceptions: one small hierarchy, each kind named for what the caller does about it.
+
+The `code` of each class is the short string the receiver puts in an ERROR frame, so a refusal on one
+side surfaces as the same exception type on the other.
+"""
+
+from __future__ import annotations
+
+
+class TransferError(Exception):
+    """Base of everything this library raises on purpose."""
+
+    code = "failure"
+
+
+class ProtocolError(TransferError):
+    """The peer sent something that does not follow docs/protocol.md (bad frame, wrong order, bad sizes)."""
+
+    code = "protocol"
+
+
+class UnsafeNameError(ProtocolError):
+    """A file name from the network would escape, or is not allowed inside, the destination."""
+
+    code = "unsafe-name"
+
+
+class LimitError(ProtocolError):
+    """The manifest asks for more than the receiver allows (--max-bytes, file or chunk caps)."""
+
+    code = "limit"
+
+
+class AuthError(TransferError):
+    """Wrong or missing token, or the certificate did not match the pinned fingerprint."""
+
+    code = "auth"
+
+
+class VerifyError(TransferError):
+    """A digest did not match: data is corrupt, or the source changed while it was read."""
+
+    code = "verify"
+
+
+class SourceChangedError(VerifyError):
+    """A source file changed while it was being sent; re-run to send the new version."""
+
+    code = "changed"
+
+
+class ExistsError(TransferError):
+    """A destination file exists and overwriting was not allowed."""
+
+    code = "exists"
+
+
+class NoSpaceError(TransferError):
+    """The receiver ran out of disk space; what was verified so far is kept for resume."""
+
+    code = "no-space"
+
+
+class PeerUnreachableError(TransferError):
+    """The peer could not be reached, or the connection was lost and retries ran out."""
+
+    code = "unreachable"
+
+
+class UnsupportedError(TransferError):
+    """The requested transport or feature is not available on this machine."""
+
+    code = "unsupported"
+
+
+class UnknownTransferError(ProtocolError):
+    """A data channel named a transfer the receiver has no plan for."""
+
+    code = "unknown-transfer"
+
+
+_BY_CODE: dict[str, type[TransferError]] = {
+    cls.code: cls
+    for cls in (
+        TransferError,
+        ProtocolError,
+        UnsafeNameError,
+        LimitError,
+        AuthError,
+        VerifyError,
+        SourceChangedError,
+        ExistsError,
+        NoSpaceError,
+        PeerUnreachableError,
+        UnsupportedError,
+        UnknownTransferError,
+    )
+}
+
+
+def error_from_code(code: str, message: str) -> TransferError:
+    """The exception a sender raises for the receiver's ERROR frame."""
+    return _BY_CODE.get(code, TransferError)(message)

@@ -1,0 +1,63 @@
+"""Typed progress events the library reports through a callback; rqcli turns them into bars and JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Listening:
+    address: tuple[str, int]
+    fingerprint: str | None
+    transport: str
+
+
+@dataclass(frozen=True)
+class TransferPlanned:
+    """Both sides: the manifest was accepted. `have_bytes` were already there (resume)."""
+
+    transfer_id: str
+    files: int
+    total_bytes: int
+    total_chunks: int
+    have_bytes: int
+    restarted: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChunkMoved:
+    raw_bytes: int
+    wire_bytes: int
+
+
+@dataclass(frozen=True)
+class ChunkResent:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Retrying:
+    attempt: int
+    error: str
+    delay: float
+
+
+@dataclass(frozen=True)
+class TransferFinished:
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TransferFailed:
+    error: str
+    code: str
+
+
+Event = Listening | TransferPlanned | ChunkMoved | ChunkResent | Retrying | TransferFinished | TransferFailed
+EventCallback = Callable[[Event], None]
+
+
+def ignore(_event: Event) -> None:
+    pass

@@ -1,0 +1,146 @@
+"""Frames on the wire (docs/protocol.md): an 8-byte header, then a body of the stated length.
+
+    header = b"RQ" | version u8 | type u8 | body length u32 (big-endian)
+
+FrameDecoder turns any byte stream (a TCP socket, a QUIC stream) into frames without doing I/O
+itself; it refuses a frame longer than its cap before buffering it, so a peer cannot make the
+receiver allocate more than one chunk plus header.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from transfer.errors import ProtocolError
+
+MAGIC = b"RQ"
+WIRE_VERSION = 1
+HEADER = struct.Struct("!2sBBI")
+CHUNK = struct.Struct("!IIIB16s")  # file index, chunk index, raw length, codec, xxh3-128 digest
+PAIR = struct.Struct("!II")  # (file index, chunk index) in ACK and NACK bodies
+CONTROL_MAX = 64 * 1024 * 1024  # manifests and ACCEPT bodies; the receiver's own limit is lower
+
+
+class FrameType(enum.IntEnum):
+    HELLO = 1  # sender → receiver: JSON {role, transfer_id, nonce}
+    CHALLENGE = 2  # receiver → sender: JSON {nonce}
+    AUTH = 3  # sender → receiver: JSON {mac} (+ the manifest follows on the control channel)
+    MANIFEST = 4  # sender → receiver: JSON manifest (control channel only)
+    ACCEPT = 5  # receiver → sender: JSON {have: {file index: [[chunk, digest hex], ...]}}
+    READY = 6  # receiver → sender: a data channel may send chunks
+    CHUNK = 7  # sender → receiver: CHUNK header + payload
+    ACK = 8  # receiver → sender: pairs that are verified and durable
+    NACK = 9  # receiver → sender: pairs that failed verification; send them again
+    FLUSH = 10  # sender → receiver: make everything durable and ACK it now
+    COMMIT = 11  # sender → receiver: JSON {roots: [hex per file]} (control channel only)
+    DONE = 12  # receiver → sender: JSON summary; files are in place
+    ERROR = 15  # either way: JSON {code, message}; the channel closes after it
+
+
+@dataclass(frozen=True)
+class ChunkHeader:
+    file: int
+    index: int
+    raw_len: int
+    codec: int
+    digest: bytes
+
+
+@dataclass
+class Frame:
+    type: FrameType
+    body: memoryview
+
+    def json(self) -> Any:
+        try:
+            return orjson.loads(bytes(self.body))
+        except orjson.JSONDecodeError:
+            raise ProtocolError(f"{self.type.name} body is not JSON") from None
+
+
+def header(ftype: FrameType, body_len: int) -> bytes:
+    return HEADER.pack(MAGIC, WIRE_VERSION, ftype, body_len)
+
+
+def parse_header(data: bytes | bytearray | memoryview, max_body: int) -> tuple[FrameType, int]:
+    magic, version, ftype, length = HEADER.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError("not an rq peer (bad frame magic)")
+    if version != WIRE_VERSION:
+        raise ProtocolError(f"peer speaks wire version {version}, this rq speaks {WIRE_VERSION}")
+    try:
+        kind = FrameType(ftype)
+    except ValueError:
+        raise ProtocolError(f"unknown frame type {ftype}") from None
+    limit = max_body if kind is FrameType.CHUNK else CONTROL_MAX
+    if length > limit:
+        raise ProtocolError(f"{kind.name} frame of {length} bytes is over the {limit} allowed")
+    return kind, length
+
+
+def control(ftype: FrameType, obj: Any) -> bytes:
+    body = orjson.dumps(obj)
+    return header(ftype, len(body)) + body
+
+
+def chunk_frame_header(h: ChunkHeader, payload_len: int) -> bytes:
+    return header(FrameType.CHUNK, CHUNK.size + payload_len) + CHUNK.pack(
+        h.file, h.index, h.raw_len, h.codec, h.digest
+    )
+
+
+def parse_chunk(body: memoryview) -> tuple[ChunkHeader, memoryview]:
+    if len(body) < CHUNK.size:
+        raise ProtocolError("CHUNK frame shorter than its header")
+    f, k, raw_len, codec, dig = CHUNK.unpack_from(body)
+    return ChunkHeader(f, k, raw_len, codec, dig), body[CHUNK.size :]
+
+
+def pairs_frame(ftype: FrameType, pairs: list[tuple[int, int]]) -> bytes:
+    body = b"".join(PAIR.pack(f, k) for f, k in pairs)
+    return header(ftype, len(body)) + body
+
+
+def parse_pairs(body: memoryview) -> list[tuple[int, int]]:
+    if len(body) % PAIR.size:
+        raise ProtocolError("ACK/NACK body is not a whole number of pairs")
+    return [PAIR.unpack_from(body, i) for i in range(0, len(body), PAIR.size)]
+
+
+def error_frame(code: str, message: str) -> bytes:
+    return control(FrameType.ERROR, {"code": code, "message": message})
+
+
+class FrameDecoder:
+    """Bytes in, frames out. Feed whatever arrived; take complete frames with `frames()`."""
+
+    def __init__(self, max_chunk_body: int):
+        self._buf = bytearray()
+        self._max = max_chunk_body
+        self._need: tuple[FrameType, int] | None = None
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        self._buf += data
+        out: list[Frame] = []
+        while True:
+            if self._need is None:
+                if len(self._buf) < HEADER.size:
+                    return out
+                self._need = parse_header(self._buf[: HEADER.size], self._max)
+                del self._buf[: HEADER.size]
+            kind, length = self._need
+            if len(self._buf) < length:
+                return out
+            body = bytes(self._buf[:length])
+            del self._buf[:length]
+            self._need = None
+            out.append(Frame(kind, memoryview(body)))
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)

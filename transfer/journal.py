@@ -1,0 +1,76 @@
+"""The resume journal: one append-only file per partial file, under DEST/.rq-partial/<key>.journal.
+
+    header  = b"RQJ1" | key (16 bytes) | file size u64 | chunk size u32          (32 bytes)
+    record  = chunk index u32 | xxh3-128 digest (16 bytes) | crc32 of the 20 bytes before   (24 bytes)
+
+A record is appended only after the chunk's bytes were fdatasync'ed into the .part file, so the
+journal never claims data that a crash could lose. Records are written with O_APPEND in one write
+each batch, so several receiver processes can share a journal; a torn tail record (a crash inside
+that write) fails its CRC and is ignored, costing one resent chunk.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+
+HEAD = struct.Struct("!4s16sQI")
+REC = struct.Struct("!I16sI")
+MAGIC = b"RQJ1"
+
+
+def header_bytes(key: str, size: int, chunk_size: int) -> bytes:
+    return HEAD.pack(MAGIC, bytes.fromhex(key), size, chunk_size)
+
+
+def record_bytes(index: int, digest: bytes) -> bytes:
+    head = struct.pack("!I16s", index, digest)
+    return head + struct.pack("!I", zlib.crc32(head))
+
+
+def parse(data: bytes, key: str, size: int, chunk_size: int, chunks: int) -> dict[int, bytes] | None:
+    """Chunk index → digest from a journal's bytes; None if the header is for another file version."""
+    if len(data) < HEAD.size or data[: HEAD.size] != header_bytes(key, size, chunk_size):
+        return None
+    have: dict[int, bytes] = {}
+    for off in range(HEAD.size, len(data) - REC.size + 1, REC.size):
+        index, dig, crc = REC.unpack_from(data, off)
+        if zlib.crc32(data[off : off + 20]) != crc or index >= chunks:
+            continue  # torn or damaged record: that chunk is simply sent again
+        have[index] = dig
+    return have
+
+
+class Journal:
+    """An open journal file (relative to the state directory's descriptor)."""
+
+    def __init__(self, dir_fd: int, name: str, key: str, size: int, chunk_size: int, chunks: int):
+        self._args = (key, size, chunk_size, chunks)
+        self.name = name
+        self.dir_fd = dir_fd
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        self.fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+        have = parse(self._read_all(), *self._args)
+        if have is None:  # new, or left by another version of the file: start over
+            os.ftruncate(self.fd, 0)
+            os.write(self.fd, header_bytes(key, size, chunk_size))
+            os.fsync(self.fd)
+            have = {}
+        self.initial = have
+
+    def _read_all(self) -> bytes:
+        size = os.fstat(self.fd).st_size
+        return os.pread(self.fd, size, 0) if size else b""
+
+    def reload(self) -> dict[int, bytes]:
+        """Everything recorded so far, including records other processes appended."""
+        return parse(self._read_all(), *self._args) or {}
+
+    def append(self, records: list[tuple[int, bytes]]) -> None:
+        if records:
+            os.write(self.fd, b"".join(record_bytes(k, d) for k, d in records))
+            os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)

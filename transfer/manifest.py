@@ -1,0 +1,164 @@
+"""The manifest: what a transfer moves, sent first, validated by the receiver before anything is written.
+
+Each file carries its relative name, size, the sender's identity of that version of the file
+(size, mtime_ns, inode) folded into `key`, and its element size hint for byte grouping. A file is cut
+into `chunk_size` pieces; chunk k of a file covers bytes [k*chunk_size, min(size, (k+1)*chunk_size)).
+Because the receiver derives every offset from (file, k) itself, a sender cannot name overlapping
+or out-of-range byte ranges: it can only name chunks that exist.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import xxhash
+
+from transfer.errors import LimitError, ProtocolError
+from transfer.names import validate_name
+
+PROTOCOL_VERSION = 1
+MIN_CHUNK = 64 * 1024
+MAX_CHUNK = 64 * 1024 * 1024
+DEFAULT_CHUNK = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a receiver accepts; checked against the manifest before anything touches the disk."""
+
+    max_bytes: int | None = None
+    max_files: int = 100_000
+    max_chunks: int = 4_000_000
+    max_manifest_bytes: int = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    name: str
+    size: int
+    mode: int
+    key: str  # hex xxh3-128 of (name, size, mtime_ns, inode, chunk size): this version of this file
+    elem: int = 2  # element size for byte grouping: 2 (bf16/fp16) or 4 (fp32)
+
+    def chunks(self, chunk_size: int) -> int:
+        return -(-self.size // chunk_size)
+
+    def chunk_len(self, k: int, chunk_size: int) -> int:
+        return min(chunk_size, self.size - k * chunk_size)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    chunk_size: int
+    files: tuple[FileEntry, ...]
+    version: int = PROTOCOL_VERSION
+    transfer_id: str = field(default="")
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def total_chunks(self) -> int:
+        return sum(f.chunks(self.chunk_size) for f in self.files)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(
+            {
+                "version": self.version,
+                "transfer_id": self.transfer_id,
+                "chunk_size": self.chunk_size,
+                "files": [
+                    {"name": f.name, "size": f.size, "mode": f.mode, "key": f.key, "elem": f.elem}
+                    for f in self.files
+                ],
+            }
+        )
+
+
+def file_key(name: str, size: int, mtime_ns: int, inode: int, chunk_size: int) -> str:
+    """The identity of one version of a source file: a changed file gets a new key and restarts."""
+    return xxhash.xxh3_128_hexdigest(orjson.dumps([name, size, mtime_ns, inode, chunk_size]))
+
+
+def transfer_id(chunk_size: int, files: tuple[FileEntry, ...]) -> str:
+    """The same sources, unchanged, give the same id: that is how a re-run finds its journal."""
+    return xxhash.xxh3_128_hexdigest(orjson.dumps([chunk_size, [(f.name, f.key) for f in files]]))
+
+
+def make_manifest(chunk_size: int, files: list[FileEntry]) -> Manifest:
+    ordered = tuple(sorted(files, key=lambda f: f.name))
+    return Manifest(chunk_size=chunk_size, files=ordered, transfer_id=transfer_id(chunk_size, ordered))
+
+
+def parse_manifest(body: bytes | memoryview, limits: Limits) -> Manifest:
+    """Parses and validates a manifest from the network; raises ProtocolError (or a subclass)."""
+    if len(body) > limits.max_manifest_bytes:
+        raise LimitError(f"manifest is {len(body)} bytes, more than the {limits.max_manifest_bytes} allowed")
+    try:
+        raw: Any = orjson.loads(bytes(body))
+    except orjson.JSONDecodeError as exc:
+        raise ProtocolError(f"manifest is not JSON: {exc}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("files"), list):
+        raise ProtocolError("manifest must be an object with a list of files")
+    if raw.get("version") != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"unsupported protocol version {raw.get('version')!r} (this rq speaks {PROTOCOL_VERSION})"
+        )
+    chunk_size = raw.get("chunk_size")
+    if not isinstance(chunk_size, int) or not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
+        raise ProtocolError(f"chunk size {chunk_size!r} outside {MIN_CHUNK}..{MAX_CHUNK}")
+    items = raw["files"]
+    if len(items) > limits.max_files:
+        raise LimitError(f"manifest lists {len(items)} files, more than the {limits.max_files} allowed")
+    files = [_parse_entry(item) for item in items]
+    _check_tree(files)
+    manifest = Manifest(
+        chunk_size=chunk_size, files=tuple(files), transfer_id=str(raw.get("transfer_id", ""))
+    )
+    if manifest.total_chunks > limits.max_chunks:
+        raise LimitError(
+            f"manifest has {manifest.total_chunks} chunks, more than the {limits.max_chunks} allowed"
+        )
+    if limits.max_bytes is not None and manifest.total_bytes > limits.max_bytes:
+        raise LimitError(
+            f"transfer is {manifest.total_bytes} bytes, more than --max-bytes {limits.max_bytes}"
+        )
+    if manifest.transfer_id != transfer_id(chunk_size, manifest.files):
+        raise ProtocolError("manifest transfer id does not match its contents")
+    return manifest
+
+
+def _parse_entry(item: Any) -> FileEntry:
+    if not isinstance(item, dict):
+        raise ProtocolError("manifest file entry must be an object")
+    name, size, mode, key, elem = (item.get(k) for k in ("name", "size", "mode", "key", "elem"))
+    if not isinstance(name, str):
+        raise ProtocolError("manifest file name must be a string")
+    validate_name(name)
+    if not isinstance(size, int) or size < 0 or size > 1 << 50:
+        raise ProtocolError(f"bad size {size!r} for a file")
+    if not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+        raise ProtocolError(f"bad mode {mode!r} for a file")
+    if not isinstance(key, str) or len(key) != 32 or any(c not in "0123456789abcdef" for c in key):
+        raise ProtocolError("bad file key in manifest")
+    if elem not in (1, 2, 4):
+        raise ProtocolError(f"bad element size {elem!r}")
+    return FileEntry(name=name, size=size, mode=mode, key=key, elem=elem)
+
+
+def _check_tree(files: list[FileEntry]) -> None:
+    """No duplicate names, and no name that is both a file and a directory of another file."""
+    names = {f.name for f in files}
+    if len(names) != len(files):
+        raise ProtocolError("manifest names the same file twice")
+    for f in files:
+        parts = f.name.split("/")
+        for i in range(1, len(parts)):
+            if "/".join(parts[:i]) in names:
+                raise ProtocolError(f"manifest uses {'/'.join(parts[:i])!r} as both a file and a directory")
+    keys = {f.key for f in files}
+    if len(keys) != len(files):
+        raise ProtocolError("manifest repeats a file key")

@@ -1,0 +1,53 @@
+"""Names from the network are data, never paths: the checks a relative file name must pass.
+
+A valid name is a `/`-separated relative path whose every component is a plain, printable name. The
+receiver still opens it relative to a directory descriptor without following links (see store.py);
+this module only decides whether the text is acceptable at all.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from transfer.errors import UnsafeNameError
+
+MAX_NAME_BYTES = 4096
+MAX_COMPONENT_BYTES = 255
+# The receiver keeps partial files and journals here; a sender may not name anything inside it.
+STATE_DIR_NAME = ".rq-partial"
+
+
+def validate_name(name: str) -> tuple[str, ...]:
+    """Returns the components of `name`, or raises UnsafeNameError saying what is wrong with it."""
+    if not isinstance(name, str) or not name:
+        raise UnsafeNameError("empty file name")
+    shown = display_name(name)
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise UnsafeNameError(f"file name too long: {shown[:80]}…")
+    if name.startswith("/"):
+        raise UnsafeNameError(f"absolute path not allowed: {shown}")
+    if "\\" in name:
+        raise UnsafeNameError(f"backslash not allowed in file name: {shown}")
+    for ch in name:
+        if unicodedata.category(ch) in ("Cc", "Cs") or ch == "\x00":
+            raise UnsafeNameError(f"control character in file name: {shown}")
+    parts = tuple(name.split("/"))
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise UnsafeNameError(f"empty, '.' or '..' component not allowed: {shown}")
+        if len(part.encode("utf-8")) > MAX_COMPONENT_BYTES:
+            raise UnsafeNameError(f"file name component too long: {shown[:80]}…")
+    if parts[0] == STATE_DIR_NAME:
+        raise UnsafeNameError(f"name inside rq's state directory not allowed: {shown}")
+    return parts
+
+
+def display_name(name: str) -> str:
+    """`name` with control and non-printable characters escaped, safe to show on a terminal."""
+    out = []
+    for ch in name:
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Zl", "Zp"):
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) > 0xFF else f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return "".join(out)

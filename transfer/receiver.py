@@ -1,0 +1,201 @@
+"""The receiving glue: runs the protocol core for each channel a driver hands it, against the Store.
+
+One Receiver serves many transfers, one after another or at once; a transfer that fails (hostile
+sender, wrong token, disk full) closes its channels with an ERROR frame and leaves the receiver up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transfer.errors import PeerUnreachableError, TransferError
+from transfer.events import (
+    ChunkMoved,
+    ChunkResent,
+    EventCallback,
+    TransferFailed,
+    TransferFinished,
+    TransferPlanned,
+    ignore,
+)
+from transfer.manifest import Limits, Manifest
+from transfer.session import (
+    Authenticated,
+    ChunkRejected,
+    ChunkVerified,
+    CommitRequested,
+    FlushRequested,
+    ManifestReceived,
+    ReceiverChannel,
+)
+from transfer.store import Plan, Store
+from transfer.transport import Channel
+
+IDLE_TIMEOUT = 300.0  # a channel that sends nothing for this long is dropped
+
+
+@dataclass
+class _Shared:
+    plan: Plan
+    users: int = 0
+    started: float = field(default_factory=time.monotonic)
+    raw: int = 0
+    wire: int = 0
+    resent: int = 0
+
+
+class Receiver:
+    def __init__(
+        self,
+        dest: Path,
+        token: bytes,
+        limits: Limits | None = None,
+        overwrite: bool = False,
+        on_event: EventCallback = ignore,
+        flush_every: int = 2,
+    ):
+        self.limits = limits or Limits()
+        self.store = Store(dest, overwrite=overwrite, limits=self.limits)
+        self.token = token
+        self.overwrite = overwrite
+        self.on_event = on_event
+        self.flush_every = max(1, flush_every)
+        self._lock = threading.Lock()
+        self._plans: dict[str, _Shared] = {}
+        self.completed = threading.Event()  # set after each committed transfer
+        self.summaries: list[dict[str, Any]] = []
+
+    def close(self) -> None:
+        with self._lock:
+            for shared in self._plans.values():
+                shared.plan.close()
+            self._plans.clear()
+        self.store.close()
+
+    # -- plans shared by the channels of one transfer in this process ------------------------------
+
+    def _acquire(self, tid: str, manifest: Manifest | None) -> _Shared:
+        with self._lock:
+            shared = self._plans.get(tid)
+            if shared is None:
+                plan = self.store.plan(manifest) if manifest is not None else self.store.join(tid)
+                shared = self._plans[tid] = _Shared(plan)
+            elif manifest is not None:
+                self.store.plan(manifest).close()  # re-checks the destination; the open plan stays
+                for fs in shared.plan.files:
+                    fs.have.update(fs.journal.reload())
+            shared.users += 1
+            return shared
+
+    def _release(self, tid: str, shared: _Shared) -> None:
+        with self._lock:
+            shared.users -= 1
+            if shared.users <= 0 and self._plans.get(tid) is shared:
+                del self._plans[tid]
+                shared.plan.close()
+
+    # -- one channel ---------------------------------------------------------------------------
+
+    def handle_channel(self, ch: Channel) -> None:
+        """Serves one channel until the sender closes it or something fails; never raises."""
+        core = ReceiverChannel(self.token, os.urandom(16), self.limits)
+        shared: _Shared | None = None
+        pending: list[tuple[int, int, bytes]] = []
+        try:
+            while True:
+                frame = ch.recv(timeout=IDLE_TIMEOUT)
+                if frame is None:
+                    break
+                for ev in core.handle(frame):
+                    if isinstance(ev, ChunkVerified):
+                        assert shared is not None
+                        if shared.plan.has(ev.file, ev.index):
+                            core.durable([(ev.file, ev.index)])  # a resend after a lost ACK
+                            continue
+                        shared.plan.write(ev.file, ev.index, ev.data)
+                        pending.append((ev.file, ev.index, ev.digest))
+                        shared.raw += len(ev.data)
+                        shared.wire += ev.wire_bytes
+                        self.on_event(ChunkMoved(len(ev.data), ev.wire_bytes))
+                        if len(pending) >= self.flush_every:
+                            self._flush(shared, core, pending)
+                    elif isinstance(ev, FlushRequested):
+                        assert shared is not None
+                        self._flush(shared, core, pending)
+                    elif isinstance(ev, ChunkRejected):
+                        if shared is not None:
+                            shared.resent += 1
+                        self.on_event(ChunkResent(ev.reason))
+                    elif isinstance(ev, Authenticated) and ev.role == "data":
+                        shared = self._acquire(ev.transfer_id, None)
+                        core.ready(shared.plan.manifest)
+                    elif isinstance(ev, ManifestReceived):
+                        shared = self._acquire(ev.manifest.transfer_id, ev.manifest)
+                        plan = shared.plan
+                        core.accept(plan.manifest, [dict(fs.have) for fs in plan.files])
+                        m = plan.manifest
+                        self.on_event(
+                            TransferPlanned(
+                                m.transfer_id,
+                                len(m.files),
+                                m.total_bytes,
+                                m.total_chunks,
+                                plan.have_bytes(),
+                                tuple(plan.restarted),
+                            )
+                        )
+                    elif isinstance(ev, CommitRequested):
+                        assert shared is not None
+                        self._flush(shared, core, pending)
+                        total = shared.plan.finalize(ev.roots, self.overwrite)
+                        summary = {
+                            "transfer_id": shared.plan.manifest.transfer_id,
+                            "files": len(shared.plan.manifest.files),
+                            "bytes": total,
+                            "verified": True,
+                        }
+                        core.done(summary)
+                        self._send(ch, core)
+                        self.summaries.append(summary)
+                        self.on_event(
+                            TransferFinished({**summary, "seconds": time.monotonic() - shared.started})
+                        )
+                        self.completed.set()
+                self._send(ch, core)
+        except TransferError as exc:
+            if not isinstance(exc, PeerUnreachableError):
+                core.fail(exc)
+                with contextlib.suppress(Exception):
+                    self._send(ch, core)
+                self.on_event(TransferFailed(str(exc), exc.code))
+        except (TimeoutError, OSError):
+            pass  # the sender went away; what is durable stays, the sender resumes
+        finally:
+            if shared is not None:
+                with contextlib.suppress(TransferError, OSError):
+                    self._flush(shared, None, pending)  # keep what arrived, so a resume skips it
+                self._release(shared.plan.manifest.transfer_id, shared)
+            with contextlib.suppress(Exception):
+                ch.close()
+
+    def _flush(
+        self, shared: _Shared, core: ReceiverChannel | None, pending: list[tuple[int, int, bytes]]
+    ) -> None:
+        if not pending:
+            return
+        shared.plan.make_durable(pending)
+        if core is not None:
+            core.durable([(f, k) for f, k, _ in pending])
+        pending.clear()
+
+    @staticmethod
+    def _send(ch: Channel, core: ReceiverChannel) -> None:
+        if core.outbox:
+            out, core.outbox = core.outbox, []
+            ch.send(*out)

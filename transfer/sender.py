@@ -1,0 +1,435 @@
+"""The sending glue: plans with the receiver, spreads missing chunks over channels, commits.
+
+Every attempt starts from what the receiver says it has (ACCEPT), so reconnecting after a
+transient failure and re-running after a kill are the same code path: only missing chunks move
+and nothing already verified is read or hashed again.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transfer import codec
+from transfer.errors import PeerUnreachableError, ProtocolError, TransferError
+from transfer.events import (
+    ChunkMoved,
+    ChunkResent,
+    EventCallback,
+    Retrying,
+    TransferFinished,
+    TransferPlanned,
+    ignore,
+)
+from transfer.frames import ChunkHeader, Frame, FrameType, chunk_frame_header, header
+from transfer.manifest import DEFAULT_CHUNK, Manifest
+from transfer.session import CONTROL, DATA, Accepted, Acked, Done, Nacked, Ready, SenderChannel, SenderEvent
+from transfer.source import Reader, SourceFile, check_unchanged, scan
+from transfer.transport import Channel, Connection, ConnectOptions, Transport
+
+Pair = tuple[int, int]
+# Errors worth reconnecting for; anything else (auth, limits, names, exists, verify) is final.
+TRANSIENT: tuple[type[BaseException], ...] = (PeerUnreachableError, ConnectionError, TimeoutError, OSError)
+MAX_RESENDS_PER_CHUNK = 8
+
+
+@dataclass
+class SendOptions:
+    connections: int = 1
+    streams: int = 2
+    chunk_size: int = DEFAULT_CHUNK
+    compress: codec.CompressMode = "auto"
+    window: int = 8  # unacknowledged chunks per channel
+    retry_for: float = 60.0  # give up after this long without progress
+
+
+@dataclass
+class Stats:
+    raw: int = 0
+    wire: int = 0
+    resent: int = 0
+    chunks: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, raw: int, wire: int) -> None:
+        with self.lock:
+            self.raw += raw
+            self.wire += wire
+            self.chunks += 1
+
+
+class Work:
+    """The chunks still to move in this attempt, shared by every channel (work stealing)."""
+
+    def __init__(self, todo: list[Pair]):
+        self._todo: collections.deque[Pair] = collections.deque(todo)
+        self._outstanding = set(todo)
+        self._tries: dict[Pair, int] = {}
+        self.cond = threading.Condition()
+        self.failure: BaseException | None = None
+
+    def take(self) -> Pair | None:
+        with self.cond:
+            return self._todo.popleft() if self._todo else None
+
+    def done(self, pairs: list[Pair]) -> None:
+        with self.cond:
+            self._outstanding.difference_update(pairs)
+            self.cond.notify_all()
+
+    def again(self, pairs: list[Pair], count: bool) -> None:
+        with self.cond:
+            for p in pairs:
+                if p in self._outstanding:
+                    if count:
+                        self._tries[p] = self._tries.get(p, 0) + 1
+                        if self._tries[p] > MAX_RESENDS_PER_CHUNK:
+                            self.fail(
+                                TransferError(
+                                    f"chunk {p[0]}/{p[1]} failed verification {self._tries[p]} times"
+                                )
+                            )
+                    self._todo.appendleft(p)
+            self.cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self.cond:
+            if self.failure is None:
+                self.failure = exc
+            self.cond.notify_all()
+
+    @property
+    def finished(self) -> bool:
+        return not self._outstanding
+
+    def wait_finished(self) -> None:
+        with self.cond:
+            while self._outstanding and self.failure is None:
+                self.cond.wait(0.5)
+        if self.failure is not None:
+            raise self.failure
+
+
+def handshake(ch: Channel, core: SenderChannel, timeout: float) -> SenderEvent:
+    core.start()
+    while True:
+        if core.outbox:
+            out, core.outbox = core.outbox, []
+            ch.send(*out)
+        frame = ch.recv(timeout=timeout)
+        if frame is None:
+            raise PeerUnreachableError("receiver closed the connection during the handshake")
+        for ev in core.handle(frame):
+            if isinstance(ev, Accepted | Ready):
+                if core.outbox:
+                    out, core.outbox = core.outbox, []
+                    ch.send(*out)
+                return ev
+
+
+class ChannelSender:
+    """Moves chunks from `work` over one data channel; a reader thread takes ACK/NACK."""
+
+    def __init__(
+        self,
+        ch: Channel,
+        core: SenderChannel,
+        work: Work,
+        reader: Reader,
+        opts: SendOptions,
+        digests: list[dict[int, bytes]],
+        stats: Stats,
+        on_event: EventCallback,
+        elem: list[int],
+    ):
+        self.ch, self.core, self.work, self.reader, self.opts = ch, core, work, reader, opts
+        self.digests, self.stats, self.on_event, self.elem = digests, stats, on_event, elem
+        self.inflight: set[Pair] = set()
+        self.error: BaseException | None = None
+        self.progress = time.monotonic()
+
+    def _read_replies(self) -> None:
+        try:
+            while True:
+                frame = self.ch.recv(timeout=None)
+                if frame is None:
+                    raise PeerUnreachableError("receiver closed the channel")
+                self._on_frame(frame)
+        except BaseException as exc:
+            self.error = exc
+            with self.work.cond:
+                self.work.cond.notify_all()
+
+    def _on_frame(self, frame: Frame) -> None:
+        for ev in self.core.handle(frame):
+            if isinstance(ev, Acked):
+                with self.work.cond:
+                    self.inflight.difference_update(ev.pairs)
+                self.work.done(ev.pairs)
+            elif isinstance(ev, Nacked):
+                with self.work.cond:
+                    self.inflight.difference_update(ev.pairs)
+                with self.stats.lock:
+                    self.stats.resent += len(ev.pairs)
+                for _ in ev.pairs:
+                    self.on_event(ChunkResent("receiver found a corrupt chunk"))
+                self.work.again(ev.pairs, count=True)
+
+    def run(self) -> None:
+        replies = threading.Thread(target=self._read_replies, daemon=True)
+        replies.start()
+        flushed = True
+        m = self.core.manifest
+        try:
+            while True:
+                with self.work.cond:
+                    while (
+                        len(self.inflight) >= self.opts.window
+                        and self.error is None
+                        and self.work.failure is None
+                    ):
+                        self.work.cond.wait(0.5)
+                    if self.error is not None:
+                        raise self.error
+                    if self.work.failure is not None:
+                        return
+                    item = self.work.take()
+                    if item is None:
+                        if self.work.finished:
+                            return
+                        if not self.inflight:
+                            self.work.cond.wait(0.2)  # others may still get NACKs to redo
+                            continue
+                if item is None:
+                    if not flushed:
+                        self.ch.send(header(FrameType.FLUSH, 0))
+                        flushed = True
+                    with self.work.cond:
+                        self.work.cond.wait(0.2)
+                    continue
+                f, k = item
+                with self.work.cond:
+                    self.inflight.add(item)
+                self._send_chunk(m, f, k)
+                flushed = False
+        except BaseException:
+            self.work.again(sorted(self.inflight), count=False)
+            raise
+
+    def _send_chunk(self, m: Manifest, f: int, k: int) -> None:
+        length = m.files[f].chunk_len(k, m.chunk_size)
+        data = self.reader.read(f, k, length)
+        dig = codec.digest(data)
+        self.digests[f][k] = dig
+        kind, payload = codec.encode(data, self.opts.compress, self.elem[f])
+        self.ch.send(chunk_frame_header(ChunkHeader(f, k, length, kind, dig), len(payload)), payload)
+        self.stats.add(length, len(payload) + 37)
+        self.on_event(ChunkMoved(length, len(payload) + 37))
+
+
+def run_connection(
+    conn: Connection,
+    channels: int,
+    token: bytes,
+    manifest: Manifest,
+    files: list[SourceFile],
+    work: Work,
+    opts: SendOptions,
+    digests: list[dict[int, bytes]],
+    stats: Stats,
+    on_event: EventCallback,
+    timeout: float,
+) -> None:
+    """Runs `channels` data channels on one connection until `work` is finished or one fails."""
+    senders = []
+    for _ in range(channels):
+        ch = conn.open_channel()
+        core = SenderChannel(token, DATA, manifest, os.urandom(16))
+        handshake(ch, core, timeout)
+        elem = [f.elem for f in manifest.files]
+        senders.append(
+            ChannelSender(
+                ch, core, work, Reader(files, manifest.chunk_size), opts, digests, stats, on_event, elem
+            )
+        )
+    errors: list[BaseException] = []
+
+    def _run(s: ChannelSender) -> None:
+        try:
+            s.run()
+        except BaseException as exc:
+            errors.append(exc)
+            work.fail(exc)
+        finally:
+            s.reader.close()
+
+    threads = [threading.Thread(target=_run, args=(s,), daemon=True) for s in senders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for s in senders:
+        with contextlib.suppress(Exception):
+            s.ch.close()
+    if errors:
+        raise errors[0]
+
+
+def send(
+    sources: list[Path],
+    transport: Transport,
+    copts: ConnectOptions,
+    token: bytes,
+    opts: SendOptions | None = None,
+    on_event: EventCallback = ignore,
+) -> dict[str, Any]:
+    """Sends `sources` to the receiver; retries transient failures; returns the --json summary."""
+    opts = opts or SendOptions()
+    manifest, files = scan(sources, opts.chunk_size)
+    stats = Stats()
+    started = time.monotonic()
+    attempt = 0
+    last_progress = time.monotonic()
+    while True:
+        before = stats.chunks
+        try:
+            done = _attempt(manifest, files, transport, copts, token, opts, stats, on_event, attempt)
+            break
+        except TRANSIENT as exc:
+            if isinstance(exc, TransferError) and not isinstance(exc, PeerUnreachableError):
+                raise
+            if stats.chunks > before:
+                last_progress = time.monotonic()
+            if time.monotonic() - last_progress > opts.retry_for:
+                raise PeerUnreachableError(
+                    f"gave up after {opts.retry_for:.0f}s without progress: {exc}"
+                ) from None
+            attempt += 1
+            delay = min(2.0, 0.1 * 2**attempt)
+            on_event(Retrying(attempt, str(exc) or type(exc).__name__, delay))
+            time.sleep(delay)
+    seconds = time.monotonic() - started
+    summary = {
+        "transfer_id": manifest.transfer_id,
+        "files": len(manifest.files),
+        "bytes_total": manifest.total_bytes,
+        "bytes_raw": stats.raw,
+        "bytes_on_wire": stats.wire,
+        "ratio": round(stats.wire / stats.raw, 4) if stats.raw else 1.0,
+        "seconds": round(seconds, 3),
+        "mb_per_s": round(stats.raw / seconds / 1e6, 1) if seconds > 0 else 0.0,
+        "chunks_sent": stats.chunks,
+        "chunks_resent": stats.resent,
+        "attempts": attempt + 1,
+        "verified": bool(done.get("verified")),
+    }
+    on_event(TransferFinished(summary))
+    return summary
+
+
+def _attempt(
+    manifest: Manifest,
+    files: list[SourceFile],
+    transport: Transport,
+    copts: ConnectOptions,
+    token: bytes,
+    opts: SendOptions,
+    stats: Stats,
+    on_event: EventCallback,
+    attempt: int,
+) -> dict[str, Any]:
+    conn = transport.connect(copts)
+    try:
+        ctl = conn.open_channel()
+        core = SenderChannel(token, CONTROL, manifest, os.urandom(16))
+        accepted = handshake(ctl, core, copts.timeout)
+        assert isinstance(accepted, Accepted)
+        have = accepted.have
+        cs = manifest.chunk_size
+        todo = [(f, k) for f, e in enumerate(manifest.files) for k in range(e.chunks(cs)) if k not in have[f]]
+        have_bytes = manifest.total_bytes - sum(manifest.files[f].chunk_len(k, cs) for f, k in todo)
+        on_event(
+            TransferPlanned(
+                manifest.transfer_id,
+                len(manifest.files),
+                manifest.total_bytes,
+                manifest.total_chunks,
+                have_bytes,
+            )
+        )
+        digests = [dict(h) for h in have]
+        if todo:
+            _move(todo, conn, transport, copts, token, manifest, files, opts, digests, stats, on_event)
+        check_unchanged(files)
+        roots = []
+        for f, e in enumerate(manifest.files):
+            try:
+                roots.append(codec.root_digest([digests[f][k] for k in range(e.chunks(cs))]).hex())
+            except KeyError:
+                raise ProtocolError("internal: a chunk was acknowledged without a digest") from None
+        core.commit(roots)
+        ctl.send(*core.outbox)
+        core.outbox.clear()
+        while True:
+            frame = ctl.recv(timeout=max(copts.timeout, 120.0))
+            if frame is None:
+                raise PeerUnreachableError("receiver closed the connection before confirming the commit")
+            for ev in core.handle(frame):
+                if isinstance(ev, Done):
+                    return ev.summary
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def _move(
+    todo: list[Pair],
+    conn: Connection,
+    transport: Transport,
+    copts: ConnectOptions,
+    token: bytes,
+    manifest: Manifest,
+    files: list[SourceFile],
+    opts: SendOptions,
+    digests: list[dict[int, bytes]],
+    stats: Stats,
+    on_event: EventCallback,
+) -> None:
+    if transport.connection_per_process and opts.connections > 1:
+        from transfer.procs import move_in_processes
+
+        move_in_processes(todo, transport, copts, token, manifest, files, opts, digests, stats, on_event)
+        return
+    work = Work(todo)
+    conns = [conn] + [transport.connect(copts) for _ in range(opts.connections - 1)]
+    errors: list[BaseException] = []
+
+    def _run(c: Connection) -> None:
+        try:
+            run_connection(
+                c, opts.streams, token, manifest, files, work, opts, digests, stats, on_event, copts.timeout
+            )
+        except BaseException as exc:
+            errors.append(exc)
+            work.fail(exc)
+
+    threads = [threading.Thread(target=_run, args=(c,), daemon=True) for c in conns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for c in conns[1:]:
+        with contextlib.suppress(Exception):
+            c.close()
+    if errors:
+        # prefer the error that says most: a refusal beats the connection loss it caused
+        errors.sort(key=lambda e: isinstance(e, PeerUnreachableError | OSError))
+        raise errors[0]
+    if not work.finished:
+        raise PeerUnreachableError("channels ended before every chunk was acknowledged")

@@ -1,0 +1,350 @@
+"""The sans-I/O protocol core: frames in, frames and events out. No sockets, files or clocks here.
+
+One *channel* is one ordered, reliable pipe of frames (a TCP connection, a QUIC stream, an RDMA queue
+pair). Every channel opens with HELLO → CHALLENGE → AUTH. The *control* channel then sends the
+MANIFEST and gets ACCEPT (what the receiver already has); *data* channels get READY. Chunks flow on
+data channels in any order; the receiver verifies each (codec cap, length, xxh3-128) before it counts,
+and ACKs it only once the driver reports it durable. COMMIT on the control channel asks the receiver
+to check every root digest and put the files in place.
+
+Both sides are plain objects the drivers (tcp.py, quic.py, rdma/) feed; the same core gives every
+transport authentication, limits, verification and resume.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Any
+
+from transfer import codec
+from transfer.errors import AuthError, ProtocolError, TransferError, VerifyError, error_from_code
+from transfer.frames import (
+    ChunkHeader,
+    Frame,
+    FrameType,
+    control,
+    error_frame,
+    pairs_frame,
+    parse_chunk,
+    parse_pairs,
+)
+from transfer.manifest import Limits, Manifest, parse_manifest
+
+CONTROL = "control"
+DATA = "data"
+MAX_REJECTS_PER_CHANNEL = 64
+
+
+def auth_mac(token: bytes, server_nonce: bytes, client_nonce: bytes, role: str, tid: str) -> str:
+    """Proves the sender knows the token without sending it (TCP may run without TLS)."""
+    msg = b"rq-auth-1\0" + server_nonce + client_nonce + role.encode() + b"\0" + tid.encode()
+    return hmac.new(token, msg, hashlib.sha256).hexdigest()
+
+
+def _nonce(obj: Any) -> bytes:
+    try:
+        raw = base64.b64decode(obj.get("nonce", ""), validate=True)
+    except (ValueError, AttributeError):
+        raise ProtocolError("bad nonce") from None
+    if len(raw) != 16:
+        raise ProtocolError("nonce must be 16 bytes")
+    return raw
+
+
+# -- events the receiver core hands its driver -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Authenticated:
+    role: str
+    transfer_id: str
+
+
+@dataclass(frozen=True)
+class ManifestReceived:
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class ChunkVerified:
+    file: int
+    index: int
+    data: bytes | memoryview
+    digest: bytes
+    wire_bytes: int
+
+
+@dataclass(frozen=True)
+class ChunkRejected:
+    file: int
+    index: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class FlushRequested:
+    pass
+
+
+@dataclass(frozen=True)
+class CommitRequested:
+    roots: list[str]
+
+
+ReceiverEvent = (
+    Authenticated | ManifestReceived | ChunkVerified | ChunkRejected | FlushRequested | CommitRequested
+)
+
+
+class ReceiverChannel:
+    """The receiver's half of one channel. `handle` returns events; frames to send pile up in `outbox`."""
+
+    def __init__(self, token: bytes, server_nonce: bytes, limits: Limits):
+        self._token = token
+        self._nonce = server_nonce
+        self._limits = limits
+        self._client_nonce = b""
+        self.role = ""
+        self.transfer_id = ""
+        self.state = "hello"
+        self.manifest: Manifest | None = None
+        self.outbox: list[bytes] = []
+        self.rejects = 0
+
+    def handle(self, frame: Frame) -> list[ReceiverEvent]:
+        if frame.type is FrameType.ERROR:
+            info = frame.json()
+            raise error_from_code(str(info.get("code")), f"sender: {info.get('message')}")
+        handler = getattr(self, f"_on_{self.state}")
+        result: list[ReceiverEvent] = handler(frame)
+        return result
+
+    def _expect(self, frame: Frame, kind: FrameType) -> None:
+        if frame.type is not kind:
+            raise ProtocolError(f"expected {kind.name}, got {frame.type.name}")
+
+    def _on_hello(self, frame: Frame) -> list[ReceiverEvent]:
+        self._expect(frame, FrameType.HELLO)
+        obj = frame.json()
+        if not isinstance(obj, dict) or obj.get("role") not in (CONTROL, DATA):
+            raise ProtocolError("HELLO needs a role of 'control' or 'data'")
+        self.role = obj["role"]
+        self.transfer_id = str(obj.get("transfer_id", ""))[:64]
+        self._client_nonce = _nonce(obj)
+        self.outbox.append(control(FrameType.CHALLENGE, {"nonce": base64.b64encode(self._nonce).decode()}))
+        self.state = "auth"
+        return []
+
+    def _on_auth(self, frame: Frame) -> list[ReceiverEvent]:
+        self._expect(frame, FrameType.AUTH)
+        obj = frame.json()
+        want = auth_mac(self._token, self._nonce, self._client_nonce, self.role, self.transfer_id)
+        if not isinstance(obj, dict) or not hmac.compare_digest(str(obj.get("mac", "")), want):
+            raise AuthError("wrong token")
+        self.state = "manifest" if self.role == CONTROL else "joining"
+        return [Authenticated(self.role, self.transfer_id)]
+
+    def _on_manifest(self, frame: Frame) -> list[ReceiverEvent]:
+        self._expect(frame, FrameType.MANIFEST)
+        manifest = parse_manifest(frame.body, self._limits)
+        if manifest.transfer_id != self.transfer_id:
+            raise ProtocolError("manifest is for another transfer than HELLO named")
+        self.manifest = manifest
+        self.state = "planning"
+        return [ManifestReceived(manifest)]
+
+    def _on_planning(self, frame: Frame) -> list[ReceiverEvent]:
+        raise ProtocolError(f"{frame.type.name} before the receiver accepted the manifest")
+
+    _on_joining = _on_planning
+
+    def accept(self, manifest: Manifest, have: list[dict[int, bytes]]) -> None:
+        """The driver planned the transfer: tell the sender what is already here (for resume)."""
+        self.manifest = manifest
+        body = {
+            "have": {
+                str(i): base64.b64encode(
+                    b"".join(k.to_bytes(4, "big") + d for k, d in sorted(h.items()))
+                ).decode()
+                for i, h in enumerate(have)
+                if h
+            }
+        }
+        self.outbox.append(control(FrameType.ACCEPT, body))
+        self.state = "control"
+
+    def ready(self, manifest: Manifest) -> None:
+        """The driver found the transfer this data channel joins."""
+        self.manifest = manifest
+        self.outbox.append(control(FrameType.READY, {}))
+        self.state = "data"
+
+    def _on_data(self, frame: Frame) -> list[ReceiverEvent]:
+        assert self.manifest is not None
+        if frame.type is FrameType.FLUSH:
+            return [FlushRequested()]
+        self._expect(frame, FrameType.CHUNK)
+        head, payload = parse_chunk(frame.body)
+        self._check_range(head)
+        try:
+            data = codec.decode(head.codec, payload, head.raw_len)
+            if codec.digest(data) != head.digest:
+                raise VerifyError("digest mismatch")
+        except VerifyError as exc:
+            self.rejects += 1
+            if self.rejects > MAX_REJECTS_PER_CHANNEL:
+                raise VerifyError(f"too many corrupt chunks on one channel ({self.rejects})") from None
+            self.outbox.append(pairs_frame(FrameType.NACK, [(head.file, head.index)]))
+            return [ChunkRejected(head.file, head.index, str(exc))]
+        return [ChunkVerified(head.file, head.index, data, head.digest, len(frame.body))]
+
+    def _check_range(self, head: ChunkHeader) -> None:
+        assert self.manifest is not None
+        files = self.manifest.files
+        if head.file >= len(files):
+            raise ProtocolError(f"chunk for file {head.file}, the manifest has {len(files)}")
+        entry = files[head.file]
+        cs = self.manifest.chunk_size
+        if head.index >= entry.chunks(cs):
+            raise ProtocolError(f"chunk {head.index} is past the end of file {head.file}")
+        if head.raw_len != entry.chunk_len(head.index, cs):
+            raise ProtocolError(
+                f"chunk {head.file}/{head.index} claims {head.raw_len} bytes, it has {entry.chunk_len(head.index, cs)}"
+            )
+
+    def _on_control(self, frame: Frame) -> list[ReceiverEvent]:
+        if frame.type is FrameType.COMMIT:
+            obj = frame.json()
+            roots = obj.get("roots") if isinstance(obj, dict) else None
+            if not isinstance(roots, list) or not all(isinstance(r, str) for r in roots):
+                raise ProtocolError("COMMIT needs a list of root digests")
+            self.state = "committing"
+            return [CommitRequested(roots)]
+        if frame.type in (FrameType.CHUNK, FrameType.FLUSH):
+            return self._on_data(frame)  # a single-channel transfer may send chunks on control
+        raise ProtocolError(f"unexpected {frame.type.name} on the control channel")
+
+    def _on_committing(self, frame: Frame) -> list[ReceiverEvent]:
+        raise ProtocolError(f"unexpected {frame.type.name} after COMMIT")
+
+    _on_closed = _on_committing
+
+    def durable(self, pairs: list[tuple[int, int]]) -> None:
+        if pairs:
+            self.outbox.append(pairs_frame(FrameType.ACK, pairs))
+
+    def done(self, summary: dict[str, Any]) -> None:
+        self.outbox.append(control(FrameType.DONE, summary))
+        self.state = "closed"
+
+    def fail(self, exc: TransferError) -> None:
+        self.outbox.append(error_frame(exc.code, str(exc)))
+        self.state = "closed"
+
+
+# -- the sender's half -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Accepted:
+    have: list[dict[int, bytes]]
+
+
+@dataclass(frozen=True)
+class Ready:
+    pass
+
+
+@dataclass(frozen=True)
+class Acked:
+    pairs: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Nacked:
+    pairs: list[tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Done:
+    summary: dict[str, Any]
+
+
+SenderEvent = Accepted | Ready | Acked | Nacked | Done
+
+
+class SenderChannel:
+    """The sender's half of one channel: `start()` gives HELLO, `handle` reacts to the receiver."""
+
+    def __init__(self, token: bytes, role: str, manifest: Manifest, client_nonce: bytes):
+        self._token = token
+        self.role = role
+        self.manifest = manifest
+        self._nonce = client_nonce
+        self.state = "start"
+        self.outbox: list[bytes] = []
+
+    def start(self) -> None:
+        hello = {
+            "role": self.role,
+            "transfer_id": self.manifest.transfer_id,
+            "nonce": base64.b64encode(self._nonce).decode(),
+        }
+        self.outbox.append(control(FrameType.HELLO, hello))
+        self.state = "challenge"
+
+    def handle(self, frame: Frame) -> list[SenderEvent]:
+        if frame.type is FrameType.ERROR:
+            info = frame.json()
+            raise error_from_code(str(info.get("code")), f"receiver refused: {info.get('message')}")
+        if self.state == "challenge":
+            if frame.type is not FrameType.CHALLENGE:
+                raise ProtocolError(f"expected CHALLENGE, got {frame.type.name}")
+            mac = auth_mac(
+                self._token, _nonce(frame.json()), self._nonce, self.role, self.manifest.transfer_id
+            )
+            self.outbox.append(control(FrameType.AUTH, {"mac": mac}))
+            if self.role == CONTROL:
+                body = self.manifest.to_json()
+                self.outbox.append(control_raw(FrameType.MANIFEST, body))
+            self.state = "accept"
+            return []
+        if self.state == "accept":
+            if self.role == CONTROL and frame.type is FrameType.ACCEPT:
+                self.state = "running"
+                return [Accepted(self._parse_have(frame.json()))]
+            if self.role == DATA and frame.type is FrameType.READY:
+                self.state = "running"
+                return [Ready()]
+            raise ProtocolError(f"unexpected {frame.type.name} while waiting to be accepted")
+        if frame.type is FrameType.ACK:
+            return [Acked(parse_pairs(frame.body))]
+        if frame.type is FrameType.NACK:
+            return [Nacked(parse_pairs(frame.body))]
+        if frame.type is FrameType.DONE:
+            return [Done(frame.json())]
+        raise ProtocolError(f"unexpected {frame.type.name} from the receiver")
+
+    def _parse_have(self, obj: Any) -> list[dict[int, bytes]]:
+        have: list[dict[int, bytes]] = [{} for _ in self.manifest.files]
+        for key, blob in (obj.get("have") or {}).items():
+            i = int(key)
+            raw = base64.b64decode(blob)
+            if not 0 <= i < len(have) or len(raw) % 20:
+                raise ProtocolError("bad ACCEPT body")
+            have[i] = {
+                int.from_bytes(raw[o : o + 4], "big"): raw[o + 4 : o + 20] for o in range(0, len(raw), 20)
+            }
+        return have
+
+    def commit(self, roots: list[str]) -> None:
+        self.outbox.append(control(FrameType.COMMIT, {"roots": roots}))
+
+
+def control_raw(ftype: FrameType, body: bytes) -> bytes:
+    from transfer.frames import header
+
+    return header(ftype, len(body)) + body

@@ -1,0 +1,307 @@
+"""The receiver's disk: partial files, journals, and the final atomic rename — all relative to DEST's fd.
+
+Layout inside the destination (documented in docs/transfer.md):
+
+    DEST/.rq-partial/<tid>.manifest.json   the accepted manifest (lets other channels/processes join)
+    DEST/.rq-partial/<key>.part            the file being received, written with pwrite at chunk offsets
+    DEST/.rq-partial/<key>.journal         verified+durable chunks (journal.py)
+
+Names are opened one component at a time with O_NOFOLLOW relative to a directory descriptor, so a
+symlink planted anywhere under DEST cannot redirect a write outside it. Files reach their final
+names by link() (refuses to replace) or, with overwrite, rename(); then the directory is fsynced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transfer.codec import root_digest
+from transfer.errors import (
+    ExistsError,
+    NoSpaceError,
+    TransferError,
+    UnknownTransferError,
+    UnsafeNameError,
+    VerifyError,
+)
+from transfer.journal import Journal
+from transfer.manifest import FileEntry, Limits, Manifest, parse_manifest
+from transfer.names import STATE_DIR_NAME, display_name, validate_name
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@contextlib.contextmanager
+def _disk_errors() -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise NoSpaceError(
+                "receiver disk is full; verified chunks are kept — free space and re-run"
+            ) from None
+        raise
+
+
+@dataclass
+class FileState:
+    entry: FileEntry
+    chunks: int
+    part_fd: int
+    journal: Journal
+    have: dict[int, bytes]
+    dirty: set[int] = field(default_factory=set)  # written, not yet fdatasync'ed + journaled
+
+
+@dataclass
+class Plan:
+    """One accepted transfer, open in this process."""
+
+    manifest: Manifest
+    files: list[FileState]
+    store: Store
+    restarted: list[str]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
+
+    def has(self, f: int, k: int) -> bool:
+        return k in self.files[f].have
+
+    def have_bytes(self) -> int:
+        cs = self.manifest.chunk_size
+        return sum(fs.entry.chunk_len(k, cs) for fs in self.files for k in fs.have)
+
+    def write(self, f: int, k: int, data: bytes | bytearray | memoryview) -> None:
+        fs = self.files[f]
+        with _disk_errors():
+            view = memoryview(data)
+            off = k * self.manifest.chunk_size
+            while view:
+                n = os.pwrite(fs.part_fd, view, off)
+                view, off = view[n:], off + n
+
+    def make_durable(self, done: list[tuple[int, int, bytes]]) -> None:
+        """fdatasync the files these chunks went to, then journal them: data first, record second."""
+        by_file: dict[int, list[tuple[int, bytes]]] = {}
+        for f, k, dig in done:
+            by_file.setdefault(f, []).append((k, dig))
+        with _disk_errors():
+            for f in by_file:
+                os.fdatasync(self.files[f].part_fd)
+            for f, recs in by_file.items():
+                self.files[f].journal.append(recs)
+                with self.lock:
+                    self.files[f].have.update(recs)
+
+    def finalize(self, roots: list[str], overwrite: bool) -> int:
+        """Checks every file is complete and matches its root digest, then moves it into place."""
+        if len(roots) != len(self.files):
+            raise VerifyError("COMMIT lists a different number of files than the manifest")
+        for fs, root in zip(self.files, roots, strict=True):
+            have = fs.journal.reload()
+            missing = fs.chunks - len(have)
+            if missing:
+                raise VerifyError(f"{display_name(fs.entry.name)}: {missing} chunks still missing at commit")
+            got = root_digest([have[k] for k in range(fs.chunks)])
+            if got.hex() != root:
+                raise VerifyError(f"{display_name(fs.entry.name)}: root digest does not match the sender's")
+        for fs in self.files:
+            self.store.place(fs, overwrite)
+        self.store.forget(self)
+        return self.manifest.total_bytes
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+        for fs in self.files:
+            with contextlib.suppress(OSError):
+                os.close(fs.part_fd)
+            with contextlib.suppress(OSError):
+                fs.journal.close()
+
+
+class Store:
+    """The destination directory, held open by descriptor."""
+
+    def __init__(self, dest: Path, overwrite: bool = False, limits: Limits | None = None):
+        self.dest = dest
+        self.overwrite = overwrite
+        self.limits = limits or Limits()
+        dest.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(STATE_DIR_NAME, 0o700, dir_fd=self.fd)
+        try:
+            self.state_fd = os.open(STATE_DIR_NAME, _DIR_FLAGS, dir_fd=self.fd)
+        except OSError as exc:
+            raise UnsafeNameError(
+                f"{dest}/{STATE_DIR_NAME} is not a plain directory ({exc.strerror})"
+            ) from None
+
+    def close(self) -> None:
+        os.close(self.state_fd)
+        os.close(self.fd)
+
+    # -- planning -------------------------------------------------------------------------------
+
+    def plan(self, manifest: Manifest) -> Plan:
+        """Accepts a validated manifest: checks the destination, then opens (or resumes) partial files."""
+        for entry in manifest.files:
+            self._check_target(entry.name)
+        restarted = self._drop_stale(manifest)
+        with _disk_errors():
+            self._write_state_file(f"{manifest.transfer_id}.manifest.json", manifest.to_json())
+            return self._open(manifest, restarted)
+
+    def join(self, tid: str) -> Plan:
+        """Opens a transfer another channel (maybe in another process) already planned."""
+        if len(tid) != 32 or any(c not in "0123456789abcdef" for c in tid):
+            raise UnknownTransferError("bad transfer id")
+        try:
+            fd = os.open(
+                f"{tid}.manifest.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd
+            )
+        except FileNotFoundError:
+            raise UnknownTransferError(f"no transfer {tid} is in progress here") from None
+        with os.fdopen(fd, "rb") as fh:
+            manifest = parse_manifest(fh.read(), self.limits)
+        return self._open(manifest, [])
+
+    def _open(self, manifest: Manifest, restarted: list[str]) -> Plan:
+        files = []
+        for entry in manifest.files:
+            chunks = entry.chunks(manifest.chunk_size)
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            part_fd = os.open(f"{entry.key}.part", flags, 0o600, dir_fd=self.state_fd)
+            journal = Journal(
+                self.state_fd, f"{entry.key}.journal", entry.key, entry.size, manifest.chunk_size, chunks
+            )
+            files.append(FileState(entry, chunks, part_fd, journal, dict(journal.initial)))
+        return Plan(manifest, files, self, restarted)
+
+    def _check_target(self, name: str) -> None:
+        """Refuses a name whose parents are symlinks or files, or whose final name exists (w/o overwrite)."""
+        parts = validate_name(name)
+        fd = os.dup(self.fd)
+        try:
+            for comp in parts[:-1]:
+                try:
+                    nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    return  # parent does not exist yet: nothing can be in the way
+                except OSError as exc:
+                    raise UnsafeNameError(
+                        f"{display_name(name)}: {display_name(comp)} in the destination is not a plain directory"
+                    ) from exc
+                os.close(fd)
+                fd = nfd
+            try:
+                st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+            if stat.S_ISDIR(st.st_mode):
+                raise ExistsError(f"{display_name(name)} exists in the destination as a directory")
+            if not self.overwrite:
+                raise ExistsError(f"{display_name(name)} already exists in the destination")
+        finally:
+            os.close(fd)
+
+    def _drop_stale(self, manifest: Manifest) -> list[str]:
+        """Removes partial state of an older version of any file this manifest sends (changed source)."""
+        ours = {f.name: f.key for f in manifest.files}
+        restarted: list[str] = []
+        for entry in os.listdir(self.state_fd):
+            if not entry.endswith(".manifest.json") or entry == f"{manifest.transfer_id}.manifest.json":
+                continue
+            try:
+                fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
+                with os.fdopen(fd, "rb") as fh:
+                    old = parse_manifest(
+                        fh.read(), Limits(max_files=10**7, max_chunks=10**9, max_manifest_bytes=1 << 40)
+                    )
+            except (OSError, TransferError):
+                continue
+            if not any(f.name in ours for f in old.files):
+                continue
+            for f in old.files:
+                if f.name in ours and ours[f.name] != f.key:
+                    restarted.append(f.name)
+                    for suffix in (".part", ".journal"):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(f"{f.key}{suffix}", dir_fd=self.state_fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry, dir_fd=self.state_fd)
+        return restarted
+
+    def _write_state_file(self, name: str, data: bytes) -> None:
+        tmp = f"{name}.tmp{os.getpid()}.{threading.get_ident()}"
+        fd = os.open(
+            tmp,
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=self.state_fd,
+        )
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, name, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd)
+        os.fsync(self.state_fd)
+
+    # -- finishing ------------------------------------------------------------------------------
+
+    def place(self, fs: FileState, overwrite: bool) -> None:
+        """Moves a complete, verified .part file to its final name without following any link."""
+        parts = validate_name(fs.entry.name)
+        os.fsync(fs.part_fd)
+        os.ftruncate(fs.part_fd, fs.entry.size)  # a zero-chunk or sparse tail still gets its size
+        os.fchmod(fs.part_fd, fs.entry.mode & 0o777 & ~0o022 | 0o600)  # never setuid/setgid/sticky
+        os.fsync(fs.part_fd)
+        parent = os.dup(self.fd)
+        try:
+            for comp in parts[:-1]:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(comp, 0o755, dir_fd=parent)
+                try:
+                    nfd = os.open(comp, _DIR_FLAGS, dir_fd=parent)
+                except OSError as exc:
+                    raise UnsafeNameError(
+                        f"{display_name(fs.entry.name)}: {display_name(comp)} is not a plain directory"
+                    ) from exc
+                os.close(parent)
+                parent = nfd
+            src = f"{fs.entry.key}.part"
+            if overwrite:
+                os.rename(src, parts[-1], src_dir_fd=self.state_fd, dst_dir_fd=parent)
+            else:
+                try:
+                    os.link(
+                        src, parts[-1], src_dir_fd=self.state_fd, dst_dir_fd=parent, follow_symlinks=False
+                    )
+                except FileExistsError:
+                    raise ExistsError(
+                        f"{display_name(fs.entry.name)} appeared in the destination meanwhile"
+                    ) from None
+                os.unlink(src, dir_fd=self.state_fd)
+            os.fsync(parent)
+        finally:
+            os.close(parent)
+
+    def forget(self, plan: Plan) -> None:
+        for fs in plan.files:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(fs.journal.name, dir_fd=self.state_fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{plan.manifest.transfer_id}.manifest.json", dir_fd=self.state_fd)
+        os.fsync(self.state_fd)
+        plan.close()
