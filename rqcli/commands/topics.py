@@ -1,0 +1,786 @@
+"""`rq produce`, `rq tail`, `rq replay`, `rq offsets`: the face of the topics library.
+
+Thin on purpose: option parsing, turning library errors into exit codes, and writing bytes the
+library renders. The read loop, SPEC grammar, filters and formats live in topics/.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+import click
+import orjson
+from platformdirs import user_data_path
+
+from rqcli.errors import CliError
+from rqcli.exitcodes import ExitCode
+from rqcli.output import Output, get_output, output_options, safe_text
+from topics.embedded.groups import check_group_name
+from topics.embedded.log import TopicConfig
+from topics.errors import (
+    CorruptRecord,
+    DigestMismatch,
+    SourceUnreachable,
+    SpecError,
+    TopicError,
+    TopicNotFound,
+    Unsupported,
+    WriterBusy,
+)
+from topics.expr import compile_where
+from topics.paths import Path as FieldPath
+from topics.paths import parse_fields
+from topics.pipeline import Rate, Request, Result, run
+from topics.plan import parse_window, resolve_window
+from topics.record import Headers, Record, encode_bytes_field, encode_value
+from topics.render import Decoded, Renderer, make_renderer
+from topics.savedspec import ReplaySpec
+from topics.sources import Sink, Source, open_sink, open_source, parse_topic
+from topics.sources.open import TopicRef
+from topics.spec import parse_duration_ms, parse_position, resolve
+
+BATCH_RECORDS = 8192
+CHUNK = 1 << 20
+
+
+# -- shared plumbing ----------------------------------------------------------------------------
+
+
+def topics_dir(explicit: Path | None) -> Path:
+    if explicit is not None:
+        return explicit.expanduser()
+    env = os.environ.get("RQ_TOPICS_DIR")
+    return Path(env).expanduser() if env else user_data_path("rq") / "topics"
+
+
+@contextlib.contextmanager
+def library_errors() -> Iterator[None]:
+    """The topics library's exceptions -> one line and the documented exit code."""
+    try:
+        yield
+    except SpecError as exc:
+        raise CliError(str(exc), ExitCode.USAGE) from None
+    except TopicNotFound as exc:
+        raise CliError(
+            str(exc), ExitCode.NOT_FOUND, hint="check the name, or create it with `rq produce`"
+        ) from None
+    except SourceUnreachable as exc:
+        raise CliError(
+            str(exc), ExitCode.UNREACHABLE, hint="is the server running and the URL right?"
+        ) from None
+    except CorruptRecord as exc:
+        raise CliError(str(exc), ExitCode.VERIFY) from None
+    except DigestMismatch as exc:
+        raise CliError(str(exc), ExitCode.VERIFY) from None
+    except Unsupported as exc:
+        raise CliError(str(exc), ExitCode.UNSUPPORTED) from None
+    except WriterBusy as exc:
+        raise CliError(
+            str(exc), ExitCode.FAILURE, hint="one writer per topic: wait for the other `rq produce`"
+        ) from None
+    except TopicError as exc:
+        raise CliError(str(exc), ExitCode.FAILURE) from None
+
+
+def _ref(topic: str, tdir: Path | None) -> TopicRef:
+    return parse_topic(topic, topics_dir(tdir))
+
+
+def _fields(text: str | None) -> list[FieldPath] | None:
+    return parse_fields(text) if text else None
+
+
+def _parse_headers(items: Sequence[str]) -> Headers:
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise CliError(f"bad --header {item!r}", ExitCode.USAGE, hint="use --header name=value")
+        out.append((name, value.encode("utf-8")))
+    return tuple(out)
+
+
+def _size(text: str | None) -> int | None:
+    if text is None:
+        return None
+    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    num, unit = (t[:-1], t[-1]) if t and t[-1] in units and t[-1] != "" else (t, "")
+    try:
+        return int(float(num) * units[unit])
+    except ValueError:
+        raise CliError(f"bad size {text!r}", ExitCode.USAGE, hint="use e.g. 512M, 10G") from None
+
+
+topics_dir_option = click.option(
+    "--topics-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="RQ_TOPICS_DIR",
+    help="Where named embedded topics live (default: the user data dir, e.g. ~/.local/share/rq/topics).",
+)
+
+
+class Writer:
+    """Writes rendered bytes (or a rich table) to stdout; flushes only when records should show at once."""
+
+    def __init__(self, fmt: str, fields: list[FieldPath] | None, sep: bytes, live: bool, out: Output):
+        self.table = fmt == "table"
+        self.renderer: Renderer | None = None if self.table else make_renderer(fmt, fields, sep)
+        self.fields = fields
+        self.live = live
+        self.stream: IO[bytes] = sys.stdout.buffer
+        self.out = out
+
+    @property
+    def needs_decode(self) -> bool:
+        return self.table or not (isinstance(self.renderer, type(None)) or _is_plain_raw(self.renderer))
+
+    def __call__(self, records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
+        if self.renderer is not None:
+            self.stream.write(self.renderer.render(records, decoded))
+            if self.live:
+                self.stream.flush()
+            return
+        self._table(records, decoded)
+
+    def _table(self, records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
+        from rich.table import Table
+
+        from topics.paths import project
+        from topics.render import decode
+
+        table = Table(show_edge=False, pad_edge=False)
+        for col in ("offset", "time", "key", "value"):
+            table.add_column(col, overflow="fold" if col == "value" else "ellipsis", no_wrap=col != "value")
+        dec = decoded if decoded is not None else [decode(r[4]) for r in records]
+        for r, (value, enc) in zip(records, dec, strict=True):
+            if self.fields is not None and enc == "json":
+                value = project(value, self.fields)
+            shown = value if isinstance(value, str) and enc != "json" else orjson.dumps(value).decode()
+            if enc == "base64":
+                shown = f"(base64) {shown}"
+            when = datetime.fromtimestamp(r[1] / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+            key = "" if r[2] is None else r[2].decode("utf-8", "replace")
+            table.add_row(str(r[0]), when, safe_text(key), safe_text(shown[:500]))
+        self.out.console().print(table)
+
+    def close(self) -> None:
+        with contextlib.suppress(BrokenPipeError):
+            self.stream.flush()
+
+
+def _is_plain_raw(renderer: Renderer | None) -> bool:
+    from topics.render import RawRenderer
+
+    return isinstance(renderer, RawRenderer) and renderer.fields is None
+
+
+def _default_format(fmt: str | None) -> str:
+    if fmt:
+        return fmt
+    return "table" if sys.stdout.isatty() else "json"
+
+
+def _emitters(writer: Writer | None, sink: Sink | None) -> Any:
+    def emit(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
+        if writer is not None:
+            writer(records, decoded)
+        if sink is not None:
+            sink.append([(r[1], r[2], r[3], r[4]) for r in records])
+
+    return emit
+
+
+def _report_skips(out: Output, res: Result) -> None:
+    for first, last, where in res.skipped:
+        span = f"offset {first}" if last in (first, -1) else f"offsets {first}..{last}"
+        out.warn(f"skipped corrupt record(s) at {span} ({where})")
+
+
+# -- produce ------------------------------------------------------------------------------------
+
+
+def _split_lines(stream: IO[bytes], sep: bytes) -> Iterator[list[bytes]]:
+    """Records from delimited input, one list per read: batches follow what the pipe delivers."""
+    read = getattr(stream, "read1", stream.read)
+    rest = b""
+    while True:
+        chunk = read(CHUNK)
+        if not chunk:
+            break
+        parts = (rest + chunk).split(sep) if rest else chunk.split(sep)
+        rest = parts.pop()
+        for i in range(0, len(parts), BATCH_RECORDS):
+            yield parts[i : i + BATCH_RECORDS]
+    if rest:
+        yield [rest]
+
+
+def _json_record(line: bytes, lineno: int) -> tuple[bytes | None, Headers, bytes]:
+    try:
+        obj = orjson.loads(line)
+        if not isinstance(obj, dict) or "value" not in obj:
+            raise ValueError(
+                'each line must be an object with a "value" (the shape `rq tail --format json` prints)'
+            )
+        value = encode_value(obj["value"], obj.get("value_encoding", "json"))
+        key = encode_bytes_field(obj.get("key"), obj.get("key_encoding", "text"))
+        headers: list[tuple[str, bytes]] = []
+        for name, v in (obj.get("headers") or {}).items():
+            for item in v if isinstance(v, list) else [v]:
+                if isinstance(item, dict) and "base64" in item:
+                    headers.append((name, encode_bytes_field(item["base64"], "base64") or b""))
+                else:
+                    headers.append((name, str(item).encode("utf-8")))
+        return key, tuple(headers), value
+    except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError) as exc:
+        raise CliError(f"input line {lineno} is not a record: {exc}", ExitCode.USAGE) from None
+
+
+@click.command()
+@click.argument("topic")
+@click.option("--key", "-k", help="Key for every record.")
+@click.option(
+    "--header", "-H", "headers", multiple=True, help="Header name=value for every record (repeatable)."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["lines", "json", "raw"]),
+    default="lines",
+    show_default=True,
+    help="lines: one record per line; json: lines as `rq tail --format json` prints them; raw: all of stdin is one record.",
+)
+@click.option(
+    "-0", "--null", "null_sep", is_flag=True, help="Records are NUL-separated instead of newline-separated."
+)
+@click.option("--segment-bytes", help="Segment size of a new embedded topic (e.g. 128M).")
+@click.option("--retention-bytes", help="Delete the oldest segments above this total size (e.g. 10G).")
+@click.option("--retention-age", help="Delete segments whose newest record is older than this (e.g. 7d).")
+@topics_dir_option
+@output_options
+def produce(
+    topic: str,
+    key: str | None,
+    headers: tuple[str, ...],
+    fmt: str,
+    null_sep: bool,
+    segment_bytes: str | None,
+    retention_bytes: str | None,
+    retention_age: str | None,
+    topics_dir: Path | None,
+) -> None:
+    """Append records from stdin to TOPIC (created if needed). Each batch is durable before it is
+    acknowledged (with --json, one {"event": "ack"} line per batch).
+
+    \b
+    Examples:
+      seq 10 | rq produce events
+      rq tail events --format json | rq produce copy --format json
+      rq produce nats://127.0.0.1:4222/EVENTS/events.raw < samples.jsonl
+    """
+    out = get_output()
+    with library_errors():
+        ref = _ref(topic, topics_dir)
+        config: TopicConfig | None = None
+        if ref.kind == "embedded" and (segment_bytes or retention_bytes or retention_age):
+            assert ref.path is not None
+            config = TopicConfig.load(ref.path)
+            if segment_bytes:
+                config.segment_bytes = _size(segment_bytes) or config.segment_bytes
+            if retention_bytes:
+                config.retention_bytes = _size(retention_bytes)
+            if retention_age:
+                config.retention_ms = parse_duration_ms(retention_age)
+        hdrs = _parse_headers(headers)
+        key_b = key.encode("utf-8") if key is not None else None
+        sink = open_sink(ref, config)
+        started = time.perf_counter()
+        total, first, last = 0, None, None
+        try:
+            stdin = sys.stdin.buffer
+            for batch in _batches(stdin, fmt, b"\0" if null_sep else b"\n", key_b, hdrs):
+                a, b = sink.append(batch)
+                total += len(batch)
+                first = a if first is None else first
+                last = b
+                out.emit({"event": "ack", "first_offset": a, "last_offset": b, "records": len(batch)})
+        finally:
+            sink.close()
+        secs = time.perf_counter() - started
+        summary = {
+            "event": "done",
+            "topic": ref.url,
+            "records": total,
+            "first_offset": first,
+            "last_offset": last,
+            "seconds": round(secs, 3),
+            "records_per_s": round(total / secs) if secs > 0 else None,
+        }
+        out.emit(summary)
+        if not out.json and not out.quiet:
+            span = f" (offsets {first}..{last})" if total else ""
+            click.echo(f"produced {total} records to {safe_text(ref.url)}{span}", err=True)
+
+
+def _batches(
+    stdin: IO[bytes], fmt: str, sep: bytes, key: bytes | None, headers: Headers
+) -> Iterator[Sequence[tuple[int | None, bytes | None, Headers, bytes]]]:
+    if fmt == "raw":
+        data = stdin.read()
+        yield [(None, key, headers, data)]
+        return
+    lineno = 0
+    for lines in _split_lines(stdin, sep):
+        if fmt == "lines":
+            yield [(None, key, headers, v) for v in lines]
+            continue
+        batch = []
+        for line in lines:
+            lineno += 1
+            if not line.strip():
+                continue
+            k, h, v = _json_record(line, lineno)
+            batch.append((None, k if k is not None else key, h or headers, v))
+        if batch:
+            yield batch
+
+
+# -- tail and replay ----------------------------------------------------------------------------
+
+
+def _format_options(func: Any) -> Any:
+    func = click.option(
+        "--skip-corrupt", is_flag=True, help="Warn about corrupt records and read past them."
+    )(func)
+    func = click.option(
+        "-0", "--null", "null_sep", is_flag=True, help="raw: end each value with NUL, not newline."
+    )(func)
+    func = click.option(
+        "--where",
+        help="Only records whose JSON value matches, e.g. 'metadata.quality_score > 0.9 and \"edge-case\" in tags'.",
+    )(func)
+    func = click.option(
+        "--fields", help="Keep only these fields of JSON values, e.g. image,metadata.source."
+    )(func)
+    func = click.option(
+        "--format",
+        "fmt",
+        help="json (default off a terminal), raw, table (default on a terminal), or a template like '{offset} {value.id}'.",
+    )(func)
+    return func
+
+
+@click.command()
+@click.argument("topic")
+@click.option(
+    "-n",
+    "--lines",
+    "count",
+    type=click.IntRange(min=0),
+    help="Show the last N records (default 10); on MQTT: stop after N messages.",
+)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new records as they arrive.")
+@click.option(
+    "--record",
+    "record_to",
+    help="Also append what is shown to this embedded topic (e.g. to replay an MQTT capture).",
+)
+@click.option(
+    "--timeout",
+    "idle_timeout",
+    type=float,
+    help="With --follow: exit after this many seconds without a record.",
+)
+@_format_options
+@topics_dir_option
+@output_options
+def tail(
+    topic: str,
+    count: int | None,
+    follow: bool,
+    record_to: str | None,
+    idle_timeout: float | None,
+    fmt: str | None,
+    fields: str | None,
+    where: str | None,
+    null_sep: bool,
+    skip_corrupt: bool,
+    topics_dir: Path | None,
+) -> None:
+    """Print the last records of TOPIC, and with -f the new ones as they come. Exits at the end
+    without -f. On an MQTT topic it shows live messages (there is no history).
+
+    \b
+    Examples:
+      rq tail events -n 20
+      rq tail events -f --where '$key == "user-7"' --format '{offset} {value.action}'
+      rq tail mqtt://127.0.0.1:1883/sensors/# --record sensors-capture
+    """
+    out = get_output()
+    with library_errors():
+        ref = _ref(topic, topics_dir)
+        fmt = _default_format(fmt)
+        writer = Writer(fmt, _fields(fields), b"\0" if null_sep else b"\n", True, out)
+        filt = compile_where(where) if where else None
+        source = open_source(ref, idle_timeout=idle_timeout)
+        sink = open_sink(_ref(record_to, topics_dir)) if record_to else None
+        try:
+            if source.live_only:
+                req = Request(start=0, stop=None, follow=True, where=filt, count=count)
+            else:
+                n = 10 if count is None else count
+                end = source.end_offset()
+                start = max(source.first_offset(), end - n)
+                req = Request(start=start, stop=None if follow else end, follow=follow, where=filt)
+            req.skip_corrupt = skip_corrupt
+            req.decode_values = writer.needs_decode
+            res = run(source, req, _emitters(writer, sink))
+        finally:
+            writer.close()
+            source.close()
+            if sink is not None:
+                sink.close()
+        _report_skips(out, res)
+        out.emit({"event": "done", "topic": ref.url, "records": res.emitted, "next_offset": res.next_offset})
+
+
+@click.command()
+@click.argument("topic", required=False)
+@click.option(
+    "--from",
+    "from_spec",
+    help="Where to start: N, +N, -N, start, end, @RFC3339, @UNIX_MS, @-1h, or a range A:B. Default: the group's committed offset, else start.",
+)
+@click.option(
+    "--to",
+    "to_spec",
+    help="Where to stop (exclusive), same grammar. Default: the end (or never, with --follow).",
+)
+@click.option("--group", "-g", help="Consumer group: start at its committed offset; with --commit, move it.")
+@click.option(
+    "--commit",
+    is_flag=True,
+    help="Store the group's new position when done (inspection changes nothing without it).",
+)
+@click.option(
+    "--rate",
+    default="max",
+    show_default=True,
+    help="max, original (the records' own spacing), or a speed-up like 2x.",
+)
+@click.option("--to-topic", help="Republish the replayed records into this topic (name, path or nats://).")
+@click.option(
+    "--save-spec",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write a spec file that pins this replay (exact offsets, filters, digest).",
+)
+@click.option(
+    "--spec",
+    "spec_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Replay exactly what a saved spec pins, and verify its digest.",
+)
+@click.option("--count", type=click.IntRange(min=0), help="Stop after N records (after --where).")
+@click.option(
+    "-f", "--follow", is_flag=True, help="Keep reading past the end (until --to, --count or Ctrl-C)."
+)
+@_format_options
+@topics_dir_option
+@output_options
+def replay(
+    topic: str | None,
+    from_spec: str | None,
+    to_spec: str | None,
+    group: str | None,
+    commit: bool,
+    rate: str,
+    to_topic: str | None,
+    save_spec: Path | None,
+    spec_file: Path | None,
+    count: int | None,
+    follow: bool,
+    fmt: str | None,
+    fields: str | None,
+    where: str | None,
+    null_sep: bool,
+    skip_corrupt: bool,
+    topics_dir: Path | None,
+) -> None:
+    """Replay a range of TOPIC exactly: time bounds are exact (nothing before --from @t, nothing at
+    or after --to @t) and a bounded replay exits when its range is done.
+
+    \b
+    Examples:
+      rq replay events --from @-1h --to @-30m --format json
+      rq replay events --from 1000:2000 --where 'metadata.quality_score > 0.9' --fields image,metadata
+      rq replay events --from @2026-11-22T10:00:00Z --count 100 --save-spec run42.json
+      rq replay --spec run42.json > same-as-before.jsonl
+      rq replay nats://127.0.0.1:4222/EVENTS --group trainer --commit --format raw
+    """
+    out = get_output()
+    with library_errors():
+        saved = ReplaySpec.load(spec_file) if spec_file else None
+        if saved is not None:
+            clash = [
+                n
+                for n, v in (
+                    ("--from", from_spec),
+                    ("--to", to_spec),
+                    ("--where", where),
+                    ("--count", count),
+                    ("--follow", follow or None),
+                    ("--group", group),
+                )
+                if v
+            ]
+            if clash:
+                raise CliError(f"--spec pins the range and filters; drop {', '.join(clash)}", ExitCode.USAGE)
+            where = saved.where
+            fields = fields if fields is not None else saved.fields
+        if topic is None:
+            if saved is None:
+                raise CliError(
+                    "missing TOPIC",
+                    ExitCode.USAGE,
+                    hint="rq replay TOPIC --from SPEC, or rq replay --spec FILE",
+                )
+            topic = saved.source
+        ref = _ref(topic, topics_dir)
+        if ref.kind == "mqtt":
+            raise Unsupported(
+                "replay needs a topic with history; MQTT has none. Capture it first: "
+                f"`rq tail {topic} --record NAME`, then `rq replay NAME`"
+            )
+        if group:
+            check_group_name(group)
+        if commit and not group:
+            raise CliError("--commit needs --group", ExitCode.USAGE)
+        start_pos, stop_pos = parse_window(from_spec, to_spec)
+        pace = Rate.parse(rate)
+        filt = compile_where(where) if where else None
+        field_paths = _fields(fields)
+        show = fmt is not None or to_topic is None
+        writer = (
+            Writer(
+                _default_format(fmt),
+                field_paths,
+                b"\0" if null_sep else b"\n",
+                follow or pace.speed is not None,
+                out,
+            )
+            if show
+            else None
+        )
+        source = open_source(ref)
+        sink: Sink | None = None
+        res = Result()
+        start: int
+        stop: int | None
+        try:
+            if saved is not None:
+                _check_saved_range(source, saved)
+                start, stop = saved.start, saved.stop
+                window_time: tuple[int | None, int | None] = (None, None)
+            else:
+                committed = source.committed(group) if group else None
+                window = resolve_window(source, start_pos, stop_pos, follow, committed)
+                start, stop = window.start, window.stop
+                window_time = (window.time_from, window.time_to)
+            sink = open_sink(_ref(to_topic, topics_dir)) if to_topic else None
+            req = Request(
+                start=start,
+                stop=stop,
+                follow=follow,
+                time_from=window_time[0],
+                time_to=window_time[1],
+                where=filt,
+                count=count,
+                rate=pace,
+                skip_corrupt=skip_corrupt,
+                decode_values=writer.needs_decode if writer is not None else False,
+                digest=bool(save_spec or saved),
+            )
+            last_commit = [time.monotonic()]
+
+            def progress(r: Result) -> None:
+                if commit and group and follow and time.monotonic() - last_commit[0] > 1.0:
+                    source.commit(group, r.next_offset)
+                    last_commit[0] = time.monotonic()
+
+            try:
+                run(source, req, _emitters(writer, sink), res, progress)
+            finally:
+                if commit and group and res.next_offset > start:
+                    source.commit(group, res.next_offset)
+        finally:
+            if writer is not None:
+                writer.close()
+            if sink is not None:
+                sink.close()
+            source.close()
+        _report_skips(out, res)
+        if saved is not None:
+            _verify_saved(saved, res)
+        truncated = count is not None and res.emitted >= count
+        if save_spec is not None:
+            ReplaySpec(
+                source=ref.url,
+                kind=ref.kind,
+                start=start,
+                stop=stop if stop is not None and not truncated else res.next_offset,
+                records=res.emitted,
+                digest=res.digest,
+                from_spec=from_spec,
+                to_spec=to_spec,
+                group=group,
+                where=where,
+                fields=fields,
+                first_offset=res.first_offset,
+                last_offset=res.last_offset,
+                created=datetime.now(UTC).isoformat(timespec="seconds"),
+            ).save(save_spec)
+        summary: dict[str, Any] = {
+            "event": "done",
+            "topic": ref.url,
+            "records": res.emitted,
+            "scanned": res.scanned,
+            "start": start,
+            "next_offset": res.next_offset,
+            "first_offset": res.first_offset,
+            "last_offset": res.last_offset,
+        }
+        if req.digest:
+            summary["digest"] = res.digest
+        if commit and group:
+            summary["committed"] = {"group": group, "offset": res.next_offset}
+        out.emit(summary)
+        if saved is not None and not out.json and not out.quiet:
+            click.echo(
+                f"rq: replay matches spec {safe_text(str(spec_file))}: {res.emitted} records, {res.digest}",
+                err=True,
+            )
+
+
+def _check_saved_range(source: Source, saved: ReplaySpec) -> None:
+    first, end = source.first_offset(), source.end_offset()
+    if saved.records and saved.start < first and (saved.first_offset is None or saved.first_offset < first):
+        raise DigestMismatch(
+            f"the spec starts at offset {saved.start} but the topic now starts at {first}: "
+            "records the spec pins were deleted (retention?)"
+        )
+    if saved.stop > end:
+        raise DigestMismatch(f"the spec needs offsets up to {saved.stop - 1} but the topic ends at {end - 1}")
+
+
+def _verify_saved(saved: ReplaySpec, res: Result) -> None:
+    if res.emitted != saved.records or res.digest != saved.digest:
+        raise DigestMismatch(
+            f"REPLAY DOES NOT MATCH THE SPEC: {res.emitted} records with digest {res.digest}, "
+            f"the spec pinned {saved.records} records with {saved.digest} — the data in offsets "
+            f"{saved.start}..{saved.stop - 1} changed"
+        )
+
+
+# -- offsets ------------------------------------------------------------------------------------
+
+
+@click.command(context_settings={"ignore_unknown_options": False})
+@click.argument("words", nargs=-1, required=True, metavar="TOPIC | reset TOPIC")
+@click.option("--group", "-g", help="Only this consumer group (required for reset).")
+@click.option("--to", "to_spec", help="reset: the new position (SPEC: N, +N, -N, start, end, @time).")
+@click.option("--dry-run", is_flag=True, help="reset: show what would change, change nothing.")
+@topics_dir_option
+@output_options
+def offsets(
+    words: tuple[str, ...], group: str | None, to_spec: str | None, dry_run: bool, topics_dir: Path | None
+) -> None:
+    """Show a topic's first and last offsets and each group's committed offset and lag, or move a
+    group with `reset`. Committed = the next offset the group reads; lag = end - committed.
+
+    \b
+    Examples:
+      rq offsets events
+      rq offsets events --group trainer --json
+      rq offsets reset events --group trainer --to @-1h --dry-run
+    """
+    out = get_output()
+    with library_errors():
+        if words[0] == "reset" and len(words) == 2:
+            _reset(words[1], group, to_spec, dry_run, topics_dir, out)
+            return
+        if len(words) != 1:
+            raise CliError(
+                "expected TOPIC, or reset TOPIC",
+                ExitCode.USAGE,
+                hint="rq offsets events / rq offsets reset events --group g --to start",
+            )
+        if to_spec or dry_run:
+            raise CliError("--to and --dry-run belong to `rq offsets reset`", ExitCode.USAGE)
+        ref = _ref(words[0], topics_dir)
+        if ref.kind == "mqtt":
+            raise Unsupported("MQTT topics have no offsets (live only)")
+        source = open_source(ref)
+        try:
+            first, end = source.first_offset(), source.end_offset()
+            names = [check_group_name(group)] if group else source.groups()
+            rows = []
+            for name in names:
+                committed = source.committed(name)
+                lag = end - max(committed if committed is not None else first, first)
+                rows.append({"group": name, "committed": committed, "lag": max(lag, 0)})
+        finally:
+            source.close()
+        info = {
+            "topic": ref.url,
+            "first": first,
+            "last": end - 1 if end > first else None,
+            "end": end,
+            "records": end - first,
+        }
+        if out.json:
+            out.emit({**info, "groups": rows})
+            return
+        from rich.table import Table
+
+        console = out.console()
+        console.print(f"{safe_text(ref.url)}: first {first}, last {info['last']}, {end - first} records")
+        if rows:
+            table = Table(show_edge=False)
+            for col in ("group", "committed", "lag"):
+                table.add_column(col)
+            for row in rows:
+                table.add_row(safe_text(str(row["group"])), str(row["committed"]), str(row["lag"]))
+            console.print(table)
+
+
+def _reset(
+    topic: str, group: str | None, to_spec: str | None, dry_run: bool, tdir: Path | None, out: Output
+) -> None:
+    if not group or not to_spec:
+        raise CliError(
+            "reset needs --group and --to", ExitCode.USAGE, hint="rq offsets reset TOPIC --group G --to start"
+        )
+    check_group_name(group)
+    pos = parse_position(to_spec)
+    ref = _ref(topic, tdir)
+    if ref.kind == "mqtt":
+        raise Unsupported("MQTT topics have no offsets (live only)")
+    source = open_source(ref)
+    try:
+        before = source.committed(group)
+        target = min(resolve(pos, source), source.end_offset())
+        if not dry_run:
+            source.commit(group, target)
+    finally:
+        source.close()
+    out.emit({"topic": ref.url, "group": group, "before": before, "after": target, "dry_run": dry_run})
+    verb = "would move" if dry_run else "moved"
+    out.info(f"{verb} group {safe_text(group)} on {safe_text(ref.url)} from {before} to {target}")

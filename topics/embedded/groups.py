@@ -1,0 +1,51 @@
+"""Committed consumer-group offsets of an embedded topic: `groups/<group>.json`, written atomically."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import orjson
+
+from topics.embedded.files import fsync_dir, write_atomic
+from topics.errors import SpecError
+
+_GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_group_name(name: str) -> str:
+    """Group names become file names, so they are checked, never used as paths."""
+    if not _GROUP.match(name):
+        raise SpecError(f"bad group name {name!r}: use letters, digits, '.', '_' or '-' (at most 128)")
+    return name
+
+
+class GroupStore:
+    """Committed offsets: the next offset the group will read (Kafka's convention)."""
+
+    def __init__(self, topic_dir: Path):
+        self.dir = topic_dir / "groups"
+
+    def committed(self, group: str) -> int | None:
+        path = self.dir / f"{check_group_name(group)}.json"
+        try:
+            data = orjson.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        value = data.get("committed")
+        return int(value) if isinstance(value, int) else None
+
+    def commit(self, group: str, offset: int) -> None:
+        check_group_name(group)
+        created = not self.dir.exists()
+        self.dir.mkdir(exist_ok=True)
+        if created:
+            fsync_dir(self.dir.parent)
+        body = {"group": group, "committed": offset, "updated_ms": int(time.time() * 1000)}
+        write_atomic(self.dir / f"{group}.json", orjson.dumps(body))
+
+    def groups(self) -> list[str]:
+        if not self.dir.is_dir():
+            return []
+        return sorted(p.stem for p in self.dir.glob("*.json") if _GROUP.match(p.stem))

@@ -1,0 +1,45 @@
+"""The topics library's exceptions: one small hierarchy callers can map to exit codes."""
+
+from __future__ import annotations
+
+
+class TopicError(Exception):
+    """Base of every error the topics library raises."""
+
+
+class SpecError(TopicError, ValueError):
+    """A SPEC (offset/time position or range), expression, template or field list is malformed."""
+
+
+class TopicNotFound(TopicError):
+    """The topic, stream or log directory does not exist."""
+
+
+class SourceUnreachable(TopicError):
+    """A server (NATS, MQTT) could not be reached or the connection was lost."""
+
+
+class CorruptRecord(TopicError):
+    """A record or batch failed its CRC in the middle of the log (not a torn tail)."""
+
+    def __init__(self, message: str, offset: int, segment: str, position: int):
+        super().__init__(message)
+        self.offset = offset
+        self.segment = segment
+        self.position = position
+
+
+class Unsupported(TopicError):
+    """The operation does not exist for this kind of source (e.g. replay of a live MQTT topic)."""
+
+
+class DigestMismatch(TopicError):
+    """A saved replay spec's digest or count does not match the data replayed now."""
+
+
+class WriterBusy(TopicError):
+    """Another process holds the topic's writer lock."""
+
+
+class Closed(TopicError):
+    """The log or source was used after close()."""

@@ -1,0 +1,197 @@
+"""The read loop shared by tail and replay: read batches, filter, count, digest, pace, emit.
+
+Everything here works on whole batches; the per-record Python work is the filter (when given),
+the digest (when asked for) and whatever the emitter does.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import xxhash
+
+from topics.embedded.format import encode_headers
+from topics.errors import SpecError
+from topics.expr import Context, Filter
+from topics.record import Record
+from topics.render import Decoded, decode, headers_json
+from topics.sources.base import Source
+
+Emit = Callable[[Sequence[Record], "Sequence[Decoded] | None"], None]
+_DIGEST_HEAD = struct.Struct("<qqiII")
+
+
+@dataclass
+class Rate:
+    """None: as fast as possible; otherwise a multiple of the records' own spacing."""
+
+    speed: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> Rate:
+        t = text.strip().lower()
+        if t == "max":
+            return cls(None)
+        if t == "original":
+            return cls(1.0)
+        if t.endswith("x"):
+            try:
+                speed = float(t[:-1])
+            except ValueError:
+                speed = -1.0
+            if speed > 0:
+                return cls(speed)
+        raise SpecError(f"bad --rate {text!r}: use max, original, or a speed-up like 2x or 0.5x")
+
+
+@dataclass
+class Request:
+    start: int
+    stop: int | None = None  # exclusive
+    follow: bool = False
+    time_from: int | None = None  # exact time bounds, applied per record when the source needs it
+    time_to: int | None = None
+    where: Filter | None = None
+    count: int | None = None
+    rate: Rate = field(default_factory=Rate)
+    skip_corrupt: bool = False
+    decode_values: bool = False  # the emitter wants decoded values (json, template, fields)
+    digest: bool = False
+
+
+@dataclass
+class Result:
+    emitted: int = 0
+    scanned: int = 0
+    first_offset: int | None = None
+    last_offset: int | None = None  # last emitted
+    next_offset: int = 0  # consumption position: last record read + 1
+    skipped: list[tuple[int, int, str]] = field(default_factory=list)
+    hasher: xxhash.xxh3_128 = field(default_factory=xxhash.xxh3_128)
+
+    @property
+    def digest(self) -> str:
+        return "xxh3_128:" + self.hasher.hexdigest()
+
+
+def digest_records(hasher: xxhash.xxh3_128, records: Sequence[Record]) -> None:
+    """Offset, timestamp, key, headers and value of each record, length-framed."""
+    pack = _DIGEST_HEAD.pack
+    update = hasher.update
+    for offset, ts, key, headers, value in records:
+        hdr = encode_headers(headers) if headers else b""
+        update(pack(offset, ts, -1 if key is None else len(key), len(hdr), len(value)))
+        if key:
+            update(key)
+        if hdr:
+            update(hdr)
+        update(value)
+
+
+def _context(rec: Record, decoded: Decoded) -> Context:
+    key = rec[2]
+    headers = headers_json(rec[3]) if rec[3] else {}
+    return Context(
+        decoded[0],
+        rec[0],
+        rec[1],
+        None if key is None else key.decode("utf-8", "replace"),
+        headers,
+    )
+
+
+class Pacer:
+    """Sleeps so records leave at their original spacing divided by `speed`."""
+
+    def __init__(self, speed: float):
+        self.speed = speed
+        self.t0: int | None = None
+        self.wall0 = 0.0
+
+    def split(self, records: Sequence[Record]) -> Iterator[Sequence[Record]]:
+        i = 0
+        while i < len(records):
+            ts = records[i][1]
+            if self.t0 is None:
+                self.t0, self.wall0 = ts, time.monotonic()
+            due = self.wall0 + (ts - self.t0) / 1000.0 / self.speed
+            delay = due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            j = i + 1
+            while j < len(records) and records[j][1] == ts:
+                j += 1
+            yield records[i:j]
+            i = j
+
+
+def run(
+    source: Source,
+    req: Request,
+    emit: Emit,
+    result: Result | None = None,
+    on_progress: Callable[[Result], None] | None = None,
+) -> Result:
+    """Reads [start, stop) (or follows), emits what passes the filters; returns the tally."""
+    res = result or Result()
+    res.next_offset = req.start
+
+    def on_skip(first: int, last: int, where: str) -> None:
+        res.skipped.append((first, last, where))
+
+    where = req.where
+    need_decode = req.decode_values or (where is not None and where.uses_value)
+    time_filter = not source.monotonic_time and (req.time_from is not None or req.time_to is not None)
+    pacer = Pacer(req.rate.speed) if req.rate.speed else None
+    remaining = req.count
+    if remaining is not None and remaining <= 0:
+        return res
+    for batch in source.read(req.start, req.stop, req.follow, req.skip_corrupt, on_skip):
+        if not batch:
+            continue
+        res.scanned += len(batch)
+        read_to = batch[-1][0] + 1  # consumption position, whatever the filters keep
+        if time_filter:
+            lo = req.time_from if req.time_from is not None else -(2**63)
+            hi = req.time_to if req.time_to is not None else 2**63 - 1
+            batch = [r for r in batch if lo <= r[1] < hi]
+        decoded: list[Decoded] | None = [decode(r[4]) for r in batch] if need_decode else None
+        if where is not None:
+            keep = [
+                i
+                for i, r in enumerate(batch)
+                if where(_context(r, decoded[i] if decoded is not None else (None, "none")))
+            ]
+            if len(keep) != len(batch):
+                batch = [batch[i] for i in keep]
+                if decoded is not None:
+                    decoded = [decoded[i] for i in keep]
+        if remaining is not None and len(batch) >= remaining:
+            batch = batch[:remaining]
+            decoded = decoded[:remaining] if decoded is not None else None
+            read_to = batch[-1][0] + 1  # stopping early: consumed up to the last one emitted
+        if batch:
+            if req.digest:
+                digest_records(res.hasher, batch)
+            if res.first_offset is None:
+                res.first_offset = batch[0][0]
+            res.last_offset = batch[-1][0]
+            res.emitted += len(batch)
+            if pacer is None:
+                emit(batch, decoded)
+            else:
+                done = 0
+                for part in pacer.split(batch):
+                    emit(part, decoded[done : done + len(part)] if decoded is not None else None)
+                    done += len(part)
+        if remaining is not None:
+            remaining -= len(batch)
+        res.next_offset = max(read_to, res.next_offset)
+        if on_progress is not None:
+            on_progress(res)
+        if remaining is not None and remaining <= 0:
+            break
+    return res

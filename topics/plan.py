@@ -1,0 +1,69 @@
+"""From the user's SPECs to exact offsets on one source."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from topics.errors import SpecError
+from topics.sources.base import Source
+from topics.spec import START, Position, Range, check_order, parse_position, parse_range, resolve, time_of
+
+
+@dataclass(frozen=True)
+class Window:
+    start: int
+    stop: int | None  # exclusive; None: follow without end
+    time_from: int | None
+    time_to: int | None
+
+
+def parse_window(from_text: str | None, to_text: str | None) -> tuple[Position | None, Position | None]:
+    """`--from A:B` or `--from A --to B` (not both forms at once)."""
+    start: Position | None = None
+    stop: Position | None = None
+    if from_text is not None:
+        rng: Range = parse_range(from_text)
+        start = rng.start
+        if rng.stop is not None:
+            if to_text is not None:
+                raise SpecError(f"--from {from_text!r} is already a range: drop --to, or use --from A --to B")
+            stop = rng.stop
+    if to_text is not None:
+        stop = parse_position(to_text)
+        if start is not None:
+            check_order(start, stop)
+    return start, stop
+
+
+def resolve_window(
+    source: Source,
+    start: Position | None,
+    stop: Position | None,
+    follow: bool,
+    committed: int | None = None,
+    now_ms: Callable[[], int] | None = None,
+) -> Window:
+    """Exact offsets for a read: from the SPEC, else the group's committed offset, else the start.
+
+    Without follow, the read never goes past the end the topic has now (it exits there).
+    """
+    if start is None:
+        begin = committed if committed is not None else resolve(START, source, now_ms)
+        begin = max(begin, source.first_offset())
+    else:
+        begin = resolve(start, source, now_ms)
+    end: int | None
+    if stop is not None:
+        end = resolve(stop, source, now_ms)
+        if not follow:
+            end = min(end, source.end_offset())
+        end = max(end, begin)
+    else:
+        end = None if follow else max(source.end_offset(), begin)
+    return Window(
+        begin,
+        end,
+        time_of(start, now_ms) if start is not None else None,
+        time_of(stop, now_ms) if stop is not None else None,
+    )

@@ -1,0 +1,53 @@
+"""The interface every topic source and sink implements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+from topics.record import Headers, Record
+
+# What a sink appends: (timestamp ms or None for "now", key, headers, value).
+Pending = tuple[int | None, bytes | None, Headers, bytes]
+
+
+class Source(Protocol):
+    """A readable topic. Offsets are the source's own (log offset, stream sequence, arrival count)."""
+
+    kind: str  # "embedded", "jetstream", "mqtt"
+    url: str  # canonical description, stored in saved specs
+    live_only: bool  # True: no history, no offsets to seek to (MQTT)
+    monotonic_time: bool  # True: timestamps never decrease with offset, so time seeks are exact
+
+    def first_offset(self) -> int: ...
+
+    def end_offset(self) -> int: ...
+
+    def offset_for_time(self, ts_ms: int) -> int: ...
+
+    def read(
+        self,
+        start: int,
+        stop: int | None,
+        follow: bool,
+        skip_corrupt: bool = False,
+        on_skip: Callable[[int, int, str], None] | None = None,
+    ) -> Iterator[list[Record]]: ...
+
+    def committed(self, group: str) -> int | None: ...
+
+    def commit(self, group: str, offset: int) -> None: ...
+
+    def groups(self) -> list[str]: ...
+
+    def close(self) -> None: ...
+
+
+class Sink(Protocol):
+    """A writable topic: each append is one durable batch; returns (first, last) offsets."""
+
+    url: str
+
+    def append(self, records: Sequence[Pending]) -> tuple[int, int]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,100 @@
+"""TOPIC strings -> sources and sinks: a name under the topics dir, a path, nats://, mqtt://."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from topics.embedded.log import TopicConfig, check_topic_name
+from topics.errors import SpecError, TopicNotFound
+from topics.sources.base import Sink, Source
+
+
+@dataclass(frozen=True)
+class TopicRef:
+    kind: str  # embedded | jetstream | mqtt
+    path: Path | None = None
+    host: str = ""
+    port: int = 0
+    stream: str = ""  # JetStream stream
+    subject: str = ""  # JetStream subject filter or MQTT topic filter
+
+    @property
+    def url(self) -> str:
+        if self.kind == "embedded":
+            return str(self.path)
+        scheme = "nats" if self.kind == "jetstream" else "mqtt"
+        tail = f"/{self.stream}" if self.kind == "jetstream" else ""
+        if self.subject:
+            tail += f"/{self.subject}"
+        return f"{scheme}://{self.host}:{self.port}{tail}"
+
+
+_STREAM = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+
+
+def parse_topic(text: str, topics_dir: Path) -> TopicRef:
+    if text.startswith(("nats://", "mqtt://")):
+        return _parse_url(text)
+    if "://" in text:
+        raise SpecError(f"unknown topic scheme in {text!r}: use a name, a path, nats:// or mqtt://")
+    if os.sep in text or text.startswith((".", "~")):
+        return TopicRef("embedded", Path(text).expanduser())
+    return TopicRef("embedded", topics_dir / check_topic_name(text))
+
+
+def _parse_url(text: str) -> TopicRef:
+    parts = urlsplit(text)
+    scheme = parts.scheme
+    try:
+        port = parts.port or (4222 if scheme == "nats" else 1883)
+    except ValueError:
+        raise SpecError(f"bad port in {text!r}") from None
+    host = parts.hostname or "127.0.0.1"
+    path = parts.path.lstrip("/")
+    if scheme == "nats":
+        stream, _, subject = path.partition("/")
+        if not stream or not _STREAM.match(stream):
+            raise SpecError(f"bad JetStream URL {text!r}: use nats://HOST:PORT/STREAM[/SUBJECT]")
+        return TopicRef("jetstream", host=host, port=port, stream=stream, subject=unquote(subject))
+    # MQTT filters use '#' which urlsplit treats as a fragment: put it back.
+    subject = unquote(path + (f"#{parts.fragment}" if "#" in text else ""))
+    if not subject:
+        raise SpecError(f"bad MQTT URL {text!r}: use mqtt://HOST:PORT/TOPIC-FILTER (e.g. sensors/#)")
+    return TopicRef("mqtt", host=host, port=port, subject=subject)
+
+
+def open_source(ref: TopicRef, **options: Any) -> Source:
+    if ref.kind == "embedded":
+        from topics.sources.embedded import EmbeddedSource
+
+        assert ref.path is not None
+        if not ref.path.is_dir():
+            raise TopicNotFound(f"topic {ref.path} does not exist")
+        return EmbeddedSource(ref.path, options.get("idle_timeout"))
+    if ref.kind == "jetstream":
+        from topics.sources.jetstream import JetStreamSource
+
+        return JetStreamSource(ref, **options)
+    from topics.sources.mqtt import MqttSource
+
+    return MqttSource(ref, **options)
+
+
+def open_sink(ref: TopicRef, config: TopicConfig | None = None, **options: Any) -> Sink:
+    if ref.kind == "embedded":
+        from topics.sources.embedded import EmbeddedSink
+
+        assert ref.path is not None
+        return EmbeddedSink(ref.path, config)
+    if ref.kind == "jetstream":
+        from topics.sources.jetstream import JetStreamSink
+
+        return JetStreamSink(ref, **options)
+    from topics.sources.mqtt import MqttSink
+
+    return MqttSink(ref, **options)
