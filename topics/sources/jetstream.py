@@ -1,0 +1,331 @@
+"""NATS JetStream as a topic source and sink (nats-py).
+
+The stream sequence is the offset; a record's key is its subject. Reads use an ephemeral *ordered*
+push consumer with a callback (FIELD-NOTES: 3x faster than `async for`, 5x faster than pull fetch),
+so reading has no side effects on the server beyond a consumer that deletes itself. Consumer groups
+are durable consumers: the committed offset is the consumer's next sequence, and committing
+re-creates the durable consumer at the new position.
+
+nats-py is asyncio; this class owns a private event loop and drives it from the synchronous
+iterator, so the callback and the caller run on one thread with no queue hand-off per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from topics.errors import SourceUnreachable, TopicError, TopicNotFound
+from topics.record import NO_HEADERS, Headers, Record
+from topics.sources.base import Pending
+
+_WAKE_BATCH = 4096  # wake the reader after this many messages (or when caught up)
+
+
+def _probe(host: str, port: int, timeout: float) -> None:
+    """nats-py waits ~2 s after a refused connection before raising: fail fast on a closed port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise SourceUnreachable(f"cannot reach NATS at {host}:{port}: {exc.strerror or exc}") from None
+
+
+class _Conn:
+    """One connection and event loop shared by a source or a sink."""
+
+    def __init__(self, host: str, port: int, stream: str, connect_timeout: float = 3.0):
+        import nats
+
+        self.loop = asyncio.new_event_loop()
+        self.stream = stream
+        _probe(host, port, connect_timeout)
+
+        async def connect() -> Any:
+            async def quiet(_exc: Exception) -> None:
+                return None  # errors surface through the calls that fail
+
+            return await nats.connect(
+                f"nats://{host}:{port}",
+                connect_timeout=connect_timeout,
+                max_reconnect_attempts=0,
+                allow_reconnect=False,
+                error_cb=quiet,
+                pending_size=64 * 1024 * 1024,
+            )
+
+        try:
+            self.nc = self.run(connect())
+        except Exception as exc:
+            self.loop.close()
+            raise SourceUnreachable(f"cannot connect to NATS at {host}:{port}: {exc}") from None
+        self.js = self.nc.jetstream()
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def stream_info(self, subjects_filter: str | None = None) -> Any:
+        import nats.js.errors
+
+        try:
+            return self.run(self.js.stream_info(self.stream))
+        except nats.js.errors.NotFoundError:
+            raise TopicNotFound(f"JetStream stream {self.stream} does not exist") from None
+        except (nats.errors.ConnectionClosedError, nats.errors.NoServersError) as exc:
+            raise SourceUnreachable(f"lost the NATS connection: {exc}") from None
+        except nats.js.errors.ServiceUnavailableError:
+            raise SourceUnreachable("JetStream is not enabled on this NATS server") from None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.run(self.nc.close())
+        self.loop.close()
+
+
+def _headers(raw: dict[str, str] | None) -> Headers:
+    if not raw:
+        return NO_HEADERS
+    return tuple((k, v.encode("utf-8")) for k, v in raw.items())
+
+
+class JetStreamSource:
+    kind = "jetstream"
+    live_only = False
+    monotonic_time = False  # server stamps are monotonic on one server, but time bounds are re-checked
+
+    def __init__(self, ref: Any, idle_timeout: float | None = None, connect_timeout: float = 3.0):
+        self.url = ref.url
+        self.subject: str = ref.subject
+        self.idle_timeout = idle_timeout
+        self.conn = _Conn(ref.host, ref.port, ref.stream, connect_timeout)
+        try:
+            self.conn.stream_info()
+        except BaseException:
+            self.conn.close()
+            raise
+
+    # -- offsets --------------------------------------------------------------------------------
+
+    def first_offset(self) -> int:
+        state = self.conn.stream_info().state
+        return int(state.first_seq) if state.messages else int(state.last_seq) + 1
+
+    def end_offset(self) -> int:
+        return int(self.conn.stream_info().state.last_seq) + 1
+
+    def offset_for_time(self, ts_ms: int) -> int:
+        """First sequence stamped at or after ts_ms: an ordered consumer started by time tells us."""
+        from nats.js.api import ConsumerConfig, DeliverPolicy
+
+        cfg = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_TIME,
+            opt_start_time=datetime.fromtimestamp(ts_ms / 1000, UTC),
+        )
+        found: list[int] = []
+        got = asyncio.Event()
+
+        async def cb(msg: Any) -> None:
+            if not found:
+                t = msg.reply.split(".")
+                found.append(int(t[5 if len(t) == 9 else 7]))
+                got.set()
+
+        async def seek() -> int | None:
+            sub = await self.conn.js.subscribe(
+                self.subject, stream=self.conn.stream, ordered_consumer=True, config=cfg, cb=cb
+            )
+            try:
+                info = await sub.consumer_info()
+                if info.num_pending == 0:
+                    return None
+                await asyncio.wait_for(got.wait(), 10)
+                return found[0]
+            finally:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+        seq = self.conn.run(seek())
+        return seq if seq is not None else self.end_offset()
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def read(
+        self,
+        start: int,
+        stop: int | None,
+        follow: bool,
+        skip_corrupt: bool = False,
+        on_skip: Callable[[int, int, str], None] | None = None,
+    ) -> Iterator[list[Record]]:
+        from nats.js.api import ConsumerConfig, DeliverPolicy
+
+        if stop is not None and start >= stop:
+            return
+        pending: list[Record] = []
+        state = {"left": -1, "last": start - 1}
+        wake = asyncio.Event()
+
+        async def cb(msg: Any) -> None:
+            # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending> (9 tokens), or the
+            # 12-token form with domain and account hash: count from the end, which is stable.
+            t = msg.reply.split(".")
+            i = 5 if len(t) == 9 else 7
+            seq = int(t[i])
+            left = int(t[i + 3])
+            pending.append(
+                (seq, int(t[i + 2]) // 1_000_000, msg.subject.encode(), _headers(msg.headers), msg.data)
+            )
+            state["left"] = left
+            if left == 0 or len(pending) >= _WAKE_BATCH:
+                wake.set()
+
+        cfg = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(start, 1))
+
+        async def subscribe() -> tuple[Any, int]:
+            sub = await self.conn.js.subscribe(
+                self.subject,
+                stream=self.conn.stream,
+                ordered_consumer=True,
+                config=cfg,
+                cb=cb,
+                pending_msgs_limit=1_000_000,
+                pending_bytes_limit=512 * 1024 * 1024,
+            )
+            info = await sub.consumer_info()
+            return sub, int(info.num_pending)
+
+        async def wait(timeout: float) -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout)
+            wake.clear()
+
+        sub, initial = self.conn.run(subscribe())
+        try:
+            if initial == 0 and not follow:
+                return
+            idle_since = time.monotonic()
+            while True:
+                if not pending:
+                    self.conn.run(wait(0.05))
+                if not pending:
+                    if follow:
+                        if (
+                            self.idle_timeout is not None
+                            and time.monotonic() - idle_since > self.idle_timeout
+                        ):
+                            return
+                        continue
+                    if state["left"] == 0:
+                        return
+                    continue
+                idle_since = time.monotonic()
+                batch = pending[:]
+                pending.clear()
+                if stop is not None and batch[-1][0] >= stop:
+                    batch = [r for r in batch if r[0] < stop]
+                    if batch:
+                        yield batch
+                    return
+                yield batch
+                if stop is not None and batch[-1][0] >= stop - 1:
+                    return
+                if not follow and state["left"] == 0 and not pending:
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                self.conn.run(sub.unsubscribe())
+
+    # -- consumer groups ------------------------------------------------------------------------
+
+    def committed(self, group: str) -> int | None:
+        import nats.js.errors
+
+        try:
+            info = self.conn.run(self.conn.js.consumer_info(self.conn.stream, group))
+        except nats.js.errors.NotFoundError:
+            return None
+        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        delivered = info.delivered.stream_seq if info.delivered else 0
+        # Messages delivered and acked are consumed; delivered but not acked are not.
+        seq = floor if info.num_ack_pending else max(floor, delivered)
+        return int(seq) + 1
+
+    def commit(self, group: str, offset: int) -> None:
+        """Re-creates the durable consumer `group` so that the next message it delivers is `offset`."""
+        import nats.js.errors
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        async def recreate() -> None:
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await self.conn.js.delete_consumer(self.conn.stream, group)
+            await self.conn.js.add_consumer(
+                self.conn.stream,
+                ConsumerConfig(
+                    durable_name=group,
+                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                    opt_start_seq=max(offset, 1),
+                    ack_policy=AckPolicy.EXPLICIT,
+                    filter_subject=self.subject or None,
+                ),
+            )
+
+        try:
+            self.conn.run(recreate())
+        except nats.js.errors.Error as exc:
+            raise TopicError(f"could not store the offset of group {group}: {exc}") from None
+
+    def groups(self) -> list[str]:
+        infos = self.conn.run(self.conn.js.consumers_info(self.conn.stream))
+        return sorted(i.config.durable_name for i in infos if i.config.durable_name)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class JetStreamSink:
+    """Publishes to the URL's subject (or the stream name); creates the stream if it is missing.
+
+    Records go out as core publishes, pipelined; each `append` ends with one acknowledged JetStream
+    publish of the batch's last record, which the server stores after the others (one connection
+    keeps order), so a returned append means the whole batch is in the stream.
+    """
+
+    def __init__(self, ref: Any, connect_timeout: float = 3.0, **_: Any):
+        import nats.js.errors
+
+        self.url = ref.url
+        self.subject: str = ref.subject or ref.stream
+        self.conn = _Conn(ref.host, ref.port, ref.stream, connect_timeout)
+        try:
+            self.conn.run(self.conn.js.stream_info(ref.stream))
+        except nats.js.errors.NotFoundError:
+            self.conn.run(self.conn.js.add_stream(name=ref.stream, subjects=[self.subject]))
+
+    def append(self, records: Sequence[Pending]) -> tuple[int, int]:
+        async def send() -> Any:
+            nc = self.conn.nc
+            subject = self.subject
+            for _, _key, headers, value in records[:-1]:
+                await nc.publish(
+                    subject,
+                    value,
+                    headers=dict((k, v.decode("utf-8", "replace")) for k, v in headers) or None,
+                )
+            _, _, headers, value = records[-1]
+            hdrs = dict((k, v.decode("utf-8", "replace")) for k, v in headers) or None
+            return await self.conn.js.publish(subject, value, headers=hdrs, timeout=10)
+
+        try:
+            ack = self.conn.run(send())
+        except Exception as exc:
+            raise SourceUnreachable(f"publishing to {self.url} failed: {exc}") from None
+        last = int(ack.seq)
+        return last - len(records) + 1, last
+
+    def close(self) -> None:
+        self.conn.close()
