@@ -434,6 +434,8 @@ def tail(
         sink = open_sink(_ref(record_to, topics_dir)) if record_to else None
         try:
             if source.live_only:
+                if not out.quiet:
+                    click.echo(f"rq: listening on {safe_text(ref.url)} (live; Ctrl-C to stop)", err=True)
                 req = Request(start=0, stop=None, follow=True, where=filt, count=count)
             else:
                 n = 10 if count is None else count

@@ -1,0 +1,165 @@
+"""MQTT as a live-only source (tail) and a sink (produce), with paho-mqtt.
+
+MQTT keeps no history, so there is nothing to seek or replay: offsets are the arrival count of this
+subscription (0, 1, 2, ...), timestamps the arrival time, and the key is the message's topic.
+`rq tail mqtt://... --record NAME` appends what arrives to the embedded log so it can be replayed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from topics.errors import SourceUnreachable, TopicError, Unsupported
+from topics.record import NO_HEADERS, Record
+from topics.sources.base import Pending
+
+_DRAIN = 4096
+
+
+def _client(host: str, port: int, timeout: float) -> Any:
+    import paho.mqtt.client as mqtt
+
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311, clean_session=True)
+    connected = threading.Event()
+    result: list[Any] = []
+
+    def on_connect(_c: Any, _u: Any, _flags: Any, reason: Any, _props: Any) -> None:
+        result.append(reason)
+        connected.set()
+
+    client.on_connect = on_connect
+    try:
+        client.connect(host, port, keepalive=30)
+    except OSError as exc:
+        raise SourceUnreachable(f"cannot reach MQTT broker at {host}:{port}: {exc.strerror or exc}") from None
+    client.loop_start()
+    if not connected.wait(timeout):
+        client.loop_stop()
+        raise SourceUnreachable(f"MQTT broker at {host}:{port} did not answer CONNECT in {timeout:.0f} s")
+    if result and getattr(result[0], "is_failure", False):
+        client.loop_stop()
+        raise SourceUnreachable(f"MQTT broker at {host}:{port} refused the connection: {result[0]}")
+    return client
+
+
+class MqttSource:
+    kind = "mqtt"
+    live_only = True
+    monotonic_time = True
+
+    def __init__(
+        self, ref: Any, idle_timeout: float | None = None, connect_timeout: float = 5.0, qos: int = 1
+    ):
+        self.url = ref.url
+        self.filter: str = ref.subject
+        self.idle_timeout = idle_timeout
+        self.queue: queue.SimpleQueue[tuple[int, str, bytes]] = queue.SimpleQueue()
+        self.client = _client(ref.host, ref.port, connect_timeout)
+        subscribed = threading.Event()
+        granted: list[Any] = []
+
+        def on_message(_c: Any, _u: Any, msg: Any) -> None:
+            self.queue.put((time.time_ns() // 1_000_000, msg.topic, msg.payload))
+
+        def on_subscribe(_c: Any, _u: Any, _mid: Any, codes: Any, _props: Any) -> None:
+            granted.extend(codes)
+            subscribed.set()
+
+        self.client.on_message = on_message
+        self.client.on_subscribe = on_subscribe
+        try:
+            self.client.subscribe(self.filter, qos=qos)
+        except ValueError as exc:
+            self.close()
+            raise TopicError(f"bad MQTT topic filter {self.filter!r}: {exc}") from None
+        # Wait for SUBACK so that whatever is published after this returns is seen.
+        if not subscribed.wait(connect_timeout) or any(getattr(c, "is_failure", False) for c in granted):
+            self.close()
+            raise SourceUnreachable(f"MQTT broker refused the subscription to {self.filter!r}")
+
+    def first_offset(self) -> int:
+        return 0
+
+    def end_offset(self) -> int:
+        return 0
+
+    def offset_for_time(self, ts_ms: int) -> int:
+        raise Unsupported("MQTT keeps no history: there is nothing to seek in")
+
+    def read(
+        self,
+        start: int,
+        stop: int | None,
+        follow: bool,
+        skip_corrupt: bool = False,
+        on_skip: Callable[[int, int, str], None] | None = None,
+    ) -> Iterator[list[Record]]:
+        n = 0
+        idle_since = time.monotonic()
+        while True:
+            try:
+                first = self.queue.get(timeout=0.05)
+            except queue.Empty:
+                if self.idle_timeout is not None and time.monotonic() - idle_since > self.idle_timeout:
+                    return
+                continue
+            items = [first]
+            with contextlib.suppress(queue.Empty):
+                while len(items) < _DRAIN:
+                    items.append(self.queue.get_nowait())
+            batch: list[Record] = []
+            for ts, topic, payload in items:
+                batch.append((n, ts, topic.encode("utf-8"), NO_HEADERS, payload))
+                n += 1
+            idle_since = time.monotonic()
+            yield batch
+            if stop is not None and n >= stop:
+                return
+
+    def committed(self, group: str) -> int | None:
+        raise Unsupported("MQTT topics have no offsets to commit (live only)")
+
+    def commit(self, group: str, offset: int) -> None:
+        raise Unsupported("MQTT topics have no offsets to commit (live only)")
+
+    def groups(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.disconnect()
+        with contextlib.suppress(Exception):
+            self.client.loop_stop()
+
+
+class MqttSink:
+    """Publishes each record to the URL's topic (QoS 1); an append returns when all are acknowledged."""
+
+    def __init__(self, ref: Any, connect_timeout: float = 5.0, **_: Any):
+        if any(c in ref.subject for c in "+#"):
+            raise TopicError(f"cannot publish to a topic filter {ref.subject!r}: name one topic")
+        self.url = ref.url
+        self.topic: str = ref.subject
+        self.client = _client(ref.host, ref.port, connect_timeout)
+        self.sent = 0
+
+    def append(self, records: Sequence[Pending]) -> tuple[int, int]:
+        infos = [self.client.publish(self.topic, value, qos=1) for _, _, _, value in records]
+        for info in infos:
+            info.wait_for_publish(timeout=30)
+            if not info.is_published():
+                raise SourceUnreachable(f"the MQTT broker did not acknowledge a publish to {self.topic}")
+        first = self.sent
+        self.sent += len(records)
+        return first, self.sent - 1
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.client.disconnect()
+        with contextlib.suppress(Exception):
+            self.client.loop_stop()
