@@ -753,7 +753,7 @@ def offsets(
         from rich.table import Table
 
         console = out.console()
-        console.print(f"{safe_text(ref.url)}: first {first}, last {info['last']}, {end - first} records")
+        out.info(f"{safe_text(ref.url)}: first {first}, last {info['last']}, {end - first} records")
         if rows:
             table = Table(show_edge=False)
             for col in ("group", "committed", "lag"):

@@ -271,12 +271,11 @@ def _scan_end(directory: Path, base: int, view: _View) -> int:
         last = (pos, hdr)
         end = hdr.end
         pos += fmt.BATCH_SIZE + hdr.payload_len
-    if (
-        last is not None
-        and not _payload_ok(buf, *last)
-        and last[0] + fmt.BATCH_SIZE + last[1].payload_len == size
-    ):
-        end = last[1].base  # a complete-looking but bad last batch is a torn tail, not data
+    if last is not None and not _payload_ok(buf, *last):
+        lpos, lhdr = last
+        extent = lpos + fmt.BATCH_SIZE + lhdr.payload_len
+        if extent == size and fmt.damage_is_tail(buf, lpos + fmt.BATCH_SIZE, extent):
+            end = lhdr.base  # a complete-looking but torn last batch is not data
     return end
 
 
@@ -365,14 +364,27 @@ class LogReader:
                 if _payload_ok(buf, pos, hdr):
                     records = fmt.decode_records(buf, pos + fmt.BATCH_SIZE, extent)
                 else:
-                    if extent == size and self._is_last(base):
+                    if (
+                        extent == size
+                        and self._is_last(base)
+                        and fmt.damage_is_tail(buf, pos + fmt.BATCH_SIZE, extent)
+                    ):
                         # A complete-looking bad last batch: a torn tail (the writer's next open
                         # truncates it). Never served; wait for the writer, or end here.
                         if not self._wait():
                             return
                         view.refresh()
                         continue
-                    records = self._damaged(view, base, pos, hdr, extent)
+                    records, damage = self._damaged(view, base, pos, hdr, extent)
+                    if damage is not None:
+                        # Serve the good records before the bad one, then stop there (if the read
+                        # reaches it).
+                        records = [r for r in records if r[0] < damage.offset]
+                        if stop is None or damage.offset < stop:
+                            wanted = [r for r in records if r[0] >= self.next_offset]
+                            if wanted:
+                                yield wanted
+                            raise damage
                 first_needed = self.next_offset
                 if records and (
                     records[0][0] < first_needed or (stop is not None and records[-1][0] >= stop)
@@ -433,7 +445,9 @@ class LogReader:
         if last_offset >= 0:
             self.next_offset = last_offset + 1
 
-    def _damaged(self, view: _View, base: int, pos: int, hdr: fmt.BatchHeader, extent: int) -> list[Record]:
+    def _damaged(
+        self, view: _View, base: int, pos: int, hdr: fmt.BatchHeader, extent: int
+    ) -> tuple[list[Record], CorruptRecord | None]:
         """A batch that failed its CRC in the middle of the log: find the bad records."""
         good, bad = fmt.check_records(view.buf, pos + fmt.BATCH_SIZE, extent)
         seg = fmt.segment_name(base)
@@ -444,7 +458,7 @@ class LogReader:
         if not self.skip_corrupt:
             if not bad:
                 first_bad = hdr.base  # the records check out but the batch does not: trust none
-            raise CorruptRecord(
+            return good, CorruptRecord(
                 f"corrupt record at offset {first_bad} (segment {seg}, byte {where}): CRC mismatch; "
                 "pass --skip-corrupt to read past it",
                 first_bad,
@@ -456,7 +470,7 @@ class LogReader:
             missing = [o for o in range(hdr.base, hdr.end) if o not in have]
             for o in _runs(missing):
                 self.on_corrupt(CorruptRange(o[0], o[1], seg, where))
-        return good
+        return good, None
 
 
 def _runs(values: list[int]) -> list[tuple[int, int]]:
@@ -548,6 +562,17 @@ class LogWriter:
         while pos + fmt.BATCH_SIZE <= size:
             hdr = fmt.read_batch_header(buf, pos)
             extent = pos + fmt.BATCH_SIZE + hdr.payload_len if hdr is not None else size + 1
+            if (
+                hdr is not None
+                and extent <= size
+                and not _payload_ok(buf, pos, hdr)
+                and not fmt.damage_is_tail(buf, pos + fmt.BATCH_SIZE, extent)
+            ):
+                # Bit rot inside a batch whose last record is intact: not a tear. Keep it for
+                # readers to report (and --skip-corrupt to step over).
+                end, last_ts = hdr.end, hdr.max_ts
+                pos = extent
+                continue
             if hdr is None or extent > size or not _payload_ok(buf, pos, hdr):
                 found = _find_next_header(buf, pos + 1, size)
                 if found is None or not _payload_ok(buf, *found):

@@ -1,0 +1,213 @@
+"""The embedded log on real files: appends, seeks, segments, retention, recovery, corruption."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from topics.embedded import format as fmt
+from topics.embedded.log import LogWriter, TopicConfig, TopicLog
+from topics.errors import CorruptRecord, TopicNotFound, WriterBusy
+
+
+def value(i: int) -> bytes:
+    return b'{"i":%d,"pad":"%s"}' % (i, b"x" * (i % 50))
+
+
+def fill(
+    path: Path, n: int, batch: int = 100, config: TopicConfig | None = None, ts: int | None = None
+) -> None:
+    with LogWriter(path, config) as w:
+        for start in range(0, n, batch):
+            w.append(
+                [
+                    (ts, b"k%d" % i, (("h", b"v"),) if i % 7 == 0 else (), value(i))
+                    for i in range(start, min(n, start + batch))
+                ]
+            )
+
+
+def read_all(log: TopicLog, start: int = 0, stop: int | None = None, **kw: object) -> list[tuple]:
+    return [r for batch in log.reader(start, stop, **kw) for r in batch]  # type: ignore[arg-type]
+
+
+def test_append_read_roundtrip(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    fill(t, 1000)
+    log = TopicLog(t)
+    recs = read_all(log)
+    assert [r[0] for r in recs] == list(range(1000))
+    assert recs[7][2] == b"k7" and recs[7][3] == (("h", b"v"),) and recs[7][4] == value(7)
+    assert recs[8][3] == ()
+    assert (log.first_offset(), log.end_offset()) == (0, 1000)
+    assert [r[0] for r in read_all(log, 250, 260)] == list(range(250, 260))
+
+
+def test_seeks_across_segments_by_offset_and_time(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    with LogWriter(t, TopicConfig(segment_bytes=20_000)) as w:
+        for b in range(50):
+            w.append([(10_000 + b * 100, None, (), value(b * 40 + i)) for i in range(40)])
+    log = TopicLog(t)
+    assert len(log.segments()) > 5
+    for off in (0, 39, 40, 999, 1234, 1999):
+        assert read_all(log, off, off + 1)[0][0] == off
+    assert log.offset_for_time(10_000) == 0
+    assert log.offset_for_time(10_001) == 40
+    assert log.offset_for_time(10_000 + 25 * 100) == 25 * 40
+    assert log.offset_for_time(99_999_999) == 2000
+    recs = read_all(log, log.offset_for_time(12_000), log.offset_for_time(13_000))
+    assert {r[1] for r in recs} == {12_000 + 100 * k for k in range(10)}
+
+
+def test_timestamps_never_go_backwards(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    with LogWriter(t) as w:
+        w.append([(5000, None, (), b"a"), (4000, None, (), b"b")])
+        w.append([(3000, None, (), b"c")])
+    assert [r[1] for r in read_all(TopicLog(t))] == [5000, 5000, 5000]
+
+
+def test_retention_by_size_and_age(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    fill(t, 3000, batch=50, config=TopicConfig(segment_bytes=10_000, retention_bytes=40_000))
+    log = TopicLog(t)
+    total = sum((t / fmt.segment_name(b)).stat().st_size for b in log.segments())
+    assert total <= 40_000 + 10_000
+    assert log.first_offset() > 0 and log.end_offset() == 3000
+    recs = read_all(log, 0)  # asking for deleted offsets starts at the first one still there
+    assert recs[0][0] == log.first_offset() and recs[-1][0] == 2999
+
+    old = tmp_path / "old"
+    fill(old, 400, batch=50, config=TopicConfig(segment_bytes=5_000), ts=1_000)  # stamped in 1970
+    with LogWriter(old, TopicConfig(segment_bytes=5_000, retention_ms=3_600_000)) as w:
+        w.append([(None, None, (), b"new")])
+    log = TopicLog(old)
+    assert len(log.segments()) == 1  # everything but the active segment was older than an hour
+    assert read_all(log)[-1][4] == b"new"
+
+
+def test_torn_tail_is_truncated_on_open_and_never_served(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    fill(t, 300)
+    seg = t / fmt.segment_name(0)
+    good_size = seg.stat().st_size
+    torn = fmt.encode_batch(300, [(None, None, (), b"torn" * 100)], [1])
+    with open(seg, "ab") as fh:
+        fh.write(torn[: len(torn) // 2])  # a batch cut in half, as kill -9 mid-write leaves it
+    log = TopicLog(t)
+    assert log.end_offset() == 300
+    assert [r[0] for r in read_all(log)][-1] == 299
+    with LogWriter(t) as w:  # the writer's open truncates the tail
+        assert seg.stat().st_size == good_size
+        assert w.append([(None, None, (), b"after")]) == (300, 300)
+    assert read_all(TopicLog(t))[-1][4] == b"after"
+
+
+def test_complete_but_garbled_last_batch_is_a_torn_tail(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    fill(t, 100)
+    seg = t / fmt.segment_name(0)
+    size = seg.stat().st_size
+    with open(seg, "r+b") as fh:  # a last batch whose pages never reached the disk: zeros
+        fh.seek(size - 50)
+        fh.write(b"\0" * 50)
+    log = TopicLog(t)
+    n = log.end_offset()
+    assert n < 100
+    assert all(r[4] == value(r[0]) for r in read_all(log))
+    with LogWriter(t) as w:
+        assert w.append([(None, None, (), b"x")])[0] == n
+
+
+def _flip(path: Path, pos: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(pos)
+        b = fh.read(1)
+        fh.seek(pos)
+        fh.write(bytes([b[0] ^ 0x40]))
+
+
+def test_flipped_byte_mid_log_is_reported_with_its_offset(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    fill(t, 1000)
+    seg = t / fmt.segment_name(0)
+    data = seg.read_bytes()
+    target = value(537)
+    pos = data.index(target) + 3
+    _flip(seg, pos)
+    log = TopicLog(t)
+    with pytest.raises(CorruptRecord) as err:
+        read_all(log)
+    assert err.value.offset == 537
+    assert "537" in str(err.value)
+    # Records before it are readable; so is everything after with skip_corrupt.
+    assert len(read_all(log, 0, 537)) == 537
+    skipped: list[object] = []
+    recs = read_all(log, skip_corrupt=True, on_corrupt=skipped.append)
+    assert [r[0] for r in recs] == [i for i in range(1000) if i != 537]
+    assert len(skipped) == 1 and skipped[0].first == 537  # type: ignore[attr-defined]
+    # A writer opening the log does not "repair" mid-log damage by cutting good data.
+    with LogWriter(t) as w:
+        assert w.append([(None, None, (), b"more")])[0] == 1000
+
+
+def test_damaged_batch_header_mid_log_is_reported(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    fill(t, 1000)
+    seg = t / fmt.segment_name(0)
+    data = seg.read_bytes()
+    # the 5th batch header: offsets 400..499
+    pos = [i for i in range(len(data)) if data.startswith(fmt.MAGIC, i)][4]
+    _flip(seg, pos + 10)
+    log = TopicLog(t)
+    with pytest.raises(CorruptRecord) as err:
+        read_all(log)
+    assert err.value.offset == 400
+    recs = read_all(log, skip_corrupt=True)
+    assert [r[0] for r in recs] == [i for i in range(1000) if not 400 <= i < 500]
+
+
+def test_one_writer_many_readers(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    w = LogWriter(t)
+    with pytest.raises(WriterBusy):
+        LogWriter(t)
+    seen: list[int] = []
+
+    def follow() -> None:
+        for batch in TopicLog(t).reader(0, 500, follow=True, poll_s=0.01):
+            seen.extend(r[0] for r in batch)
+
+    readers = [threading.Thread(target=follow) for _ in range(3)]
+    for th in readers:
+        th.start()
+    for s in range(0, 500, 25):
+        w.append([(None, None, (), value(i)) for i in range(s, s + 25)])
+        time.sleep(0.002)
+    for th in readers:
+        th.join(10)
+    w.close()
+    assert sorted(seen) == sorted(list(range(500)) * 3)
+
+
+def test_index_is_rebuilt_around_a_lost_or_stale_index(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    fill(t, 5000, batch=100)
+    idx = t / fmt.index_name(0)
+    assert idx.stat().st_size > 0
+    os.truncate(idx, idx.stat().st_size - 5)  # a half-written last entry
+    log = TopicLog(t)
+    assert read_all(log, 4321, 4322)[0][0] == 4321
+    idx.unlink()
+    assert read_all(TopicLog(t), 4321, 4322)[0][0] == 4321
+    assert TopicLog(t).end_offset() == 5000
+
+
+def test_unknown_topic(tmp_path: Path) -> None:
+    with pytest.raises(TopicNotFound):
+        TopicLog(tmp_path / "nope")
