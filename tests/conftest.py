@@ -8,38 +8,20 @@ stops them at the end. Each test gets its own bucket / stream, removed afterward
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rqtest import Services, netns_usable, rdma_device_present, rq_command, run_rq
+
+__all__ = ["Services", "rq_command", "run_rq"]
 
 REPO = Path(__file__).resolve().parent.parent
 SERVICES = REPO / "scripts" / "services.sh"
 STATE = Path(os.environ.get("RQ_SERVICES_DIR", REPO / ".rq-services"))
-
-
-@dataclass(frozen=True)
-class Services:
-    s3_endpoint: str
-    access_key: str
-    secret_key: str
-    nats_url: str
-    mqtt_url: str | None
-
-    def aws_env(self) -> dict[str, str]:
-        """Environment for a subprocess that should reach the test S3 through boto3's standard chain."""
-        return {
-            "AWS_ACCESS_KEY_ID": self.access_key,
-            "AWS_SECRET_ACCESS_KEY": self.secret_key,
-            "AWS_ENDPOINT_URL": self.s3_endpoint,
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }
 
 
 def _read_env_file(path: Path) -> dict[str, str]:
@@ -141,60 +123,17 @@ def mqtt_url(services: Services) -> str:
     return services.mqtt_url
 
 
-def rq_command() -> list[str]:
-    """How tests run the CLI: the installed console script's module, in this interpreter."""
-    return [sys.executable, "-m", "rqcli"]
-
-
-def run_rq(
-    *args: str,
-    env: dict[str, str] | None = None,
-    input: bytes | None = None,
-    timeout: float = 120,
-    cwd: str | Path | None = None,
-) -> subprocess.CompletedProcess[bytes]:
-    """Runs `rq ARGS` as a real subprocess (exit codes, stderr and all)."""
-    full_env = {**os.environ, "CI": "1", **(env or {})}
-    return subprocess.run(
-        [*rq_command(), *args],
-        env=full_env,
-        input=input,
-        capture_output=True,
-        timeout=timeout,
-        cwd=cwd,
-        check=False,
-    )
-
-
-def _rdma_device_present() -> bool:
-    tool = shutil.which("ibv_devices")
-    if tool is None:
-        return False
-    out = subprocess.run([tool], capture_output=True, text=True, check=False)
-    lines = [ln for ln in out.stdout.splitlines()[2:] if ln.strip()]
-    return out.returncode == 0 and bool(lines)
-
-
-def _netns_usable() -> bool:
-    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
-        return False
-    name = f"rqprobe{os.getpid()}"
-    ok = subprocess.run(["ip", "netns", "add", name], capture_output=True, check=False).returncode == 0
-    if ok:
-        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
-    return ok
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    needs_rdma = [i for i in items if "rdma" in i.keywords]
-    if needs_rdma and not _rdma_device_present():
+    # get_closest_marker, not keywords: every item under tests/rdma/ has the keyword "rdma" (its directory)
+    needs_rdma = [i for i in items if i.get_closest_marker("rdma") is not None]
+    if needs_rdma and not rdma_device_present():
         skip = pytest.mark.skip(
             reason="no RDMA device: `ibv_devices` lists none (needs rdma-core and a NIC or rxe)"
         )
         for item in needs_rdma:
             item.add_marker(skip)
-    needs_netns = [i for i in items if "netns" in i.keywords]
-    if needs_netns and not _netns_usable():
+    needs_netns = [i for i in items if i.get_closest_marker("netns") is not None]
+    if needs_netns and not netns_usable():
         skip = pytest.mark.skip(
             reason="needs root, iproute2 and tc, and permission to create a network namespace"
         )

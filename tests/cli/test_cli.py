@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import Services, run_rq
+from rqtest import Services, run_rq
 
 from rqcli.exitcodes import ExitCode
 

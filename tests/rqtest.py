@@ -1,0 +1,74 @@
+"""Helpers shared by the tests: import as `from rqtest import run_rq, Services` (tests/ is on sys.path
+because tests/conftest.py lives there; `from conftest import` breaks where a folder has its own conftest).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Services:
+    s3_endpoint: str
+    access_key: str
+    secret_key: str
+    nats_url: str
+    mqtt_url: str | None
+
+    def aws_env(self) -> dict[str, str]:
+        """Environment for a subprocess that should reach the test S3 through boto3's standard chain."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_ENDPOINT_URL": self.s3_endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+
+def rq_command() -> list[str]:
+    """How tests run the CLI: the installed console script's module, in this interpreter."""
+    return [sys.executable, "-m", "rqcli"]
+
+
+def run_rq(
+    *args: str,
+    env: dict[str, str] | None = None,
+    input: bytes | None = None,
+    timeout: float = 120,
+    cwd: str | Path | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    """Runs `rq ARGS` as a real subprocess (exit codes, stderr and all)."""
+    full_env = {**os.environ, "CI": "1", **(env or {})}
+    return subprocess.run(
+        [*rq_command(), *args],
+        env=full_env,
+        input=input,
+        capture_output=True,
+        timeout=timeout,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def rdma_device_present() -> bool:
+    tool = shutil.which("ibv_devices")
+    if tool is None:
+        return False
+    out = subprocess.run([tool], capture_output=True, text=True, check=False)
+    lines = [ln for ln in out.stdout.splitlines()[2:] if ln.strip()]
+    return out.returncode == 0 and bool(lines)
+
+
+def netns_usable() -> bool:
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        return False
+    name = f"rqprobe{os.getpid()}"
+    ok = subprocess.run(["ip", "netns", "add", name], capture_output=True, check=False).returncode == 0
+    if ok:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+    return ok
