@@ -1,0 +1,303 @@
+"""Pure unit tests of the sans-I/O core: names, codec, frames, manifest, session, journal. No network."""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transfer import codec, journal
+from transfer.errors import AuthError, LimitError, ProtocolError, TransferError, UnsafeNameError, VerifyError
+from transfer.frames import ChunkHeader, FrameDecoder, FrameType, chunk_frame_header, control, header
+from transfer.manifest import FileEntry, Limits, Manifest, file_key, make_manifest, parse_manifest
+from transfer.names import display_name, validate_name
+from transfer.session import (
+    Accepted,
+    Acked,
+    Authenticated,
+    ChunkRejected,
+    ChunkVerified,
+    CommitRequested,
+    ManifestReceived,
+    Nacked,
+    ReceiverChannel,
+    SenderChannel,
+)
+
+# -- names ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "/etc/passwd",
+        "../x",
+        "a/../../x",
+        "a//b",
+        "./a",
+        "a/.",
+        "a\\b",
+        "a\x00b",
+        "a\nb",
+        "\x1b[31mred",
+        ".rq-partial/x",
+        "a/" + "x" * 300,
+    ],
+)
+def test_bad_names_refused(bad: str) -> None:
+    with pytest.raises(UnsafeNameError):
+        validate_name(bad)
+
+
+@pytest.mark.parametrize(
+    "good", ["model.safetensors", "ckpt/shard-00001.bin", "ünïcode/名前.pt", ".hidden", "a..b"]
+)
+def test_good_names_accepted(good: str) -> None:
+    assert "/".join(validate_name(good)) == good
+
+
+@given(st.text(max_size=60))
+def test_validated_names_never_escape(name: str) -> None:
+    try:
+        parts = validate_name(name)
+    except UnsafeNameError:
+        return
+    assert not name.startswith("/")
+    assert all(p not in ("", ".", "..") and "\\" not in p and "\x00" not in p for p in parts)
+    assert all(ord(c) >= 32 and ord(c) != 127 for c in name)
+
+
+def test_display_name_escapes_terminal_controls() -> None:
+    assert "\x1b" not in display_name("\x1b[2Jevil")
+
+
+# -- codec ------------------------------------------------------------------------------------
+
+
+def _bf16(n: int, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    data=st.binary(max_size=5000),
+    mode=st.sampled_from(["auto", "zstd", "none"]),
+    elem=st.sampled_from([2, 4]),
+)
+def test_codec_round_trips(data: bytes, mode: codec.CompressMode, elem: int) -> None:
+    kind, payload = codec.encode(data, mode, elem)
+    assert bytes(codec.decode(kind, bytes(payload), len(data))) == data
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_byte_grouping_round_trips_odd_lengths(k: int) -> None:
+    data = os.urandom(1001)
+    assert codec.ungroup_bytes(codec.group_bytes(data, k), k) == data
+
+
+def test_bf16_compresses_below_070_with_byte_grouping() -> None:
+    data = _bf16(2 * 1024 * 1024)
+    kind, payload = codec.encode(data, "auto", 2)
+    assert kind in (codec.Codec.ZSTD_BG2, codec.Codec.ZSTD_BG4)
+    assert len(payload) / len(data) <= 0.70
+
+
+def test_auto_sends_random_data_raw() -> None:
+    data = os.urandom(1 << 20)
+    kind, payload = codec.encode(data, "auto")
+    assert kind == codec.Codec.RAW and bytes(payload) == data
+
+
+def test_decompression_bomb_refused() -> None:
+    bomb = zstandard.ZstdCompressor().compress(b"\0" * (8 << 20))
+    with pytest.raises(VerifyError, match="declares"):
+        codec.decode(codec.Codec.ZSTD, bomb, 1 << 20)
+
+
+def test_frame_without_content_size_refused() -> None:
+    payload = zstandard.ZstdCompressor(write_content_size=False).compress(b"\0" * 100_000)
+    with pytest.raises(VerifyError):
+        codec.decode(codec.Codec.ZSTD, payload, 100_000)
+
+
+def test_unknown_codec_and_wrong_raw_length_refused() -> None:
+    with pytest.raises(VerifyError):
+        codec.decode(99, b"abc", 3)
+    with pytest.raises(VerifyError):
+        codec.decode(codec.Codec.RAW, b"abcd", 3)
+
+
+# -- frames -----------------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(cuts=st.lists(st.integers(min_value=1, max_value=300), max_size=30))
+def test_decoder_reassembles_any_split(cuts: list[int]) -> None:
+    frames = [control(FrameType.HELLO, {"x": i}) for i in range(5)] + [header(FrameType.FLUSH, 0)]
+    stream = b"".join(frames)
+    dec = FrameDecoder(1 << 20)
+    out = []
+    pos = 0
+    for c in [*cuts, len(stream)]:
+        out += dec.feed(stream[pos : pos + c])
+        pos += c
+    assert [f.type for f in out] == [FrameType.HELLO] * 5 + [FrameType.FLUSH]
+    assert [f.json()["x"] for f in out[:5]] == list(range(5))
+
+
+def test_decoder_refuses_oversized_chunk_before_buffering() -> None:
+    dec = FrameDecoder(1024)
+    with pytest.raises(ProtocolError, match="over"):
+        dec.feed(header(FrameType.CHUNK, 10**9))
+    with pytest.raises(ProtocolError, match="magic"):
+        FrameDecoder(1024).feed(b"XX\x01\x01\x00\x00\x00\x00")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=400))
+def test_receiver_core_only_raises_transfer_errors_on_garbage(blob: bytes) -> None:
+    rc = ReceiverChannel(b"tok", os.urandom(16), Limits())
+    try:
+        for frame in FrameDecoder(1 << 20).feed(b"RQ\x01" + blob):
+            rc.handle(frame)
+    except TransferError:
+        pass
+
+
+# -- manifest ---------------------------------------------------------------------------------
+
+
+def _entry(name: str, size: int = 10) -> FileEntry:
+    return FileEntry(name=name, size=size, mode=0o644, key=file_key(name, size, 1, 2, 1 << 20))
+
+
+def test_manifest_round_trip_and_limits() -> None:
+    m = make_manifest(1 << 20, [_entry("a"), _entry("d/b", 5 << 20)])
+    assert parse_manifest(m.to_json(), Limits()).files == m.files
+    with pytest.raises(LimitError):
+        parse_manifest(m.to_json(), Limits(max_bytes=100))
+    with pytest.raises(LimitError):
+        parse_manifest(m.to_json(), Limits(max_files=1))
+    with pytest.raises(LimitError):
+        parse_manifest(m.to_json(), Limits(max_chunks=3))
+
+
+@pytest.mark.parametrize("names", [["../evil"], ["/abs"], ["a", "a"], ["a", "a/b"]])
+def test_manifest_refuses_bad_trees(names: list[str]) -> None:
+    files = tuple(FileEntry(name=n, size=1, mode=0o644, key=f"{i:032x}") for i, n in enumerate(names))
+    body = Manifest(chunk_size=1 << 20, files=files, transfer_id="0" * 32).to_json()
+    with pytest.raises(ProtocolError):
+        parse_manifest(body, Limits())
+
+
+def test_manifest_transfer_id_must_match_contents() -> None:
+    m = make_manifest(1 << 20, [_entry("a")])
+    forged = Manifest(chunk_size=m.chunk_size, files=m.files, transfer_id="f" * 32)
+    with pytest.raises(ProtocolError, match="transfer id"):
+        parse_manifest(forged.to_json(), Limits())
+
+
+# -- session ----------------------------------------------------------------------------------
+
+
+def _pump(frames: list[bytes], into: ReceiverChannel | SenderChannel) -> list:
+    events: list = []
+    for raw in frames:
+        for frame in FrameDecoder(1 << 24).feed(raw):
+            events += into.handle(frame)
+    return events
+
+
+def _open_control(
+    token_s: bytes = b"tok", token_r: bytes = b"tok"
+) -> tuple[Manifest, SenderChannel, ReceiverChannel]:
+    m = make_manifest(1 << 16, [_entry("a", 100_000)])
+    snd = SenderChannel(token_s, "control", m, os.urandom(16))
+    rcv = ReceiverChannel(token_r, os.urandom(16), Limits())
+    snd.start()
+    _pump(snd.outbox, rcv)
+    snd.outbox.clear()
+    _pump(rcv.outbox, snd)
+    rcv.outbox.clear()
+    return m, snd, rcv
+
+
+def test_session_handshake_manifest_chunk_ack_commit() -> None:
+    m, snd, rcv = _open_control()
+    events = _pump(snd.outbox, rcv)
+    snd.outbox.clear()
+    assert isinstance(events[0], Authenticated) and isinstance(events[1], ManifestReceived)
+    rcv.accept(m, [{}])
+    (acc,) = _pump(rcv.outbox, snd)
+    rcv.outbox.clear()
+    assert isinstance(acc, Accepted) and acc.have == [{}]
+    data = os.urandom(1 << 16)
+    h = ChunkHeader(0, 0, len(data), codec.Codec.RAW, codec.digest(data))
+    (ev,) = _pump([chunk_frame_header(h, len(data)) + data], rcv)
+    assert isinstance(ev, ChunkVerified) and bytes(ev.data) == data
+    rcv.durable([(0, 0)])
+    assert _pump(rcv.outbox, snd) == [Acked([(0, 0)])]
+    rcv.outbox.clear()
+    snd.commit(["00" * 16])
+    assert isinstance(_pump(snd.outbox, rcv)[0], CommitRequested)
+
+
+def test_session_wrong_token_refused() -> None:
+    _, snd, rcv = _open_control(token_s=b"wrong")
+    with pytest.raises(AuthError):
+        _pump(snd.outbox, rcv)
+
+
+def test_corrupt_chunk_is_nacked_not_delivered() -> None:
+    m, snd, rcv = _open_control()
+    _pump(snd.outbox, rcv)
+    rcv.accept(m, [{}])
+    _pump(rcv.outbox, snd)
+    rcv.outbox.clear()
+    data = bytearray(os.urandom(1 << 16))
+    h = ChunkHeader(0, 0, len(data), codec.Codec.RAW, codec.digest(data))
+    data[100] ^= 0x04  # a bit flipped in flight
+    (ev,) = _pump([chunk_frame_header(h, len(data)) + bytes(data)], rcv)
+    assert isinstance(ev, ChunkRejected)
+    assert _pump(rcv.outbox, snd) == [Nacked([(0, 0)])]
+
+
+@pytest.mark.parametrize("file,index,raw_len", [(1, 0, 65536), (0, 2, 65536), (0, 0, 1000), (0, 1, 65536)])
+def test_out_of_range_or_misfit_chunks_refused(file: int, index: int, raw_len: int) -> None:
+    m, snd, rcv = _open_control()
+    _pump(snd.outbox, rcv)
+    rcv.accept(m, [{}])
+    data = os.urandom(raw_len)
+    h = ChunkHeader(file, index, raw_len, codec.Codec.RAW, codec.digest(data))
+    with pytest.raises(ProtocolError):
+        _pump([chunk_frame_header(h, len(data)) + data], rcv)
+
+
+# -- journal ----------------------------------------------------------------------------------
+
+
+def test_journal_ignores_torn_tail_and_other_versions(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    key = "ab" * 16
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    j = journal.Journal(fd, "j", key, 300, 100, 3)
+    j.append([(0, b"\x01" * 16), (2, b"\x02" * 16)])
+    j.close()
+    with open(tmp_path / "j", "ab") as fh:
+        fh.write(journal.record_bytes(1, b"\x03" * 16)[:-3])  # a crash inside the write
+    j2 = journal.Journal(fd, "j", key, 300, 100, 3)
+    assert j2.initial == {0: b"\x01" * 16, 2: b"\x02" * 16}
+    j2.close()
+    j3 = journal.Journal(fd, "j", "cd" * 16, 300, 100, 3)  # the source changed: new key
+    assert j3.initial == {}
+    j3.close()
+    raw = (tmp_path / "j").read_bytes()
+    assert len(raw) == journal.HEAD.size
+    assert zlib.crc32(b"") == 0
+    os.close(fd)

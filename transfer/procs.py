@@ -1,0 +1,122 @@
+"""Connections in processes: aioquic spends ~50 µs of Python per packet, so one connection fills one
+core; with --connections N the sender runs each connection in its own process.
+
+The parent keeps the control channel and the plan; each child gets a share of the missing chunks,
+moves them over its own connection with the same ChannelSender as the threaded path, and reports
+progress and the digests it computed through one queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import queue
+from typing import Any
+
+from transfer.errors import PeerUnreachableError, TransferError, error_from_code
+from transfer.events import ChunkMoved, ChunkResent, EventCallback
+from transfer.manifest import Manifest
+from transfer.source import SourceFile
+from transfer.transport import ConnectOptions, Transport
+
+Pair = tuple[int, int]
+
+
+def _child(
+    name: str,
+    copts: ConnectOptions,
+    token: bytes,
+    manifest: Manifest,
+    files: list[SourceFile],
+    opts: Any,
+    todo: list[Pair],
+    out: Any,
+) -> None:
+    from transfer.sender import Stats, Work, run_connection
+    from transfer.transport import get_transport
+
+    def on_event(ev: Any) -> None:
+        if isinstance(ev, ChunkMoved):
+            out.put(("moved", ev.raw_bytes, ev.wire_bytes))
+        elif isinstance(ev, ChunkResent):
+            out.put(("resent", ev.reason))
+
+    digests: list[dict[int, bytes]] = [{} for _ in manifest.files]
+    try:
+        conn = get_transport(name).connect(copts)
+        try:
+            run_connection(
+                conn,
+                opts.streams,
+                token,
+                manifest,
+                files,
+                Work(todo),
+                opts,
+                digests,
+                Stats(),
+                on_event,
+                copts.timeout,
+            )
+        finally:
+            conn.close()
+        out.put(("ok", [(f, k, d) for f, ds in enumerate(digests) for k, d in ds.items()]))
+    except TransferError as exc:
+        out.put(("error", exc.code, str(exc)))
+    except BaseException as exc:  # connection-level OSErrors and the like: worth a retry
+        out.put(("error", "unreachable", f"{type(exc).__name__}: {exc}"))
+
+
+def move_in_processes(
+    todo: list[Pair],
+    transport: Transport,
+    copts: ConnectOptions,
+    token: bytes,
+    manifest: Manifest,
+    files: list[SourceFile],
+    opts: Any,
+    digests: list[dict[int, bytes]],
+    stats: Any,
+    on_event: EventCallback,
+) -> None:
+    n = min(opts.connections, len(todo))
+    ctx = mp.get_context("spawn")  # never fork a process that runs threads and an event loop
+    out = ctx.Queue()
+    shares = [todo[i::n] for i in range(n)]
+    procs = [
+        ctx.Process(
+            target=_child, args=(transport.name, copts, token, manifest, files, opts, share, out), daemon=True
+        )
+        for share in shares
+    ]
+    for p in procs:
+        p.start()
+    pending = len(procs)
+    try:
+        while pending:
+            try:
+                msg = out.get(timeout=1.0)
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise PeerUnreachableError("a connection process died") from None
+                continue
+            if msg[0] == "moved":
+                stats.add(msg[1], msg[2])
+                on_event(ChunkMoved(msg[1], msg[2]))
+            elif msg[0] == "resent":
+                with stats.lock:
+                    stats.resent += 1
+                on_event(ChunkResent(msg[1]))
+            elif msg[0] == "ok":
+                for f, k, d in msg[1]:
+                    digests[f][k] = d
+                pending -= 1
+            else:
+                raise error_from_code(msg[1], msg[2])
+    finally:
+        for p in procs:
+            p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+        with contextlib.suppress(Exception):
+            out.close()
