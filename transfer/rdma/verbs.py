@@ -1,0 +1,345 @@
+"""The only module that touches pyverbs, and only when asked: `import transfer.rdma` works without it.
+
+`load()` imports pyverbs once. PyPI's pyverbs 59 is compiled against rdma-core v59, while Debian
+bookworm ships libibverbs v44, which lacks the symbol versions v59 needs; scripts/setup-rdma.sh builds
+the bundled v59 libraries into <venv>/opt/rdma-core, and `load()` maps those by absolute path before
+the first pyverbs import, so the extension modules bind to them (the dynamic linker reuses an already
+loaded library with the same soname) without LD_LIBRARY_PATH. RQ_RDMA_LIBDIR overrides the place.
+
+`QueuePair` is one reliable-connected QP with its completion queue and three registered buffers:
+the receive ring the peer writes into, the staging buffers our writes are copied into, and a tiny
+scratch buffer for credit messages. It implements the `Port` the pipe (pipe.py) drives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import os
+import secrets
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from transfer.rdma.conninfo import LINK_ETHERNET, LINK_INFINIBAND, ConnInfo, Ring
+from transfer.rdma.errors import RdmaDeviceError, RdmaUnavailable
+from transfer.rdma.pipe import Completion
+
+_LOCK = threading.Lock()
+_MODULES: Any = None
+_LOADED_FROM: str = ""
+
+SETUP_HINT = "scripts/setup-rdma.sh sets it up"
+
+
+def _libdir() -> Path | None:
+    env = os.environ.get("RQ_RDMA_LIBDIR")
+    if env:
+        return Path(env)
+    for sub in ("lib", "lib64", "lib/x86_64-linux-gnu"):
+        cand = Path(sys.prefix) / "opt" / "rdma-core" / sub
+        if (cand / "libibverbs.so.1").exists():
+            return cand
+    return None
+
+
+def load() -> Any:
+    """The pyverbs modules rq uses, as one namespace; RdmaUnavailable says why not."""
+    global _MODULES, _LOADED_FROM
+    with _LOCK:
+        if _MODULES is not None:
+            return _MODULES
+        try:
+            import pyverbs  # noqa: F401  (is the package there at all?)
+        except ImportError:
+            raise RdmaUnavailable(
+                f"pyverbs is not installed (pip install 'rqcli[rdma]'; {SETUP_HINT})"
+            ) from None
+        libdir = _libdir()
+        if libdir is not None:
+            for lib in ("libibverbs.so.1", "librdmacm.so.1"):
+                path = libdir / lib
+                if path.exists():
+                    try:
+                        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+                    except OSError as exc:
+                        raise RdmaUnavailable(f"cannot load {path}: {exc}") from None
+        try:
+            import pyverbs.addr as addr
+            import pyverbs.cq as cq
+            import pyverbs.device as device
+            import pyverbs.libibverbs_enums as enums
+            import pyverbs.mr as mr
+            import pyverbs.pd as pd
+            import pyverbs.qp as qp
+            import pyverbs.wr as wr
+            from pyverbs.pyverbs_error import PyverbsError
+        except ImportError as exc:
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise RdmaUnavailable(f"pyverbs does not load ({first}); {SETUP_HINT}") from None
+        _MODULES = SimpleNamespace(
+            addr=addr, cq=cq, device=device, e=enums, mr=mr, pd=pd, qp=qp, wr=wr, PyverbsError=PyverbsError
+        )
+        _LOADED_FROM = str(libdir) if libdir else "system libibverbs"
+        return _MODULES
+
+
+def describe_build() -> str:
+    v = load()
+    version = getattr(sys.modules.get("pyverbs"), "__version__", "?")
+    return f"pyverbs {version} with {_LOADED_FROM} ({Path(v.device.__file__).parent})"
+
+
+# -- an opened device: context, protection domain, port attributes ------------------------------
+
+
+@dataclass
+class OpenDevice:
+    name: str
+    port: int
+    gid_index: int
+    ctx: Any
+    pd: Any
+    link_layer: int
+    lid: int
+    active_mtu: int
+    gid: bytes
+
+
+_DEVICES: dict[tuple[str, int, int], OpenDevice] = {}
+
+
+def device_names() -> list[str]:
+    v = load()
+    try:
+        return [
+            d.name.decode() if isinstance(d.name, bytes) else str(d.name) for d in v.device.get_device_list()
+        ]
+    except v.PyverbsError as exc:
+        # With no device (or no kernel support) libibverbs returns NULL and pyverbs raises.
+        raise RdmaUnavailable(_no_device_reason(exc)) from None
+
+
+def _no_device_reason(exc: BaseException | None = None) -> str:
+    if not Path("/sys/class/infiniband").exists():
+        return "no RDMA device (this kernel has no InfiniBand/RDMA support: /sys/class/infiniband is missing)"
+    return "no RDMA device found (`ibv_devices` lists none; soft-RoCE: `rdma link add rxe0 type rxe netdev IFACE`)"
+
+
+def open_device(name: str | None, port: int, gid_index: int | None) -> OpenDevice:
+    """Opens (once per process) the named device, or the first one; picks a GID if none was given."""
+    from transfer.rdma.devices import choose_gid_index, read_gids
+
+    v = load()
+    names = device_names()
+    if not names:
+        raise RdmaUnavailable(_no_device_reason())
+    dev = name or names[0]
+    if dev not in names:
+        raise RdmaUnavailable(f"no RDMA device {dev!r} (have {', '.join(names)})")
+    with _LOCK:
+        try:
+            ctx = v.device.Context(name=dev)
+            pattr = ctx.query_port(port)
+            link = LINK_ETHERNET if pattr.link_layer == v.e.IBV_LINK_LAYER_ETHERNET else LINK_INFINIBAND
+            if gid_index is None:
+                gid_index = choose_gid_index(read_gids(v, ctx, port, pattr.gid_tbl_len), link)
+            key = (dev, port, gid_index)
+            if key in _DEVICES:
+                ctx.close()
+                return _DEVICES[key]
+            from transfer.rdma.conninfo import gid_from_text
+
+            gid = gid_from_text(ctx.query_gid(port, gid_index).gid) if gid_index >= 0 else bytes(16)
+            opened = OpenDevice(
+                dev, port, gid_index, ctx, v.pd.PD(ctx), link, pattr.lid, pattr.active_mtu, gid
+            )
+        except v.PyverbsError as exc:
+            raise RdmaDeviceError(f"cannot open RDMA device {dev} port {port}: {exc}") from None
+        _DEVICES[key] = opened
+        return opened
+
+
+# -- one queue pair with its buffers -------------------------------------------------------------
+
+
+class _Buffer:
+    """Anonymous memory registered with the adapter; a memoryview for Python, an address for verbs."""
+
+    def __init__(self, v: Any, pd: Any, length: int, access: int):
+        self.map = mmap.mmap(-1, length)
+        self._anchor = ctypes.c_char.from_buffer(self.map)
+        self.addr = ctypes.addressof(self._anchor)
+        self.view = memoryview(self.map)
+        self.mr = v.mr.MR(pd, length, access, address=self.addr)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.mr.close()
+        self.view.release()
+        del self._anchor
+        self.map.close()
+
+
+class QueuePair:
+    """An RC queue pair, its CQ and buffers; the `Port` pipe.Pipe drives. Not thread-safe by itself."""
+
+    SCRATCH = 64
+
+    def __init__(
+        self,
+        dev: OpenDevice,
+        ring_slots: int,
+        ring_slot_size: int,
+        staging: int,
+        staging_size: int,
+        recv_depth: int,
+    ):
+        v = self.v = load()
+        e = v.e
+        self.dev = dev
+        self.ring_slot_size = ring_slot_size
+        self.staging_size = staging_size
+        self._bufs: list[_Buffer] = []
+        self.qp: Any = None
+        self.cq: Any = None
+        try:
+            self.cq = v.cq.CQ(dev.ctx, recv_depth + staging + 64)
+            self.ring = self._buffer(
+                ring_slots * ring_slot_size, e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+            )
+            self.stage = self._buffer(staging * staging_size, e.IBV_ACCESS_LOCAL_WRITE)
+            self.scratch = self._buffer(self.SCRATCH, e.IBV_ACCESS_LOCAL_WRITE)
+            cap = v.qp.QPCap(max_send_wr=staging + 40, max_recv_wr=recv_depth, max_send_sge=1, max_recv_sge=1)
+            init = v.qp.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=0)
+            attr = v.qp.QPAttr(port_num=dev.port)
+            attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+            self.qp = v.qp.QP(dev.pd, init, attr)  # created and moved to INIT
+        except v.PyverbsError as exc:
+            self.close()
+            raise RdmaDeviceError(f"cannot set up an RDMA queue pair on {dev.name}: {exc}") from None
+        self.psn = secrets.randbelow(1 << 24)
+        self.ring_slots = ring_slots
+        self.peer: ConnInfo | None = None
+
+    def _buffer(self, length: int, access: int) -> _Buffer:
+        buf = _Buffer(self.v, self.dev.pd, length, access)
+        self._bufs.append(buf)
+        return buf
+
+    def local_info(self) -> ConnInfo:
+        d = self.dev
+        ring = Ring(self.ring.addr, self.ring.mr.rkey, self.ring_slot_size, self.ring_slots)
+        global_route = d.gid_index >= 0  # -1: InfiniBand routed by LID alone
+        return ConnInfo(self.qp.qp_num, self.psn, d.lid, d.port, max(d.gid_index, 0), d.gid, d.link_layer,
+                        d.active_mtu, ring, global_route)  # fmt: skip
+
+    def connect(self, peer: ConnInfo, mtu: int) -> None:
+        """INIT → RTR → RTS towards the peer; our receives must already be posted."""
+        v, e, d = self.v, self.v.e, self.dev
+        attr = v.qp.QPAttr(port_num=d.port, path_mtu=mtu)
+        attr.dest_qp_num = peer.qp_num
+        attr.rq_psn = peer.psn
+        attr.sq_psn = self.psn
+        attr.max_dest_rd_atomic = 1
+        attr.max_rd_atomic = 1
+        attr.min_rnr_timer = 12  # 0.64 ms
+        attr.timeout = 14  # 4.096 µs · 2^14 ≈ 67 ms per try
+        attr.retry_cnt = 7
+        attr.rnr_retry = 7  # "infinite": a reader that is briefly out of receives is not an error
+        attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+        if peer.global_route:
+            gr = v.addr.GlobalRoute(dgid=v.addr.GID(peer.gid_text), sgid_index=d.gid_index)
+            gr.hop_limit = 64
+            attr.ah_attr = v.addr.AHAttr(port_num=d.port, is_global=1, gr=gr, dlid=peer.lid)
+        else:
+            attr.ah_attr = v.addr.AHAttr(port_num=d.port, is_global=0, dlid=peer.lid)
+        try:
+            self.qp.to_rts(attr)
+        except v.PyverbsError as exc:
+            raise RdmaDeviceError(f"cannot connect the queue pair: {exc}") from None
+        self.peer = peer
+
+    # -- Port ----------------------------------------------------------------------------------
+
+    def staging(self, index: int) -> memoryview:
+        return self.stage.view[index * self.staging_size : (index + 1) * self.staging_size]
+
+    def ring_slot(self, slot: int) -> memoryview:
+        return self.ring.view[slot * self.ring_slot_size : (slot + 1) * self.ring_slot_size]
+
+    def post_write(self, staging: int, length: int, slot: int, imm: int, wr_id: int) -> None:
+        v, e = self.v, self.v.e
+        assert self.peer is not None
+        sge = v.wr.SGE(self.stage.addr + staging * self.staging_size, length, self.stage.mr.lkey)
+        wr = v.wr.SendWR(wr_id=wr_id, opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1, sg=[sge],
+                         imm_data=socket.htonl(imm), send_flags=e.IBV_SEND_SIGNALED)  # fmt: skip
+        wr.set_wr_rdma(self.peer.ring.rkey, self.peer.ring.slot_addr(slot))
+        self._post_send(wr)
+
+    def post_credit(self, cumulative: int, wr_id: int) -> None:
+        v, e = self.v, self.v.e
+        sge = v.wr.SGE(self.scratch.addr, 4, self.scratch.mr.lkey)
+        wr = v.wr.SendWR(wr_id=wr_id, opcode=e.IBV_WR_SEND_WITH_IMM, num_sge=1, sg=[sge],
+                         imm_data=socket.htonl(cumulative), send_flags=e.IBV_SEND_SIGNALED)  # fmt: skip
+        self._post_send(wr)
+
+    def _post_send(self, wr: Any) -> None:
+        try:
+            self.qp.post_send(wr)
+        except self.v.PyverbsError as exc:
+            raise RdmaDeviceError(f"posting an RDMA send failed: {exc}") from None
+
+    def post_recv(self, wr_id: int) -> None:
+        v = self.v
+        sge = v.wr.SGE(self.scratch.addr + 32, 32, self.scratch.mr.lkey)
+        try:
+            self.qp.post_recv(v.wr.RecvWR(wr_id=wr_id, num_sge=1, sg=[sge]))
+        except v.PyverbsError as exc:
+            raise RdmaDeviceError(f"posting an RDMA receive failed: {exc}") from None
+
+    def poll(self, max_entries: int) -> list[Completion]:
+        e = self.v.e
+        _, wcs = self.cq.poll(max_entries)
+        out = []
+        for wc in wcs:
+            # On an error completion only wr_id, status and vendor_err are defined (not opcode):
+            # the kind of request is therefore encoded in wr_id (pipe.WrKind).
+            out.append(
+                Completion(
+                    wr_id=wc.wr_id,
+                    status=wc.status,
+                    vendor_err=wc.vendor_err,
+                    byte_len=wc.byte_len,
+                    imm=socket.ntohl(wc.imm_data) if wc.status == 0 else 0,
+                    data_write=wc.status == 0 and wc.opcode == e.IBV_WC_RECV_RDMA_WITH_IMM,
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        """Error state first (flushes whatever is outstanding), then QP, buffers, CQ; idempotent."""
+        v = self.v
+        if self.qp is not None:
+            with contextlib.suppress(Exception):
+                attr = v.qp.QPAttr()
+                attr.qp_state = v.e.IBV_QPS_ERR
+                self.qp.modify(attr, v.e.IBV_QP_STATE)
+            with contextlib.suppress(Exception):
+                if self.cq is not None:
+                    self.cq.poll(1024)
+            with contextlib.suppress(Exception):
+                self.qp.close()
+            self.qp = None
+        for buf in self._bufs:
+            buf.close()
+        self._bufs.clear()
+        if self.cq is not None:
+            with contextlib.suppress(Exception):
+                self.cq.close()
+            self.cq = None
