@@ -122,7 +122,7 @@ def _common(func: Any) -> Any:
             type=click.Choice(["quic", "tcp", "rdma"]),
             default="quic",
             show_default=True,
-            help="quic: TLS 1.3, pinned cert; tcp: fastest on trusted links; rdma: needs a device.",
+            help="quic: TLS 1.3, pinned cert; tcp: fastest on trusted links; rdma: needs a device, sets up over TLS but moves data UNENCRYPTED (trusted fabric only, docs/rdma.md).",
         ),
         click.option(
             "--token-file",
@@ -207,7 +207,7 @@ def recv(
 
     out = get_output()
     host, port = _host_port(listen)
-    use_tls = True if transport == "quic" else bool(tls)
+    use_tls = True if transport in ("quic", "rdma") else bool(tls)  # RDMA sets up over TLS
     try:
         token = load_token(
             token_file or (None if os.environ.get("RQ_TOKEN") else _default_token_file()),
@@ -379,7 +379,7 @@ def send(
     sources, url = [Path(a) for a in args[:-1]], args[-1]
     host, port, url_pin = _parse_url(url)
     pin = pin or url_pin
-    use_tls = True if transport == "quic" else bool(tls)
+    use_tls = True if transport in ("quic", "rdma") else bool(tls)  # RDMA sets up over TLS
     if not MIN_CHUNK <= (chunk_size or 0) <= MAX_CHUNK:
         raise CliError(f"--chunk-size must be between {MIN_CHUNK} and {MAX_CHUNK} bytes", ExitCode.USAGE)
     try:
