@@ -87,6 +87,13 @@ class _Conn:
         self.loop.close()
 
 
+def _total(info: Any) -> int:
+    """Messages this consumer will deliver in all: not yet delivered plus already pushed to us
+    (the server may have sent everything before it answers the info request)."""
+    delivered = info.delivered.consumer_seq if info.delivered else 0
+    return int(info.num_pending or 0) + int(delivered or 0)
+
+
 def _headers(raw: dict[str, str] | None) -> Headers:
     if not raw:
         return NO_HEADERS
@@ -141,7 +148,7 @@ class JetStreamSource:
             )
             try:
                 info = await sub.consumer_info()
-                if info.num_pending == 0:
+                if _total(info) == 0:
                     return None
                 await asyncio.wait_for(got.wait(), 10)
                 return found[0]
@@ -197,7 +204,7 @@ class JetStreamSource:
                 pending_bytes_limit=512 * 1024 * 1024,
             )
             info = await sub.consumer_info()
-            return sub, int(info.num_pending)
+            return sub, _total(info)
 
         async def wait(timeout: float) -> None:
             with contextlib.suppress(TimeoutError):

@@ -1,0 +1,147 @@
+"""rq against the real nats-server with JetStream (scripts/services.sh)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import run_rq
+
+pytestmark = pytest.mark.integration
+
+
+def js_call(url: str, fn: Any) -> Any:
+    import nats
+
+    async def go() -> Any:
+        nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0)
+        try:
+            return await fn(nc.jetstream())
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def make_stream(url: str, name: str) -> None:
+    js_call(url, lambda js: js.add_stream(name=name, subjects=[f"{name}.>"]))
+
+
+def publish(
+    url: str, subject: str, payloads: list[bytes], headers: dict[str, str] | None = None
+) -> list[int]:
+    async def go(js: Any) -> list[int]:
+        return [(await js.publish(subject, p, headers=headers)).seq for p in payloads]
+
+    return js_call(url, go)
+
+
+def jlines(out: bytes) -> list[dict]:
+    return [json.loads(x) for x in out.decode().splitlines() if x.strip()]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return {"RQ_TOPICS_DIR": str(tmp_path / "topics")}
+
+
+def test_replay_ranges_subjects_and_binary(nats_url: str, stream_name: str, env: dict[str, str]) -> None:
+    make_stream(nats_url, stream_name)
+    seqs = publish(nats_url, f"{stream_name}.a", [b"a%d" % i for i in range(5)], headers={"trace": "t1"})
+    publish(nats_url, f"{stream_name}.b", [bytes([0xFF, 0x00, 0x80]), b'{"k": 1}'])
+    assert seqs == [1, 2, 3, 4, 5]
+    base = f"{nats_url}/{stream_name}"
+    r = run_rq("replay", base, "--from", "2:5", "--format", "json", env=env)
+    assert r.returncode == 0, r.stderr
+    got = jlines(r.stdout)
+    assert [x["offset"] for x in got] == [2, 3, 4]
+    assert got[0]["key"] == f"{stream_name}.a" and got[0]["headers"] == {"trace": "t1"}
+    r = run_rq("replay", f"{base}/{stream_name}.b", "--from", "start", "--format", "json", env=env)
+    got = jlines(r.stdout)
+    assert [x["offset"] for x in got] == [6, 7]  # stream sequence is the offset, filter or not
+    assert got[0]["value_encoding"] == "base64" and base64.b64decode(got[0]["value"]) == b"\xff\x00\x80"
+    assert got[1]["value"] == {"k": 1}
+    r = run_rq("replay", base, "--from", "5", "--to", "999999", "--format", "raw", env=env, timeout=20)
+    assert r.returncode == 0 and r.stdout.startswith(b"a4\n") and len(r.stdout.splitlines()) == 3
+    r = run_rq("tail", base, "-n", "2", "--format", "raw", env=env, timeout=20)
+    assert r.returncode == 0 and r.stdout.endswith(b'\n{"k": 1}\n')
+
+
+def test_exact_time_bounds(nats_url: str, stream_name: str, env: dict[str, str]) -> None:
+    make_stream(nats_url, stream_name)
+    for group in ("a", "b", "c"):
+        publish(nats_url, f"{stream_name}.x", [f"{group}{i}".encode() for i in range(3)])
+        time.sleep(0.05)
+    base = f"{nats_url}/{stream_name}"
+    stamps = {
+        x["value"]: x["timestamp"] for x in jlines(run_rq("replay", base, "--from", "start", env=env).stdout)
+    }
+    r = run_rq(
+        "replay", base, "--from", f"@{stamps['b0']}", "--to", f"@{stamps['c0']}", "--format", "raw", env=env
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"b0\nb1\nb2\n"
+
+
+def test_groups_are_durable_consumers_and_inspection_has_no_side_effects(
+    nats_url: str, stream_name: str, env: dict[str, str]
+) -> None:
+    make_stream(nats_url, stream_name)
+    publish(nats_url, f"{stream_name}.x", [b"%d" % i for i in range(10)])
+    base = f"{nats_url}/{stream_name}"
+    run_rq("replay", base, "--group", "trainer", "--from", "start", env=env)
+    infos = js_call(nats_url, lambda js: js.consumers_info(stream_name))
+    assert not [i for i in infos if i.config.durable_name]  # nothing left behind without --commit
+    r = run_rq("replay", base, "--group", "trainer", "--count", "4", "--commit", "--format", "raw", env=env)
+    assert r.stdout == b"0\n1\n2\n3\n"
+    info = js_call(nats_url, lambda js: js.consumer_info(stream_name, "trainer"))
+    assert info.config.durable_name == "trainer"
+    off = jlines(run_rq("offsets", base, "--json", env=env).stdout)[0]
+    assert (off["first"], off["last"]) == (1, 10)
+    assert off["groups"] == [{"group": "trainer", "committed": 5, "lag": 6}]
+    r = run_rq("replay", base, "--group", "trainer", "--format", "raw", env=env)
+    assert r.stdout == b"4\n5\n6\n7\n8\n9\n"
+    r = run_rq("offsets", "reset", base, "--group", "trainer", "--to", "start", env=env)
+    assert r.returncode == 0, r.stderr
+    assert jlines(run_rq("offsets", base, "--json", env=env).stdout)[0]["groups"][0]["committed"] == 1
+
+
+def test_produce_spec_and_to_topic(
+    nats_url: str, stream_name: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    base = f"{nats_url}/{stream_name}/{stream_name}.in"
+    r = run_rq("produce", base, "--json", input=b"".join(b'{"n": %d}\n' % i for i in range(50)), env=env)
+    assert r.returncode == 0, r.stderr
+    assert jlines(r.stdout)[-1]["last_offset"] == 50
+    spec = tmp_path / "s.json"
+    r = run_rq(
+        "replay",
+        base,
+        "--from",
+        "10:20",
+        "--where",
+        "n >= 12",
+        "--save-spec",
+        str(spec),
+        "--format",
+        "raw",
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == 7  # offsets 10..19 hold n = 9..18 (sequences start at 1)
+    again = run_rq("replay", "--spec", str(spec), "--format", "raw", env=env)
+    assert again.returncode == 0 and again.stdout == r.stdout
+    r = run_rq("replay", base, "--from", "start", "--to-topic", "copy", env=env)
+    assert r.returncode == 0 and r.stdout == b""
+    r = run_rq("replay", "copy", "--from", "start", "--format", "raw", env=env)
+    assert r.stdout.splitlines()[49] == b'{"n": 49}'  # the bytes, unchanged
+
+
+def test_unknown_stream(nats_url: str, env: dict[str, str]) -> None:
+    r = run_rq("replay", f"{nats_url}/RQ_NO_SUCH_STREAM", "--from", "start", env=env)
+    assert r.returncode == 3 and b"does not exist" in r.stderr
