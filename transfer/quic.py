@@ -29,6 +29,8 @@ ALPN = ["rq-transfer/1"]
 AIOQUIC_MAX_DATAGRAM = 16383
 QH3_MAX_DATAGRAM = 65000
 SOCKET_BUFFER = 8 * 1024 * 1024
+IDLE_TIMEOUT = 10.0  # a silent peer is gone after this; clients ping every KEEPALIVE to stay alive
+KEEPALIVE = 2.0
 _CLOSED = object()
 
 
@@ -190,6 +192,16 @@ def _protocol_class(backend: _Backend, on_stream: Callable[[Any, int], QuicChann
                     ch.fail(PeerUnreachableError("QUIC stream reset by peer"))
             super().quic_event_received(event)
 
+        def error_received(self, exc: Exception) -> None:
+            # ICMP port unreachable on our connected client socket: the receiver process is gone.
+            # Waiting for the idle timeout would stall a resume for seconds; give up on it now.
+            if isinstance(exc, ConnectionRefusedError) and self._quic.configuration.is_client:
+                self.terminated = "receiver is not listening (ICMP port unreachable)"
+                for ch in self.channels.values():
+                    ch.fail(PeerUnreachableError(self.terminated))
+                self._quic.close()
+                self.transmit()
+
     return Proto
 
 
@@ -198,7 +210,7 @@ def _config(backend: _Backend, is_client: bool, datagram: int) -> Any:
         is_client=is_client,
         alpn_protocols=ALPN,
         max_datagram_size=datagram,
-        idle_timeout=30.0,
+        idle_timeout=IDLE_TIMEOUT,
         max_data=64 * 1024 * 1024,
         max_stream_data=16 * 1024 * 1024,
     )
@@ -255,6 +267,7 @@ class QuicConnection:
         sock = socket.socket(info[0], socket.SOCK_DGRAM)
         _big_buffers(sock)
         sock.bind(("::" if info[0] == socket.AF_INET6 else "0.0.0.0", 0))
+        sock.connect(info[4])  # connected, so ICMP errors reach us (error_received)
         conn = b.connection.QuicConnection(configuration=cfg)
         proto_cls = _protocol_class(b, lambda _p, _sid: None)
         loop = asyncio.get_running_loop()
@@ -268,6 +281,7 @@ class QuicConnection:
             if "ingerprint" in reason or "certificate" in reason.lower():
                 raise AuthError(f"receiver certificate does not match the pin {pin}") from None
             raise
+        self._pinger = loop.create_task(self._keepalive(proto))
         if b.name == "aioquic":
             cert = getattr(proto._quic.tls, "_peer_certificate", None)
             der = cert.public_bytes(_der()) if cert is not None else b""
@@ -275,6 +289,14 @@ class QuicConnection:
                 proto.close()
                 raise AuthError(f"receiver certificate {fingerprint(der)} does not match the pin {pin}")
         return proto
+
+    async def _keepalive(self, proto: Any) -> None:
+        """The control connection idles while data moves elsewhere; pings keep it (and NATs) open."""
+        while not proto.terminated:
+            await asyncio.sleep(KEEPALIVE)
+            with contextlib.suppress(Exception):
+                proto._quic.send_ping(0)
+                proto.transmit()
 
     def open_channel(self) -> Channel:
         async def _open() -> QuicChannel:
@@ -290,6 +312,7 @@ class QuicConnection:
 
     def close(self) -> None:
         async def _close() -> None:
+            self._pinger.cancel()
             self.proto.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.proto.wait_closed(), 1.0)

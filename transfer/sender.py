@@ -306,6 +306,7 @@ def send(
                 raise
             if stats.chunks > before:
                 last_progress = time.monotonic()
+                attempt = 0  # it was moving: retry quickly
             if time.monotonic() - last_progress > opts.retry_for:
                 raise PeerUnreachableError(
                     f"gave up after {opts.retry_for:.0f}s without progress: {exc}"

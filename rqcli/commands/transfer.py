@@ -383,6 +383,7 @@ def send(
     if not MIN_CHUNK <= (chunk_size or 0) <= MAX_CHUNK:
         raise CliError(f"--chunk-size must be between {MIN_CHUNK} and {MAX_CHUNK} bytes", ExitCode.USAGE)
     try:
+        driver = get_transport(transport)  # first: "this machine has no RDMA" beats "no --pin"
         if use_tls:
             if not pin:
                 raise CliError("no --pin: copy the sha256 fingerprint `rq recv` printed", ExitCode.AUTH)
@@ -392,7 +393,6 @@ def send(
             os.environ.get("RQ_TOKEN"),
             create=False,
         )
-        driver = get_transport(transport)
         copts = ConnectOptions(
             host,
             port,

@@ -1,0 +1,204 @@
+"""rq send / rq recv end to end: real processes, real TCP and QUIC on loopback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from xfer_kit import Recv, make_tree, rq_cmd, rq_env, send, summary, tree_digest
+
+pytestmark = pytest.mark.integration
+
+MODES = [
+    pytest.param("tcp", (), (), id="tcp"),
+    pytest.param("tcp", ("--tls",), (), id="tcp-tls"),
+    pytest.param("quic", ("--quic-backend", "aioquic"), ("--quic-backend", "aioquic"), id="quic-aioquic"),
+    pytest.param(
+        "quic",
+        ("--quic-backend", "qh3"),
+        ("--quic-backend", "qh3", "--connections", "2"),
+        id="quic-qh3-2conn",
+    ),
+]
+
+
+@pytest.mark.parametrize("transport,recv_extra,send_extra", MODES)
+def test_checkpoint_arrives_identical(
+    tmp_path: Path, transport: str, recv_extra: tuple[str, ...], send_extra: tuple[str, ...]
+) -> None:
+    ckpt = make_tree(tmp_path / "src")
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", transport, "--once", *recv_extra).start()
+    try:
+        proc = send([ckpt], recv, "--chunk-size", "1MiB", *send_extra)
+        assert proc.returncode == 0, proc.stderr.decode()
+        s = summary(proc)
+        rc, out, err = recv.wait()
+    finally:
+        recv.stop()
+    assert rc == 0, err
+    assert tree_digest(tmp_path / "dst" / "ckpt") == tree_digest(ckpt)
+    assert s["verified"] is True and s["files"] == 4 and s["chunks_resent"] == 0
+    assert s["bytes_raw"] == s["bytes_total"] == sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
+    assert 0 < s["ratio"] < 1  # the bf16 shard compressed, the random one went raw
+    assert not list((tmp_path / "dst" / ".rq-partial").iterdir())  # no leftovers once complete
+    assert '"event":"done"' in out
+
+
+def test_bf16_weights_compress_on_the_wire(tmp_path: Path) -> None:
+    from xfer_kit import bf16
+
+    src = tmp_path / "w.bf16"
+    src.write_bytes(bf16(4_000_000, seed=3))
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--once").start()
+    try:
+        s = summary(send([src], recv, "--compress", "auto"))
+    finally:
+        recv.stop()
+    assert s["ratio"] <= 0.70
+    assert (tmp_path / "dst" / "w.bf16").read_bytes() == src.read_bytes()
+
+
+def test_wrong_token_refused_and_receiver_stays_up(tmp_path: Path) -> None:
+    ckpt = make_tree(tmp_path / "src", 100_000, 10_000)
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "quic", "--quic-backend", "aioquic").start()
+    try:
+        bad = send([ckpt], recv, "--retry-for", "2", env=rq_env(token="not-the-token"))
+        assert bad.returncode == 4, bad.stderr.decode()
+        assert "token" in bad.stderr.decode()
+        assert not (tmp_path / "dst" / "ckpt").exists()
+        good = send([ckpt], recv)
+        assert good.returncode == 0, good.stderr.decode()
+    finally:
+        recv.stop()
+    assert tree_digest(tmp_path / "dst" / "ckpt") == tree_digest(ckpt)
+
+
+@pytest.mark.parametrize(
+    "transport,extra",
+    [("quic", ("--quic-backend", "aioquic")), ("quic", ("--quic-backend", "qh3")), ("tcp", ("--tls",))],
+)
+def test_wrong_certificate_pin_refused(tmp_path: Path, transport: str, extra: tuple[str, ...]) -> None:
+    ckpt = make_tree(tmp_path / "src", 1000, 1000)
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", transport, *extra).start()
+    try:
+        args = [a if a != recv.pin else "sha256:" + "ab" * 32 for a in recv.send_args()]
+        proc = subprocess.run(
+            rq_cmd("send", str(ckpt), recv.url, *args, *extra, "--retry-for", "2"),
+            env=rq_env(),
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        recv.stop()
+    assert proc.returncode == 4, proc.stderr.decode()
+    assert "pin" in proc.stderr.decode() or "certificate" in proc.stderr.decode()
+    assert not (tmp_path / "dst" / "ckpt").exists()
+
+
+def test_existing_file_needs_overwrite(tmp_path: Path) -> None:
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(200_000))
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    (dst / "model.bin").write_bytes(b"keep me")
+    recv = Recv(dst, tmp_path / "cert", "tcp").start()
+    try:
+        proc = send([src], recv)
+        assert proc.returncode == 9, proc.stderr.decode()
+        assert (dst / "model.bin").read_bytes() == b"keep me"
+    finally:
+        recv.stop()
+    recv = Recv(dst, tmp_path / "cert", "tcp", "--overwrite", "--once").start()
+    try:
+        assert send([src], recv).returncode == 0
+    finally:
+        recv.stop()
+    assert (dst / "model.bin").read_bytes() == src.read_bytes()
+
+
+def test_setuid_bits_from_sender_are_dropped(tmp_path: Path) -> None:
+    src = tmp_path / "tool"
+    src.write_bytes(b"#!/bin/sh\n")
+    os.chmod(src, 0o4755)
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--once").start()
+    try:
+        assert send([src], recv).returncode == 0
+    finally:
+        recv.stop()
+    mode = (tmp_path / "dst" / "tool").stat().st_mode
+    assert mode & 0o7000 == 0 and mode & 0o700 == 0o700
+
+
+def test_rdma_without_device_is_unsupported(tmp_path: Path) -> None:
+    src = tmp_path / "f"
+    src.write_bytes(b"x")
+    proc = subprocess.run(
+        rq_cmd("send", str(src), "rq://127.0.0.1:9", "--transport", "rdma"),
+        env=rq_env(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 10, proc.stderr.decode()
+    assert proc.stderr.decode().count("\n") == 1
+
+
+def test_missing_token_and_source_errors(tmp_path: Path) -> None:
+    env = {k: v for k, v in rq_env().items() if k != "RQ_TOKEN"}
+    proc = subprocess.run(
+        rq_cmd(
+            "send",
+            str(tmp_path),
+            "rq://127.0.0.1:9",
+            "--transport",
+            "tcp",
+            "--token-file",
+            str(tmp_path / "nope"),
+        ),
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 4 and "token" in proc.stderr.decode()
+    proc = subprocess.run(
+        rq_cmd("send", str(tmp_path / "missing"), "rq://127.0.0.1:9", "--transport", "tcp"),
+        env=rq_env(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 3
+    proc = subprocess.run(
+        rq_cmd("send", str(tmp_path), "rq://127.0.0.1:9", "--transport", "tcp", "--retry-for", "0"),
+        env=rq_env(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 6, proc.stderr.decode()
+
+
+def test_token_file_created_private(tmp_path: Path) -> None:
+    token_file = tmp_path / "tok"
+    env = {k: v for k, v in rq_env().items() if k != "RQ_TOKEN"}
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--token-file", str(token_file), env=env).start()
+    try:
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        assert len(token_file.read_text().strip()) >= 32
+        assert str(token_file) in recv.info["send"]
+        src = tmp_path / "f"
+        src.write_bytes(b"hello")
+        proc = subprocess.run(
+            rq_cmd("send", str(src), recv.url, "--transport", "tcp", "--token-file", str(token_file)),
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr.decode()
+    finally:
+        recv.stop()

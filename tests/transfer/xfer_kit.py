@@ -1,0 +1,183 @@
+"""Helpers for the transfer tests: run a real `rq recv` in the background, make source trees, hash trees."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TOKEN = "test-token-7f3a"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def rq_env(token: str = TOKEN, **extra: str) -> dict[str, str]:
+    env = {**os.environ, "CI": "1", "RQ_TOKEN": token, **extra}
+    env.pop("RQ_PIN", None)
+    return env
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bf16(n: int, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+
+
+def make_tree(root: Path, random_bytes: int = 3_000_000, bf16_elems: int = 1_500_000) -> Path:
+    """A small fake checkpoint: a random shard, a bf16 shard, an index, an empty file, a nested dir."""
+    ckpt = root / "ckpt"
+    (ckpt / "shards").mkdir(parents=True, exist_ok=True)
+    (ckpt / "shards" / "rand.bin").write_bytes(os.urandom(random_bytes))
+    (ckpt / "shards" / "weights.bf16").write_bytes(bf16(bf16_elems))
+    (ckpt / "index.json").write_text(json.dumps({"shards": ["rand.bin", "weights.bf16"]}))
+    (ckpt / "empty").write_bytes(b"")
+    return ckpt
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            out[p.relative_to(root).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+class Recv:
+    """`rq recv` as a real subprocess; `start()` waits for its listening line."""
+
+    def __init__(
+        self,
+        dest: Path,
+        cert_dir: Path,
+        transport: str = "tcp",
+        *extra: str,
+        port: int = 0,
+        env: dict[str, str] | None = None,
+        netns: str | None = None,
+        host: str = "127.0.0.1",
+    ):
+        self.dest, self.cert_dir, self.transport, self.extra = dest, cert_dir, transport, extra
+        self.port, self.env, self.netns, self.host = port, env or rq_env(), netns, host
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.info: dict[str, Any] = {}
+
+    def start(self) -> Recv:
+        cmd = [
+            sys.executable,
+            "-m",
+            "rqcli",
+            "recv",
+            str(self.dest),
+            "--listen",
+            f"{self.host}:{self.port}",
+            "--transport",
+            self.transport,
+            "--json",
+            "--cert-dir",
+            str(self.cert_dir),
+            *self.extra,
+        ]
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns, *cmd]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env, cwd=REPO
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(
+                f"rq recv did not start: {self.proc.stderr.read().decode() if self.proc.stderr else ''}"
+            )
+        self.info = json.loads(line)
+        self.port = int(self.info["address"].rsplit(":", 1)[1])
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"rq://{self.host}:{self.port}"
+
+    @property
+    def pin(self) -> str | None:
+        return self.info.get("pin")
+
+    def send_args(self) -> list[str]:
+        args = ["--transport", self.transport]
+        if self.pin:
+            args += ["--pin", self.pin]
+        if self.transport == "tcp" and "--tls" in self.extra:
+            args.append("--tls")
+        return args
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> tuple[int, str, str]:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            out, err = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+        return self.proc.returncode, out.decode(), err.decode()
+
+    def wait(self, timeout: float = 30) -> tuple[int, str, str]:
+        assert self.proc is not None
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out.decode(), err.decode()
+
+
+def rq_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rqcli", *args]
+
+
+def send(
+    srcs: list[Path], recv: Recv, *extra: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        rq_cmd("send", *map(str, srcs), recv.url, *recv.send_args(), "--json", *extra),
+        env=env or rq_env(),
+        capture_output=True,
+        timeout=timeout,
+        cwd=REPO,
+        check=False,
+    )
+
+
+def summary(proc: subprocess.CompletedProcess[bytes]) -> dict[str, Any]:
+    lines = [json.loads(x) for x in proc.stdout.decode().splitlines() if x.strip()]
+    found = [x for x in lines if x.get("event") == "summary"]
+    assert found, f"no summary: rc={proc.returncode} stderr={proc.stderr.decode()}"
+    return found[-1]
+
+
+def journal_records(dest: Path) -> int:
+    total = 0
+    for j in (dest / ".rq-partial").glob("*.journal"):
+        total += max(0, (j.stat().st_size - 32) // 24)
+    return total
+
+
+def wait_for(pred: Any, timeout: float, step: float = 0.02) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return False
