@@ -1,0 +1,524 @@
+"""The read API for training code: `Cache(dir).open(url)` read-through, `prefetch`, and the
+inspection calls behind `rq cache …`. Safe in forked DataLoader workers: per-process state (SQLite
+connection, CRT client, threads) is rebuilt in a child the first time it is used there."""
+
+from __future__ import annotations
+
+import fcntl
+import fnmatch
+import io
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import xxhash
+
+from cache import events as ev
+from cache.digests import file_digest
+from cache.errors import CacheError, NotFoundError, VerifyError
+from cache.fetcher import Fetcher, Job
+from cache.index import Entry, Index
+from cache.landing import ObjectInfo
+from cache.layout import TIERS, Layout, default_ram_root
+from cache.origins import LocalOrigin, normalise_url, origin_for_url
+from cache.s3 import S3Settings
+from cache.sizes import parse_size
+from cache.store import Store
+
+SMALL_READ = 16 << 20  # objects up to this size are read into memory on open (no lease kept)
+DEFAULT_MAX_AGE = 60.0
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("RQ_CACHE_DIR")
+    if env:
+        return Path(env)
+    from platformdirs import user_cache_path
+
+    return user_cache_path("rq") / "cache"
+
+
+class _Gone(Exception):
+    """The entry vanished between the index lookup and the open (evicted or replaced): look again."""
+
+
+@dataclass
+class _ProcState:
+    pid: int
+    index: Index
+    store: Store
+
+
+@dataclass
+class Problem:
+    url: str
+    problem: str
+
+
+class Cache:
+    """A tiered cache directory. Thread-safe; usable from many processes at once."""
+
+    def __init__(
+        self,
+        cache_dir: str | os.PathLike[str] | None = None,
+        *,
+        ram_dir: str | os.PathLike[str] | None = None,
+        ram_limit: int | str | None = None,
+        disk_limit: int | str | None = None,
+        endpoint_url: str | None = None,
+        profile: str | None = None,
+        max_age: float = DEFAULT_MAX_AGE,
+        tier: str = "disk",
+        durable: bool = True,
+    ):
+        self.durable = durable
+        self.root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.s3_settings = S3Settings(endpoint_url=endpoint_url, profile=profile)
+        self.max_age = max_age
+        self.default_tier = tier
+        self._proc: _ProcState | None = None
+        self._lock = threading.RLock()
+        self._touched: dict[str, float] = {}
+        self._last_flush = time.monotonic()
+        self._verified: set[tuple[str, int, int]] = set()
+        self._prefetcher: Prefetcher | None = None
+        index = Index(self.root / "index.sqlite3")
+        try:
+            ram_root = (
+                Path(ram_dir) if ram_dir else Path(index.setting("ram_root") or default_ram_root(self.root))
+            )
+            self.layout = Layout(self.root, ram_root)
+            self.layout.create()
+            if index.setting("ram_root") != str(ram_root):
+                index.set_setting("ram_root", str(ram_root))
+            self.caps = self._caps(index, ram_limit, disk_limit)
+        finally:
+            index.close()
+
+    def _caps(
+        self, index: Index, ram_limit: int | str | None, disk_limit: int | str | None
+    ) -> dict[str, int]:
+        caps: dict[str, int] = {}
+        for tier, given in (("ram", ram_limit), ("disk", disk_limit)):
+            if given is not None:
+                caps[tier] = parse_size(given)
+                index.set_setting(f"{tier}_limit", str(caps[tier]))
+                continue
+            stored = index.setting(f"{tier}_limit")
+            if stored is not None:
+                caps[tier] = int(stored)
+                continue
+            fs = os.statvfs(self.layout.tier_root(tier))
+            # defaults: a quarter of the RAM file system; 80% of what the disk has free now
+            caps[tier] = (
+                fs.f_blocks * fs.f_frsize // 4 if tier == "ram" else int(fs.f_bavail * fs.f_frsize * 0.8)
+            )
+            index.set_setting(f"{tier}_limit", str(caps[tier]))
+        return caps
+
+    # --- per-process state ---------------------------------------------------------------------
+
+    def _state(self) -> _ProcState:
+        proc = self._proc
+        if proc is not None and proc.pid == os.getpid():
+            return proc
+        with self._lock:
+            if self._proc is None or self._proc.pid != os.getpid():
+                index = Index(self.layout.index_path)
+                self._proc = _ProcState(os.getpid(), index, Store(self.layout, index, self.caps))
+                self._prefetcher = None  # threads do not survive fork
+            return self._proc
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_proc=None, _lock=None, _prefetcher=None, _touched={}, _verified=set())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+
+    def close(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.stop()
+        self._flush_touches(force=True)
+        proc = self._proc
+        if proc is not None and proc.pid == os.getpid():
+            proc.index.close()
+        self._proc = None
+
+    def __enter__(self) -> Cache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def open(self, url: str, *, tier: str | None = None) -> IO[bytes]:
+        """A verified, read-only file object for `url`; a miss fetches it first.
+
+        Objects up to 16 MiB come back as an in-memory buffer (hashed against the recorded xxh3 on
+        every open); bigger ones as a real file kept from eviction until closed. A corrupt entry is
+        dropped and fetched again, never served."""
+        url = normalise_url(url)
+        state = self._state()
+        if self._prefetcher is not None:
+            self._prefetcher.advance(url)
+        for _ in range(8):
+            entry = state.index.get(url)
+            if entry is None:
+                self._fetch_one(url, tier or self.default_tier)
+                continue
+            if self._stale(entry):
+                info = origin_for_url(url, self.s3_settings).stat(url)
+                if info.version != entry.version:
+                    self._fetch_one(url, tier or entry.tier, info)
+                    continue
+                state.index.mark_checked([url], time.time())
+            try:
+                handle = self._open_entry(entry)
+            except _Gone:
+                continue
+            except VerifyError:
+                state.store.remove(entry)
+                self._fetch_one(url, tier or entry.tier)
+                continue
+            self._touch(url)
+            return handle
+        raise CacheError(f"could not open {url}: it kept changing or being evicted")
+
+    def read_bytes(self, url: str) -> bytes:
+        with self.open(url) as fh:
+            return fh.read()
+
+    def _stale(self, entry: Entry) -> bool:
+        if not entry.url.startswith("s3://"):
+            return True  # a local stat costs microseconds: always check
+        return time.time() - entry.checked_at > self.max_age
+
+    def _open_entry(self, entry: Entry) -> IO[bytes]:
+        path = self.layout.blob_path(entry.tier, entry.blob)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise _Gone from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                time.sleep(0.001)  # an evictor holds it right now
+                raise _Gone from None
+            st = os.fstat(fd)
+            if st.st_nlink == 0:
+                raise _Gone
+            if st.st_size != entry.size:
+                raise VerifyError(f"{entry.url}: cached file has {st.st_size} bytes, expected {entry.size}")
+            if entry.size <= SMALL_READ:
+                data = _read_all(fd, entry.size)
+                if xxhash.xxh3_128(data).hexdigest() != entry.xxh3:
+                    raise VerifyError(f"{entry.url}: cached bytes do not match their recorded digest")
+                os.close(fd)
+                return io.BytesIO(data)
+            stamp = (entry.blob, st.st_ino, st.st_mtime_ns)
+            if stamp not in self._verified:
+                if file_digest(fd, entry.size) != entry.xxh3:
+                    raise VerifyError(f"{entry.url}: cached bytes do not match their recorded digest")
+                self._verified.add(stamp)
+            return os.fdopen(fd, "rb")  # the shared lock lives as long as this file object
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _touch(self, url: str) -> None:
+        self._touched[url] = time.time()
+        if time.monotonic() - self._last_flush > 1.0:
+            self._flush_touches()
+
+    def _flush_touches(self, force: bool = False) -> None:
+        if not self._touched or self._proc is None or self._proc.pid != os.getpid():
+            return
+        touched, self._touched = self._touched, {}
+        self._last_flush = time.monotonic()
+        try:
+            self._proc.index.touch(touched)
+        except Exception:
+            if force:
+                raise  # LRU order is advisory; losing a batch of stamps is fine mid-run
+
+    def _fetch_one(self, url: str, tier: str, info: ObjectInfo | None = None) -> Entry:
+        origin = origin_for_url(url, self.s3_settings)
+        info = info or origin.stat(url)
+        state = self._state()
+        fetcher = Fetcher(state.store, self.layout, tier, 16, durable=self.durable)
+        result = fetcher.run([Job(info, origin)])
+        if result.failed:
+            failure = result.failed[0]
+            if failure.kind == "not_found":
+                raise NotFoundError(failure.message)
+            raise CacheError(failure.message)
+        return result.landed[0]
+
+    def prefetch(self, urls: Iterable[str], ahead: int = 64, tier: str = "ram") -> Prefetcher:
+        """Keeps the next `ahead` items of `urls` (in the order `open` will ask for them) cached in
+        `tier`, fetching from the origin or promoting from disk in a background thread."""
+        self._state()
+        if self._prefetcher is not None:
+            self._prefetcher.stop()
+        self._prefetcher = Prefetcher(self, [normalise_url(u) for u in urls], ahead, tier)
+        self._prefetcher.start()
+        return self._prefetcher
+
+    # --- preload and inspection ----------------------------------------------------------------
+
+    def preload(self, sources: list[str], **kwargs: Any) -> Any:
+        from cache.preload import run_preload
+
+        return run_preload(self, sources, **kwargs)
+
+    def entries(self, pattern: str | None = None) -> list[Entry]:
+        return [e for e in self._state().index.entries() if pattern is None or _match(e.url, pattern)]
+
+    def stat(self, url: str) -> Entry:
+        entry = self._state().index.get(normalise_url(url))
+        if entry is None:
+            raise NotFoundError(f"not cached: {url}")
+        return entry
+
+    def path(self, url: str) -> Path:
+        entry = self.stat(url)
+        return self.layout.blob_path(entry.tier, entry.blob)
+
+    def usage(self) -> dict[str, dict[str, int]]:
+        out = self._state().index.usage()
+        for tier in TIERS:
+            out[tier]["limit"] = self.caps[tier]
+        return out
+
+    def verify(self, pattern: str | None = None, repair: bool = False) -> tuple[int, list[Problem]]:
+        """Re-hashes every entry against its recorded xxh3; returns (checked, problems)."""
+        state = self._state()
+        problems: list[Problem] = []
+        checked = 0
+        for entry in self.entries(pattern):
+            path = self.layout.blob_path(entry.tier, entry.blob)
+            checked += 1
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
+                problems.append(Problem(entry.url, "missing file"))
+                if repair:
+                    with state.index.write() as db:
+                        Index.delete(db, entry.url)
+                continue
+            try:
+                size = os.fstat(fd).st_size
+                if size != entry.size:
+                    problem = f"size {size}, expected {entry.size}"
+                elif file_digest(fd, size) != entry.xxh3:
+                    problem = "digest mismatch (corrupt)"
+                else:
+                    continue
+            finally:
+                os.close(fd)
+            problems.append(Problem(entry.url, problem))
+            if repair:
+                state.store.remove(entry)
+        state.store.collect(sweep_objects=repair)
+        return checked, problems
+
+    def evict(self, pattern: str) -> tuple[int, int]:
+        """(evicted, skipped because open or pinned)."""
+        state = self._state()
+        done = skipped = 0
+        for entry in self.entries(pattern):
+            if entry.pinned:
+                skipped += 1
+            elif state.store.remove(entry):
+                done += 1
+            else:
+                skipped += 1
+        return done, skipped
+
+    def pin(self, pattern: str, pinned: bool = True) -> int:
+        urls = [e.url for e in self.entries(pattern)]
+        self._state().index.set_pinned(urls, pinned)
+        return len(urls)
+
+    def clear(self) -> tuple[int, int]:
+        """Evicts everything not open (pins included); removes stale partial downloads."""
+        state = self._state()
+        done = skipped = 0
+        for entry in self.entries():
+            if state.store.remove(entry):
+                done += 1
+            else:
+                skipped += 1
+        with state.index.write() as db:
+            for hold in Index.holds(db):
+                if hold.kind == "landing" and hold.pid == 0:
+                    Index.drop_hold(db, hold.id)
+        state.store.collect(sweep_objects=True)
+        return done, skipped
+
+    def collect(self) -> dict[str, int]:
+        return self._state().store.collect(sweep_objects=True)
+
+
+class Prefetcher:
+    """Background warmer: keeps items [position, position + ahead) of an epoch order in a tier."""
+
+    def __init__(self, cache: Cache, urls: list[str], ahead: int, tier: str):
+        self.cache, self.urls, self.ahead, self.tier = cache, urls, max(1, ahead), tier
+        self.where = {u: i for i, u in enumerate(urls)}
+        self.position = 0
+        self.errors: list[str] = []
+        self._wake = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="rq-prefetch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+
+    def advance(self, url: str) -> None:
+        i = self.where.get(url)
+        if i is not None and i >= self.position:
+            with self._wake:
+                self.position = i
+                self._wake.notify_all()
+
+    def wait_warm(self, timeout: float = 30.0) -> bool:
+        """Blocks until the current window is warm (for tests and for a first batch)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self._missing(self.position):
+                return True
+            time.sleep(0.02)
+        return False
+
+    def _missing(self, start: int) -> list[str]:
+        window = self.urls[start : start + self.ahead]
+        have = self.cache._state().index.get_many(window)
+        return [u for u in window if u not in have or have[u].tier != self.tier]
+
+    def _run(self) -> None:
+        done_upto = -1
+        while True:
+            with self._wake:
+                while not self._stop and self.position + self.ahead - 1 <= done_upto:
+                    self._wake.wait(timeout=1.0)
+                if self._stop or self.position >= len(self.urls):
+                    return
+                start = self.position
+            try:
+                self._warm(start)
+            except CacheError as exc:
+                self.errors.append(str(exc))
+                time.sleep(0.5)
+            done_upto = min(len(self.urls) - 1, start + self.ahead - 1)
+            if done_upto >= len(self.urls) - 1:
+                return
+
+    def _warm(self, start: int) -> None:
+        cache = self.cache
+        state = cache._state()
+        missing = self._missing(start)
+        if not missing:
+            return
+        have = state.index.get_many(missing)
+        jobs = []
+        for url in missing:
+            entry = have.get(url)
+            if entry is not None:
+                # promote from the other tier: the cached copy is the origin
+                path = cache.layout.blob_path(entry.tier, entry.blob)
+                info = ObjectInfo(str(path), url, entry.size, entry.version)
+                jobs.append(Job(_Promotion(url, entry, info), _PromoteOrigin(path, entry)))
+            else:
+                origin = origin_for_url(url, cache.s3_settings)
+                jobs.append(Job(origin.stat(url), origin))
+        Fetcher(state.store, cache.layout, self.tier, 32, durable=cache.durable).run(jobs)
+
+
+def _Promotion(url: str, entry: Entry, info: ObjectInfo) -> ObjectInfo:
+    """The ObjectInfo of a promotion: the cached URL and version, so the landed entry replaces it."""
+    return ObjectInfo(url, info.key, entry.size, entry.version)
+
+
+class _PromoteOrigin(LocalOrigin):
+    """Copies a cached blob into another tier (RAM promotion), checking the recorded digest."""
+
+    def __init__(self, path: Path, entry: Entry):
+        super().__init__(path.parent, workers=8)
+        self.path, self.entry = path, entry
+
+    def fetch(self, info: ObjectInfo, landing: Any, on_done: Any, piece: tuple[int, int] | None) -> None:
+        def run() -> None:
+            try:
+                with open(self.path, "rb") as fh:
+                    data = fh.read()
+                if xxhash.xxh3_128(data).hexdigest() != self.entry.xxh3:
+                    raise VerifyError(f"{info.url}: cached copy is corrupt; not promoting it")
+                start = piece[0] if piece else 0
+                end = piece[1] + 1 if piece else len(data)
+                landing.write(memoryview(data)[start:end], start)
+            except BaseException as exc:
+                on_done(exc)
+            else:
+                on_done(None)
+
+        self.pool(8).submit(run)
+
+    def stat(self, url: str) -> ObjectInfo:
+        return ObjectInfo(url, url, self.entry.size, self.entry.version)
+
+
+def _read_all(fd: int, size: int) -> bytes:
+    data = os.read(fd, size)
+    if len(data) == size:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < size:
+        chunk = os.read(fd, size - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+def _match(url: str, pattern: str) -> bool:
+    if pattern == url:
+        return True
+    if pattern.endswith("/") and url.startswith(pattern):
+        return True
+    return fnmatch.fnmatchcase(url, pattern)
+
+
+def iter_chunks(handle: IO[bytes], size: int = 1 << 20) -> Iterator[bytes]:
+    while True:
+        chunk = handle.read(size)
+        if not chunk:
+            return
+        yield chunk
+
+
+def remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+__all__ = ["Cache", "Prefetcher", "ev"]

@@ -1,0 +1,43 @@
+"""The cache library's exception hierarchy: one base, one subclass per way a caller must react."""
+
+from __future__ import annotations
+
+
+class CacheError(Exception):
+    """Base of every error the cache library raises on purpose."""
+
+
+class BadSourceError(CacheError):
+    """A URL or path that is not a usable origin (wrong scheme, empty bucket name, …)."""
+
+
+class NotFoundError(CacheError):
+    """The bucket, key, directory or cache entry does not exist."""
+
+
+class AuthError(CacheError):
+    """Missing, wrong or insufficient credentials."""
+
+
+class UnreachableError(CacheError):
+    """The origin could not be reached, or the connection was lost and retries ran out."""
+
+
+class OriginError(CacheError):
+    """The origin answered with an error that retries did not cure (5xx, throttling, bad reply)."""
+
+
+class VerifyError(CacheError):
+    """Data did not match its size, checksum or recorded digest."""
+
+
+class ChangedError(VerifyError):
+    """The origin object changed while it was being read (its version moved under us)."""
+
+
+class CacheFullError(CacheError):
+    """A tier cap cannot be honoured (nothing evictable) or the file system is full."""
+
+
+class BusyError(CacheError):
+    """Another process is fetching the same big object right now; try again shortly."""

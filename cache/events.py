@@ -1,0 +1,48 @@
+"""Typed progress events the cache library reports through a callback (rqcli draws them)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Planned:
+    objects: int  # to fetch
+    bytes: int
+    skipped: int  # already cached at the same version
+    skipped_bytes: int
+
+
+@dataclass(frozen=True)
+class Progress:
+    bytes: int  # total bytes received so far in this run
+
+
+@dataclass(frozen=True)
+class Landed:
+    url: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    url: str
+    kind: str  # not_found | auth | unreachable | verify | no_space | origin | changed
+    message: str
+
+
+@dataclass(frozen=True)
+class Retrying:
+    url: str
+    attempt: int
+    delay_s: float
+    reason: str
+
+
+Event = Planned | Progress | Landed | Failed | Retrying
+EventSink = Callable[[Event], None]
+
+
+def ignore(_: Event) -> None:
+    """The default sink."""

@@ -1,0 +1,436 @@
+"""The fetch engine: many objects in flight, space reserved before bytes move, landings batched.
+
+One main thread owns all bookkeeping; origin callbacks (CRT threads, copy threads) only hand results
+to a small finisher pool (fsync/rename block, so they stay off the CRT event loop) and then to a
+queue the main thread drains. Concurrency is an AIMD window: it halves when the store throttles and
+grows back by one request per window of successes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import queue
+import random
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from cache import events as ev
+from cache.digests import PIECE_SIZE, is_big
+from cache.errors import (
+    AuthError,
+    BusyError,
+    CacheError,
+    CacheFullError,
+    ChangedError,
+    NotFoundError,
+    OriginError,
+    UnreachableError,
+    VerifyError,
+)
+from cache.index import Entry
+from cache.landing import Landing, ObjectInfo, piece_ranges
+from cache.layout import Layout, blob_name
+from cache.origins import Origin
+from cache.store import HoldSpec, Store
+
+LAND_BATCH = 64
+MAX_ATTEMPTS = 5
+
+
+def error_kind(exc: BaseException) -> str:
+    for cls, kind in (
+        (NotFoundError, "not_found"),
+        (AuthError, "auth"),
+        (UnreachableError, "unreachable"),
+        (ChangedError, "changed"),
+        (VerifyError, "verify"),
+        (CacheFullError, "no_space"),
+        (BusyError, "busy"),
+        (OriginError, "origin"),
+    ):
+        if isinstance(exc, cls):
+            return kind
+    return "error"
+
+
+class Window:
+    """Additive-increase, multiplicative-decrease limit on requests in flight."""
+
+    def __init__(self, limit: int):
+        self.limit = max(1, limit)
+        self.size = float(self.limit)
+        self._last_cut = 0.0
+
+    @property
+    def value(self) -> int:
+        return max(1, int(self.size))
+
+    def success(self) -> None:
+        self.size = min(float(self.limit), self.size + 1.0 / self.size)
+
+    def throttled(self) -> None:
+        now = time.monotonic()
+        if now - self._last_cut > 0.5:  # one cut per burst of throttling, not one per request
+            self.size = max(1.0, self.size / 2)
+            self._last_cut = now
+
+
+@dataclass
+class Job:
+    info: ObjectInfo
+    origin: Origin
+    attempts: int = 0
+    hold: int = 0
+    landing: Landing | None = None
+    outstanding: int = 0
+    error: BaseException | None = None
+    requests: list[Any] = field(default_factory=list)
+
+    @property
+    def big(self) -> bool:
+        return is_big(self.info.size)
+
+
+@dataclass
+class FetchResult:
+    landed: list[Entry] = field(default_factory=list)
+    failed: list[ev.Failed] = field(default_factory=list)
+    bytes: int = 0
+
+
+class Fetcher:
+    def __init__(
+        self,
+        store: Store,
+        layout: Layout,
+        tier: str,
+        workers: int,
+        on_event: ev.EventSink = ev.ignore,
+        durable: bool = True,
+    ):
+        self.store, self.layout, self.tier = store, layout, tier
+        self.durable = durable
+        self.window = Window(workers)
+        self.on_event = on_event
+        self._q: queue.Queue[tuple[str, Job, int | None, Any]] = queue.Queue()
+        self._finisher = ThreadPoolExecutor(16, thread_name_prefix="rq-finish")
+        self._bytes = 0
+        self._bytes_lock = threading.Lock()
+        self._seq = itertools.count()
+
+    # --- callbacks from other threads ----------------------------------------------------------
+
+    def _count(self, n: int) -> None:
+        with self._bytes_lock:
+            self._bytes += n
+
+    def _request_done(self, job: Job, piece: int | None, err: BaseException | None) -> None:
+        self._finisher.submit(self._complete, job, piece, err)
+
+    def _complete(self, job: Job, piece: int | None, err: BaseException | None) -> None:
+        landing = job.landing
+        assert landing is not None
+        if err is not None:
+            self._q.put(("error", job, piece, err))
+            return
+        try:
+            if piece is None:
+                self._q.put(("landed", job, None, landing.finish()))
+            else:
+                landing.piece_done(piece)
+                self._q.put(("piece", job, piece, None))
+        except BaseException as exc:
+            self._q.put(("error", job, piece, exc))
+
+    def _finish_big(self, job: Job) -> None:
+        assert job.landing is not None
+        try:
+            job.landing.checksums = job.origin.checksums(job.info)
+            self._q.put(("landed", job, None, job.landing.finish()))
+        except BaseException as exc:
+            self._q.put(("error", job, None, exc))
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def run(self, jobs: list[Job]) -> FetchResult:
+        result = FetchResult()
+        ready: deque[Job] = deque(jobs)
+        delayed: list[tuple[float, int, Job]] = []
+        requests: deque[tuple[Job, int | None, tuple[int, int] | None]] = deque()
+        admitted: set[int] = set()
+        to_land: list[tuple[int, Entry, Job]] = []
+        inflight = 0
+        fatal: BaseException | None = None
+        last_land = last_progress = time.monotonic()
+        try:
+            while True:
+                now = time.monotonic()
+                while delayed and delayed[0][0] <= now:
+                    ready.append(heapq.heappop(delayed)[2])
+                if fatal is None:
+                    while requests and inflight < self.window.value:
+                        job, piece, rng = requests.popleft()
+                        inflight += 1
+                        self._start(job, piece, rng)
+                    if not requests and ready and inflight < self.window.value:
+                        batch = self._take(ready, self.window.value - inflight)
+                        try:
+                            started = self._admit(batch, requests, delayed)
+                        except CacheError as exc:
+                            fatal = exc
+                            ready.extendleft(reversed(batch))
+                            started = []
+                        admitted.update(id(j) for j in started)
+                        continue
+                if inflight == 0 and not requests and (fatal is not None or (not ready and not delayed)):
+                    break
+                timeout = 0.05 if delayed or to_land else 0.25
+                try:
+                    kind, job, piece, payload = self._q.get(timeout=timeout)
+                except queue.Empty:
+                    kind = ""
+                if kind:
+                    inflight -= 1
+                    job.outstanding -= 1
+                    if kind == "piece":
+                        if job.outstanding == 0 and job.error is None:
+                            if len(job.landing.done_pieces) == job_piece_count(job):  # type: ignore[union-attr]
+                                job.outstanding += 1
+                                inflight += 1
+                                self._finisher.submit(self._finish_big, job)
+                        elif job.outstanding == 0:
+                            fatal = self._failed(job, job.error, ready, delayed, result, fatal)  # type: ignore[arg-type]
+                    elif kind == "landed":
+                        self.window.success()
+                        to_land.append((job.hold, payload, job))
+                    else:
+                        job.error = job.error or payload
+                        if job.outstanding == 0:
+                            fatal = self._failed(job, job.error, ready, delayed, result, fatal)
+                        elif isinstance(payload, UnreachableError | CacheFullError | AuthError):
+                            self._cancel(job)
+                    if fatal is not None and requests:
+                        self._drop_unstarted(requests)
+                        for j in jobs:
+                            self._cancel(j)
+                now = time.monotonic()
+                if to_land and (len(to_land) >= LAND_BATCH or now - last_land > 0.2 or inflight == 0):
+                    self._land(to_land, result)
+                    to_land = []
+                    last_land = now
+                if now - last_progress > 0.2:
+                    self.on_event(ev.Progress(self._bytes))
+                    last_progress = now
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit, bugs: stop cleanly, then re-raise
+            fatal = exc
+            self._drop_unstarted(requests)
+            for j in jobs:
+                self._cancel(j)
+            deadline = time.monotonic() + 30
+            while inflight > 0 and time.monotonic() < deadline:
+                try:
+                    kind, job, _, payload = self._q.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                inflight -= 1
+                job.outstanding -= 1
+                if kind == "landed":
+                    to_land.append((job.hold, payload, job))
+            if to_land:
+                self._land(to_land, result)
+            self._abandon(jobs, keep_partials=True)
+            raise
+        finally:
+            self._finisher.shutdown(wait=True)
+        if to_land:
+            self._land(to_land, result)
+        result.bytes = self._bytes
+        self.on_event(ev.Progress(self._bytes))
+        if fatal is not None:
+            self._abandon(jobs, keep_partials=True)
+            raise fatal
+        return result
+
+    @staticmethod
+    def _take(ready: deque[Job], room: int) -> list[Job]:
+        batch = [ready.popleft()]
+        while ready and len(batch) < min(room, LAND_BATCH) and not batch[-1].big and not ready[0].big:
+            batch.append(ready.popleft())
+        return batch
+
+    def _admit(
+        self,
+        batch: list[Job],
+        requests: deque[tuple[Job, int | None, tuple[int, int] | None]],
+        delayed: list[tuple[float, int, Job]],
+    ) -> list[Job]:
+        """Reserves space for a batch (one transaction), opens landings, queues their requests."""
+        cap = self.store.caps[self.tier]
+        new = [j for j in batch if not j.hold]
+        # a batch may not take more than a quarter of the cap, so small caps still make progress
+        while len(new) > 1 and sum(j.info.size for j in new) > cap // 4:
+            back = new.pop()
+            batch.remove(back)
+            heapq.heappush(delayed, (time.monotonic(), next(self._seq), back))
+        if new:
+            holds = self.store.reserve(
+                self.tier,
+                [HoldSpec(j.info.size, blob_name(j.info.url, j.info.version), j.info.url) for j in new],
+            )
+            for job, hid in zip(new, holds, strict=True):
+                job.hold = hid
+        started = []
+        for job in batch:
+            ranges = piece_ranges(job.info.size, PIECE_SIZE) if job.big else []
+            try:
+                job.landing = Landing(
+                    self.layout,
+                    self.tier,
+                    job.info,
+                    blob_name(job.info.url, job.info.version),
+                    job.hold,
+                    pieces=max(1, len(ranges)),
+                    piece_size=PIECE_SIZE,
+                    on_bytes=self._count,
+                    durable=self.durable,
+                )
+            except BusyError:
+                self.store.release([job.hold])
+                job.hold = 0
+                heapq.heappush(delayed, (time.monotonic() + 0.5, next(self._seq), job))
+                continue
+            job.error = None
+            if job.big:
+                todo = [(i, r) for i, r in enumerate(ranges) if i not in job.landing.done_pieces]
+                self._count(
+                    sum(r[1] - r[0] + 1 for i, r in enumerate(ranges) if i in job.landing.done_pieces)
+                )
+                if not todo:  # every piece already durable from an earlier run
+                    job.outstanding += 1
+                    requests.append((job, -1, None))
+                for i, rng in todo:
+                    job.outstanding += 1
+                    requests.append((job, i, rng))
+            else:
+                job.outstanding += 1
+                requests.append((job, None, None))
+            started.append(job)
+        return started
+
+    def _start(self, job: Job, piece: int | None, rng: tuple[int, int] | None) -> None:
+        assert job.landing is not None
+        if piece == -1:
+            self._finisher.submit(self._finish_big, job)
+            return
+        try:
+            req = job.origin.fetch(
+                job.info, job.landing, lambda err: self._request_done(job, piece, err), rng
+            )
+        except BaseException as exc:
+            self._q.put(("error", job, piece, exc))
+            return
+        if req is not None:
+            job.requests.append(req)
+
+    def _cancel(self, job: Job) -> None:
+        for req in job.requests:
+            try:
+                req.cancel()
+            except Exception:
+                pass
+
+    @staticmethod
+    def _drop_unstarted(requests: deque[tuple[Job, int | None, tuple[int, int] | None]]) -> None:
+        while requests:
+            job, _, _ = requests.popleft()
+            job.outstanding -= 1
+
+    def _failed(
+        self,
+        job: Job,
+        err: BaseException,
+        ready: deque[Job],
+        delayed: list[tuple[float, int, Job]],
+        result: FetchResult,
+        fatal: BaseException | None,
+    ) -> BaseException | None:
+        """Decides what one failed object means: retry it, fail it alone, or stop the run."""
+        job.requests.clear()
+        landing = job.landing
+        job.landing = None
+        resumable = job.big and not isinstance(err, VerifyError | ChangedError)
+        if landing is not None:
+            if resumable:
+                landing.keep_for_resume()
+            else:
+                landing.abort()
+        if isinstance(err, UnreachableError | CacheFullError | AuthError) or fatal is not None:
+            self._release(job, keep=resumable)
+            return fatal or err
+        if isinstance(err, NotFoundError) or not isinstance(err, CacheError):
+            self._release(job, keep=False)
+            failure = ev.Failed(job.info.url, error_kind(err), str(err) or type(err).__name__)
+            result.failed.append(failure)
+            self.on_event(failure)
+            return fatal
+        job.attempts += 1
+        if job.attempts >= MAX_ATTEMPTS:
+            self._release(job, keep=resumable)
+            failure = ev.Failed(job.info.url, error_kind(err), str(err))
+            result.failed.append(failure)
+            self.on_event(failure)
+            return fatal
+        if isinstance(err, ChangedError):
+            try:
+                job.info = job.origin.stat(job.info.url)
+            except CacheError as exc:
+                return self._failed(job, exc, ready, delayed, result, fatal)
+            self._release(job, keep=False)
+        elif not resumable:
+            self._release(job, keep=False)
+        if getattr(err, "throttled", False):
+            self.window.throttled()
+        delay = min(8.0, 0.2 * 2**job.attempts) * random.uniform(0.5, 1.0)
+        self.on_event(ev.Retrying(job.info.url, job.attempts, delay, str(err)))
+        heapq.heappush(delayed, (time.monotonic() + delay, next(self._seq), job))
+        return fatal
+
+    def _release(self, job: Job, keep: bool) -> None:
+        if job.hold:
+            if keep:
+                self.store.orphan([job.hold])
+            else:
+                self.store.release([job.hold])
+            job.hold = 0
+
+    def _abandon(self, jobs: list[Job], keep_partials: bool) -> None:
+        """After a fatal error: nothing half-written stays visible; big partials stay resumable."""
+        for job in jobs:
+            landing = job.landing
+            if landing is not None:
+                keep = keep_partials and job.big
+                if keep:
+                    landing.keep_for_resume()
+                else:
+                    landing.abort()
+                job.landing = None
+                self._release(job, keep=keep)
+            elif job.hold:
+                self._release(job, keep=job.big)
+
+    def _land(self, items: list[tuple[int, Entry, Job]], result: FetchResult) -> None:
+        self.store.land([(hid, entry) for hid, entry, _ in items])
+        for _, entry, job in items:
+            job.hold = 0
+            job.landing = None
+            result.landed.append(entry)
+            self.on_event(ev.Landed(entry.url, entry.size))
+
+
+def job_piece_count(job: Job) -> int:
+    return len(piece_ranges(job.info.size, PIECE_SIZE))

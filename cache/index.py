@@ -1,0 +1,287 @@
+"""The cache index: one SQLite database in WAL mode shared by every process using the cache dir.
+
+Tables:
+  entries   one row per cached object (url is the key; blob names the file in its tier)
+  holds     space that counts against a tier cap but is not an entry: downloads in progress,
+            victims being evicted or demoted, old versions a reader still has open
+  settings  caps and the RAM root, so later runs and other processes agree on them
+
+Every change that touches accounting runs inside BEGIN IMMEDIATE, which serialises writers across
+processes; readers never block writers (WAL). The index is the accounting; the files are the data,
+written and renamed before the index learns about them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    url TEXT PRIMARY KEY,
+    version TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    tier TEXT NOT NULL,
+    blob TEXT NOT NULL,
+    xxh3 TEXT NOT NULL,
+    verified_by TEXT NOT NULL,
+    pinned INTEGER NOT NULL DEFAULT 0,
+    last_access REAL NOT NULL,
+    checked_at REAL NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_lru ON entries (tier, pinned, last_access);
+CREATE TABLE IF NOT EXISTS holds (
+    id INTEGER PRIMARY KEY,
+    tier TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    blob TEXT NOT NULL,
+    url TEXT,
+    pid INTEGER NOT NULL,
+    pid_start INTEGER NOT NULL,
+    created REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS holds_blob ON holds (blob);
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+ENTRY_COLS = "url, version, size, tier, blob, xxh3, verified_by, pinned, last_access, checked_at, created"
+HOLD_COLS = "id, tier, size, kind, blob, url, pid, pid_start, created"
+
+
+@dataclass
+class Entry:
+    url: str
+    version: str
+    size: int
+    tier: str
+    blob: str
+    xxh3: str
+    verified_by: str
+    pinned: bool = False
+    last_access: float = 0.0
+    checked_at: float = 0.0
+    created: float = 0.0
+
+    def row(self) -> tuple[object, ...]:
+        return (
+            self.url,
+            self.version,
+            self.size,
+            self.tier,
+            self.blob,
+            self.xxh3,
+            self.verified_by,
+            int(self.pinned),
+            self.last_access,
+            self.checked_at,
+            self.created,
+        )
+
+
+@dataclass
+class Hold:
+    id: int
+    tier: str
+    size: int
+    kind: str  # landing | evicting | garbage
+    blob: str
+    url: str | None
+    pid: int
+    pid_start: int
+    created: float
+
+
+def _entry(row: tuple[object, ...]) -> Entry:
+    e = Entry(*row)  # type: ignore[arg-type]
+    e.pinned = bool(e.pinned)
+    return e
+
+
+class Index:
+    """A thread-safe handle on the index for one process (reopened after fork by the owner)."""
+
+    def __init__(self, path: Path, busy_timeout_s: float = 60.0):
+        self.path = path
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(
+            str(path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode: consistent after a power cut, may lose the last commits; every blob is
+        # verified by digest before it is served and orphans are collected, so that loss is harmless.
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        with self.write() as db:
+            for stmt in SCHEMA.split(";"):
+                if stmt.strip():
+                    db.execute(stmt)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, exclusive across processes from its first statement."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            else:
+                self._db.execute("COMMIT")
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            yield self._db
+
+    # --- entries -------------------------------------------------------------------------------
+
+    def get(self, url: str, db: sqlite3.Connection | None = None) -> Entry | None:
+        with contextlib.nullcontext(db) if db is not None else self.read() as conn:
+            row = conn.execute(f"SELECT {ENTRY_COLS} FROM entries WHERE url = ?", (url,)).fetchone()
+        return _entry(row) if row else None
+
+    def get_many(self, urls: Iterable[str]) -> dict[str, Entry]:
+        out: dict[str, Entry] = {}
+        batch: list[str] = []
+        with self.read() as db:
+            for url in urls:
+                batch.append(url)
+                if len(batch) == 500:
+                    out.update(self._get_batch(db, batch))
+                    batch = []
+            if batch:
+                out.update(self._get_batch(db, batch))
+        return out
+
+    @staticmethod
+    def _get_batch(db: sqlite3.Connection, urls: list[str]) -> dict[str, Entry]:
+        marks = ",".join("?" * len(urls))
+        rows = db.execute(f"SELECT {ENTRY_COLS} FROM entries WHERE url IN ({marks})", urls).fetchall()
+        return {r[0]: _entry(r) for r in rows}
+
+    def entries(self, tier: str | None = None) -> list[Entry]:
+        with self.read() as db:
+            if tier:
+                rows = db.execute(
+                    f"SELECT {ENTRY_COLS} FROM entries WHERE tier = ? ORDER BY url", (tier,)
+                ).fetchall()
+            else:
+                rows = db.execute(f"SELECT {ENTRY_COLS} FROM entries ORDER BY url").fetchall()
+        return [_entry(r) for r in rows]
+
+    @staticmethod
+    def put(db: sqlite3.Connection, entry: Entry) -> None:
+        db.execute(
+            f"INSERT OR REPLACE INTO entries ({ENTRY_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", entry.row()
+        )
+
+    @staticmethod
+    def delete(db: sqlite3.Connection, url: str) -> None:
+        db.execute("DELETE FROM entries WHERE url = ?", (url,))
+
+    def lru(self, db: sqlite3.Connection, tier: str) -> Iterator[Entry]:
+        """Unpinned entries of a tier, least recently used first."""
+        cur = db.execute(
+            f"SELECT {ENTRY_COLS} FROM entries WHERE tier = ? AND pinned = 0 ORDER BY last_access",
+            (tier,),
+        )
+        for row in cur:
+            yield _entry(row)
+
+    def touch(self, stamps: dict[str, float]) -> None:
+        """Records reads for LRU; best effort, batched by the caller so hits stay cheap."""
+        with self.write() as db:
+            db.executemany(
+                "UPDATE entries SET last_access = ? WHERE url = ? AND last_access < ?",
+                [(t, u, t) for u, t in stamps.items()],
+            )
+
+    def mark_checked(self, urls: list[str], when: float) -> None:
+        with self.write() as db:
+            db.executemany("UPDATE entries SET checked_at = ? WHERE url = ?", [(when, u) for u in urls])
+
+    def set_pinned(self, urls: list[str], pinned: bool) -> int:
+        with self.write() as db:
+            cur = db.executemany(
+                "UPDATE entries SET pinned = ? WHERE url = ?", [(int(pinned), u) for u in urls]
+            )
+            return cur.rowcount
+
+    # --- accounting ----------------------------------------------------------------------------
+
+    @staticmethod
+    def used(db: sqlite3.Connection, tier: str) -> int:
+        a = db.execute("SELECT COALESCE(SUM(size), 0) FROM entries WHERE tier = ?", (tier,)).fetchone()[0]
+        b = db.execute("SELECT COALESCE(SUM(size), 0) FROM holds WHERE tier = ?", (tier,)).fetchone()[0]
+        return int(a) + int(b)
+
+    def usage(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        with self.read() as db:
+            for tier in ("ram", "disk"):
+                n, size = db.execute(
+                    "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries WHERE tier = ?", (tier,)
+                ).fetchone()
+                pinned = db.execute(
+                    "SELECT COALESCE(SUM(size), 0) FROM entries WHERE tier = ? AND pinned = 1", (tier,)
+                ).fetchone()[0]
+                held = db.execute(
+                    "SELECT COALESCE(SUM(size), 0) FROM holds WHERE tier = ?", (tier,)
+                ).fetchone()[0]
+                out[tier] = {"objects": int(n), "bytes": int(size), "pinned": int(pinned), "held": int(held)}
+        return out
+
+    @staticmethod
+    def add_hold(
+        db: sqlite3.Connection,
+        tier: str,
+        size: int,
+        kind: str,
+        blob: str,
+        url: str | None,
+        owner: tuple[int, int],
+    ) -> int:
+        cur = db.execute(
+            "INSERT INTO holds (tier, size, kind, blob, url, pid, pid_start, created) VALUES (?,?,?,?,?,?,?,?)",
+            (tier, size, kind, blob, url, owner[0], owner[1], time.time()),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    @staticmethod
+    def drop_hold(db: sqlite3.Connection, hold_id: int) -> None:
+        db.execute("DELETE FROM holds WHERE id = ?", (hold_id,))
+
+    @staticmethod
+    def holds(db: sqlite3.Connection, tier: str | None = None) -> list[Hold]:
+        if tier:
+            rows = db.execute(f"SELECT {HOLD_COLS} FROM holds WHERE tier = ?", (tier,)).fetchall()
+        else:
+            rows = db.execute(f"SELECT {HOLD_COLS} FROM holds").fetchall()
+        return [Hold(*r) for r in rows]
+
+    @staticmethod
+    def adopt_hold(db: sqlite3.Connection, hold_id: int, owner: tuple[int, int]) -> None:
+        db.execute("UPDATE holds SET pid = ?, pid_start = ? WHERE id = ?", (owner[0], owner[1], hold_id))
+
+    # --- settings ------------------------------------------------------------------------------
+
+    def setting(self, key: str) -> str | None:
+        with self.read() as db:
+            row = db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_setting(self, key: str, value: str) -> None:
+        with self.write() as db:
+            db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, value))

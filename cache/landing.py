@@ -1,0 +1,395 @@
+"""Writing one object into a tier: temp name, digests as bytes arrive, verify, fsync, rename.
+
+Nothing is ever visible under a final name before it is complete, verified and durable.
+Big objects arrive as ranged pieces written at their offsets; a journal next to the partial file
+records each piece only after its bytes are fsynced, so a killed preload resumes from the journal.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import itertools
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cache.digests import (
+    MIB,
+    PIECE_SIZE,
+    PieceHash,
+    b64_crc,
+    composite_crc32_matches,
+    hash_range,
+    tree_digest,
+    whole_crc32,
+)
+from cache.errors import BusyError, CacheFullError, ChangedError, VerifyError
+from cache.index import Entry
+from cache.layout import Layout
+from cache.store import fsync_dir, is_no_space, unlink_quiet
+
+_serial = itertools.count()
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What an origin says about one object: enough to fetch it and to know its version."""
+
+    url: str
+    key: str  # path relative to the source prefix; used for --include/--exclude
+    size: int
+    version: str
+    etag: str | None = None  # S3 ETag without quotes
+
+    @property
+    def plain_md5(self) -> str | None:
+        """The ETag when it is an MD5 of the body (single-part upload, no SSE-KMS style suffix)."""
+        etag = self.etag
+        if (
+            etag
+            and len(etag) == 32
+            and "-" not in etag
+            and all(c in "0123456789abcdef" for c in etag.lower())
+        ):
+            return etag.lower()
+        return None
+
+
+@dataclass
+class Checksums:
+    """Full-object checksums an S3 response carried (x-amz-checksum-*)."""
+
+    crc32: str | None = None
+    crc32c: str | None = None
+    composite: bool = False
+    etag: str | None = None
+
+    @classmethod
+    def from_headers(cls, headers: list[tuple[str, str]]) -> Checksums:
+        out = cls()
+        for name, value in headers:
+            low = name.lower()
+            if low == "x-amz-checksum-crc32":
+                out.crc32 = value
+            elif low == "x-amz-checksum-crc32c":
+                out.crc32c = value
+            elif low == "x-amz-checksum-type":
+                out.composite = value.upper() == "COMPOSITE"
+            elif low == "etag":
+                out.etag = value.strip('"')
+        if out.crc32 and "-" in out.crc32:
+            out.composite = True
+        if out.crc32c and "-" in out.crc32c:
+            out.composite = True
+        return out
+
+
+def _crc32c(data: memoryview | bytes, prev: int = 0) -> int:
+    from awscrt import checksums
+
+    return int(checksums.crc32c(data, prev))
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while len(data):
+        n = os.pwrite(fd, data, offset)
+        data = data[n:]
+        offset += n
+
+
+@dataclass
+class Landing:
+    """One object on its way into a tier. `write` may be called from any thread. A whole object's
+    bytes arrive in order and are hashed as they come; a big object's pieces arrive in any order,
+    each piece in order, and each piece is hashed on its own (see cache.digests)."""
+
+    layout: Layout
+    tier: str
+    info: ObjectInfo
+    blob: str
+    hold_id: int
+    pieces: int = 1  # > 1: ranged, resumable download
+    piece_size: int = PIECE_SIZE
+    on_bytes: Callable[[int], None] | None = None
+    checksums: Checksums = field(default_factory=Checksums)
+    done_pieces: set[int] = field(default_factory=set)
+    durable: bool = True  # fsync before rename; False trusts digests alone (see docs/cache.md)
+
+    def __post_init__(self) -> None:
+        self.fd = -1
+        if self.pieces == 1:
+            # whole-object downloads never share a temp file, even when two processes fetch one URL
+            self.tmp = self.layout.tmp_path(self.tier, self.blob, f".{os.getpid()}.{next(_serial)}.part")
+        else:
+            self.tmp = self.layout.tmp_path(self.tier, self.blob, ".part")
+        self.journal = self.layout.tmp_path(self.tier, self.blob, ".journal")
+        self.final = self.layout.blob_path(self.tier, self.blob)
+        self._lock = threading.Lock()
+        self._whole = PieceHash()
+        self._md5 = hashlib.md5(usedforsecurity=False) if self.info.plain_md5 and self.pieces == 1 else None
+        self._running: dict[int, PieceHash] = {}
+        self._piece_results: dict[int, tuple[str, list[int]]] = {}
+        self._crc_kind: str | None = None
+        self._crc = 0
+        try:
+            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            if self.pieces > 1:
+                self._lock_partial()
+            if self.pieces > 1 and self.journal.exists():
+                self._read_journal()
+            else:
+                unlink_quiet(self.journal)
+                os.ftruncate(self.fd, 0)
+                if self.pieces > 1:
+                    # reserve blocks up front so a full disk shows now, not after half the pieces
+                    os.posix_fallocate(self.fd, 0, self.info.size)
+        except OSError as exc:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+            if self.pieces == 1:
+                unlink_quiet(self.tmp)
+            self._no_space_or_raise(exc)
+            raise
+
+    def _lock_partial(self) -> None:
+        """One writer per resumable partial file, across processes; the lock dies with the process."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            self.fd = -1
+            raise BusyError(f"{self.info.url} is being fetched by another process") from None
+
+    # --- bytes in ------------------------------------------------------------------------------
+
+    def on_headers(self, headers: list[tuple[str, str]]) -> None:
+        if self.pieces == 1:
+            self.checksums = Checksums.from_headers(headers)
+            if self.checksums.crc32 and not self.checksums.composite:
+                self._crc_kind = "crc32"
+            elif self.checksums.crc32c and not self.checksums.composite:
+                self._crc_kind = "crc32c"
+
+    def write(self, chunk: memoryview | bytes, offset: int) -> None:
+        view = memoryview(chunk)
+        try:
+            _pwrite_all(self.fd, view, offset)
+        except OSError as exc:
+            self._no_space_or_raise(exc)
+            raise
+        if self.pieces == 1:
+            self._hash_whole(view, offset)
+        else:
+            index = offset // self.piece_size
+            with self._lock:
+                run = self._running.get(index)
+                if run is None:
+                    run = self._running[index] = PieceHash(index * self.piece_size)
+            if offset != run.next:
+                run.broken = True
+            elif not run.broken:
+                run.update(view)
+        if self.on_bytes:
+            self.on_bytes(len(view))
+
+    def _hash_whole(self, view: memoryview, offset: int) -> None:
+        run = self._whole
+        if offset != run.next or run.broken:
+            run.broken = True  # re-hashed from the file at the end
+            return
+        run.next += len(view)
+        run.xxh.update(view)
+        if self._crc_kind == "crc32":
+            self._crc = zlib.crc32(view, self._crc)
+        elif self._crc_kind == "crc32c":
+            self._crc = _crc32c(view, self._crc)
+        elif self._md5 is not None:
+            self._md5.update(view)
+
+    def piece_done(self, index: int) -> None:
+        """A ranged piece is complete: make its bytes durable, then record it (with its digests) in
+        the journal. On resume each journalled piece is re-hashed before it is trusted."""
+        start = index * self.piece_size
+        length = min(self.piece_size, self.info.size - start)
+        with self._lock:
+            run = self._running.pop(index, None)
+        if run is None or run.broken or run.next != start + length:
+            result = hash_range(self.fd_read(), start, length)
+        else:
+            result = run.close()
+        if self.durable:
+            os.fdatasync(self.fd)
+        with self._lock:
+            self._piece_results[index] = result
+            self.done_pieces.add(index)
+            with open(self.journal, "a", encoding="ascii") as fh:
+                crcs = ",".join(f"{c:08x}" for c in result[1])
+                fh.write(f"{self.info.version}\t{index}\t{result[0]}\t{crcs}\n")
+                fh.flush()
+                if self.durable:
+                    os.fsync(fh.fileno())
+
+    def fd_read(self) -> int:
+        """A read fd on the partial file (the write fd is O_WRONLY); cached for the landing's life."""
+        fd = getattr(self, "_rfd", -1)
+        if fd < 0:
+            fd = self._rfd = os.open(self.tmp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        return fd
+
+    def _read_journal(self) -> None:
+        try:
+            lines = self.journal.read_text(encoding="ascii", errors="replace").splitlines()
+        except OSError:
+            return
+        for line in lines:
+            fields = line.split("\t")
+            if len(fields) != 4 or fields[0] != self.info.version or not fields[1].isdigit():
+                continue  # a torn last line, or a journal of another version
+            index = int(fields[1])
+            start = index * self.piece_size
+            if start >= self.info.size:
+                continue
+            result = hash_range(self.fd_read(), start, min(self.piece_size, self.info.size - start))
+            if result[0] == fields[2]:
+                self._piece_results[index] = result
+                self.done_pieces.add(index)
+
+    # --- finishing -----------------------------------------------------------------------------
+
+    def finish(self) -> Entry:
+        """Verifies, fsyncs and renames; returns the entry to put in the index. Raises VerifyError."""
+        try:
+            size = os.fstat(self.fd).st_size
+            got = self._whole.next if self.pieces == 1 and not self._whole.broken else size
+            if size != self.info.size or got != self.info.size:
+                raise VerifyError(f"{self.info.url}: got {got} bytes, expected {self.info.size}")
+            if self.checksums.etag and self.info.etag and self.checksums.etag != self.info.etag:
+                raise ChangedError(f"{self.info.url}: object changed while it was read (ETag moved)")
+            if self.pieces == 1:
+                digest, verified = self._verify_whole()
+            else:
+                digest, verified = self._verify_pieces()
+            if self.durable:
+                os.fsync(self.fd)
+        except BaseException:
+            self.abort()
+            raise
+        try:
+            # rename while the partial's lock is still held, so no other writer can pick it up
+            self.final.parent.mkdir(exist_ok=True)
+            os.rename(self.tmp, self.final)
+            if self.durable:
+                fsync_dir(self.final.parent)
+        except OSError as exc:
+            self.abort()
+            self._no_space_or_raise(exc)
+            raise
+        unlink_quiet(self.journal)
+        self._close()
+        t = time.time()
+        return Entry(
+            url=self.info.url,
+            version=self.info.version,
+            size=self.info.size,
+            tier=self.tier,
+            blob=self.blob,
+            xxh3=digest,
+            verified_by=verified,
+            last_access=t,
+            checked_at=t,
+            created=t,
+        )
+
+    def _verify_whole(self) -> tuple[str, str]:
+        if self._whole.broken:
+            # out-of-order delivery (not seen with S3 or files, but cheap to survive): re-read
+            self._whole = PieceHash()
+            self._crc_kind = None
+            self._md5 = hashlib.md5(usedforsecurity=False) if self.info.plain_md5 else None
+            buf = memoryview(bytearray(MIB))
+            off = 0
+            while off < self.info.size:
+                n = os.preadv(self.fd_read(), [buf[: min(MIB, self.info.size - off)]], off)
+                self._hash_whole(buf[:n], off)
+                off += n
+        digest = self._whole.xxh.hexdigest()
+        if self._crc_kind is not None:
+            want = self.checksums.crc32 if self._crc_kind == "crc32" else self.checksums.crc32c
+            if b64_crc(self._crc) != want:
+                raise VerifyError(f"{self.info.url}: {self._crc_kind} mismatch (body corrupted in transit)")
+            return digest, f"size+{self._crc_kind}"
+        if self._md5 is not None:
+            if self._md5.hexdigest() != self.info.plain_md5:
+                raise VerifyError(f"{self.info.url}: MD5 does not match the ETag (body corrupted in transit)")
+            return digest, "size+md5"
+        return digest, "size+mtime" if self.info.version.startswith("mtime:") else "size"
+
+    def _verify_pieces(self) -> tuple[str, str]:
+        count = -(-self.info.size // self.piece_size)
+        missing = [i for i in range(count) if i not in self._piece_results]
+        if missing:
+            raise VerifyError(f"{self.info.url}: pieces {missing[:5]} never arrived")
+        results = [self._piece_results[i] for i in range(count)]
+        digest = tree_digest([r[0] for r in results])
+        blocks = [c for r in results for c in r[1]]
+        verified = "size"
+        cs = self.checksums
+        if cs.crc32 and cs.composite:
+            if not composite_crc32_matches(blocks, self.info.size, cs.crc32):
+                raise VerifyError(f"{self.info.url}: composite CRC32 does not match (corrupted in transit)")
+            verified = "size+crc32-composite"
+        elif cs.crc32:
+            if b64_crc(whole_crc32(blocks, self.info.size)) != cs.crc32:
+                raise VerifyError(f"{self.info.url}: CRC32 does not match (corrupted in transit)")
+            verified = "size+crc32"
+        elif self.info.plain_md5:
+            md5 = hashlib.md5(usedforsecurity=False)
+            buf = memoryview(bytearray(MIB))
+            off = 0
+            while off < self.info.size:
+                n = os.preadv(self.fd_read(), [buf[: min(MIB, self.info.size - off)]], off)
+                md5.update(buf[:n])
+                off += n
+            if md5.hexdigest() != self.info.plain_md5:
+                raise VerifyError(f"{self.info.url}: MD5 does not match the ETag (corrupted in transit)")
+            verified = "size+md5"
+        elif self.info.version.startswith("mtime:"):
+            verified = "size+mtime"
+        return digest, verified
+
+    def _close(self) -> None:
+        rfd = getattr(self, "_rfd", -1)
+        if rfd >= 0:
+            os.close(rfd)
+            self._rfd = -1
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def abort(self) -> None:
+        """Gives up on this landing: nothing under the final name, no partial file left."""
+        if self.fd >= 0:
+            unlink_quiet(self.tmp)  # while still holding the partial's lock
+            unlink_quiet(self.journal)
+        self._close()
+
+    def keep_for_resume(self) -> None:
+        """Stops without deleting: the journal and partial file let the next run continue."""
+        self._close()
+
+    def _no_space_or_raise(self, exc: OSError) -> None:
+        if is_no_space(exc):
+            raise CacheFullError(
+                f"no space left on the file system under {self.layout.tier_root(self.tier)} "
+                f"writing {self.info.url}"
+            ) from exc
+
+
+def piece_ranges(size: int, piece_size: int) -> list[tuple[int, int]]:
+    """(start, end inclusive) byte ranges of each piece."""
+    return [(off, min(off + piece_size, size) - 1) for off in range(0, size, piece_size)]

@@ -1,0 +1,70 @@
+"""Where things live on disk. Names come from hashes, never from keys, so no key can reach outside.
+
+<cache_dir>/
+  index.sqlite3            the index (SQLite, WAL): entries, holds, settings
+  objects/ab/<32 hex>-<tail>   disk-tier blobs; <tail> is a sanitised copy of the key's last part
+  tmp/                     disk-tier downloads in progress (<blob>.part, <blob>.journal)
+  ram -> /dev/shm/rq-…     symlink to the RAM tier root (objects/ and tmp/ inside, same shape)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+TIERS = ("ram", "disk")
+_TAIL_OK = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def blob_name(url: str, version: str) -> str:
+    """`ab/<hex>-<tail>`: the hash names the (url, version) pair, the tail only helps a person reading `ls`."""
+    digest = xxhash.xxh3_128(f"{url}\0{version}".encode("utf-8", "surrogatepass")).hexdigest()
+    last = url.rstrip("/").rsplit("/", 1)[-1]
+    tail = _TAIL_OK.sub("_", last).lstrip(".")[:40] or "obj"
+    return f"{digest[:2]}/{digest}-{tail}"
+
+
+def blob_hash(blob: str) -> str:
+    return blob.split("/", 1)[-1][:32]
+
+
+def default_ram_root(cache_dir: Path) -> Path:
+    """One RAM root per cache dir, so two caches on a node never share RAM-tier files by accident."""
+    tag = xxhash.xxh3_64(str(cache_dir.resolve()).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return Path("/dev/shm") / f"rq-cache-{tag}"
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+    ram_root: Path
+
+    @property
+    def index_path(self) -> Path:
+        return self.root / "index.sqlite3"
+
+    def tier_root(self, tier: str) -> Path:
+        return self.ram_root if tier == "ram" else self.root
+
+    def blob_path(self, tier: str, blob: str) -> Path:
+        return self.tier_root(tier) / "objects" / blob
+
+    def tmp_path(self, tier: str, blob: str, suffix: str) -> Path:
+        """`tmp/<32 hex><suffix>`: flat, named by the blob's hash (recovery matches on those 32 chars),
+        in the same file system as objects/ so the final rename is atomic."""
+        return self.tier_root(tier) / "tmp" / (blob_hash(blob) + suffix)
+
+    def create(self) -> None:
+        for tier in TIERS:
+            for sub in ("objects", "tmp"):
+                (self.tier_root(tier) / sub).mkdir(parents=True, exist_ok=True)
+        link = self.root / "ram"
+        if not link.is_symlink() and not link.exists():
+            try:
+                os.symlink(self.ram_root, link)
+            except OSError:
+                pass  # informational only; a read-only or odd file system is fine without it

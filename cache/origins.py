@@ -1,0 +1,217 @@
+"""Origins behind one small protocol: an S3 prefix, or a local / NFS directory.
+
+An origin lists objects (with a version that changes when the object does), stats one object, and
+fetches bytes into a Landing. The preloader and the read API never care which one they talk to.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol
+
+from cache.errors import BadSourceError, ChangedError, NotFoundError, UnreachableError
+from cache.landing import Checksums, Landing, ObjectInfo
+from cache.s3 import S3, S3Settings, shared_client
+
+Done = Callable[[BaseException | None], None]
+
+
+class Origin(Protocol):
+    def list(self) -> Iterator[ObjectInfo]: ...
+
+    def stat(self, url: str) -> ObjectInfo: ...
+
+    def checksums(self, info: ObjectInfo) -> Checksums: ...
+
+    def fetch(self, info: ObjectInfo, landing: Landing, on_done: Done, piece: tuple[int, int] | None) -> Any:
+        """Starts writing the object (or the inclusive byte range `piece`) into `landing`; calls
+        `on_done(None | error)` once, from any thread. Returns something with .cancel(), or None."""
+        ...
+
+
+def s3_version(etag: str, size: int, version_id: str | None) -> str:
+    return f"etag:{etag};size:{size}" + (f";vid:{version_id}" if version_id else "")
+
+
+def split_s3_url(url: str) -> tuple[str, str]:
+    rest = url[len("s3://") :]
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise BadSourceError(f"no bucket in {url!r} (use s3://bucket/prefix/)")
+    return bucket, key
+
+
+class S3Origin:
+    def __init__(self, bucket: str, prefix: str, settings: S3Settings):
+        self.bucket, self.prefix, self.settings = bucket, prefix, settings
+
+    @property
+    def client(self) -> S3:
+        return shared_client(self.settings)
+
+    def list(self) -> Iterator[ObjectInfo]:
+        found = False
+        for key, size, etag, vid in self.client.list_objects(self.bucket, self.prefix):
+            if key.endswith("/") and size == 0:
+                continue  # a "folder" marker, not data
+            found = True
+            rel = key[len(self.prefix) :].lstrip("/") if key.startswith(self.prefix) else key
+            yield ObjectInfo(f"s3://{self.bucket}/{key}", rel or key, size, s3_version(etag, size, vid), etag)
+        if not found and self.prefix and not self.prefix.endswith("/"):
+            return  # a prefix that matches nothing: the caller reports "no objects"
+
+    def stat(self, url: str) -> ObjectInfo:
+        bucket, key = split_s3_url(url)
+        size, etag, vid, _ = self.client.head(bucket, key)
+        return ObjectInfo(url, key.rsplit("/", 1)[-1], size, s3_version(etag, size, vid), etag)
+
+    def checksums(self, info: ObjectInfo) -> Checksums:
+        """Whole-object checksums for a big object fetched in ranges (ranged replies carry none)."""
+        bucket, key = split_s3_url(info.url)
+        return Checksums.from_headers(self.client.head(bucket, key)[3])
+
+    def fetch(self, info: ObjectInfo, landing: Landing, on_done: Done, piece: tuple[int, int] | None) -> Any:
+        bucket, key = split_s3_url(info.url)
+
+        def on_body(chunk: memoryview, offset: int) -> None:
+            landing.write(chunk, offset)  # the CRT reports offsets within the object, ranged or not
+
+        return self.client.get(
+            bucket,
+            key,
+            on_headers=landing.on_headers,
+            on_body=on_body,
+            on_done=on_done,
+            byte_range=piece,
+            if_match=info.etag if piece else None,
+        )
+
+
+def local_version(st: os.stat_result) -> str:
+    return f"mtime:{st.st_mtime_ns};size:{st.st_size}"
+
+
+class LocalOrigin:
+    """A directory (local disk, NFS, a FUSE mount). Copies run in a thread pool: read/pwrite release
+    the GIL, and NFS latency wants several in flight."""
+
+    _pool: ThreadPoolExecutor | None = None
+    _pool_pid = 0
+    _pool_lock = threading.Lock()
+    CHUNK = 4 << 20
+
+    def __init__(self, root: Path, workers: int = 16):
+        self.root = root
+        self.workers = workers
+        self._tls = threading.local()
+
+    @classmethod
+    def pool(cls, workers: int) -> ThreadPoolExecutor:
+        with cls._pool_lock:
+            if cls._pool is None or cls._pool_pid != os.getpid():
+                cls._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="rq-local")
+                cls._pool_pid = os.getpid()
+            return cls._pool
+
+    def list(self) -> Iterator[ObjectInfo]:
+        if not self.root.exists():
+            raise NotFoundError(f"directory not found: {self.root}")
+        if self.root.is_file():
+            st = self.root.stat()
+            yield ObjectInfo(str(self.root), self.root.name, st.st_size, local_version(st))
+            return
+        stack = [self.root]
+        while stack:
+            here = stack.pop()
+            try:
+                items = sorted(os.scandir(here), key=lambda e: e.name)
+            except PermissionError as exc:
+                raise NotFoundError(f"cannot read directory {here}: {exc.strerror}") from None
+            for item in items:
+                if item.is_dir(follow_symlinks=False):
+                    stack.append(Path(item.path))
+                elif item.is_file(follow_symlinks=True):
+                    st = item.stat(follow_symlinks=True)
+                    rel = os.path.relpath(item.path, self.root).replace(os.sep, "/")
+                    yield ObjectInfo(os.path.abspath(item.path), rel, st.st_size, local_version(st))
+
+    def checksums(self, info: ObjectInfo) -> Checksums:
+        return Checksums()
+
+    def stat(self, url: str) -> ObjectInfo:
+        try:
+            st = os.stat(url)
+        except FileNotFoundError:
+            raise NotFoundError(f"not found: {url}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise NotFoundError(f"not a regular file: {url}")
+        return ObjectInfo(url, os.path.basename(url), st.st_size, local_version(st))
+
+    def fetch(self, info: ObjectInfo, landing: Landing, on_done: Done, piece: tuple[int, int] | None) -> None:
+        def run() -> None:
+            try:
+                self._copy(info, landing, piece)
+            except BaseException as exc:
+                on_done(exc)
+            else:
+                on_done(None)
+
+        self.pool(self.workers).submit(run)
+
+    def _copy(self, info: ObjectInfo, landing: Landing, piece: tuple[int, int] | None) -> None:
+        buf = getattr(self._tls, "buf", None)
+        if buf is None:
+            buf = self._tls.buf = bytearray(self.CHUNK)
+        view = memoryview(buf)
+        try:
+            fd = os.open(info.url, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise NotFoundError(f"not found: {info.url}") from None
+        except OSError as exc:
+            raise UnreachableError(f"cannot open {info.url}: {exc.strerror}") from None
+        try:
+            if local_version(os.fstat(fd)) != info.version:
+                raise ChangedError(f"{info.url} changed since it was listed")
+            start, end = piece if piece else (0, info.size - 1)
+            offset = start
+            while offset <= end:
+                n = os.preadv(fd, [view[: min(self.CHUNK, end + 1 - offset)]], offset)
+                if n == 0:
+                    break
+                landing.write(view[:n], offset)
+                offset += n
+            if local_version(os.fstat(fd)) != info.version:
+                raise ChangedError(f"{info.url} changed while it was copied")
+        finally:
+            os.close(fd)
+
+
+def parse_source(text: str, settings: S3Settings) -> S3Origin | LocalOrigin:
+    if text.startswith("s3://"):
+        bucket, prefix = split_s3_url(text)
+        return S3Origin(bucket, prefix, settings)
+    if "://" in text:
+        raise BadSourceError(f"unsupported URL scheme in {text!r} (use s3://bucket/prefix/ or a directory)")
+    return LocalOrigin(Path(os.path.abspath(text)))
+
+
+def origin_for_url(url: str, settings: S3Settings) -> S3Origin | LocalOrigin:
+    """The origin that can stat and fetch one cached URL."""
+    if url.startswith("s3://"):
+        bucket, _ = split_s3_url(url)
+        return S3Origin(bucket, "", settings)
+    return LocalOrigin(Path(os.path.dirname(url) or "/"))
+
+
+def normalise_url(url: str) -> str:
+    """Cache keys: s3:// URLs as given, local paths made absolute (no symlink resolution)."""
+    if url.startswith("s3://"):
+        return url
+    if url.startswith("file://"):
+        url = url[len("file://") :]
+    return os.path.abspath(url)

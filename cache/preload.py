@@ -1,0 +1,107 @@
+"""The preload planner: list every source, filter, skip what is cached at the same version, fetch the rest."""
+
+from __future__ import annotations
+
+import fnmatch
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from cache import events as ev
+from cache.errors import NotFoundError
+from cache.fetcher import Fetcher, Job
+from cache.landing import ObjectInfo
+from cache.origins import LocalOrigin, Origin, parse_source
+from cache.s3 import S3Settings
+
+
+@dataclass
+class PreloadResult:
+    objects: int = 0  # fetched in this run
+    bytes: int = 0
+    skipped: int = 0  # already cached at the same version
+    skipped_bytes: int = 0
+    failed: list[ev.Failed] = field(default_factory=list)
+    seconds: float = 0.0
+    planned: list[ObjectInfo] = field(default_factory=list)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+def matches(key: str, include: Iterable[str], exclude: Iterable[str]) -> bool:
+    """--include/--exclude globs match the key relative to the source (`*` crosses `/`)."""
+    inc = list(include)
+    if inc and not any(fnmatch.fnmatchcase(key, g) for g in inc):
+        return False
+    return not any(fnmatch.fnmatchcase(key, g) for g in exclude)
+
+
+def plan(
+    sources: list[str], settings: S3Settings, include: Iterable[str], exclude: Iterable[str], workers: int
+) -> list[tuple[ObjectInfo, Origin]]:
+    out: list[tuple[ObjectInfo, Origin]] = []
+    seen: set[str] = set()
+    for source in sources:
+        origin = parse_source(source, settings)
+        if isinstance(origin, LocalOrigin):
+            origin.workers = min(workers, 32)
+        n = 0
+        for info in origin.list():
+            n += 1
+            if info.url in seen or not matches(info.key, include, exclude):
+                continue
+            seen.add(info.url)
+            out.append((info, origin))
+        if n == 0 and source.startswith("s3://"):
+            raise NotFoundError(f"no objects under {source}")
+    return out
+
+
+def run_preload(
+    cache: object,
+    sources: list[str],
+    *,
+    include: Iterable[str] = (),
+    exclude: Iterable[str] = (),
+    tier: str = "disk",
+    workers: int = 256,
+    dry_run: bool = False,
+    on_event: ev.EventSink = ev.ignore,
+) -> PreloadResult:
+    from cache.api import Cache
+
+    assert isinstance(cache, Cache)
+    started = time.monotonic()
+    state = cache._state()
+    state.store.collect()
+    items = plan(sources, cache.s3_settings, include, exclude, workers)
+    cached = state.index.get_many(info.url for info, _ in items)
+    result = PreloadResult()
+    todo: list[Job] = []
+    fresh: list[str] = []
+    for info, origin in items:
+        entry = cached.get(info.url)
+        if entry is not None and entry.version == info.version:
+            result.skipped += 1
+            result.skipped_bytes += info.size
+            fresh.append(info.url)
+            continue
+        todo.append(Job(info, origin))
+        result.planned.append(info)
+    on_event(ev.Planned(len(todo), sum(j.info.size for j in todo), result.skipped, result.skipped_bytes))
+    if fresh:
+        state.index.mark_checked(fresh, time.time())
+    if dry_run or not todo:
+        result.seconds = time.monotonic() - started
+        return result
+    # small objects first in listing order, then big ones: small ones fill the pipe while big ones stream
+    todo.sort(key=lambda j: j.big)
+    fetcher = Fetcher(state.store, cache.layout, tier, workers, on_event, durable=cache.durable)
+    fetched = fetcher.run(todo)
+    result.objects = len(fetched.landed)
+    result.bytes = sum(e.size for e in fetched.landed)
+    result.failed = fetched.failed
+    result.seconds = time.monotonic() - started
+    return result

@@ -1,0 +1,320 @@
+"""S3 through the AWS Common Runtime (awscrt): listing, HEAD and GET on one pooled C client.
+
+Why awscrt and not boto3 for data: botocore spends milliseconds of Python CPU per request, and on a
+2-core box that, not the network, bounds small-object throughput (see docs/cache.md for numbers).
+The CRT does HTTP, SigV4 signing, retries (exponential backoff, full jitter) and client-side rate
+limiting (ADAPTIVE retry mode: it slows down when the store says SlowDown and speeds up after) in C
+threads. Credentials and endpoint still come from boto3's standard chain: the environment first
+(exactly as botocore reads it), else botocore itself resolves profile/SSO/IMDS/… and hands us a
+static snapshot (refreshable credentials are re-read per client).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import urllib.parse
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from cache.errors import (
+    AuthError,
+    BadSourceError,
+    CacheError,
+    ChangedError,
+    NotFoundError,
+    OriginError,
+    UnreachableError,
+)
+
+PART_SIZE = 8 << 20
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    endpoint_url: str | None = None
+    profile: str | None = None
+    region: str | None = None
+    max_retries: int = 6
+
+
+@dataclass(frozen=True)
+class Credentials:
+    access_key: str
+    secret_key: str
+    token: str | None
+    region: str
+    endpoint_url: str | None
+
+
+def resolve_credentials(settings: S3Settings) -> Credentials:
+    """boto3's chain. The environment is its first link; only when it is empty is botocore imported."""
+    env = os.environ
+    endpoint = settings.endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    region = settings.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    if key and secret and not settings.profile:
+        return Credentials(
+            str(key), str(secret), env.get("AWS_SESSION_TOKEN"), region or "us-east-1", endpoint
+        )
+    import botocore.exceptions
+    import botocore.session
+
+    try:
+        session = botocore.session.Session(profile=settings.profile)
+        creds = session.get_credentials()
+        config = session.get_scoped_config()
+    except botocore.exceptions.ProfileNotFound as exc:
+        raise AuthError(f"AWS profile not found: {exc}") from None
+    except botocore.exceptions.BotoCoreError as exc:
+        raise AuthError(f"could not load AWS credentials: {exc}") from None
+    if creds is None:
+        raise AuthError(
+            "no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)"
+        )
+    frozen = creds.get_frozen_credentials()
+    region = region or config.get("region") or "us-east-1"
+    endpoint = endpoint or _profile_endpoint(config)
+    return Credentials(str(frozen.access_key), str(frozen.secret_key), frozen.token, region, endpoint)
+
+
+def _profile_endpoint(config: dict[str, Any]) -> str | None:
+    s3 = config.get("s3")
+    if isinstance(s3, dict) and s3.get("endpoint_url"):
+        return str(s3["endpoint_url"])
+    value = config.get("endpoint_url")
+    return str(value) if value else None
+
+
+def _error_code(body: bytes | None) -> tuple[str, str]:
+    if not body:
+        return "", ""
+    try:
+        root = ET.fromstring(body)
+    except ET.ParseError:
+        return "", ""
+    return (root.findtext("Code") or ""), (root.findtext("Message") or "")
+
+
+THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests"}
+
+
+def map_error(
+    what: str, error: BaseException | None, status: int | None, body: bytes | None, endpoint: str
+) -> CacheError:
+    """One exception type per way a caller must react, with a message that names the thing."""
+    code, message = _error_code(body)
+    if code in ("NoSuchBucket",):
+        return NotFoundError(f"bucket not found: {what}")
+    if code in ("NoSuchKey",) or status == 404:
+        return NotFoundError(f"not found: {what}")
+    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken") or status in (
+        401,
+        403,
+    ):
+        return AuthError(f"{code or 'access denied'} for {what}: {message or 'check the AWS credentials'}")
+    if code == "PreconditionFailed" or status == 412:
+        return ChangedError(f"{what} changed while it was being read")
+    if status is not None:
+        err = OriginError(f"{what}: HTTP {status} {code} {message}".strip())
+        err.throttled = code in THROTTLE_CODES or status in (429, 503)  # type: ignore[attr-defined]
+        return err
+    name = getattr(error, "name", "") or type(error).__name__
+    if any(s in name for s in ("SOCKET", "DNS", "CONNECTION", "TIMEOUT", "HOST", "CLOSED", "TLS")):
+        return UnreachableError(f"cannot reach {endpoint} ({name})")
+    return OriginError(f"{what}: {name} {error}")
+
+
+class S3:
+    """One CRT S3 client for this process (recreated after fork: CRT threads do not survive it)."""
+
+    def __init__(self, settings: S3Settings, throughput_gbps: float = 20.0, memory_limit: int = 256 << 20):
+        from awscrt import auth, s3
+
+        self.settings = settings
+        self.creds = resolve_credentials(settings)
+        endpoint = self.creds.endpoint_url
+        self.custom_endpoint = endpoint is not None
+        if endpoint:
+            parts = urllib.parse.urlsplit(endpoint)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise BadSourceError(f"endpoint URL must be http(s)://host[:port], got {endpoint!r}")
+            self.scheme = parts.scheme
+            self.netloc = parts.netloc
+            self.base_path = parts.path.rstrip("/")
+        else:
+            self.scheme = "https"
+            self.netloc = f"s3.{self.creds.region}.amazonaws.com"
+            self.base_path = ""
+        self.endpoint_text = endpoint or f"https://{self.netloc}"
+        provider = auth.AwsCredentialsProvider.new_static(
+            self.creds.access_key, self.creds.secret_key, self.creds.token
+        )
+        signing = s3.create_default_s3_signing_config(region=self.creds.region, credential_provider=provider)
+        retry = s3.S3RetryConfig(
+            max_retries=settings.max_retries,
+            backoff_scale_factor_ms=50,
+            max_backoff_secs=4,
+            retry_mode=s3.S3RetryMode.ADAPTIVE,
+        )
+        self.client = s3.S3Client(
+            region=self.creds.region,
+            signing_config=signing,
+            tls_mode=s3.S3RequestTlsMode.DISABLED if self.scheme == "http" else s3.S3RequestTlsMode.ENABLED,
+            part_size=PART_SIZE,
+            throughput_target_gbps=throughput_gbps,
+            memory_limit=memory_limit,
+            retry_config=retry,
+            connect_timeout_ms=3000,
+        )
+        self.pid = os.getpid()
+
+    # --- request plumbing ----------------------------------------------------------------------
+
+    def _target(self, bucket: str, key: str) -> tuple[str, str]:
+        """(Host header, path). Path-style on custom endpoints (MinIO, SeaweedFS, …), virtual-hosted on AWS."""
+        quoted = urllib.parse.quote(key, safe="/~")
+        if self.custom_endpoint:
+            return self.netloc, f"{self.base_path}/{bucket}/{quoted}"
+        return f"{bucket}.{self.netloc}", f"/{quoted}"
+
+    def _request(self, method: str, host: str, path: str, headers: list[tuple[str, str]]) -> Any:
+        from awscrt import http
+
+        return http.HttpRequest(method, path, http.HttpHeaders([("Host", host), *headers]))
+
+    def _call(
+        self, operation: str, method: str, bucket: str, key: str, query: str = "", checksum_mode: bool = False
+    ) -> tuple[int, list, bytes]:
+        """A small request, waited for: returns (status, headers, body) or raises a mapped error."""
+        from awscrt import s3
+
+        host, path = self._target(bucket, key)
+        if query:
+            path = f"{path}?{query}"
+        body = bytearray()
+        got: dict[str, Any] = {}
+        done = threading.Event()
+
+        def on_headers(status_code: int, headers: list, **_: Any) -> None:
+            got["headers"] = headers
+
+        def on_body(chunk: bytes, offset: int, **_: Any) -> None:
+            body.extend(chunk)
+
+        def on_done(error: BaseException | None = None, status_code: int | None = None, **kw: Any) -> None:
+            got["error"], got["status"], got["error_body"] = error, status_code, kw.get("error_body")
+            done.set()
+
+        self.client.make_request(
+            type=s3.S3RequestType.DEFAULT,
+            operation_name=operation,
+            request=self._request(
+                method, host, path, [("x-amz-checksum-mode", "ENABLED")] if checksum_mode else []
+            ),
+            on_headers=on_headers,
+            on_body=on_body,
+            on_done=on_done,
+        )
+        done.wait()
+        what = f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
+        if got["error"] is not None:
+            raise map_error(what, got["error"], got["status"], got["error_body"], self.endpoint_text)
+        return int(got["status"] or 0), got.get("headers", []), bytes(body)
+
+    # --- operations ----------------------------------------------------------------------------
+
+    def list_objects(self, bucket: str, prefix: str) -> Iterator[tuple[str, int, str, str | None]]:
+        """(key, size, etag, version) for every object under prefix (ListObjectsV2, url-encoded keys)."""
+        token: str | None = None
+        while True:
+            params = {"list-type": "2", "prefix": prefix, "encoding-type": "url", "max-keys": "1000"}
+            if token:
+                params["continuation-token"] = token
+            query = urllib.parse.urlencode(params, quote_via=urllib.parse.quote)
+            _, _, body = self._call("ListObjectsV2", "GET", bucket, "", query)
+            root = ET.fromstring(body)
+            ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+            for item in root.iter(f"{ns}Contents"):
+                key = urllib.parse.unquote_plus(item.findtext(f"{ns}Key") or "")
+                size = int(item.findtext(f"{ns}Size") or 0)
+                etag = (item.findtext(f"{ns}ETag") or "").strip('"')
+                yield key, size, etag, None
+            if (root.findtext(f"{ns}IsTruncated") or "false").lower() != "true":
+                return
+            token = root.findtext(f"{ns}NextContinuationToken")
+            if not token:
+                return
+
+    def head(self, bucket: str, key: str) -> tuple[int, str, str | None, list[tuple[str, str]]]:
+        """(size, etag, version id, all headers incl. x-amz-checksum-* for the whole object)."""
+        _, headers, _ = self._call("HeadObject", "HEAD", bucket, key, checksum_mode=True)
+        h = {k.lower(): v for k, v in headers}
+        size = int(h.get("content-length", 0))
+        return size, h.get("etag", "").strip('"'), h.get("x-amz-version-id"), headers
+
+    def get(
+        self,
+        bucket: str,
+        key: str,
+        *,
+        on_headers: Callable[[list[tuple[str, str]]], None],
+        on_body: Callable[[memoryview, int], None],
+        on_done: Callable[[BaseException | None], None],
+        byte_range: tuple[int, int] | None = None,
+        if_match: str | None = None,
+    ) -> Any:
+        """Starts a GET; callbacks run on CRT threads. A whole small object goes as one plain GET
+        (the response then carries the object's checksum headers); a range goes through the CRT's
+        parallel ranged GET. `on_done` gets None or a mapped CacheError."""
+        from awscrt import s3
+
+        host, path = self._target(bucket, key)
+        headers = [("x-amz-checksum-mode", "ENABLED")] if byte_range is None else []
+        if byte_range is not None:
+            headers.append(("Range", f"bytes={byte_range[0]}-{byte_range[1]}"))
+        if if_match:
+            headers.append(("If-Match", f'"{if_match}"'))
+        base = byte_range[0] if byte_range else 0
+        what = f"s3://{bucket}/{key}"
+        endpoint = self.endpoint_text
+
+        def _headers(status_code: int, headers: list, **_: Any) -> None:
+            if status_code < 300:
+                on_headers(headers)
+
+        def _body(chunk: memoryview, offset: int, **_: Any) -> None:
+            on_body(chunk, offset)
+
+        def _done(error: BaseException | None = None, status_code: int | None = None, **kw: Any) -> None:
+            if error is None:
+                on_done(None)
+            else:
+                on_done(map_error(what, error, status_code, kw.get("error_body"), endpoint))
+
+        kind = s3.S3RequestType.GET_OBJECT if byte_range is not None else s3.S3RequestType.DEFAULT
+        del base
+        return self.client.make_request(
+            type=kind,
+            operation_name="GetObject",
+            request=self._request("GET", host, path, headers),
+            on_headers=_headers,
+            on_body=_body,
+            on_done=_done,
+        )
+
+
+_shared: dict[S3Settings, S3] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_client(settings: S3Settings) -> S3:
+    """One client per settings per process; a forked child (DataLoader worker) builds its own."""
+    with _shared_lock:
+        client = _shared.get(settings)
+        if client is None or client.pid != os.getpid():
+            client = S3(settings)
+            _shared[settings] = client
+        return client

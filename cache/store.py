@@ -1,0 +1,336 @@
+"""Tiers and their caps: reserving space, evicting (RAM demotes to disk, disk drops), landing entries.
+
+The cap is never exceeded, by construction:
+  * space is reserved (a `holds` row) before a byte is written, inside BEGIN IMMEDIATE, and a
+    reservation that does not fit first evicts least-recently-used entries;
+  * a victim's row turns into an `evicting` hold in the same transaction, and that hold is dropped
+    only after the victim's file is unlinked, so accounting never runs below what is on disk;
+  * every file under objects/ or tmp/ is covered by an entry or a hold at every moment.
+
+Readers hold a shared flock on the blob they read; the evictor takes an exclusive non-blocking flock
+before it chooses a victim, so an open entry is skipped, never pulled from under a reader. flock is
+only that signal: correctness of the bytes comes from immutable blob names, rename, and digests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from cache import procs
+from cache.errors import CacheFullError
+from cache.index import Entry, Hold, Index
+from cache.layout import Layout, blob_hash
+from cache.sizes import format_size
+
+
+@dataclass(frozen=True)
+class HoldSpec:
+    size: int
+    blob: str
+    url: str | None
+
+
+def lock_exclusive(path: Path) -> int | None:
+    """An fd holding LOCK_EX on `path`; -1 when the file is already gone; None when a reader has it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return -1
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def unlink_quiet(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Store:
+    def __init__(self, layout: Layout, index: Index, caps: dict[str, int]):
+        self.layout = layout
+        self.index = index
+        self.caps = caps
+        self.owner = procs.me()
+
+    def refresh_owner(self) -> None:
+        self.owner = procs.me()
+
+    # --- reserving -----------------------------------------------------------------------------
+
+    def reserve(self, tier: str, specs: list[HoldSpec]) -> list[int]:
+        """Holds space for `specs` in `tier`, evicting LRU entries if needed; returns hold ids."""
+        need = sum(s.size for s in specs)
+        cap = self.caps[tier]
+        if need > cap:
+            raise CacheFullError(
+                f"{tier} tier cap is {format_size(cap)}; {format_size(need)} cannot fit even in an empty tier"
+            )
+        for _ in range(200):
+            with self.index.write() as db:
+                used = Index.used(db, tier)
+                if used + need <= cap:
+                    return [self._add_or_adopt(db, tier, s) for s in specs]
+                victims = self._pick_victims(db, tier, used + need - cap)
+            self._retire(tier, victims)
+        raise CacheFullError(f"{tier} tier stayed full while making room (another process keeps filling it)")
+
+    def _add_or_adopt(self, db: sqlite3.Connection, tier: str, spec: HoldSpec) -> int:
+        """A new hold, or an orphaned landing hold of the same blob (a resumable partial download)."""
+        row = db.execute(
+            "SELECT id FROM holds WHERE blob = ? AND tier = ? AND kind = 'landing' AND pid = 0",
+            (spec.blob, tier),
+        ).fetchone()
+        if row:
+            Index.adopt_hold(db, row[0], self.owner)
+            db.execute("UPDATE holds SET size = ? WHERE id = ?", (spec.size, row[0]))
+            return int(row[0])
+        return Index.add_hold(db, tier, spec.size, "landing", spec.blob, spec.url, self.owner)
+
+    def _pick_victims(self, db: sqlite3.Connection, tier: str, to_free: int) -> list[tuple[Entry, int, int]]:
+        """Turns LRU entries into `evicting` holds (inside the caller's transaction). Returns
+        (entry, locked fd or -1, hold id). Raises CacheFullError when not enough can be freed."""
+        chosen: list[tuple[Entry, int]] = []
+        freed = 0
+        # orphaned partial downloads are the cheapest thing to give up
+        for hold in Index.holds(db, tier):
+            if freed >= to_free:
+                break
+            if hold.kind == "landing" and hold.pid == 0:
+                self._remove_partial(hold)
+                Index.drop_hold(db, hold.id)
+                freed += hold.size
+        candidates = list(self.index.lru(db, tier)) if freed < to_free else []
+        for entry in candidates:
+            if freed >= to_free:
+                break
+            fd = lock_exclusive(self.layout.blob_path(tier, entry.blob))
+            if fd is None:
+                continue  # a reader has it open
+            chosen.append((entry, fd))
+            freed += entry.size
+        if freed < to_free:
+            for _, fd in chosen:
+                if fd >= 0:
+                    os.close(fd)
+            pinned = db.execute(
+                "SELECT COALESCE(SUM(size),0) FROM entries WHERE tier = ? AND pinned = 1", (tier,)
+            ).fetchone()[0]
+            raise CacheFullError(
+                f"{tier} tier cap {format_size(self.caps[tier])} reached: {format_size(to_free - freed)} more "
+                f"needed but the rest is pinned ({format_size(pinned)}), open by readers, or being written"
+            )
+        out: list[tuple[Entry, int, int]] = []
+        for entry, fd in chosen:
+            Index.delete(db, entry.url)
+            hid = Index.add_hold(db, tier, entry.size, "evicting", entry.blob, entry.url, self.owner)
+            out.append((entry, fd, hid))
+        return out
+
+    def _retire(self, tier: str, victims: list[tuple[Entry, int, int]]) -> None:
+        """Demotes (RAM → disk) or drops each victim, then unlinks it and releases its hold."""
+        for entry, fd, hid in victims:
+            try:
+                if tier == "ram" and fd >= 0 and self.caps.get("disk", 0) > 0:
+                    with contextlib.suppress(CacheFullError, OSError):
+                        self._demote(entry, fd)
+            finally:
+                unlink_quiet(self.layout.blob_path(tier, entry.blob))
+                if fd >= 0:
+                    os.close(fd)
+                with self.index.write() as db:
+                    Index.drop_hold(db, hid)
+
+    def _demote(self, entry: Entry, src_fd: int) -> None:
+        [hid] = self.reserve("disk", [HoldSpec(entry.size, entry.blob, entry.url)])
+        tmp = self.layout.tmp_path("disk", entry.blob, ".demote")
+        final = self.layout.blob_path("disk", entry.blob)
+        try:
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            try:
+                offset = 0
+                while offset < entry.size:
+                    n = os.copy_file_range(src_fd, out, entry.size - offset, offset, offset)
+                    if n == 0:
+                        break
+                    offset += n
+                os.fsync(out)
+            finally:
+                os.close(out)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(tmp, final)
+            fsync_dir(final.parent)
+            with self.index.write() as db:
+                if self.index.get(entry.url, db) is None:
+                    Index.put(db, replace(entry, tier="disk"))
+                Index.drop_hold(db, hid)
+        except BaseException:
+            unlink_quiet(tmp)
+            with self.index.write() as db:
+                Index.drop_hold(db, hid)
+            raise
+
+    def release(self, hold_ids: list[int]) -> None:
+        with self.index.write() as db:
+            for hid in hold_ids:
+                Index.drop_hold(db, hid)
+
+    def orphan(self, hold_ids: list[int]) -> None:
+        """Keeps holds (and their partial files) for a later run to adopt and resume."""
+        with self.index.write() as db:
+            for hid in hold_ids:
+                db.execute("UPDATE holds SET pid = 0, pid_start = 0 WHERE id = ?", (hid,))
+
+    # --- landing -------------------------------------------------------------------------------
+
+    def land(self, items: list[tuple[int, Entry]]) -> None:
+        """Makes renamed blobs visible: entry rows in, holds out, superseded versions to garbage."""
+        garbage: list[Hold] = []
+        with self.index.write() as db:
+            for hid, entry in items:
+                old = self.index.get(entry.url, db)
+                if old is not None and (old.blob != entry.blob or old.tier != entry.tier):
+                    gid = Index.add_hold(db, old.tier, old.size, "garbage", old.blob, old.url, self.owner)
+                    garbage.append(Hold(gid, old.tier, old.size, "garbage", old.blob, old.url, 0, 0, 0))
+                if old is not None:
+                    entry.pinned = entry.pinned or old.pinned
+                Index.put(db, entry)
+                Index.drop_hold(db, hid)
+        for hold in garbage:
+            self._collect_garbage(hold)
+
+    def remove(self, entry: Entry) -> bool:
+        """Evicts one entry now (rq cache evict, corrupt entries). False if a reader has it open."""
+        path = self.layout.blob_path(entry.tier, entry.blob)
+        fd = lock_exclusive(path)
+        if fd is None:
+            return False
+        with self.index.write() as db:
+            current = self.index.get(entry.url, db)
+            if current is None or current.blob != entry.blob or current.tier != entry.tier:
+                if fd >= 0:
+                    os.close(fd)
+                return True  # already replaced or gone
+            Index.delete(db, entry.url)
+            hid = Index.add_hold(db, entry.tier, entry.size, "evicting", entry.blob, entry.url, self.owner)
+        unlink_quiet(path)
+        if fd >= 0:
+            os.close(fd)
+        with self.index.write() as db:
+            Index.drop_hold(db, hid)
+        return True
+
+    # --- recovery ------------------------------------------------------------------------------
+
+    def collect(self, sweep_objects: bool = False) -> dict[str, int]:
+        """Cleans up after dead processes: their holds, tmp files, and (optionally) uncovered blobs."""
+        stats = {"stale_holds": 0, "tmp_removed": 0, "orphans_removed": 0}
+        # list files FIRST, then read holds: a file is created only after its hold commits, so any
+        # file listed here whose hold is missing from the later read is truly uncovered.
+        tmp_files = {t: self._listdir(self.layout.tier_root(t) / "tmp") for t in ("ram", "disk")}
+        obj_files = (
+            {t: self._walk_objects(t) for t in ("ram", "disk")} if sweep_objects else {"ram": [], "disk": []}
+        )
+        later: list[Hold] = []
+        with self.index.write() as db:
+            for hold in Index.holds(db):
+                if hold.kind == "garbage":
+                    later.append(hold)
+                    continue
+                if hold.pid == 0 or procs.alive(hold.pid, hold.pid_start):
+                    continue
+                stats["stale_holds"] += 1
+                if hold.kind == "landing" and self._journal(hold).exists():
+                    Index.adopt_hold(db, hold.id, (0, 0))  # keep for resume
+                    continue
+                if hold.kind == "landing":
+                    self._remove_partial(hold)
+                covered = db.execute(
+                    "SELECT 1 FROM entries WHERE blob = ? AND tier = ?", (hold.blob, hold.tier)
+                ).fetchone()
+                if not covered:
+                    unlink_quiet(self.layout.blob_path(hold.tier, hold.blob))
+                Index.drop_hold(db, hold.id)
+            held = {(h.tier, h.blob) for h in Index.holds(db)}
+            held_tmp = {(h.tier, blob_hash(h.blob)) for h in Index.holds(db)}
+            for tier, names in tmp_files.items():
+                for name in names:
+                    if (tier, name[:32]) not in held_tmp:
+                        unlink_quiet(self.layout.tier_root(tier) / "tmp" / name)
+                        stats["tmp_removed"] += 1
+            if sweep_objects:
+                blobs = {(t, b) for t, b in db.execute("SELECT tier, blob FROM entries")}
+                for tier, rels in obj_files.items():
+                    for rel in rels:
+                        if (tier, rel) not in blobs and (tier, rel) not in held:
+                            unlink_quiet(self.layout.blob_path(tier, rel))
+                            stats["orphans_removed"] += 1
+        for hold in later:
+            self._collect_garbage(hold)
+        return stats
+
+    def _collect_garbage(self, hold: Hold) -> None:
+        path = self.layout.blob_path(hold.tier, hold.blob)
+        fd = lock_exclusive(path)
+        if fd is None:
+            return  # still open by a reader; a later collect() takes it
+        with self.index.write() as db:
+            live = db.execute(
+                "SELECT 1 FROM entries WHERE blob = ? AND tier = ?", (hold.blob, hold.tier)
+            ).fetchone()
+            if not live:
+                unlink_quiet(path)
+            Index.drop_hold(db, hold.id)
+        if fd >= 0:
+            os.close(fd)
+
+    def _journal(self, hold: Hold) -> Path:
+        return self.layout.tmp_path(hold.tier, hold.blob, ".journal")
+
+    def _remove_partial(self, hold: Hold) -> None:
+        """Every tmp file of this blob (whole-object downloads add the writer's pid to the name)."""
+        prefix = blob_hash(hold.blob)
+        tmp = self.layout.tier_root(hold.tier) / "tmp"
+        for name in self._listdir(tmp):
+            if name.startswith(prefix):
+                unlink_quiet(tmp / name)
+
+    @staticmethod
+    def _listdir(path: Path) -> list[str]:
+        try:
+            return os.listdir(path)
+        except FileNotFoundError:
+            return []
+
+    def _walk_objects(self, tier: str) -> list[str]:
+        root = self.layout.tier_root(tier) / "objects"
+        out: list[str] = []
+        for sub in self._listdir(root):
+            out.extend(f"{sub}/{name}" for name in self._listdir(root / sub))
+        return out
+
+
+def is_no_space(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def now() -> float:
+    return time.time()

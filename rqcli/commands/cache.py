@@ -1,0 +1,258 @@
+"""`rq cache …`: look inside the local cache and manage it."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rqcli.commands.preload import cache_error_to_cli, open_cache
+from rqcli.errors import CliError
+from rqcli.exitcodes import ExitCode
+from rqcli.output import get_output, output_options, safe_text
+
+cache_dir_option = click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="RQ_CACHE_DIR",
+    help="Cache directory (default: ~/.cache/rq/cache; env RQ_CACHE_DIR).",
+)
+
+
+def _size(n: int) -> str:
+    from cache.sizes import format_size
+
+    return format_size(n)
+
+
+def _guard(fn: Callable[[], Any]) -> Any:
+    from cache import CacheError
+
+    try:
+        return fn()
+    except CacheError as exc:
+        raise cache_error_to_cli(exc) from None
+
+
+@click.group()
+def cache() -> None:
+    """Inspect and manage the local cache (see docs/cache.md for the layout).
+
+    \b
+    Examples:
+      rq cache du
+      rq cache ls 's3://bucket/train/*'
+      rq cache verify --repair
+      rq cache pin s3://bucket/val/
+    """
+
+
+@cache.command("ls")
+@click.argument("pattern", required=False)
+@cache_dir_option
+@output_options
+def ls(pattern: str | None, cache_dir: Path | None) -> None:
+    """List cached entries (all, or those matching a URL, a prefix ending in /, or a glob).
+
+    Example: rq cache ls 's3://bucket/train/*.tar'
+    """
+    out = get_output()
+    c = open_cache(cache_dir)
+    entries = _guard(lambda: c.entries(pattern))
+    for e in entries:
+        out.emit(
+            {
+                "url": e.url,
+                "size": e.size,
+                "tier": e.tier,
+                "pinned": e.pinned,
+                "version": e.version,
+                "last_access": e.last_access,
+            }
+        )
+        if not out.json:
+            pin = "P" if e.pinned else "-"
+            out.info(f"{e.tier:<4} {pin} {e.size:>14}  {safe_text(e.url)}")
+
+
+@cache.command("du")
+@cache_dir_option
+@output_options
+def du(cache_dir: Path | None) -> None:
+    """Usage of each tier against its cap.
+
+    Example: rq cache du --json
+    """
+    out = get_output()
+    c = open_cache(cache_dir)
+    usage = _guard(c.usage)
+    out.emit({"cache_dir": str(c.root), "ram_dir": str(c.layout.ram_root), **usage})
+    if not out.json:
+        out.info(f"cache {c.root} (RAM tier {c.layout.ram_root})")
+        for tier, u in usage.items():
+            out.info(
+                f"{tier:<4} {u['objects']:>8} objects  {_size(u['bytes']):>11} of {_size(u['limit']):>11}"
+                f"  pinned {_size(u['pinned'])}  in flight {_size(u['held'])}"
+            )
+
+
+@cache.command("stat")
+@click.argument("url")
+@cache_dir_option
+@output_options
+def stat(url: str, cache_dir: Path | None) -> None:
+    """Everything the index knows about one entry.
+
+    Example: rq cache stat s3://bucket/train/000123.tar
+    """
+    out = get_output()
+    c = open_cache(cache_dir)
+    e = _guard(lambda: c.stat(url))
+    data = {**e.__dict__, "path": str(c.layout.blob_path(e.tier, e.blob))}
+    out.emit(data)
+    if not out.json:
+        for key, value in data.items():
+            if key in ("last_access", "checked_at", "created"):
+                value = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(value)))
+            out.info(f"{key:<12} {safe_text(str(value))}")
+
+
+@cache.command("path")
+@click.argument("url")
+@cache_dir_option
+@output_options
+def path(url: str, cache_dir: Path | None) -> None:
+    """The local file holding a cached URL (read-only; do not write to it).
+
+    Example: tar tf "$(rq cache path s3://bucket/shard-0001.tar)"
+    """
+    out = get_output()
+    c = open_cache(cache_dir)
+    p = _guard(lambda: c.path(url))
+    out.emit({"url": url, "path": str(p)})
+    if not out.json:
+        click.echo(str(p))
+
+
+@cache.command("cat")
+@click.argument("url")
+@cache_dir_option
+@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint, for a miss.")
+@click.option("--profile", envvar="AWS_PROFILE", help="AWS profile, for a miss.")
+@output_options
+def cat(url: str, cache_dir: Path | None, endpoint_url: str | None, profile: str | None) -> None:
+    """Write a cached object to stdout (a miss is fetched, verified and cached first).
+
+    Example: rq cache cat s3://bucket/meta.json | jq .
+    """
+    c = open_cache(cache_dir, endpoint_url=endpoint_url, profile=profile)
+    handle = _guard(lambda: c.open(url))
+    with handle:
+        sink = sys.stdout.buffer
+        while chunk := handle.read(1 << 20):
+            sink.write(chunk)
+        sink.flush()
+    c.close()
+
+
+@cache.command("verify")
+@click.argument("pattern", required=False)
+@click.option(
+    "--repair", is_flag=True, help="Drop corrupt entries (the next read or preload refetches them)."
+)
+@cache_dir_option
+@output_options
+def verify(pattern: str | None, repair: bool, cache_dir: Path | None) -> None:
+    """Re-hash cached files against their recorded xxh3 and name every corrupt one (exit 5).
+
+    Example: rq cache verify --repair
+    """
+    out = get_output()
+    c = open_cache(cache_dir)
+    checked, problems = _guard(lambda: c.verify(pattern, repair=repair))
+    for p in problems:
+        out.emit({"event": "corrupt", "url": p.url, "problem": p.problem, "repaired": repair})
+        if not out.json:
+            click.echo(f"CORRUPT {safe_text(p.url)}: {p.problem}" + (" (dropped)" if repair else ""))
+    out.emit({"event": "summary", "checked": checked, "corrupt": len(problems), "repaired": repair})
+    if not out.json:
+        out.info(f"checked {checked} entries: {len(problems)} corrupt")
+    if problems and not repair:
+        raise CliError(
+            f"{len(problems)} corrupt entries", ExitCode.VERIFY, hint="run `rq cache verify --repair`"
+        )
+
+
+@cache.command("evict")
+@click.argument("pattern")
+@cache_dir_option
+@output_options
+def evict(pattern: str, cache_dir: Path | None) -> None:
+    """Drop matching entries now (pinned and open ones are kept).
+
+    Example: rq cache evict 's3://bucket/old/*'
+    """
+    out = get_output()
+    c = open_cache(cache_dir)
+    done, skipped = _guard(lambda: c.evict(pattern))
+    out.emit({"evicted": done, "kept": skipped})
+    if not out.json:
+        out.info(f"evicted {done}; kept {skipped} (pinned or open)")
+
+
+def _pin(pattern: str, cache_dir: Path | None, pinned: bool) -> None:
+    out = get_output()
+    c = open_cache(cache_dir)
+    n = _guard(lambda: c.pin(pattern, pinned))
+    out.emit({"pinned" if pinned else "unpinned": n})
+    if not out.json:
+        out.info(f"{'pinned' if pinned else 'unpinned'} {n} entries")
+    if n == 0:
+        raise CliError(f"no cached entry matches {safe_text(pattern)}", ExitCode.NOT_FOUND)
+
+
+@cache.command("pin")
+@click.argument("pattern")
+@cache_dir_option
+@output_options
+def pin(pattern: str, cache_dir: Path | None) -> None:
+    """Keep matching entries from eviction.
+
+    Example: rq cache pin s3://bucket/val/
+    """
+    _pin(pattern, cache_dir, True)
+
+
+@cache.command("unpin")
+@click.argument("pattern")
+@cache_dir_option
+@output_options
+def unpin(pattern: str, cache_dir: Path | None) -> None:
+    """Let matching entries be evicted again.
+
+    Example: rq cache unpin s3://bucket/val/
+    """
+    _pin(pattern, cache_dir, False)
+
+
+@cache.command("clear")
+@cache_dir_option
+@click.option("--yes", is_flag=True, help="Do not ask.")
+@output_options
+def clear(cache_dir: Path | None, yes: bool) -> None:
+    """Remove every entry not open by a reader (pins too) and leftover partial downloads.
+
+    Example: rq cache clear --yes
+    """
+    out = get_output()
+    c = open_cache(cache_dir)
+    if not yes and sys.stdin.isatty() and not click.confirm(f"clear {c.root}?"):
+        raise CliError("not cleared", ExitCode.USAGE)
+    done, skipped = _guard(c.clear)
+    out.emit({"removed": done, "kept_open": skipped})
+    if not out.json:
+        out.info(f"removed {done}; kept {skipped} open by readers")

@@ -1,0 +1,191 @@
+"""`rq preload`: fill the local RAM/disk cache from S3 prefixes or directories, verified."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rqcli.errors import CliError
+from rqcli.exitcodes import ExitCode
+from rqcli.output import get_output, output_options, safe_text
+
+
+def cache_error_to_cli(exc: Exception) -> CliError:
+    """The cache library's exceptions, as one line and a documented exit code."""
+    from cache import errors as e
+
+    table: list[tuple[type[Exception], ExitCode, str | None]] = [
+        (e.BadSourceError, ExitCode.USAGE, None),
+        (e.NotFoundError, ExitCode.NOT_FOUND, "check the bucket, prefix or path"),
+        (e.AuthError, ExitCode.AUTH, "check AWS_PROFILE / AWS_ACCESS_KEY_ID and the endpoint"),
+        (
+            e.UnreachableError,
+            ExitCode.UNREACHABLE,
+            "check --endpoint-url; re-run the same command to continue",
+        ),
+        (e.VerifyError, ExitCode.VERIFY, "re-run to fetch again; `rq cache verify` lists corrupt entries"),
+        (e.CacheFullError, ExitCode.NO_SPACE, "raise --ram-limit/--disk-limit, unpin, or `rq cache evict`"),
+        (e.BusyError, ExitCode.FAILURE, "another rq is fetching it; try again"),
+        (e.OriginError, ExitCode.UNREACHABLE, "the store kept failing; re-run to continue"),
+    ]
+    for cls, code, hint in table:
+        if isinstance(exc, cls):
+            return CliError(safe_text(str(exc)), code, hint=hint)
+    return CliError(safe_text(str(exc)), ExitCode.FAILURE)
+
+
+def open_cache(cache_dir: Path | None, **kwargs: Any) -> Any:
+    from cache import Cache, CacheError
+
+    try:
+        return Cache(cache_dir, **kwargs)
+    except CacheError as exc:
+        raise cache_error_to_cli(exc) from None
+
+
+EXIT_FOR_KIND = {
+    "not_found": ExitCode.NOT_FOUND,
+    "auth": ExitCode.AUTH,
+    "verify": ExitCode.VERIFY,
+    "changed": ExitCode.VERIFY,
+    "no_space": ExitCode.NO_SPACE,
+    "unreachable": ExitCode.UNREACHABLE,
+}
+
+
+@click.command()
+@click.argument("sources", nargs=-1, required=True)
+@click.option(
+    "--include", multiple=True, metavar="GLOB", help="Only keys (relative to the source) matching GLOB."
+)
+@click.option("--exclude", multiple=True, metavar="GLOB", help="Skip keys matching GLOB.")
+@click.option(
+    "--tier", type=click.Choice(["ram", "disk"]), default="disk", show_default=True, help="Tier to fill."
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="RQ_CACHE_DIR",
+    help="Cache directory (default: ~/.cache/rq/cache; env RQ_CACHE_DIR).",
+)
+@click.option("--ram-limit", metavar="SIZE", help="Cap of the RAM tier, e.g. 8G (remembered by the cache).")
+@click.option(
+    "--disk-limit", metavar="SIZE", help="Cap of the disk tier, e.g. 500G (remembered by the cache)."
+)
+@click.option(
+    "--workers", type=click.IntRange(1, 4096), default=256, show_default=True, help="Requests in flight."
+)
+@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (MinIO, SeaweedFS, …).")
+@click.option("--profile", envvar="AWS_PROFILE", help="AWS profile for credentials.")
+@click.option("--dry-run", is_flag=True, help="List what would be fetched; fetch nothing.")
+@click.option(
+    "--no-fsync",
+    is_flag=True,
+    help="Skip fsync before rename: faster on slow disks; a power cut may then lose entries, "
+    "which the digest check on read detects and refetches.",
+)
+@output_options
+def preload(
+    sources: tuple[str, ...],
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    tier: str,
+    cache_dir: Path | None,
+    ram_limit: str | None,
+    disk_limit: str | None,
+    workers: int,
+    endpoint_url: str | None,
+    profile: str | None,
+    dry_run: bool,
+    no_fsync: bool,
+) -> None:
+    """Preload S3 prefixes or directories into the local cache.
+
+    Objects land verified (size, and ETag MD5 or the object's CRC checksum) with an xxh3 digest
+    recorded; objects already cached at the same version are skipped, so re-running after a crash
+    fetches only what is missing.
+
+    \b
+    Examples:
+      rq preload s3://bucket/train/ --tier ram --ram-limit 64G
+      rq preload s3://bucket/shards/ --include '*.tar' --json
+      rq preload /mnt/nfs/dataset/
+    """
+    from cache import CacheError
+    from cache import events as ev
+
+    out = get_output()
+    c = open_cache(
+        cache_dir,
+        ram_limit=ram_limit,
+        disk_limit=disk_limit,
+        endpoint_url=endpoint_url,
+        profile=profile,
+        durable=not no_fsync,
+    )
+    failures: list[ev.Failed] = []
+    with out.progress() as bar:
+        task = bar.add_task("preload", total=None) if bar is not None else None
+
+        def on_event(event: ev.Event) -> None:
+            if isinstance(event, ev.Failed):
+                failures.append(event)
+                out.emit({"event": "failed", "url": event.url, "kind": event.kind, "message": event.message})
+                if not out.json:
+                    out.warn(f"{safe_text(event.url)}: {safe_text(event.message)}")
+            elif isinstance(event, ev.Retrying):
+                out.debug(
+                    f"retry {event.attempt} of {safe_text(event.url)} in {event.delay_s:.1f}s: {event.reason}"
+                )
+            elif bar is not None and task is not None:
+                if isinstance(event, ev.Planned):
+                    bar.update(task, total=event.bytes, description=f"preload {event.objects} objects")
+                elif isinstance(event, ev.Progress):
+                    bar.update(task, completed=event.bytes)
+
+        try:
+            result = c.preload(
+                list(sources),
+                include=include,
+                exclude=exclude,
+                tier=tier,
+                workers=workers,
+                dry_run=dry_run,
+                on_event=on_event,
+            )
+        except CacheError as exc:
+            raise cache_error_to_cli(exc) from None
+        finally:
+            c.close()
+    if dry_run:
+        for info in result.planned:
+            out.emit({"event": "plan", "url": info.url, "size": info.size})
+            if not out.json:
+                out.info(f"would fetch {safe_text(info.url)} ({info.size} bytes)")
+    summary = {
+        "event": "summary",
+        "objects": result.objects,
+        "bytes": result.bytes,
+        "skipped": result.skipped,
+        "skipped_bytes": result.skipped_bytes,
+        "failed": len(result.failed),
+        "seconds": round(result.seconds, 3),
+        "mb_per_s": round(result.mb_per_s, 1),
+        "tier": tier,
+        "cache_dir": str(c.root),
+        "dry_run": dry_run,
+    }
+    out.emit(summary)
+    if not out.json:
+        verb = "would fetch" if dry_run else "preloaded"
+        count = len(result.planned) if dry_run else result.objects
+        out.info(
+            f"{verb} {count} objects ({result.bytes / 2**20:.1f} MiB) in {result.seconds:.2f} s "
+            f"({result.mb_per_s:.0f} MB/s); {result.skipped} already cached; {len(result.failed)} failed"
+        )
+    if result.failed:
+        kinds = {f.kind for f in result.failed}
+        code = EXIT_FOR_KIND.get(kinds.pop(), ExitCode.FAILURE) if len(kinds) == 1 else ExitCode.FAILURE
+        raise CliError(f"{len(result.failed)} of {len(result.failed) + result.objects} objects failed", code)
