@@ -70,18 +70,35 @@ def record_json(rec: Record, decoded: Decoded | None, fields: list[Path] | None)
 
 
 class JsonRenderer:
+    """One JSON object per line. Without --fields a JSON value is embedded as the bytes it already
+    is (orjson.Fragment) once orjson has validated it: no re-serialisation of the value."""
+
     def __init__(self, fields: list[Path] | None):
         self.fields = fields
 
-    def render(self, records: Sequence[Record], decoded: Sequence[Decoded] | None) -> bytes:
+    def render(self, records: Sequence[Record], decoded: Sequence[Decoded] | None) -> list[bytes]:
         dumps = orjson.dumps
+        nl = orjson.OPT_APPEND_NEWLINE
         fields = self.fields
-        if decoded is None:
-            lines = [dumps(record_json(r, None, fields)) for r in records]
-        else:
-            lines = [dumps(record_json(r, d, fields)) for r, d in zip(records, decoded, strict=True)]
-        lines.append(b"")
-        return b"\n".join(lines)
+        if decoded is not None or fields is not None:
+            dec = decoded if decoded is not None else [decode(r[4]) for r in records]
+            return [dumps(record_json(r, d, fields), option=nl) for r, d in zip(records, dec, strict=True)]
+        loads, fragment, bad = orjson.loads, orjson.Fragment, orjson.JSONDecodeError
+        out: list[bytes] = []
+        append = out.append
+        for r in records:
+            value = r[4]
+            try:
+                parsed = loads(value)
+                # A fragment is copied verbatim: only when it cannot break the one-line framing.
+                d: Decoded = (
+                    fragment(value) if b"\n" not in value and b"\r" not in value else parsed,
+                    "json",
+                )
+            except bad:
+                d = decode(value)
+            append(dumps(record_json(r, d, None), option=nl))
+        return out
 
 
 class RawRenderer:

@@ -93,7 +93,7 @@ class _View:
             self.mm = mmap.mmap(self.fd, size, access=mmap.ACCESS_READ) if size else None
             if self.mm is not None:
                 with contextlib.suppress(OSError, AttributeError):
-                    self.mm.madvise(mmap.MADV_SEQUENTIAL)
+                    self.mm.madvise(mmap.MADV_WILLNEED)
             self.size = size
         return size
 
