@@ -31,6 +31,7 @@ class FakePort:
         self.given_back = 0
         self.violations: list[str] = []
         self.writes = 0
+        self.bytes_written = 0
         self.credits = 0
         self.fail_next_write: int | None = None  # a WC status to complete the next write with
         self.dead = False
@@ -51,13 +52,14 @@ class FakePort:
         assert self.peer is not None
         assert length <= self.staging_size
         self.writes += 1
-        if self.dead or self.fail_next_write is not None:
+        if self.dead or self.peer.dead or self.fail_next_write is not None:
             status = self.fail_next_write or 12
             self.fail_next_write = None
             with self.lock:
                 self.cq.append(Completion(wr_id, status, vendor_err=0x81))
             return
         data = bytes(self.staging(staging)[:length])
+        self.bytes_written += length
         self.peer._deliver(("write", imm, data, slot))
         with self.lock:
             self.cq.append(Completion(wr_id, 0))
@@ -65,6 +67,10 @@ class FakePort:
     def post_credit(self, cumulative: int, wr_id: int) -> None:
         assert self.peer is not None
         self.credits += 1
+        if self.dead or self.peer.dead:
+            with self.lock:
+                self.cq.append(Completion(wr_id, 12))
+            return
         self.peer._deliver(("credit", cumulative, b"", 0))
         with self.lock:
             self.cq.append(Completion(wr_id, 0))

@@ -2,7 +2,7 @@
 
 The pipe turns `send(parts)` into RDMA WRITE WITH IMMEDIATE into the peer's ring (schedule.py cuts
 the bytes into slot fills, credits.py keeps us inside the peer's free slots) and turns arriving
-writes back into the transfer core's frames (transfer.frames.FrameDecoder; the core verifies every
+writes back into the transfer core's frames (reassembly.Reassembler; the core verifies every
 chunk's digest as on any transport). It talks to the adapter through a `Port` — verbs.QueuePair on
 real hardware, a loopback in the unit tests — so flow control, ordering checks, error mapping and
 teardown are tested here without a device.
@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from transfer.errors import PeerUnreachableError, TransferError
-from transfer.frames import Frame, FrameDecoder
+from transfer.frames import Frame
 from transfer.rdma.credits import ReadCredits, StagingPool, WriteCredits, data_imm
 from transfer.rdma.errors import CreditError, completion_error
+from transfer.rdma.reassembly import Reassembler
 from transfer.rdma.schedule import plan_slots
 
 POLL_BATCH = 32
@@ -106,8 +107,9 @@ class Pipe:
         self.out = WriteCredits(peer_slots)
         self.stage = StagingPool(staging)
         self.inn = ReadCredits(local_slots, credit_batch)
-        self.decoder = FrameDecoder(max_frame)
-        self.frames: collections.deque[Frame] = collections.deque()
+        self.decoder = Reassembler(max_frame)
+        self.frames: collections.deque[tuple[Frame, bytearray | None]] = collections.deque()
+        self._lent: bytearray | None = None  # the body buffer of the frame recv() returned last
         self.credits_in_flight = 0
         self.broken: TransferError | None = None
         self.liveness = liveness  # raises when the peer is gone (the bootstrap connection closed)
@@ -151,7 +153,13 @@ class Pipe:
         """The next frame; TimeoutError at `deadline`; the pipe's error if it broke."""
         with self.lock:
             self._wait(lambda: bool(self.frames), deadline, "a frame")
-            return self.frames.popleft()
+            return self._hand_out()
+
+    def _hand_out(self) -> Frame:
+        # The previous frame's body is the caller's no longer (valid until the next recv): reuse it.
+        self.decoder.recycle(self._lent)
+        frame, self._lent = self.frames.popleft()
+        return frame
 
     def take_ready(self) -> Frame | None:
         """A frame already received, without waiting: after the peer said goodbye or vanished,
@@ -162,7 +170,7 @@ class Pipe:
                     pass
             except TransferError:
                 pass
-            return self.frames.popleft() if self.frames else None
+            return self._hand_out() if self.frames else None
 
     # -- progress --------------------------------------------------------------------------------
 

@@ -90,8 +90,13 @@ def load() -> Any:
 
 
 def describe_build() -> str:
+    import importlib.metadata
+
     v = load()
-    version = getattr(sys.modules.get("pyverbs"), "__version__", "?")
+    try:
+        version = importlib.metadata.version("pyverbs")
+    except importlib.metadata.PackageNotFoundError:
+        version = "(Debian)"
     return f"pyverbs {version} with {_LOADED_FROM} ({Path(v.device.__file__).parent})"
 
 
@@ -241,27 +246,10 @@ class QueuePair:
 
     def connect(self, peer: ConnInfo, mtu: int) -> None:
         """INIT → RTR → RTS towards the peer; our receives must already be posted."""
-        v, e, d = self.v, self.v.e, self.dev
-        attr = v.qp.QPAttr(port_num=d.port, path_mtu=mtu)
-        attr.dest_qp_num = peer.qp_num
-        attr.rq_psn = peer.psn
-        attr.sq_psn = self.psn
-        attr.max_dest_rd_atomic = 1
-        attr.max_rd_atomic = 1
-        attr.min_rnr_timer = 12  # 0.64 ms
-        attr.timeout = 14  # 4.096 µs · 2^14 ≈ 67 ms per try
-        attr.retry_cnt = 7
-        attr.rnr_retry = 7  # "infinite": a reader that is briefly out of receives is not an error
-        attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
-        if peer.global_route:
-            gr = v.addr.GlobalRoute(dgid=v.addr.GID(peer.gid_text), sgid_index=d.gid_index)
-            gr.hop_limit = 64
-            attr.ah_attr = v.addr.AHAttr(port_num=d.port, is_global=1, gr=gr, dlid=peer.lid)
-        else:
-            attr.ah_attr = v.addr.AHAttr(port_num=d.port, is_global=0, dlid=peer.lid)
+        attr = rts_attr(self.v, self.dev.port, self.dev.gid_index, peer, self.psn, mtu)
         try:
             self.qp.to_rts(attr)
-        except v.PyverbsError as exc:
+        except self.v.PyverbsError as exc:
             raise RdmaDeviceError(f"cannot connect the queue pair: {exc}") from None
         self.peer = peer
 
@@ -274,20 +262,12 @@ class QueuePair:
         return self.ring.view[slot * self.ring_slot_size : (slot + 1) * self.ring_slot_size]
 
     def post_write(self, staging: int, length: int, slot: int, imm: int, wr_id: int) -> None:
-        v, e = self.v, self.v.e
         assert self.peer is not None
-        sge = v.wr.SGE(self.stage.addr + staging * self.staging_size, length, self.stage.mr.lkey)
-        wr = v.wr.SendWR(wr_id=wr_id, opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1, sg=[sge],
-                         imm_data=socket.htonl(imm), send_flags=e.IBV_SEND_SIGNALED)  # fmt: skip
-        wr.set_wr_rdma(self.peer.ring.rkey, self.peer.ring.slot_addr(slot))
-        self._post_send(wr)
+        addr = self.stage.addr + staging * self.staging_size
+        self._post_send(write_wr(self.v, wr_id, addr, length, self.stage.mr.lkey, self.peer.ring, slot, imm))
 
     def post_credit(self, cumulative: int, wr_id: int) -> None:
-        v, e = self.v, self.v.e
-        sge = v.wr.SGE(self.scratch.addr, 4, self.scratch.mr.lkey)
-        wr = v.wr.SendWR(wr_id=wr_id, opcode=e.IBV_WR_SEND_WITH_IMM, num_sge=1, sg=[sge],
-                         imm_data=socket.htonl(cumulative), send_flags=e.IBV_SEND_SIGNALED)  # fmt: skip
-        self._post_send(wr)
+        self._post_send(credit_wr(self.v, wr_id, self.scratch.addr, self.scratch.mr.lkey, cumulative))
 
     def _post_send(self, wr: Any) -> None:
         try:
@@ -297,9 +277,8 @@ class QueuePair:
 
     def post_recv(self, wr_id: int) -> None:
         v = self.v
-        sge = v.wr.SGE(self.scratch.addr + 32, 32, self.scratch.mr.lkey)
         try:
-            self.qp.post_recv(v.wr.RecvWR(wr_id=wr_id, num_sge=1, sg=[sge]))
+            self.qp.post_recv(recv_wr(v, wr_id, self.scratch.addr + 32, 32, self.scratch.mr.lkey))
         except v.PyverbsError as exc:
             raise RdmaDeviceError(f"posting an RDMA receive failed: {exc}") from None
 
@@ -343,3 +322,52 @@ class QueuePair:
             with contextlib.suppress(Exception):
                 self.cq.close()
             self.cq = None
+
+
+# -- work requests and QP attributes (pure pyverbs structs: built and checked without a device) ----
+
+
+def write_wr(v: Any, wr_id: int, addr: int, length: int, lkey: int, ring: Ring, slot: int, imm: int) -> Any:
+    """RDMA WRITE WITH IMMEDIATE of one staging buffer into one slot of the peer's ring, signalled."""
+    e = v.e
+    sge = v.wr.SGE(addr, length, lkey)
+    # imm_data is big-endian on the wire (__be32); pyverbs passes the integer through unchanged.
+    wr = v.wr.SendWR(wr_id=wr_id, opcode=e.IBV_WR_RDMA_WRITE_WITH_IMM, num_sge=1, sg=[sge],
+                     imm_data=socket.htonl(imm), send_flags=e.IBV_SEND_SIGNALED)  # fmt: skip
+    wr.set_wr_rdma(ring.rkey, ring.slot_addr(slot))
+    return wr
+
+
+def credit_wr(v: Any, wr_id: int, addr: int, lkey: int, cumulative: int) -> Any:
+    """SEND WITH IMMEDIATE carrying a cumulative credit count (pyverbs wants one SGE: 4 scratch bytes)."""
+    e = v.e
+    sge = v.wr.SGE(addr, 4, lkey)
+    return v.wr.SendWR(wr_id=wr_id, opcode=e.IBV_WR_SEND_WITH_IMM, num_sge=1, sg=[sge],
+                       imm_data=socket.htonl(cumulative), send_flags=e.IBV_SEND_SIGNALED)  # fmt: skip
+
+
+def recv_wr(v: Any, wr_id: int, addr: int, length: int, lkey: int) -> Any:
+    return v.wr.RecvWR(wr_id=wr_id, num_sge=1, sg=[v.wr.SGE(addr, length, lkey)])
+
+
+def rts_attr(v: Any, port: int, gid_index: int, peer: ConnInfo, psn: int, mtu: int) -> Any:
+    """Everything INIT→RTR→RTS needs for an RC QP towards `peer` (pyverbs' to_rts masks)."""
+    e = v.e
+    attr = v.qp.QPAttr(port_num=port, path_mtu=mtu)
+    attr.dest_qp_num = peer.qp_num
+    attr.rq_psn = peer.psn
+    attr.sq_psn = psn
+    attr.max_dest_rd_atomic = 1
+    attr.max_rd_atomic = 1
+    attr.min_rnr_timer = 12  # 0.64 ms
+    attr.timeout = 14  # 4.096 µs · 2^14 ≈ 67 ms per try
+    attr.retry_cnt = 7
+    attr.rnr_retry = 7  # "infinite": a reader briefly out of receives is not an error
+    attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+    if peer.global_route:
+        gid = v.addr.GID(peer.gid_text)
+        gr = v.addr.GlobalRoute(dgid=gid, sgid_index=max(gid_index, 0), hop_limit=64)
+        attr.ah_attr = v.addr.AHAttr(port_num=port, is_global=1, gr=gr, dlid=peer.lid)
+    else:
+        attr.ah_attr = v.addr.AHAttr(port_num=port, is_global=0, dlid=peer.lid)
+    return attr
