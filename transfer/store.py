@@ -78,7 +78,12 @@ class Plan:
         cs = self.manifest.chunk_size
         return sum(fs.entry.chunk_len(k, cs) for fs in self.files for k in fs.have)
 
+    def _check_open(self) -> None:
+        if self.closed:  # a straggling channel of a transfer that already finished: its fds are gone
+            raise UnknownTransferError("transfer already finished")
+
     def write(self, f: int, k: int, data: bytes | bytearray | memoryview) -> None:
+        self._check_open()
         fs = self.files[f]
         with _disk_errors():
             view = memoryview(data)
@@ -89,6 +94,7 @@ class Plan:
 
     def make_durable(self, done: list[tuple[int, int, bytes]]) -> None:
         """fdatasync the files these chunks went to, then journal them: data first, record second."""
+        self._check_open()
         by_file: dict[int, list[tuple[int, bytes]]] = {}
         for f, k, dig in done:
             by_file.setdefault(f, []).append((k, dig))

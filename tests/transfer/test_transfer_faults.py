@@ -1,0 +1,574 @@
+"""Faults and hostile peers: kill -9 at random points, bit flips in flight, a full disk, a changed source,
+a lossy high-latency link (netns + netem), and a sender that speaks the protocol to attack the receiver."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import random
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+from xfer_kit import TOKEN, Recv, free_port, journal_records, rq_cmd, rq_env, send, summary, wait_for
+
+from transfer import codec, journal
+from transfer.frames import ChunkHeader, FrameType, chunk_frame_header, control, header
+from transfer.manifest import FileEntry, Manifest, file_key, make_manifest
+from transfer.session import auth_mac
+from transfer.tcp import TcpChannel
+
+pytestmark = pytest.mark.integration
+
+QUIC_SLOW = ["--transport", "quic", "--quic-backend", "aioquic", "--datagram-size", "1400"]
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _sender(src: Path, url: str, pin: str | None, *extra: str) -> subprocess.Popen[bytes]:
+    args = ["send", str(src), url, "--json", "--retry-for", "30", *extra]
+    if pin:
+        args += ["--pin", pin]
+    return subprocess.Popen(rq_cmd(*args), env=rq_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+# -- kill -9 at random points ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_kill9_sender_and_receiver_at_random_points_then_identical(tmp_path: Path) -> None:
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(24 << 20))
+    dest = tmp_path / "dst"
+    port = free_port(socket.SOCK_DGRAM)
+    recv_args = ("--quic-backend", "aioquic", "--datagram-size", "1400")
+    recv = Recv(dest, tmp_path / "cert", "quic", *recv_args, port=port).start()
+    extra = (
+        "--quic-backend",
+        "aioquic",
+        "--datagram-size",
+        "1400",
+        "--chunk-size",
+        "256KiB",
+        "--transport",
+        "quic",
+    )
+    sender = _sender(src, recv.url, recv.pin, *extra)
+    rng = random.Random(int.from_bytes(os.urandom(4), "big"))
+    points = sorted(rng.sample(range(3, 88), 10))  # chunk records on the receiver's journal (96 chunks)
+    kills = []
+    try:
+        for i, point in enumerate(points):
+            wait_for(lambda p=point, s=sender: journal_records(dest) >= p or s.poll() is not None, 60)  # type: ignore[misc]
+            if sender.poll() is not None:
+                break
+            if i % 2 == 0:
+                sender.kill()
+                sender.wait()
+                kills.append(("sender", journal_records(dest)))
+                sender = _sender(src, recv.url, recv.pin, *extra)
+            else:
+                recv.kill()
+                kills.append(("receiver", journal_records(dest)))
+                recv = Recv(dest, tmp_path / "cert", "quic", *recv_args, port=port).start()
+        _out, err = sender.communicate(timeout=120)
+        assert sender.returncode == 0, err.decode()
+    finally:
+        if sender.poll() is None:
+            sender.kill()
+        recv.stop()
+    assert len(kills) >= 5, kills  # most kill points were reached before the end
+    assert _sha(dest / "model.bin") == _sha(src)
+    assert not list((dest / ".rq-partial").glob("*.part"))
+
+
+def test_resume_after_receiver_kill_moves_only_missing_chunks(tmp_path: Path) -> None:
+    src = tmp_path / "model.bin"
+    size, cs = 16 << 20, 256 << 10
+    src.write_bytes(os.urandom(size))
+    dest = tmp_path / "dst"
+    recv = Recv(
+        dest, tmp_path / "cert", "quic", "--quic-backend", "aioquic", "--datagram-size", "1400"
+    ).start()
+    extra = (
+        "--quic-backend",
+        "aioquic",
+        "--datagram-size",
+        "1400",
+        "--chunk-size",
+        "256KiB",
+        "--transport",
+        "quic",
+    )
+    sender = _sender(src, recv.url, recv.pin, *extra)
+    try:
+        assert wait_for(lambda: journal_records(dest) >= 30, 60)
+        recv.kill()
+        sender.kill()
+        sender.wait()
+        have = journal_records(dest)
+        assert have < size // cs
+        recv = Recv(dest, tmp_path / "cert", "quic", "--quic-backend", "aioquic", "--once").start()
+        proc = subprocess.run(
+            rq_cmd(
+                "send",
+                str(src),
+                recv.url,
+                "--pin",
+                str(recv.pin),
+                "--json",
+                *extra,
+                "--datagram-size",
+                "16000",
+            ),
+            env=rq_env(),
+            capture_output=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr.decode()
+        s = summary(proc)
+    finally:
+        if sender.poll() is None:
+            sender.kill()
+        recv.stop()
+    streams = 2
+    assert s["bytes_raw"] <= size - have * cs + 2 * streams * cs
+    assert s["bytes_raw"] < size
+    assert _sha(dest / "model.bin") == _sha(src)
+
+
+def test_changed_source_restarts_instead_of_mixing(tmp_path: Path) -> None:
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(8 << 20))
+    dest = tmp_path / "dst"
+    recv = Recv(
+        dest, tmp_path / "cert", "quic", "--quic-backend", "aioquic", "--datagram-size", "1400"
+    ).start()
+    extra = (
+        "--quic-backend",
+        "aioquic",
+        "--datagram-size",
+        "1400",
+        "--chunk-size",
+        "256KiB",
+        "--transport",
+        "quic",
+    )
+    try:
+        sender = _sender(src, recv.url, recv.pin, *extra)
+        assert wait_for(lambda: journal_records(dest) >= 6, 60)
+        sender.kill()
+        sender.wait()
+        data = bytearray(src.read_bytes())
+        data[:1000] = os.urandom(1000)  # same size, new content and mtime
+        time.sleep(0.01)
+        src.write_bytes(bytes(data))
+        proc = send(
+            [src], recv, "--chunk-size", "256KiB", "--datagram-size", "16000", "--quic-backend", "aioquic"
+        )
+        assert proc.returncode == 0, proc.stderr.decode()
+    finally:
+        _rc, out, _err = recv.stop()
+    assert _sha(dest / "model.bin") == _sha(src)
+    events = [json.loads(x) for x in out.splitlines() if x.strip()]
+    assert any(e.get("event") == "transfer" and e.get("restarted") == ["model.bin"] for e in events), out
+
+
+# -- bit flips in flight -------------------------------------------------------------------------
+
+
+class FlipProxy:
+    """A TCP proxy that flips one bit, once, at a fixed offset of the sender→receiver byte stream."""
+
+    def __init__(self, target_port: int, offset: int):
+        self.target_port, self.offset = target_port, offset
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.flipped = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, flip: bool) -> None:
+        seen = 0
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 16):
+                if flip and not self.flipped.is_set() and seen <= self.offset < seen + len(data):
+                    buf = bytearray(data)
+                    buf[self.offset - seen] ^= 0x10
+                    data = bytes(buf)
+                    self.flipped.set()
+                seen += len(data)
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_bit_flip_in_flight_is_detected_and_resent(tmp_path: Path) -> None:
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(6 << 20))
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--once").start()
+    proxy = FlipProxy(recv.port, (2 << 20) + 777)  # inside the third 1 MiB chunk's payload
+    try:
+        proc = subprocess.run(
+            rq_cmd(
+                "send",
+                str(src),
+                f"rq://127.0.0.1:{proxy.port}",
+                "--transport",
+                "tcp",
+                "--json",
+                "--chunk-size",
+                "1MiB",
+                "--compress",
+                "none",
+                "--streams",
+                "1",
+            ),
+            env=rq_env(),
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr.decode()
+    finally:
+        proxy.close()
+        recv.stop()
+    assert proxy.flipped.is_set()
+    assert summary(proc)["chunks_resent"] >= 1
+    assert _sha(tmp_path / "dst" / "model.bin") == _sha(src)
+
+
+# -- disk full -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mnt)], capture_output=True, check=False
+        ).returncode
+        != 0
+    ):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
+
+
+def test_disk_full_then_resume_after_space_is_freed(tmp_path: Path, small_tmpfs: Path) -> None:
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(8 << 20))
+    dest = small_tmpfs / "dst"
+    recv = Recv(dest, tmp_path / "cert", "tcp").start()
+    try:
+        proc = send([src], recv, "--compress", "none", "--chunk-size", "256KiB")
+        assert proc.returncode == 7, proc.stderr.decode()
+        assert "full" in proc.stderr.decode() and proc.stderr.decode().count("\n") == 1
+        assert not (dest / "model.bin").exists()
+        (jfile,) = (dest / ".rq-partial").glob("*.journal")
+        have = journal.parse(jfile.read_bytes(), jfile.stem, 8 << 20, 256 << 10, 32)
+        assert have, "the journal keeps what was verified before the disk filled"
+        subprocess.run(["mount", "-o", "remount,size=40m", str(small_tmpfs)], check=True)
+        proc = send([src], recv, "--compress", "none", "--chunk-size", "256KiB")
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert summary(proc)["bytes_raw"] <= (8 << 20) - len(have) * (256 << 10) + 4 * (256 << 10)
+    finally:
+        recv.stop()
+    assert _sha(dest / "model.bin") == _sha(src)
+
+
+# -- a hostile sender ----------------------------------------------------------------------------
+
+
+def _open(port: int, role: str, tid: str, token: str = TOKEN) -> TcpChannel:
+    ch = TcpChannel(socket.create_connection(("127.0.0.1", port), timeout=10), 1 << 26)
+    nonce = os.urandom(16)
+    ch.send(
+        control(
+            FrameType.HELLO, {"role": role, "transfer_id": tid, "nonce": base64.b64encode(nonce).decode()}
+        )
+    )
+    frame = ch.recv(10)
+    assert frame is not None and frame.type is FrameType.CHALLENGE
+    server_nonce = base64.b64decode(frame.json()["nonce"])
+    ch.send(control(FrameType.AUTH, {"mac": auth_mac(token.encode(), server_nonce, nonce, role, tid)}))
+    return ch
+
+
+def _reply(ch: TcpChannel) -> dict[str, Any]:
+    frame = ch.recv(10)
+    assert frame is not None
+    out = {"type": frame.type.name}
+    if frame.type in (FrameType.ERROR, FrameType.ACCEPT, FrameType.DONE):
+        out.update(frame.json())
+    ch.close()
+    return out
+
+
+def _forged(names: list[str], size: int = 1000, chunk: int = 1 << 16) -> Manifest:
+    """A manifest with any names at all (make_manifest would not validate them; the receiver must)."""
+    files = [
+        FileEntry(name=n, size=size, mode=0o644, key=file_key(n, size, 1, i, chunk))
+        for i, n in enumerate(names)
+    ]
+    return make_manifest(chunk, files)
+
+
+def _send_manifest(port: int, m: Manifest) -> dict[str, Any]:
+    ch = _open(port, "control", m.transfer_id)
+    body = m.to_json()
+    ch.send(header(FrameType.MANIFEST, len(body)), body)
+    return _reply(ch)
+
+
+def _chunk_after_accept(port: int, m: Manifest, h: ChunkHeader, payload: bytes) -> dict[str, Any]:
+    ch = _open(port, "control", m.transfer_id)
+    body = m.to_json()
+    ch.send(header(FrameType.MANIFEST, len(body)), body)
+    frame = ch.recv(10)
+    assert frame is not None and frame.type is FrameType.ACCEPT
+    ch.send(chunk_frame_header(h, len(payload)), payload)
+    return _reply(ch)
+
+
+def test_hostile_sender_is_refused_and_receiver_stays_up(tmp_path: Path) -> None:
+    dest, outside = tmp_path / "dst", tmp_path / "outside"
+    dest.mkdir()
+    outside.mkdir()
+    (dest / "link").symlink_to(outside)
+    recv = Recv(dest, tmp_path / "cert", "tcp", "--max-files", "50", "--max-bytes", "10M").start()
+    port = recv.port
+    try:
+        # names that would escape DEST, or go through a symlink planted in it
+        for name in ["../escape", f"{outside}/abs", "a/../../escape", "link/evil", "a\\..\\evil", "x\x1b[2J"]:
+            reply = _send_manifest(port, _forged([name]))
+            assert reply["type"] == "ERROR" and reply["code"] in ("unsafe-name", "protocol"), (name, reply)
+        # too many files, too many bytes, a manifest frame bigger than any allowed
+        assert _send_manifest(port, _forged([f"f{i}" for i in range(51)]))["code"] == "limit"
+        assert _send_manifest(port, _forged(["big"], size=11 << 20))["code"] == "limit"
+        ch = _open(port, "control", "0" * 32)
+        ch.send(header(FrameType.MANIFEST, 1 << 30))
+        assert _reply(ch)["code"] == "protocol"
+        # chunks that do not exist, or claim more bytes than their place in the file holds
+        m = _forged(["ok.bin"], size=100_000)
+        data = os.urandom(1 << 16)
+        for h in [
+            ChunkHeader(0, 7, len(data), 0, codec.digest(data)),
+            ChunkHeader(3, 0, len(data), 0, codec.digest(data)),
+            ChunkHeader(0, 1, len(data), 0, codec.digest(data)),
+        ]:
+            assert _chunk_after_accept(port, m, h, data)["code"] == "protocol", h
+        # a chunk that decompresses past its declared size: refused (NACK), nothing written
+        bomb = zstandard.ZstdCompressor().compress(b"\0" * (64 << 20))
+        reply = _chunk_after_accept(port, m, ChunkHeader(0, 0, 1 << 16, codec.Codec.ZSTD, b"\0" * 16), bomb)
+        assert reply["type"] == "NACK"
+        # the wrong token, and a data channel for a transfer that does not exist
+        ch = _open(port, "control", m.transfer_id, token="guess")
+        assert _reply(ch)["code"] == "auth"
+        ch = _open(port, "data", "f" * 32)
+        assert _reply(ch)["code"] == "unknown-transfer"
+        # and after all that, an honest sender still gets through
+        src = tmp_path / "honest.bin"
+        src.write_bytes(os.urandom(300_000))
+        proc = send([src], recv)
+        assert proc.returncode == 0, proc.stderr.decode()
+    finally:
+        _rc, out, err = recv.stop()
+    assert list(outside.iterdir()) == []
+    assert not (tmp_path / "escape").exists()
+    assert sorted(p.name for p in dest.iterdir()) == [".rq-partial", "honest.bin", "link"]
+    assert (dest / "honest.bin").read_bytes() == src.read_bytes()
+    assert "\x1b" not in err  # names are escaped before they reach a terminal
+    assert out.count('"event":"refused"') >= 10
+
+
+# -- loss and latency (netns + veth + netem) ------------------------------------------------------
+
+
+class LossyRelay:
+    """Userspace stand-in for netem where the kernel lacks sch_netem: relays UDP both ways, dropping
+    `loss` of the datagrams and holding each for `delay` seconds (so RTT = 2 × delay)."""
+
+    def __init__(self, bind_host: str, target: tuple[str, int], delay: float, loss: float, seed: int = 7):
+        import heapq
+        import select
+
+        self._heapq, self._select = heapq, select
+        self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.front.bind((bind_host, 0))
+        self.back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.back.bind((bind_host, 0))
+        self.port = self.front.getsockname()[1]
+        self.target, self.delay, self.loss = target, delay, loss
+        self.rng = random.Random(seed)
+        self.client: tuple[str, int] | None = None
+        self.queue: list[tuple[float, int, socket.socket, bytes, tuple[str, int]]] = []
+        self.dropped = self.passed = 0
+        self._stop = threading.Event()
+        self._seq = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            while self.queue and self.queue[0][0] <= now:
+                _, _, sock, data, addr = self._heapq.heappop(self.queue)
+                with contextlib.suppress(OSError):
+                    sock.sendto(data, addr)
+            wait = min(0.05, max(0.0, self.queue[0][0] - now)) if self.queue else 0.05
+            ready, _, _ = self._select.select([self.front, self.back], [], [], wait)
+            for sock in ready:
+                data, addr = sock.recvfrom(65535)
+                if sock is self.front:
+                    self.client, out, dest = addr, self.back, self.target
+                else:
+                    if self.client is None:
+                        continue
+                    out, dest = self.front, self.client
+                if self.rng.random() < self.loss:
+                    self.dropped += 1
+                    continue
+                self.passed += 1
+                self._seq += 1
+                self._heapq.heappush(self.queue, (time.monotonic() + self.delay, self._seq, out, data, dest))
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=2)
+        self.front.close()
+        self.back.close()
+
+
+@pytest.fixture
+def lossy_link() -> Iterator[dict[str, Any]]:
+    """A network namespace joined by a veth pair; 20 ms each way and 1% loss with tc netem, or — where
+    the kernel has no sch_netem (as on this VM) — with LossyRelay on the veth in front of the receiver."""
+    tag = f"{os.getpid() % 10000}"
+    ns, veth_out, veth_in = f"rqx{tag}", f"rqxo{tag}", f"rqxi{tag}"
+    subnet = 200 + os.getpid() % 50
+    here, there = f"10.{subnet}.77.1", f"10.{subnet}.77.2"
+    cmds = [
+        ["ip", "netns", "add", ns],
+        ["ip", "link", "add", veth_out, "type", "veth", "peer", "name", veth_in],
+        ["ip", "link", "set", veth_in, "netns", ns],
+        ["ip", "addr", "add", f"{here}/24", "dev", veth_out],
+        ["ip", "link", "set", veth_out, "up"],
+        ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{there}/24", "dev", veth_in],
+        ["ip", "netns", "exec", ns, "ip", "link", "set", veth_in, "up"],
+        ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
+    ]
+    netem = [
+        ["tc", "qdisc", "add", "dev", veth_out, "root", "netem", "delay", "20ms", "loss", "1%"],
+        [
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            veth_in,
+            "root",
+            "netem",
+            "delay",
+            "20ms",
+            "loss",
+            "1%",
+        ],
+    ]
+    try:
+        for cmd in cmds:
+            subprocess.run(cmd, check=True, capture_output=True)
+        has_netem = all(subprocess.run(c, capture_output=True, check=False).returncode == 0 for c in netem)
+        yield {"ns": ns, "here": here, "there": there, "netem": has_netem}
+    finally:
+        subprocess.run(["ip", "link", "del", veth_out], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
+@pytest.mark.netns
+@pytest.mark.slow
+def test_quic_over_lossy_high_latency_link(tmp_path: Path, lossy_link: dict[str, Any]) -> None:
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(3 << 20))
+    port = free_port(socket.SOCK_DGRAM)
+    recv = Recv(
+        tmp_path / "dst",
+        tmp_path / "cert",
+        "quic",
+        "--once",
+        "--quic-backend",
+        "aioquic",
+        netns=lossy_link["ns"],
+        host=lossy_link["there"],
+        port=port,
+    ).start()
+    relay = (
+        None
+        if lossy_link["netem"]
+        else LossyRelay(lossy_link["here"], (lossy_link["there"], port), 0.020, 0.01)
+    )
+    try:
+        url = recv.url if relay is None else f"rq://{lossy_link['here']}:{relay.port}"
+        proc = subprocess.run(
+            rq_cmd(
+                "send",
+                str(src),
+                url,
+                "--pin",
+                str(recv.pin),
+                "--json",
+                "--transport",
+                "quic",
+                "--quic-backend",
+                "aioquic",
+                "--chunk-size",
+                "256KiB",
+                "--datagram-size",
+                "1452",
+            ),
+            env=rq_env(),
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr.decode()
+        rc, _, err = recv.wait(30)
+        assert rc == 0, err
+    finally:
+        recv.stop()
+        if relay is not None:
+            relay.close()
+    if relay is not None:
+        assert relay.dropped > 0  # the link really lost packets
+    assert summary(proc)["verified"] is True
+    assert _sha(tmp_path / "dst" / "model.bin") == _sha(src)
