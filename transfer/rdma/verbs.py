@@ -48,6 +48,15 @@ def _libdir() -> Path | None:
     return None
 
 
+def _enums_module() -> Any:
+    # rdma-core v59 calls it libibverbs_enums; Debian's v44 (python3-pyverbs) calls it enums.
+    try:
+        import pyverbs.libibverbs_enums as enums
+    except ImportError:
+        import pyverbs.enums as enums
+    return enums
+
+
 def load() -> Any:
     """The pyverbs modules rq uses, as one namespace; RdmaUnavailable says why not."""
     global _MODULES, _LOADED_FROM
@@ -73,7 +82,8 @@ def load() -> Any:
             import pyverbs.addr as addr
             import pyverbs.cq as cq
             import pyverbs.device as device
-            import pyverbs.libibverbs_enums as enums
+
+            enums = _enums_module()
             import pyverbs.mr as mr
             import pyverbs.pd as pd
             import pyverbs.qp as qp
