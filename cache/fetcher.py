@@ -101,6 +101,7 @@ class FetchResult:
     landed: list[Entry] = field(default_factory=list)
     failed: list[ev.Failed] = field(default_factory=list)
     bytes: int = 0
+    resumed_bytes: int = 0  # pieces of big objects found durable from an earlier, interrupted run
 
 
 class Fetcher:
@@ -122,6 +123,7 @@ class Fetcher:
         self._bytes = 0
         self._bytes_lock = threading.Lock()
         self._seq = itertools.count()
+        self.resumed_bytes = 0
 
     # --- callbacks from other threads ----------------------------------------------------------
 
@@ -183,7 +185,7 @@ class Fetcher:
                             started = self._admit(batch, requests, delayed)
                         except CacheError as exc:
                             fatal = exc
-                            ready.extendleft(reversed(batch))
+                            self._drop_unstarted(requests)
                             started = []
                         admitted.update(id(j) for j in started)
                         continue
@@ -250,6 +252,7 @@ class Fetcher:
         if to_land:
             self._land(to_land, result)
         result.bytes = self._bytes
+        result.resumed_bytes = self.resumed_bytes
         self.on_event(ev.Progress(self._bytes))
         if fatal is not None:
             self._abandon(jobs, keep_partials=True)
@@ -307,9 +310,9 @@ class Fetcher:
             job.error = None
             if job.big:
                 todo = [(i, r) for i, r in enumerate(ranges) if i not in job.landing.done_pieces]
-                self._count(
-                    sum(r[1] - r[0] + 1 for i, r in enumerate(ranges) if i in job.landing.done_pieces)
-                )
+                resumed = sum(r[1] - r[0] + 1 for i, r in enumerate(ranges) if i in job.landing.done_pieces)
+                self.resumed_bytes += resumed
+                self._count(resumed)
                 if not todo:  # every piece already durable from an earlier run
                     job.outstanding += 1
                     requests.append((job, -1, None))

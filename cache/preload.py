@@ -21,6 +21,7 @@ class PreloadResult:
     bytes: int = 0
     skipped: int = 0  # already cached at the same version
     skipped_bytes: int = 0
+    resumed_bytes: int = 0  # bytes of big objects resumed from an interrupted run's pieces
     failed: list[ev.Failed] = field(default_factory=list)
     seconds: float = 0.0
     planned: list[ObjectInfo] = field(default_factory=list)
@@ -103,5 +104,6 @@ def run_preload(
     result.objects = len(fetched.landed)
     result.bytes = sum(e.size for e in fetched.landed)
     result.failed = fetched.failed
+    result.resumed_bytes = fetched.resumed_bytes
     result.seconds = time.monotonic() - started
     return result

@@ -170,6 +170,7 @@ def preload(
         "bytes": result.bytes,
         "skipped": result.skipped,
         "skipped_bytes": result.skipped_bytes,
+        "resumed_bytes": result.resumed_bytes,
         "failed": len(result.failed),
         "seconds": round(result.seconds, 3),
         "mb_per_s": round(result.mb_per_s, 1),

@@ -1,0 +1,41 @@
+"""Helpers for the cache tests (a unique module name: tests/ has several conftest.py files)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+
+def payload(i: int, size: int) -> bytes:
+    """Deterministic, incompressible-enough content for object i."""
+    seed = hashlib.sha256(f"obj-{i}-{size}".encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+def seed_objects(s3: Any, bucket: str, prefix: str, n: int, size: int) -> dict[str, bytes]:
+    data = {f"{prefix}{i:05d}.bin": payload(i, size) for i in range(n)}
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda kv: s3.put_object(Bucket=bucket, Key=kv[0], Body=kv[1]), data.items()))
+    return data
+
+
+def tree_files(root: Path) -> dict[str, int]:
+    out = {}
+    for base, _, files in os.walk(root):
+        for name in files:
+            p = Path(base) / name
+            try:
+                out[str(p)] = p.stat().st_size
+            except FileNotFoundError:
+                pass
+    return out
+
+
+def summary(proc: Any) -> dict[str, Any]:
+    """The final `{"event": "summary", …}` line of a `--json` run."""
+    lines = [json.loads(x) for x in proc.stdout.decode().splitlines() if x.strip()]
+    return next(x for x in reversed(lines) if x.get("event") == "summary")

@@ -1,0 +1,179 @@
+"""A small HTTP/1.1 fault-injecting reverse proxy for S3 tests (used in front of real SeaweedFS).
+
+Per request it may answer 503 SlowDown itself, or reset the connection mid-response; otherwise it
+forwards the request and streams the response back (optionally rate-limited, to make a preload slow
+enough to kill at a chosen moment). `stop()` closes the listener and every connection, which to the
+client looks like the S3 server going away. Test-only code: no fakes of S3 itself, only faults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import struct
+import threading
+from dataclasses import dataclass, field
+
+SLOWDOWN = (
+    b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n"
+    b"Connection: close\r\n\r\n%s"
+)
+SLOWDOWN_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+
+
+@dataclass
+class Stats:
+    requests: int = 0
+    slowdowns: int = 0
+    resets: int = 0
+    forwarded: int = 0
+    paths: list[str] = field(default_factory=list)
+
+
+class FaultProxy:
+    def __init__(
+        self,
+        upstream_port: int,
+        p_slowdown: float = 0.0,
+        p_reset: float = 0.0,
+        rate_bytes_per_s: float | None = None,
+        seed: int = 1,
+        only_get: bool = True,
+    ):
+        self.upstream_port = upstream_port
+        self.p_slowdown, self.p_reset = p_slowdown, p_reset
+        self.rate = rate_bytes_per_s
+        self.only_get = only_get
+        self.rng = random.Random(seed)
+        self.stats = Stats()
+        self.loop = asyncio.new_event_loop()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.base_events.Server | None = None
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(started,), daemon=True)
+        self._thread.start()
+        started.wait(10)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self._server = self.loop.run_until_complete(asyncio.start_server(self._client, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        started.set()
+        self.loop.run_forever()
+
+    def stop(self) -> None:
+        """The server goes away: no listener, every open connection reset."""
+
+        async def shutdown() -> None:
+            assert self._server is not None
+            self._server.close()
+            for w in list(self._writers):
+                _reset(w)
+            await asyncio.sleep(0)
+
+        if self.loop.is_running():
+            asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        up_r: asyncio.StreamReader | None = None
+        up_w: asyncio.StreamWriter | None = None
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                method = head.split(b" ", 1)[0]
+                self.stats.requests += 1
+                body = await reader.readexactly(_content_length(head)) if _content_length(head) else b""
+                faultable = method == b"GET" or not self.only_get
+                roll = self.rng.random()
+                if faultable and roll < self.p_slowdown:
+                    self.stats.slowdowns += 1
+                    writer.write(SLOWDOWN % (len(SLOWDOWN_BODY), SLOWDOWN_BODY))
+                    await writer.drain()
+                    writer.close()
+                    return
+                reset_midway = faultable and roll < self.p_slowdown + self.p_reset
+                if up_w is None:
+                    up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+                assert up_r is not None
+                up_w.write(head + body)
+                await up_w.drain()
+                self.stats.forwarded += 1
+                await self._relay_response(up_r, writer, method == b"HEAD", reset_midway)
+                if reset_midway:
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, OSError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            if up_w is not None:
+                up_w.close()
+            if not writer.is_closing():
+                writer.close()
+
+    async def _relay_response(
+        self, up: asyncio.StreamReader, writer: asyncio.StreamWriter, head_only: bool, reset_midway: bool
+    ) -> None:
+        head = await up.readuntil(b"\r\n\r\n")
+        writer.write(head)
+        if head_only or head.split(b" ", 2)[1] in (b"204", b"304"):
+            await writer.drain()
+            return
+        if b"transfer-encoding: chunked" in head.lower():
+            while True:
+                line = await up.readuntil(b"\r\n")
+                size = int(line.split(b";")[0], 16)
+                data = await up.readexactly(size + 2)
+                writer.write(line + data)
+                if size == 0:
+                    break
+            await writer.drain()
+            return
+        left = _content_length(head)
+        if reset_midway:
+            cut = left // 2
+            while cut > 0:
+                chunk = await up.read(min(cut, 65536))
+                cut -= len(chunk)
+                writer.write(chunk)
+            await writer.drain()
+            self.stats.resets += 1
+            _reset(writer)
+            raise ConnectionResetError
+        while left > 0:
+            chunk = await up.read(min(left, 65536))
+            if not chunk:
+                raise ConnectionResetError
+            left -= len(chunk)
+            writer.write(chunk)
+            await writer.drain()
+            if self.rate:
+                await asyncio.sleep(len(chunk) / self.rate)
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":", 1)[1])
+    return 0
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """Close with RST (SO_LINGER 0), the way a crashed server or a middlebox drops a connection."""
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+    writer.transport.abort()

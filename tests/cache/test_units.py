@@ -1,0 +1,124 @@
+"""Pure logic: names from keys, sizes, digests, the AIMD window, glob filters. No servers."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import zlib
+from pathlib import Path
+
+import pytest
+import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cache.digests import (
+    MIB,
+    PIECE_SIZE,
+    PieceHash,
+    composite_crc32_matches,
+    file_digest,
+    tree_digest,
+    whole_crc32,
+)
+from cache.errors import BadSourceError
+from cache.fetcher import Window
+from cache.layout import Layout, blob_name
+from cache.preload import matches
+from cache.sizes import parse_size
+
+SAFE_BLOB = re.compile(r"^[0-9a-f]{2}/[0-9a-f]{32}-[A-Za-z0-9._-]{1,40}$")
+
+
+@given(st.text(min_size=0, max_size=3000), st.text(max_size=50))
+@settings(max_examples=300, deadline=None)
+def test_any_key_maps_to_a_safe_name_inside_the_tier(key: str, version: str) -> None:
+    blob = blob_name(f"s3://bucket/{key}", version)
+    assert SAFE_BLOB.match(blob), blob
+    assert not blob.split("-", 1)[1].startswith(".")
+    layout = Layout(Path("/c"), Path("/r"))
+    path = layout.blob_path("disk", blob)
+    assert os.path.normpath(path) == str(path) and str(path).startswith("/c/objects/")
+
+
+@pytest.mark.parametrize(
+    "key", ["../../etc/passwd", "/abs/olute", "a/../../b", "..", ".", "x" * 5000, "日本語/ключ", "a\x00b\nc"]
+)
+def test_hostile_keys_never_leave_objects_dir(key: str) -> None:
+    blob = blob_name(f"s3://b/{key}", "v1")
+    assert SAFE_BLOB.match(blob)
+    assert ".." not in blob.split("/")
+
+
+def test_versions_get_distinct_names() -> None:
+    assert blob_name("s3://b/k", "etag:1") != blob_name("s3://b/k", "etag:2")
+
+
+def test_parse_size() -> None:
+    assert parse_size("512M") == 512 << 20
+    assert parse_size("4GiB") == 4 << 30
+    assert parse_size("1.5K") == 1536
+    assert parse_size("100") == 100
+    with pytest.raises(BadSourceError):
+        parse_size("lots")
+
+
+def test_piece_hash_fed_in_odd_chunks_matches_one_shot() -> None:
+    data = os.urandom(3 * MIB + 17)
+    ph = PieceHash()
+    view = memoryview(data)
+    for start in range(0, len(data), 300_001):
+        ph.update(view[start : start + 300_001])
+    digest, blocks = ph.close()
+    assert digest == xxhash.xxh3_128(data).hexdigest()
+    assert whole_crc32(blocks, len(data)) == zlib.crc32(data)
+
+
+def test_composite_crc32_of_multipart_upload() -> None:
+    data = os.urandom(5 * MIB + 123)
+    parts = [data[i : i + 2 * MIB] for i in range(0, len(data), 2 * MIB)]
+    inner = b"".join(zlib.crc32(p).to_bytes(4, "big") for p in parts)
+    expected = base64.b64encode(zlib.crc32(inner).to_bytes(4, "big")).decode() + "-3"
+    assert composite_crc32_matches(_blocks(data), len(data), expected)
+    flipped = bytearray(data)
+    flipped[MIB] ^= 1
+    assert not composite_crc32_matches(_blocks(bytes(flipped)), len(data), expected)
+
+
+def _blocks(data: bytes) -> list[int]:
+    ph = PieceHash()
+    ph.update(memoryview(data))
+    return ph.close()[1]
+
+
+def test_file_digest_of_big_file_is_a_tree_of_pieces(tmp_path: Path) -> None:
+    size = 2 * PIECE_SIZE + 5
+    path = tmp_path / "big"
+    with open(path, "wb") as fh:
+        fh.truncate(size)
+        fh.seek(PIECE_SIZE)
+        fh.write(b"middle")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = path.read_bytes()
+        pieces = [xxhash.xxh3_128(data[o : o + PIECE_SIZE]).hexdigest() for o in range(0, size, PIECE_SIZE)]
+        assert file_digest(fd, size) == tree_digest(pieces)
+    finally:
+        os.close(fd)
+
+
+def test_window_halves_on_throttle_and_grows_back() -> None:
+    w = Window(64)
+    w.throttled()
+    assert w.value == 32
+    for _ in range(2000):
+        w.success()
+    assert w.value == 64
+
+
+def test_include_exclude() -> None:
+    assert matches("a/b.tar", ["*.tar"], [])
+    assert not matches("a/b.json", ["*.tar"], [])
+    assert not matches("a/b.tar", [], ["a/*"])
+    assert matches("x", [], [])
