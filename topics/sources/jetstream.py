@@ -177,15 +177,23 @@ class JetStreamSource:
         state = {"left": -1, "last": start - 1}
         wake = asyncio.Event()
 
+        keys: dict[str, bytes] = {}  # subjects repeat: encode each once
+        append = pending.append
+        no_headers = NO_HEADERS
+
         async def cb(msg: Any) -> None:
             # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending> (9 tokens), or the
-            # 12-token form with domain and account hash: count from the end, which is stable.
+            # 12-token form with domain and account hash (sseq moves two places right).
             t = msg.reply.split(".")
             i = 5 if len(t) == 9 else 7
-            seq = int(t[i])
             left = int(t[i + 3])
-            pending.append(
-                (seq, int(t[i + 2]) // 1_000_000, msg.subject.encode(), _headers(msg.headers), msg.data)
+            subject = msg.subject
+            key = keys.get(subject)
+            if key is None:
+                key = keys[subject] = subject.encode()
+            hdrs = msg.headers
+            append(
+                (int(t[i]), int(t[i + 2]) // 1_000_000, key, _headers(hdrs) if hdrs else no_headers, msg.data)
             )
             state["left"] = left
             if left == 0 or len(pending) >= _WAKE_BATCH:
