@@ -59,7 +59,7 @@ def make_data(path: Path, n: int) -> None:
     with open(path, "wb") as fh:
         lines = []
         for i in range(n):
-            head = '{"id":%d,"quality":0.%03d,"tags":["a","b"],"text":"' % (i, i % 1000)
+            head = f'{{"id":{i},"quality":0.{i % 1000:03d},"tags":["a","b"],"text":"'
             lines.append((head + pad[: RECORD - len(head) - 2] + '"}\n').encode())
             if len(lines) == 10000:
                 fh.writelines(lines)
