@@ -170,3 +170,33 @@ def test_wr_ids_keep_their_kind() -> None:
 
     for kind in WrKind:
         assert split_wr_id(wr_id(kind, 12345)) == (kind, 12345)
+
+
+def test_shut_wakes_a_blocked_reader_before_the_queue_pair_goes() -> None:
+    _, b, _, pb = make_pair()
+    outcome: list[BaseException] = []
+    polls_after_release: list[int] = []
+    released = threading.Event()
+
+    def reader() -> None:
+        try:
+            b.recv(soon())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    real_poll = pb.poll
+
+    def guarded_poll(n: int) -> list[Completion]:
+        if released.is_set():
+            polls_after_release.append(n)  # would be a poll of a destroyed CQ
+        return real_poll(n)
+
+    pb.poll = guarded_poll  # type: ignore[method-assign,assignment]
+    t = threading.Thread(target=reader)
+    t.start()
+    time.sleep(0.05)  # the reader is polling and sleeping by now
+    b.shut(PeerUnreachableError("closed"), released.set)
+    t.join(5)
+    assert not t.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], PeerUnreachableError)
+    assert polls_after_release == []

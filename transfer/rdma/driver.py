@@ -150,7 +150,9 @@ class RdmaChannel:
         ):
             with contextlib.suppress(OSError, ssl.SSLError, TransferError):
                 self._send_msg(b"B")
-        if self.qp is not None:
+        if self.pipe is not None:
+            self.pipe.shut(PeerUnreachableError("the channel was closed"), self.qp.close)
+        elif self.qp is not None:
             self.qp.close()
         self.tcp.close()
 

@@ -32,6 +32,7 @@ from transfer.rdma.schedule import plan_slots
 POLL_BATCH = 32
 CREDITS_IN_FLIGHT = 16  # credit SENDs posted but not completed; beyond that they wait (they are cumulative)
 RECV_SPARE = 8
+SPIN_YIELDS = 20  # empty polls answered with a bare yield before sleeping
 
 
 class WrKind(enum.IntEnum):
@@ -188,17 +189,18 @@ class Pipe:
                 spins = 0
                 continue
             spins += 1
-            if spins % 64 == 0 and self.liveness is not None:
+            if spins % 16 == 0 and self.liveness is not None:
                 self._guard(self.liveness)
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"timed out waiting for {what}")
-            if spins > 200:
-                # Idle: back off from a busy poll (2 shared cores); completions still land in the CQ.
-                self.lock.release()
-                try:
-                    time.sleep(min(0.001, 0.00002 * (spins - 200)))
-                finally:
-                    self.lock.acquire()
+            # Nothing new: let the channel's other thread in (a reply reader and a sender share the
+            # CQ), first with a bare yield, then backing off to sleeps of up to 1 ms so an idle
+            # channel does not hold a core or the GIL. Completions wait in the CQ meanwhile.
+            self.lock.release()
+            try:
+                time.sleep(0 if spins < SPIN_YIELDS else min(0.001, 0.00005 * (spins - SPIN_YIELDS + 1)))
+            finally:
+                self.lock.acquire()
 
     def _guard(self, fn: Callable[[], None]) -> None:
         try:
@@ -264,10 +266,13 @@ class Pipe:
                 return False
             return True
 
-    def fail(self, exc: TransferError) -> None:
+    def shut(self, exc: TransferError, release: Callable[[], None]) -> None:
+        """Marks the pipe broken and runs `release` (destroy the QP, free its memory) under the lock,
+        so a thread blocked in send/recv never polls a destroyed CQ: it wakes, sees `broken`, raises."""
         with self.lock:
             if self.broken is None:
                 self.broken = exc
+            release()
 
 
 class PeerClosed(PeerUnreachableError):
