@@ -102,5 +102,6 @@ def test_describe_maps_ports_and_skips_empty_gids() -> None:
     assert [p.state for p in dev.ports] == ["ACTIVE", "DOWN"]
     port = dev.ports[0]
     assert (port.link_layer, port.active_mtu, port.max_mtu) == ("Ethernet", 1024, 4096)
+    assert (port.num, port.mtu) == (1, 1024)  # the names rq doctor reads
     assert port.gids == (RdmaGid(1, "0000:0000:0000:0000:0000:ffff:0a00:0002", "RoCE v2"),)
     assert _FakeContext.closed

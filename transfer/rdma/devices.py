@@ -38,6 +38,14 @@ class RdmaPort:
     lid: int
     gids: tuple[RdmaGid, ...]
 
+    @property
+    def num(self) -> int:  # the short names rq doctor uses
+        return self.number
+
+    @property
+    def mtu(self) -> int:
+        return self.active_mtu
+
 
 @dataclass(frozen=True)
 class RdmaDevice:
