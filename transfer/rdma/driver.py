@@ -341,7 +341,18 @@ class RdmaTransport:
     connection_per_process = False  # the adapter moves the bytes; one process keeps up
 
     def listen(self, opts: ListenOptions, handler: Callable[[Channel], None]) -> RdmaListener:
-        return RdmaListener(opts, handler, RdmaSettings.from_extra(opts.extra))
+        settings = RdmaSettings.from_extra(opts.extra)
+        _open_now(settings)
+        return RdmaListener(opts, handler, settings)
 
     def connect(self, opts: ConnectOptions) -> RdmaConnection:
-        return RdmaConnection(opts, RdmaSettings.from_extra(opts.extra))
+        settings = RdmaSettings.from_extra(opts.extra)
+        _open_now(settings)
+        return RdmaConnection(opts, settings)
+
+
+def _open_now(settings: RdmaSettings) -> None:
+    """A wrong --rdma-device/--rdma-port/--gid-index fails at start, not when the first peer arrives."""
+    from transfer.rdma import verbs
+
+    verbs.open_device(settings.device, settings.port, settings.gid_index)

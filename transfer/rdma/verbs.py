@@ -31,6 +31,7 @@ from transfer.rdma.errors import RdmaDeviceError, RdmaUnavailable
 from transfer.rdma.pipe import Completion
 
 _LOCK = threading.Lock()
+PORT_ACTIVE = 4  # IBV_PORT_ACTIVE
 _MODULES: Any = None
 _LOADED_FROM: str = ""
 
@@ -148,7 +149,6 @@ def _no_device_reason(exc: BaseException | None = None) -> str:
 
 def open_device(name: str | None, port: int, gid_index: int | None) -> OpenDevice:
     """Opens (once per process) the named device, or the first one; picks a GID if none was given."""
-    from transfer.rdma.devices import choose_gid_index, read_gids
 
     v = load()
     names = device_names()
@@ -160,24 +160,48 @@ def open_device(name: str | None, port: int, gid_index: int | None) -> OpenDevic
     with _LOCK:
         try:
             ctx = v.device.Context(name=dev)
-            pattr = ctx.query_port(port)
-            link = LINK_ETHERNET if pattr.link_layer == v.e.IBV_LINK_LAYER_ETHERNET else LINK_INFINIBAND
-            if gid_index is None:
-                gid_index = choose_gid_index(read_gids(v, ctx, port, pattr.gid_tbl_len), link)
-            key = (dev, port, gid_index)
-            if key in _DEVICES:
-                ctx.close()
-                return _DEVICES[key]
-            from transfer.rdma.conninfo import gid_from_text
-
-            gid = gid_from_text(ctx.query_gid(port, gid_index).gid) if gid_index >= 0 else bytes(16)
-            opened = OpenDevice(
-                dev, port, gid_index, ctx, v.pd.PD(ctx), link, pattr.lid, pattr.active_mtu, gid
-            )
         except v.PyverbsError as exc:
-            raise RdmaDeviceError(f"cannot open RDMA device {dev} port {port}: {exc}") from None
-        _DEVICES[key] = opened
-        return opened
+            raise RdmaDeviceError(f"cannot open RDMA device {dev}: {exc}") from None
+        try:
+            return _open_port(v, ctx, dev, port, gid_index)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                ctx.close()
+            raise
+
+
+def _open_port(v: Any, ctx: Any, dev: str, port: int, gid_index: int | None) -> OpenDevice:
+    from transfer.rdma.conninfo import gid_from_text
+    from transfer.rdma.devices import choose_gid_index, port_state, read_gids
+
+    try:
+        pattr = ctx.query_port(port)
+    except v.PyverbsError:
+        raise RdmaUnavailable(f"RDMA device {dev} has no port {port} (see `rq doctor`)") from None
+    if int(pattr.state) != PORT_ACTIVE:
+        raise RdmaUnavailable(f"RDMA device {dev} port {port} is {port_state(int(pattr.state))}, not ACTIVE")
+    link = LINK_ETHERNET if pattr.link_layer == v.e.IBV_LINK_LAYER_ETHERNET else LINK_INFINIBAND
+    if gid_index is None:
+        gid_index = choose_gid_index(read_gids(v, ctx, port, pattr.gid_tbl_len), link)
+    key = (dev, port, gid_index)
+    if key in _DEVICES:
+        ctx.close()
+        return _DEVICES[key]
+    try:
+        gid = gid_from_text(ctx.query_gid(port, gid_index).gid) if gid_index >= 0 else bytes(16)
+    except v.PyverbsError:
+        raise RdmaUnavailable(f"RDMA device {dev} port {port} has no GID index {gid_index}") from None
+    if link == LINK_ETHERNET and gid == bytes(16):
+        raise RdmaUnavailable(
+            f"GID index {gid_index} of {dev} port {port} is empty; pick one `rq doctor` lists"
+        )
+    try:
+        pd = v.pd.PD(ctx)
+    except v.PyverbsError as exc:
+        raise RdmaDeviceError(f"cannot allocate a protection domain on {dev}: {exc}") from None
+    opened = OpenDevice(dev, port, gid_index, ctx, pd, link, pattr.lid, pattr.active_mtu, gid)
+    _DEVICES[key] = opened
+    return opened
 
 
 # -- one queue pair with its buffers -------------------------------------------------------------
