@@ -512,6 +512,12 @@ def tail(
 @click.option(
     "-f", "--follow", is_flag=True, help="Keep reading past the end (until --to, --count or Ctrl-C)."
 )
+@click.option(
+    "--timeout",
+    "idle_timeout",
+    type=float,
+    help="With --follow: exit after this many seconds without a record.",
+)
 @_format_options
 @topics_dir_option
 @output_options
@@ -527,6 +533,7 @@ def replay(
     spec_file: Path | None,
     count: int | None,
     follow: bool,
+    idle_timeout: float | None,
     fmt: str | None,
     fields: str | None,
     where: str | None,
@@ -600,7 +607,7 @@ def replay(
             if show
             else None
         )
-        source = open_source(ref)
+        source = open_source(ref, idle_timeout=idle_timeout)
         sink: Sink | None = None
         res = Result()
         start: int

@@ -145,3 +145,40 @@ def test_produce_spec_and_to_topic(
 def test_unknown_stream(nats_url: str, env: dict[str, str]) -> None:
     r = run_rq("replay", f"{nats_url}/RQ_NO_SUCH_STREAM", "--from", "start", env=env)
     assert r.returncode == 3 and b"does not exist" in r.stderr
+
+
+def test_follow_sees_new_messages_and_flow_control_keeps_up(
+    nats_url: str, stream_name: str, env: dict[str, str]
+) -> None:
+    """Follow mode on the wire-level reader: a backlog larger than flow-control windows, then live
+    messages, then the idle timeout ends it."""
+    import os
+    import subprocess
+
+    from conftest import rq_command
+
+    make_stream(nats_url, stream_name)
+    publish(nats_url, f"{stream_name}.x", [b"%d" % i for i in range(3000)])
+    proc = subprocess.Popen(
+        [
+            *rq_command(),
+            "replay",
+            f"{nats_url}/{stream_name}",
+            "--from",
+            "start",
+            "-f",
+            "--timeout",
+            "2",
+            "--format",
+            "raw",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env},
+    )
+    assert proc.stdout is not None
+    for i in range(3000):
+        assert proc.stdout.readline() == b"%d\n" % i
+    publish(nats_url, f"{stream_name}.x", [b"live"], headers={"h": "v"})
+    assert proc.stdout.readline() == b"live\n"
+    assert proc.wait(20) == 0

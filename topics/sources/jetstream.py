@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -23,8 +22,7 @@ from typing import Any
 from topics.errors import SourceUnreachable, TopicError, TopicNotFound
 from topics.record import NO_HEADERS, Headers, Record
 from topics.sources.base import Pending
-
-_WAKE_BATCH = 4096  # wake the reader after this many messages (or when caught up)
+from topics.sources.natswire import OrderedReader
 
 
 def _probe(host: str, port: int, timeout: float) -> None:
@@ -108,6 +106,7 @@ class JetStreamSource:
     def __init__(self, ref: Any, idle_timeout: float | None = None, connect_timeout: float = 3.0):
         self.url = ref.url
         self.subject: str = ref.subject
+        self.host, self.port = ref.host, ref.port
         self.idle_timeout = idle_timeout
         self.conn = _Conn(ref.host, ref.port, ref.stream, connect_timeout)
         try:
@@ -169,91 +168,14 @@ class JetStreamSource:
         skip_corrupt: bool = False,
         on_skip: Callable[[int, int, str], None] | None = None,
     ) -> Iterator[list[Record]]:
-        from nats.js.api import ConsumerConfig, DeliverPolicy
-
+        """An ordered push consumer from `start`, read by the wire-level reader (natswire.py)."""
         if stop is not None and start >= stop:
             return
-        pending: list[Record] = []
-        state = {"left": -1, "last": start - 1}
-        wake = asyncio.Event()
-
-        keys: dict[str, bytes] = {}  # subjects repeat: encode each once
-        append = pending.append
-        no_headers = NO_HEADERS
-
-        async def cb(msg: Any) -> None:
-            # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending> (9 tokens), or the
-            # 12-token form with domain and account hash (sseq moves two places right).
-            t = msg.reply.split(".")
-            i = 5 if len(t) == 9 else 7
-            left = int(t[i + 3])
-            subject = msg.subject
-            key = keys.get(subject)
-            if key is None:
-                key = keys[subject] = subject.encode()
-            hdrs = msg.headers
-            append(
-                (int(t[i]), int(t[i + 2]) // 1_000_000, key, _headers(hdrs) if hdrs else no_headers, msg.data)
-            )
-            state["left"] = left
-            if left == 0 or len(pending) >= _WAKE_BATCH:
-                wake.set()
-
-        cfg = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(start, 1))
-
-        async def subscribe() -> tuple[Any, int]:
-            sub = await self.conn.js.subscribe(
-                self.subject,
-                stream=self.conn.stream,
-                ordered_consumer=True,
-                config=cfg,
-                cb=cb,
-                pending_msgs_limit=1_000_000,
-                pending_bytes_limit=512 * 1024 * 1024,
-            )
-            info = await sub.consumer_info()
-            return sub, _total(info)
-
-        async def wait(timeout: float) -> None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout)
-            wake.clear()
-
-        sub, initial = self.conn.run(subscribe())
+        reader = OrderedReader(self.host, self.port, self.conn.stream, self.subject)
         try:
-            if initial == 0 and not follow:
-                return
-            idle_since = time.monotonic()
-            while True:
-                if not pending:
-                    self.conn.run(wait(0.05))
-                if not pending:
-                    if follow:
-                        if (
-                            self.idle_timeout is not None
-                            and time.monotonic() - idle_since > self.idle_timeout
-                        ):
-                            return
-                        continue
-                    if state["left"] == 0:
-                        return
-                    continue
-                idle_since = time.monotonic()
-                batch = pending[:]
-                pending.clear()
-                if stop is not None and batch[-1][0] >= stop:
-                    batch = [r for r in batch if r[0] < stop]
-                    if batch:
-                        yield batch
-                    return
-                yield batch
-                if stop is not None and batch[-1][0] >= stop - 1:
-                    return
-                if not follow and state["left"] == 0 and not pending:
-                    return
+            yield from reader.batches(start, stop, follow, self.idle_timeout)
         finally:
-            with contextlib.suppress(Exception):
-                self.conn.run(sub.unsubscribe())
+            reader.close()
 
     # -- consumer groups ------------------------------------------------------------------------
 
