@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_rq
+from rqtest import run_rq
 from rdma_probe import device_listed
 
 from rqcli.exitcodes import ExitCode

@@ -158,3 +158,30 @@ def test_hostile_connection_info_is_refused_and_both_sides_tear_down(
     qps = list(loopback.registry.values())
     assert qps and _eventually(lambda: all(q.closed for q in qps))  # the receiver read the refusal too
     assert not (tmp_path / "dest" / "ckpt" / "shard-0.bin").exists()
+
+
+def test_sender_on_rdma_against_a_tcp_receiver_says_so(
+    tmp_path: Path, loopback: type[LoopbackQueuePair], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transfer import tcp
+    from transfer.rdma import driver
+
+    monkeypatch.setattr(driver, "SETUP_TIMEOUT", 1.0)
+    _checkpoint(tmp_path / "ckpt")
+    identity = load_identity(tmp_path / "certs")
+    recv = Receiver(tmp_path / "dest", TOKEN)
+    listener = tcp.TcpTransport().listen(
+        ListenOptions("127.0.0.1", 0, identity, tls=True), recv.handle_channel
+    )
+    server = threading.Thread(target=listener.serve_forever, daemon=True)
+    server.start()
+    try:
+        host, port = listener.address
+        opts = ConnectOptions(host, port, identity.fingerprint, tls=True, timeout=5)
+        with pytest.raises(ProtocolError, match="--transport rdma"):
+            do_send([tmp_path / "ckpt"], RdmaTransport(), opts, TOKEN, SendOptions(retry_for=2))
+        assert all(q.closed for q in loopback.registry.values())
+    finally:
+        listener.close()
+        server.join(5)
+        recv.close()

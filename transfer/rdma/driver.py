@@ -37,7 +37,7 @@ from transfer.transport import Channel, ConnectOptions, ListenOptions
 UPGRADE_AT = (FrameType.ACCEPT, FrameType.READY)
 MSG = struct.Struct("!cI")
 MAX_MSG = 4096
-SETUP_TIMEOUT = 30.0
+SETUP_TIMEOUT = 15.0
 DRAIN_TIMEOUT = 10.0
 
 
@@ -72,6 +72,10 @@ class RdmaSettings:
             port=int(extra.get("rdma_port") or 1),
             gid_index=None if gid is None else int(gid),
         )
+
+
+def setup_timeout() -> float:
+    return SETUP_TIMEOUT  # a function so tests can shorten it
 
 
 def frame_boundary_after_upgrade(data: bytes) -> int | None:
@@ -167,9 +171,9 @@ class RdmaChannel:
             s = self.settings
             mine = s.receiver if self.acceptor else s.sender
             try:
-                self.tcp.sock.settimeout(SETUP_TIMEOUT)
+                self.tcp.sock.settimeout(setup_timeout())
                 if not self.acceptor:
-                    peer = self._expect_info()  # the receiver speaks first
+                    peer = self._first_info()  # the receiver speaks first
                 dev = verbs.open_device(s.device, s.port, s.gid_index)
                 depth = recv_depth(mine.ring_slots, mine.staging)
                 self.qp = verbs.QueuePair(
@@ -219,6 +223,14 @@ class RdmaChannel:
         self._closed = True
         with contextlib.suppress(Exception):
             self.tcp.close()
+
+    def _first_info(self) -> conninfo.ConnInfo:
+        try:
+            return self._expect_info()
+        except TimeoutError:
+            raise ProtocolError(
+                "the receiver accepted but offered no RDMA setup: is it running `rq recv --transport rdma`?"
+            ) from None
 
     def _expect_info(self) -> conninfo.ConnInfo:
         tag, body = self._read_msg()
