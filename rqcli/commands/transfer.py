@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -115,6 +116,14 @@ def _transport_extra(
     return extra
 
 
+def _quick_gil_handoff(transport: str) -> None:
+    """QUIC runs aioquic in an event-loop thread that holds the GIL almost all the time; the threads
+    that read, hash and write chunks wait up to the switch interval (5 ms) for it after every syscall.
+    A shorter interval keeps them from stalling the pipe (measured: ~10-30% on loopback, noisy)."""
+    if transport == "quic":
+        sys.setswitchinterval(0.001)
+
+
 def _common(func: Any) -> Any:
     options = [
         click.option(
@@ -206,6 +215,7 @@ def recv(
     from transfer.transport import ListenOptions, get_transport
 
     out = get_output()
+    _quick_gil_handoff(transport)
     host, port = _host_port(listen)
     use_tls = True if transport in ("quic", "rdma") else bool(tls)  # RDMA sets up over TLS
     try:
@@ -374,6 +384,7 @@ def send(
     from transfer.transport import ConnectOptions, get_transport
 
     out = get_output()
+    _quick_gil_handoff(transport)
     if len(args) < 2:
         raise CliError("give at least one SOURCE and the rq://HOST:PORT destination", ExitCode.USAGE)
     sources, url = [Path(a) for a in args[:-1]], args[-1]
