@@ -228,8 +228,9 @@ def bench_jetstream(rounds: int, n: int, nats_url: str) -> None:
             baseline="nats-py ordered cb",
             subject="rq replay raw",
             target=0.8,
-            notes="Both are separate processes (start-up included). The peer only counts messages; rq also "
-            "parses each message's sequence and timestamp and writes the values.",
+            notes="Both are separate processes (start-up included). The peer only counts messages; rq parses "
+            "each message's sequence and timestamp and writes the values, reading with its wire-level "
+            "ordered-consumer reader (topics/sources/natswire.py) instead of nats-py's per-message callback.",
         )
         print(
             f"JetStream: rq/peer speed {ratio:.2f}x — {'meets' if ratio >= 0.8 else 'BELOW'} the 0.8 target"
