@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rqtest import run_rq
 from rdma_probe import device_listed
+from rqtest import run_rq
 
 from rqcli.exitcodes import ExitCode
 
