@@ -114,12 +114,19 @@ def scenario(tmp: Path, transport: str, big: int, limit: float) -> None:
     want = make_checkpoint(src, big)
     total = sum((src / n).stat().st_size for n in want)
 
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def launch(recv: Receiver) -> subprocess.Popen[bytes]:
+        procs.append(_send(src, recv, transport, tmp))
+        return procs[-1]
+
     recv = Receiver(dest, transport, tmp)
+    procs.append(recv.proc)
     try:
         # 1. the sender dies at ~30%
-        _kill_when(dest, _send(src, recv, transport, tmp), 0.30, total, limit)
+        _kill_when(dest, launch(recv), 0.30, total, limit)
         # 2. the resumed sender runs; the receiver dies at ~60%
-        sender = _send(src, recv, transport, tmp)
+        sender = launch(recv)
         _kill_when(dest, recv.proc, 0.60, total, limit)
         sender.kill()
         sender.wait(30)
@@ -128,7 +135,8 @@ def scenario(tmp: Path, transport: str, big: int, limit: float) -> None:
         )
         # 3. a new receiver (same certificate, new port) and a resumed sender finish the job
         recv = Receiver(dest, transport, tmp)
-        final = _send(src, recv, transport, tmp)
+        procs.append(recv.proc)
+        final = launch(recv)
         out, err = final.communicate(timeout=limit)
         assert final.returncode == 0, err.decode()
         summary = [json.loads(ln) for ln in out.decode().splitlines() if ln.strip()][-1]
@@ -139,7 +147,10 @@ def scenario(tmp: Path, transport: str, big: int, limit: float) -> None:
         recv.proc.wait(60)
         assert recv.proc.returncode == 0
     finally:
-        recv.stop()
+        for proc in procs:  # nothing outlives the test, whatever failed
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
     got = {p.name: _sha256(p) for p in (dest / "src").iterdir() if p.is_file()}  # a directory keeps its name
     assert got == want
 
