@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -183,6 +185,14 @@ def _common(func: Any) -> Any:
     type=click.Path(file_okay=False, path_type=Path),
     help="Where the receiver keeps its TLS certificate (default: rq's data dir).",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="QUIC: receive in N processes sharing the port (match the sender's --connections).",
+)
+@click.option("--worker", is_flag=True, hidden=True, help="Internal: one of the processes of --workers.")
 @output_options
 def recv(
     dest_dir: Path,
@@ -200,6 +210,8 @@ def recv(
     max_bytes: int | None,
     max_files: int,
     cert_dir: Path | None,
+    workers: int,
+    worker: bool,
 ) -> None:
     """Receive checkpoints into DEST_DIR; prints the line to paste on the sender.
 
@@ -216,6 +228,10 @@ def recv(
 
     out = get_output()
     _quick_gil_handoff(transport)
+    if worker:
+        _die_with_parent()
+    spawn = workers > 1 and transport == "quic" and not worker
+    cert_dir = cert_dir or user_data_path("rq") / "transfer"
     host, port = _host_port(listen)
     use_tls = True if transport in ("quic", "rdma") else bool(tls)  # RDMA sets up over TLS
     try:
@@ -224,7 +240,7 @@ def recv(
             os.environ.get("RQ_TOKEN"),
             create=True,
         )
-        identity = load_identity(cert_dir or user_data_path("rq") / "transfer")
+        identity = load_identity(cert_dir)
         driver = get_transport(transport)
         receiver = Receiver(
             dest_dir,
@@ -238,7 +254,10 @@ def recv(
             port,
             identity,
             tls=use_tls,
-            extra=_transport_extra(datagram_size, quic_backend, rdma_device, rdma_port, gid_index),
+            extra={
+                **_transport_extra(datagram_size, quic_backend, rdma_device, rdma_port, gid_index),
+                "reuse_port": spawn or worker,
+            },
         )
         listener = driver.listen(opts, receiver.handle_channel)
     except TransferError as exc:
@@ -256,6 +275,35 @@ def recv(
         line += f" --pin {pin}"
     if token_file is not None:
         line += f" --token-file {token_file}"
+    if spawn:
+        line += f" --connections {workers}"
+    children: list[subprocess.Popen[bytes]] = []
+    if spawn:  # before the paste line: every process must hold the port before the first packet
+        child_args = [
+            "--json",
+            "recv",
+            str(dest_dir),
+            "--listen",
+            f"{addr_host}:{addr_port}",
+            "--transport",
+            transport,
+            "--worker",
+            "--cert-dir",
+            str(cert_dir),
+            "--max-files",
+            str(max_files),
+            "--quic-backend",
+            quic_backend,
+        ]
+        for flag, value in (
+            ("--token-file", token_file),
+            ("--datagram-size", datagram_size),
+            ("--max-bytes", max_bytes),
+        ):
+            if value is not None:
+                child_args += [flag, str(value)]
+        child_args += ["--once"] * once + ["--overwrite"] * overwrite
+        children = [_start_worker(child_args, out) for _ in range(workers - 1)]
     out.emit(
         {
             "event": "listening",
@@ -272,17 +320,93 @@ def recv(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        while not stop.is_set() and server.is_alive():
-            if once and receiver.completed.wait(0.2):
-                break
-            if not once:
-                stop.wait(0.5)
+        with out.progress() as bar:
+            receiver.on_event = _recv_progress(out, bar)
+            while not stop.is_set() and server.is_alive():
+                # with --workers, the transfer's control channel may have landed in a child
+                if once and (receiver.completed.wait(0.2) or any(c.poll() == 0 for c in children)):
+                    break
+                if not once:
+                    stop.wait(0.5)
     except KeyboardInterrupt:
         raise click.exceptions.Abort() from None
     finally:
         listener.close()
         server.join(timeout=5)
         receiver.close()
+        for child in children:
+            if child.poll() is None:
+                child.terminate()
+        for child in children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=10)
+
+
+def _die_with_parent() -> None:
+    """A --workers child must not outlive its parent (kill -9 included): ask the kernel for SIGTERM."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _start_worker(args: list[str], out: Output) -> subprocess.Popen[bytes]:
+    """Starts one more receiver process on the same port and relays its JSON events."""
+    proc = subprocess.Popen([sys.executable, "-m", "rqcli", *args], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    if not first:
+        raise CliError("a --workers receiver process failed to start", ExitCode.FAILURE)
+
+    def relay(stream: Any) -> None:
+        import orjson
+
+        for raw in stream:
+            with contextlib.suppress(ValueError):
+                ev = orjson.loads(raw)
+                if out.json:
+                    out.emit(ev)
+                elif ev.get("event") == "done":
+                    out.info(
+                        f"transfer {str(ev.get('transfer_id'))[:12]} complete and verified: "
+                        f"{ev.get('files')} file(s), {ev.get('bytes')} bytes"
+                    )
+                elif ev.get("event") == "refused":
+                    out.warn(f"refused a transfer: {ev.get('error')}")
+
+    threading.Thread(target=relay, args=(proc.stdout,), daemon=True).start()
+    return proc
+
+
+def _recv_progress(out: Output, bar: Any) -> Any:
+    """Events → JSON lines and text (_recv_event), plus one rich bar per transfer on a terminal."""
+    from transfer.events import ChunkMoved, TransferFinished, TransferPlanned
+
+    tasks: dict[str, Any] = {}
+    current: list[Any] = [None]
+    lock = threading.Lock()
+
+    def on_event(ev: Any) -> None:
+        _recv_event(out, ev)
+        if bar is None:
+            return
+        with lock:
+            if isinstance(ev, TransferPlanned):
+                task = tasks.get(ev.transfer_id)
+                if task is None:
+                    task = tasks[ev.transfer_id] = bar.add_task(
+                        f"recv {ev.transfer_id[:8]}", total=ev.total_bytes
+                    )
+                bar.update(task, completed=ev.have_bytes)
+                current[0] = task
+            elif isinstance(ev, ChunkMoved) and current[0] is not None:
+                bar.advance(current[0], ev.raw_bytes)
+            elif isinstance(ev, TransferFinished):
+                task = tasks.get(str(ev.summary.get("transfer_id")))
+                if task is not None:
+                    bar.update(task, completed=ev.summary.get("bytes", 0))
+
+    return on_event
 
 
 def _recv_event(out: Output, ev: Any) -> None:

@@ -343,7 +343,7 @@ def bench_quic(rounds: int, size: int) -> None:
                 servers.append(p)
 
             opts = ("--quic-backend", backend, "--datagram-size", str(datagram))
-            recv = Receiver("quic", "--once", *opts)
+            recv = Receiver("quic", "--once", "--workers", str(conns), *opts)
             recv.start(WORK / "dst")
             b = Bench(
                 f"transfer-quic-{backend}-{conns}conn-vs-raw",
