@@ -162,16 +162,20 @@ class Writer:
         return False
 
     def __call__(self, records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
-        if self.renderer is not None:
-            data = self.renderer.render(records, decoded)
-            if isinstance(data, list):
-                self.stream.writelines(data)  # no batch-sized join: fresh memory is slow here
-            else:
-                self.stream.write(data)
-            if self.live:
-                self.stream.flush()
-            return
-        self._table(records, decoded)
+        try:
+            if self.renderer is not None:
+                data = self.renderer.render(records, decoded)
+                if isinstance(data, list):
+                    self.stream.writelines(data)  # no batch-sized join: fresh memory is slow here
+                else:
+                    self.stream.write(data)
+                if self.live:
+                    self.stream.flush()
+                return
+            self._table(records, decoded)
+        except BrokenPipeError:
+            _stdout_gone()
+            raise ReaderLeft from None
 
     def _table(self, records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
         from rich.table import Table
@@ -195,8 +199,22 @@ class Writer:
         self.out.console().print(table)
 
     def close(self) -> None:
-        with contextlib.suppress(BrokenPipeError):
+        try:
             self.stream.flush()
+        except BrokenPipeError:
+            _stdout_gone()
+
+
+class ReaderLeft(Exception):
+    """stdout's reader went away (`rq tail … | head`): stop quietly, commit nothing."""
+
+
+def _stdout_gone() -> None:
+    # Point fd 1 at /dev/null so the interpreter's final flush of buffered output cannot fail.
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def _default_format(fmt: str | None) -> str:
@@ -462,7 +480,10 @@ def tail(
                 req = Request(start=start, stop=None if follow else end, follow=follow, where=filt)
             req.skip_corrupt = skip_corrupt
             req.decode_values = writer.needs_decode
-            res = run(source, req, _emitters(writer, sink))
+            try:
+                res = run(source, req, _emitters(writer, sink))
+            except ReaderLeft:
+                return
         finally:
             writer.close()
             source.close()
@@ -643,11 +664,17 @@ def replay(
                     source.commit(group, r.next_offset)
                     last_commit[0] = time.monotonic()
 
+            reader_left = False
             try:
                 run(source, req, _emitters(writer, sink), res, progress)
+            except ReaderLeft:
+                # What the reader never read is not consumed: no commit, no spec, exit 0 (like `| head`).
+                reader_left = True
             finally:
-                if commit and group and res.next_offset > start:
+                if commit and group and res.next_offset > start and not reader_left:
                     source.commit(group, res.next_offset)
+            if reader_left:
+                return
         finally:
             if writer is not None:
                 writer.close()

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from conftest import rq_command, run_rq
+from rqtest import rq_command, run_rq
 
 
 @pytest.fixture
@@ -321,3 +321,19 @@ def test_offsets_human_output_and_help(env: dict[str, str]) -> None:
         h = run_rq(cmd, "--help")
         assert h.returncode == 0 and b"Examples" in h.stdout
     assert sys.executable
+
+
+def test_reader_leaving_the_pipe_is_not_an_error_and_commits_nothing(env: dict[str, str]) -> None:
+    produce(env, "piped", b"".join(b"%0100d\n" % i for i in range(20000)))  # ~2 MB, more than a pipe holds
+    rq = " ".join(rq_command())
+    r = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {rq} replay piped --group g --commit --format raw | head -1"],
+        capture_output=True,
+        env={**os.environ, **env},
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"%0100d\n" % 0 and r.stderr == b""
+    off = jlines(run_rq("offsets", "piped", "--json", env=env).stdout)[0]
+    assert off["groups"] == []  # what `head` never read was not consumed

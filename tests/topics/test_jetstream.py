@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_rq
+from rqtest import run_rq
 
 pytestmark = pytest.mark.integration
 
@@ -155,7 +155,7 @@ def test_follow_sees_new_messages_and_flow_control_keeps_up(
     import os
     import subprocess
 
-    from conftest import rq_command
+    from rqtest import rq_command
 
     make_stream(nats_url, stream_name)
     publish(nats_url, f"{stream_name}.x", [b"%d" % i for i in range(3000)])

@@ -10,7 +10,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from conftest import rq_command, run_rq
+from rqtest import rq_command, run_rq
 
 pytestmark = pytest.mark.integration
 
