@@ -222,7 +222,8 @@ class _Buffer:
             self.mr.close()
         self.view.release()
         del self._anchor
-        self.map.close()
+        with contextlib.suppress(BufferError):  # a stray slice still alive: the GC unmaps it later
+            self.map.close()
 
 
 class QueuePair:
@@ -259,7 +260,7 @@ class QueuePair:
             attr = v.qp.QPAttr(port_num=dev.port)
             attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
             self.qp = v.qp.QP(dev.pd, init, attr)  # created and moved to INIT
-        except v.PyverbsError as exc:
+        except (v.PyverbsError, OSError, ValueError) as exc:  # verbs said no, or memory could not be mapped
             self.close()
             raise RdmaDeviceError(f"cannot set up an RDMA queue pair on {dev.name}: {exc}") from None
         self.psn = secrets.randbelow(1 << 24)
