@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transfer.rdma.schedule import Piece, plan_slots, slots_needed
@@ -26,6 +26,7 @@ def test_bad_slot_size() -> None:
         list(plan_slots([1], 0))
 
 
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 20_000), max_size=20), st.integers(1, 5000))
 def test_fills_rebuild_the_stream(lengths: list[int], slot: int) -> None:
     parts = [bytes([i % 251]) * n for i, n in enumerate(lengths)]
