@@ -11,7 +11,7 @@
 #             pip >= 25.3, the PIP_CONSTRAINT environment variable (inherited by the isolated build
 #             environment) on older pip. The wheel holds only the Python extension modules, linked
 #             against libibverbs.so.1 / librdmacm.so.1 — and Debian bookworm's are v44, which lack the
-#             symbol versions v59 needs (`import pyverbs.device` fails with "version `IBVERBS_1.14' not
+#             symbol versions v59 needs (`import pyverbs.device` fails with "version `IBVERBS_PRIVATE_59' not
 #             found" or similar). So this step also builds the bundled rdma-core v59 *libraries* (C only,
 #             no pyverbs) into <venv>/opt/rdma-core; rq's transfer/rdma/verbs.py loads those by path
 #             before importing pyverbs (override with RQ_RDMA_LIBDIR), so no LD_LIBRARY_PATH is needed.
@@ -42,7 +42,7 @@ while [[ $# -gt 0 ]]; do
         --debian-pyverbs) MODE=debian; shift ;;
         --no-apt) USE_APT=0; shift ;;
         --jobs) JOBS="$2"; shift 2 ;;
-        -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "setup-rdma: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
