@@ -17,9 +17,9 @@ MODES = [
     pytest.param("quic", ("--quic-backend", "aioquic"), ("--quic-backend", "aioquic"), id="quic-aioquic"),
     pytest.param(
         "quic",
-        ("--quic-backend", "qh3"),
+        ("--quic-backend", "qh3", "--workers", "2"),
         ("--quic-backend", "qh3", "--connections", "2"),
-        id="quic-qh3-2conn",
+        id="quic-qh3-2proc-each-side",
     ),
 ]
 
