@@ -171,10 +171,14 @@ class Cache:
         state = self._state()
         if self._prefetcher is not None:
             self._prefetcher.advance(url)
-        for _ in range(8):
-            entry = state.index.get(url)
+        fetched: Entry | None = None
+        for attempt in range(24):
+            if attempt > 4:
+                time.sleep(0.001 * attempt)  # a thrashing tiny cache: give the others a moment
+            entry, fetched = fetched or state.index.get(url), None
             if entry is None:
-                self._fetch_one(url, tier or self.default_tier)
+                # open what we just landed straight away, before a busy cache can evict it
+                fetched = self._fetch_one(url, tier or self.default_tier)
                 continue
             if self._stale(entry):
                 info = origin_for_url(url, self.s3_settings).stat(url)

@@ -64,6 +64,8 @@ class Window:
     def __init__(self, limit: int):
         self.limit = max(1, limit)
         self.size = float(self.limit)
+        self.smallest = self.limit
+        self.cuts = 0
         self._last_cut = 0.0
 
     @property
@@ -77,6 +79,8 @@ class Window:
         now = time.monotonic()
         if now - self._last_cut > 0.5:  # one cut per burst of throttling, not one per request
             self.size = max(1.0, self.size / 2)
+            self.smallest = min(self.smallest, self.value)
+            self.cuts += 1
             self._last_cut = now
 
 
@@ -102,6 +106,8 @@ class FetchResult:
     failed: list[ev.Failed] = field(default_factory=list)
     bytes: int = 0
     resumed_bytes: int = 0  # pieces of big objects found durable from an earlier, interrupted run
+    throttled: int = 0  # objects the store throttled (SlowDown/503) beyond the client's own retries
+    smallest_window: int = 0  # the fewest requests in flight the AIMD window went down to
 
 
 class Fetcher:
@@ -124,6 +130,9 @@ class Fetcher:
         self._bytes_lock = threading.Lock()
         self._seq = itertools.count()
         self.resumed_bytes = 0
+        self.throttled = 0
+        self._held_bytes = 0  # bytes reserved by this run for work not yet landed
+        self.starved = False  # the tier budget is spent by our own work in flight
 
     # --- callbacks from other threads ----------------------------------------------------------
 
@@ -179,10 +188,10 @@ class Fetcher:
                         job, piece, rng = requests.popleft()
                         inflight += 1
                         self._start(job, piece, rng)
-                    if not requests and ready and inflight < self.window.value:
+                    if not requests and ready and inflight < self.window.value and not self.starved:
                         batch = self._take(ready, self.window.value - inflight)
                         try:
-                            started = self._admit(batch, requests, delayed)
+                            started = self._admit(batch, ready, requests, delayed)
                         except CacheError as exc:
                             fatal = exc
                             self._drop_unstarted(requests)
@@ -197,6 +206,7 @@ class Fetcher:
                 except queue.Empty:
                     kind = ""
                 if kind:
+                    self.starved = False
                     inflight -= 1
                     job.outstanding -= 1
                     if kind == "piece":
@@ -225,6 +235,7 @@ class Fetcher:
                     self._land(to_land, result)
                     to_land = []
                     last_land = now
+                    self.starved = False
                 if now - last_progress > 0.2:
                     self.on_event(ev.Progress(self._bytes))
                     last_progress = now
@@ -253,6 +264,8 @@ class Fetcher:
             self._land(to_land, result)
         result.bytes = self._bytes
         result.resumed_bytes = self.resumed_bytes
+        result.throttled = self.throttled
+        result.smallest_window = self.window.smallest
         self.on_event(ev.Progress(self._bytes))
         if fatal is not None:
             self._abandon(jobs, keep_partials=True)
@@ -269,24 +282,40 @@ class Fetcher:
     def _admit(
         self,
         batch: list[Job],
+        ready: deque[Job],
         requests: deque[tuple[Job, int | None, tuple[int, int] | None]],
         delayed: list[tuple[float, int, Job]],
     ) -> list[Job]:
         """Reserves space for a batch (one transaction), opens landings, queues their requests."""
         cap = self.store.caps[self.tier]
         new = [j for j in batch if not j.hold]
-        # a batch may not take more than a quarter of the cap, so small caps still make progress
-        while len(new) > 1 and sum(j.info.size for j in new) > cap // 4:
+        # Space this run holds for work in flight may not pass half the cap: the rest stays free for
+        # landed entries (which can be evicted) so a small cap never fills with our own reservations.
+        budget = cap // 2 - self._held_bytes
+        while new and sum(j.info.size for j in new) > budget and (len(new) > 1 or self._held_bytes > 0):
             back = new.pop()
             batch.remove(back)
-            heapq.heappush(delayed, (time.monotonic(), next(self._seq), back))
+            ready.appendleft(back)
+            self.starved = True  # admit nothing more until something lands
         if new:
-            holds = self.store.reserve(
-                self.tier,
-                [HoldSpec(j.info.size, blob_name(j.info.url, j.info.version), j.info.url) for j in new],
-            )
+            try:
+                holds = self.store.reserve(
+                    self.tier,
+                    [HoldSpec(j.info.size, blob_name(j.info.url, j.info.version), j.info.url) for j in new],
+                )
+            except CacheFullError:
+                if self._held_bytes == 0:
+                    raise
+                # full of our own in-flight work: wait for it to land (then it can be evicted)
+                for job in reversed(new):
+                    batch.remove(job)
+                    ready.appendleft(job)
+                self.starved = True
+                new = []
+                holds = []
             for job, hid in zip(new, holds, strict=True):
                 job.hold = hid
+                self._held_bytes += job.info.size
         started = []
         for job in batch:
             ranges = piece_ranges(job.info.size, PIECE_SIZE) if job.big else []
@@ -303,8 +332,7 @@ class Fetcher:
                     durable=self.durable,
                 )
             except BusyError:
-                self.store.release([job.hold])
-                job.hold = 0
+                self._release(job, keep=False)
                 heapq.heappush(delayed, (time.monotonic() + 0.5, next(self._seq), job))
                 continue
             job.error = None
@@ -397,6 +425,7 @@ class Fetcher:
         elif not resumable:
             self._release(job, keep=False)
         if getattr(err, "throttled", False):
+            self.throttled += 1
             self.window.throttled()
         delay = min(8.0, 0.2 * 2**job.attempts) * random.uniform(0.5, 1.0)
         self.on_event(ev.Retrying(job.info.url, job.attempts, delay, str(err)))
@@ -405,10 +434,14 @@ class Fetcher:
 
     def _release(self, job: Job, keep: bool) -> None:
         if job.hold:
-            if keep:
-                self.store.orphan([job.hold])
-            else:
-                self.store.release([job.hold])
+            self._held_bytes -= job.info.size
+            try:
+                if keep:
+                    self.store.orphan([job.hold])
+                else:
+                    self.store.release([job.hold])
+            except CacheError:
+                pass  # index unwritable (disk full): the hold is ours, the next collect() clears it
             job.hold = 0
 
     def _abandon(self, jobs: list[Job], keep_partials: bool) -> None:
@@ -429,6 +462,7 @@ class Fetcher:
     def _land(self, items: list[tuple[int, Entry, Job]], result: FetchResult) -> None:
         self.store.land([(hid, entry) for hid, entry, _ in items])
         for _, entry, job in items:
+            self._held_bytes -= job.info.size
             job.hold = 0
             job.landing = None
             result.landed.append(entry)

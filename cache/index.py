@@ -21,6 +21,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from cache.errors import CacheError, CacheFullError
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
     url TEXT PRIMARY KEY,
@@ -128,16 +130,24 @@ class Index:
 
     @contextlib.contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction, exclusive across processes from its first statement."""
+        """One write transaction, exclusive across processes from its first statement.
+        SQLite's "disk full" becomes CacheFullError; the transaction is rolled back whole."""
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            else:
-                self._db.execute("COMMIT")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as exc:
+                if "full" in str(exc).lower():
+                    raise CacheFullError(
+                        f"no space left on the file system of the cache index {self.path}"
+                    ) from exc
+                raise CacheError(f"cache index {self.path}: {exc}") from exc
 
     @contextlib.contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:

@@ -22,6 +22,8 @@ class PreloadResult:
     skipped: int = 0  # already cached at the same version
     skipped_bytes: int = 0
     resumed_bytes: int = 0  # bytes of big objects resumed from an interrupted run's pieces
+    throttled: int = 0  # objects the store throttled past the client's own retries
+    smallest_window: int = 0  # fewest requests in flight after backing off
     failed: list[ev.Failed] = field(default_factory=list)
     seconds: float = 0.0
     planned: list[ObjectInfo] = field(default_factory=list)
@@ -105,5 +107,7 @@ def run_preload(
     result.bytes = sum(e.size for e in fetched.landed)
     result.failed = fetched.failed
     result.resumed_bytes = fetched.resumed_bytes
+    result.throttled = fetched.throttled
+    result.smallest_window = fetched.smallest_window
     result.seconds = time.monotonic() - started
     return result

@@ -122,6 +122,10 @@ def map_error(
         err.throttled = code in THROTTLE_CODES or status in (429, 503)  # type: ignore[attr-defined]
         return err
     name = getattr(error, "name", "") or type(error).__name__
+    if "SLOW_DOWN" in name or "THROTTL" in name:
+        err = OriginError(f"{what}: throttled by the store ({name})")
+        err.throttled = True  # type: ignore[attr-defined]
+        return err
     if any(s in name for s in ("SOCKET", "DNS", "CONNECTION", "TIMEOUT", "HOST", "CLOSED", "TLS")):
         return UnreachableError(f"cannot reach {endpoint} ({name})")
     return OriginError(f"{what}: {name} {error}")
@@ -157,7 +161,10 @@ class S3:
             max_retries=settings.max_retries,
             backoff_scale_factor_ms=50,
             max_backoff_secs=4,
-            retry_mode=s3.S3RetryMode.ADAPTIVE,
+            # STANDARD: exponential backoff, full jitter, a retry token bucket. (ADAPTIVE's client rate
+            # limiter took 83 s instead of 2.4 s to finish 80 objects behind 25% SlowDown; measured.)
+            # Concurrency backs off in our own AIMD window instead (cache/fetcher.py).
+            retry_mode=s3.S3RetryMode.STANDARD,
         )
         self.client = s3.S3Client(
             region=self.creds.region,

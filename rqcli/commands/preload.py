@@ -171,6 +171,8 @@ def preload(
         "skipped": result.skipped,
         "skipped_bytes": result.skipped_bytes,
         "resumed_bytes": result.resumed_bytes,
+        "throttled": result.throttled,
+        "smallest_window": result.smallest_window,
         "failed": len(result.failed),
         "seconds": round(result.seconds, 3),
         "mb_per_s": round(result.mb_per_s, 1),

@@ -1,0 +1,318 @@
+"""Faults the cache must survive: kill -9, the server going away, SlowDown and resets, bit rot,
+caps under concurrent readers, a full disk, two preloaders at once."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cachekit import payload, seed_objects, summary, tree_files
+from rqtest import rq_command, run_rq
+
+pytestmark = pytest.mark.integration
+
+
+def popen_rq(*args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*rq_command(), *args],
+        env={**os.environ, "CI": "1", **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def wait_for(pred: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def entry_count(cache_dir: Path) -> int:
+    from cache import Cache
+
+    with Cache(cache_dir) as c:
+        return len(c.entries())
+
+
+def assert_consistent(cache_env: dict[str, str]) -> None:
+    """Every entry verifies; one file per entry under objects/ (both tiers); tmp/ is empty."""
+    verify = run_rq("cache", "verify", "--json", env=cache_env)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    from cache import Cache
+
+    cache_dir = Path(cache_env["RQ_CACHE_DIR"])
+    ram_root = Cache(cache_dir).layout.ram_root
+    on_disk = len(tree_files(cache_dir / "objects")) + len(tree_files(ram_root / "objects"))
+    assert on_disk == entry_count(cache_dir)
+    leftovers = {**tree_files(cache_dir / "tmp"), **tree_files(ram_root / "tmp")}
+    assert leftovers == {}, leftovers
+
+
+def test_kill9_midway_then_rerun_fetches_only_missing(
+    s3_client: Any, bucket: str, cache_env: dict[str, str], proxy_factory: Any
+) -> None:
+    n = 160
+    seed_objects(s3_client, bucket, "k/", n, 64 * 1024)
+    slow = proxy_factory(rate_bytes_per_s=256 * 1024)  # ~4 objects/s per request in flight
+    cache_dir = Path(cache_env["RQ_CACHE_DIR"])
+    proc = popen_rq(
+        "preload", f"s3://{bucket}/k/", "--workers", "4", "--endpoint-url", slow.endpoint, env=cache_env
+    )
+    try:
+        wait_for(lambda: len(tree_files(cache_dir / "objects")) >= 12, 60, "a dozen objects to land")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    landed = entry_count(cache_dir)
+    assert 0 < landed < n
+    rerun = run_rq("preload", f"s3://{bucket}/k/", "--json", env=cache_env)
+    assert rerun.returncode == 0, rerun.stderr
+    s = summary(rerun)
+    assert s["skipped"] == landed and s["objects"] == n - landed
+    assert_consistent(cache_env)
+
+
+@pytest.mark.slow
+def test_kill9_during_big_object_resumes_from_its_pieces(
+    s3_client: Any, bucket: str, cache_env: dict[str, str], proxy_factory: Any
+) -> None:
+    from cache.digests import PIECE_SIZE
+
+    body = (payload(3, 1 << 20) * 100)[: 3 * PIECE_SIZE - 12345]
+    s3_client.upload_fileobj(io.BytesIO(body), bucket, "big/one.bin")
+    slow = proxy_factory(rate_bytes_per_s=6 * 1024 * 1024)
+    cache_dir = Path(cache_env["RQ_CACHE_DIR"])
+    proc = popen_rq("preload", f"s3://{bucket}/big/", "--endpoint-url", slow.endpoint, env=cache_env)
+
+    def journalled() -> bool:
+        return any(p.endswith(".journal") and os.path.getsize(p) > 0 for p in tree_files(cache_dir / "tmp"))
+
+    try:
+        wait_for(journalled, 90, "a piece to be journalled")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    assert entry_count(cache_dir) == 0  # nothing visible yet
+    rerun = run_rq("preload", f"s3://{bucket}/big/", "--json", env=cache_env)
+    assert rerun.returncode == 0, rerun.stderr
+    s = summary(rerun)
+    assert s["objects"] == 1 and s["resumed_bytes"] >= PIECE_SIZE
+    from cache import Cache
+
+    with Cache(cache_dir) as c, c.open(f"s3://{bucket}/big/one.bin") as fh:
+        assert hashlib.sha256(fh.read()).digest() == hashlib.sha256(body).digest()
+    assert_consistent(cache_env)
+
+
+def test_server_stopped_midway_fails_clearly_and_rerun_completes(
+    s3_client: Any, bucket: str, cache_env: dict[str, str], proxy_factory: Any
+) -> None:
+    n = 120
+    seed_objects(s3_client, bucket, "s/", n, 64 * 1024)
+    proxy = proxy_factory(rate_bytes_per_s=256 * 1024)
+    cache_dir = Path(cache_env["RQ_CACHE_DIR"])
+    proc = popen_rq(
+        "preload", f"s3://{bucket}/s/", "--workers", "4", "--endpoint-url", proxy.endpoint, env=cache_env
+    )
+    wait_for(lambda: len(tree_files(cache_dir / "objects")) >= 8, 60, "some objects to land")
+    proxy.stop()  # the S3 server goes away: listener closed, connections reset
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 6, err
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and "re-run" in lines[0], lines
+    assert_consistent(cache_env)
+    landed = entry_count(cache_dir)
+    rerun = run_rq("preload", f"s3://{bucket}/s/", "--json", env=cache_env)
+    assert rerun.returncode == 0
+    assert summary(rerun)["skipped"] == landed and summary(rerun)["objects"] == n - landed
+    assert_consistent(cache_env)
+
+
+def test_slowdown_and_connection_resets_are_retried(
+    s3_client: Any, bucket: str, cache_env: dict[str, str], proxy_factory: Any
+) -> None:
+    n = 80
+    data = seed_objects(s3_client, bucket, "f/", n, 48 * 1024)
+    flaky = proxy_factory(p_slowdown=0.25, p_reset=0.1, seed=7)
+    proc = run_rq("preload", f"s3://{bucket}/f/", "--json", "--endpoint-url", flaky.endpoint, env=cache_env)
+    assert proc.returncode == 0, proc.stderr
+    s = summary(proc)
+    assert s["objects"] == n and s["failed"] == 0
+    assert flaky.stats.slowdowns > 0 and flaky.stats.resets > 0
+    # the AIMD window backed off when throttled (and the run still finished: it recovered)
+    assert s["throttled"] > 0 and s["smallest_window"] < 256
+    assert_consistent(cache_env)
+    from cache import Cache
+
+    with Cache(Path(cache_env["RQ_CACHE_DIR"])) as c:
+        for key, body in data.items():
+            assert c.read_bytes(f"s3://{bucket}/{key}") == body
+
+
+def test_corrupted_byte_is_named_by_verify_and_refetched_by_open(
+    s3_client: Any, bucket: str, cache_env: dict[str, str]
+) -> None:
+    data = seed_objects(s3_client, bucket, "c/", 6, 20_000)
+    assert run_rq("preload", f"s3://{bucket}/c/", env=cache_env).returncode == 0
+    victim = f"s3://{bucket}/c/00004.bin"
+    path = Path(run_rq("cache", "path", victim, env=cache_env).stdout.decode().strip())
+    raw = bytearray(path.read_bytes())
+    raw[12345] ^= 0x20
+    os.chmod(path, 0o644)
+    path.write_bytes(bytes(raw))
+
+    verify = run_rq("cache", "verify", "--json", env=cache_env)
+    assert verify.returncode == 5
+    corrupt = [json.loads(x) for x in verify.stdout.splitlines() if json.loads(x).get("event") == "corrupt"]
+    assert [c["url"] for c in corrupt] == [victim]
+    from cache import Cache
+
+    with Cache(Path(cache_env["RQ_CACHE_DIR"])) as c:
+        assert c.read_bytes(victim) == data["c/00004.bin"]  # refetched, never served corrupt
+    assert run_rq("cache", "verify", env=cache_env).returncode == 0
+
+
+READER = r"""
+import hashlib, random, sys
+from cache import Cache
+cache_dir, bucket, n, size, rounds, seed = sys.argv[1:7]
+sys.path.insert(0, sys.argv[7])
+from cachekit import payload
+rng = random.Random(int(seed))
+c = Cache(cache_dir)
+for _ in range(int(rounds)):
+    i = rng.randrange(int(n))
+    with c.open(f"s3://{bucket}/r/{i:05d}.bin") as fh:
+        if fh.read() != payload(i, int(size)):
+            sys.exit(f"torn or wrong read of object {i}")
+c.close()
+"""
+
+
+@pytest.mark.slow
+def test_caps_hold_under_eight_readers_and_a_preloader(
+    s3_client: Any, bucket: str, cache_env: dict[str, str], ram_dir: Path
+) -> None:
+    n, size = 48, 64 * 1024
+    seed_objects(s3_client, bucket, "r/", n, size)
+    cache_dir = Path(cache_env["RQ_CACHE_DIR"])
+    ram_cap, disk_cap = 640 * 1024, 2048 * 1024  # 10 and 32 objects: far less than the 48
+    from cache import Cache
+
+    Cache(cache_dir, ram_limit=ram_cap, disk_limit=disk_cap).close()
+    peaks = {"ram": 0, "disk": 0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            ram = sum(tree_files(ram_dir / "objects").values()) + sum(tree_files(ram_dir / "tmp").values())
+            disk = sum(tree_files(cache_dir / "objects").values()) + sum(
+                tree_files(cache_dir / "tmp").values()
+            )
+            peaks["ram"], peaks["disk"] = max(peaks["ram"], ram), max(peaks["disk"], disk)
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    env = {**os.environ, **cache_env}
+    helpers = str(Path(__file__).parent)
+    readers = [
+        subprocess.Popen(
+            [sys.executable, "-c", READER, str(cache_dir), bucket, str(n), str(size), "60", str(i), helpers],
+            env=env,
+            stderr=subprocess.PIPE,
+        )
+        for i in range(8)
+    ]
+    try:
+        pre = run_rq("preload", f"s3://{bucket}/r/", "--tier", "ram", "--json", env=cache_env)
+        results = [(r.wait(120), r.stderr.read().decode() if r.stderr else "") for r in readers]
+    finally:
+        stop.set()
+        sampler.join()
+        for r in readers:
+            if r.poll() is None:
+                r.kill()
+    assert pre.returncode == 0, pre.stderr
+    assert all(code == 0 for code, _ in results), results
+    assert peaks["ram"] <= ram_cap and peaks["disk"] <= disk_cap, peaks
+    assert peaks["ram"] > ram_cap // 2  # the sampler did see the tier in use
+    with Cache(cache_dir) as c:
+        usage = c.usage()
+        assert usage["ram"]["bytes"] <= ram_cap and usage["disk"]["bytes"] <= disk_cap
+        assert usage["ram"]["held"] == 0 and usage["disk"]["held"] == 0
+        assert usage["disk"]["objects"] > 0  # RAM evictions were demoted to disk
+    assert_consistent(cache_env)
+
+
+def test_two_preloaders_at_once_agree(s3_client: Any, bucket: str, cache_env: dict[str, str]) -> None:
+    n = 60
+    seed_objects(s3_client, bucket, "t/", n, 32 * 1024)
+    procs = [popen_rq("preload", f"s3://{bucket}/t/", "--json", env=cache_env) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert entry_count(Path(cache_env["RQ_CACHE_DIR"])) == n
+    assert_consistent(cache_env)
+
+
+def test_pinned_entries_are_never_evicted_and_a_full_tier_says_so(
+    s3_client: Any, bucket: str, cache_env: dict[str, str]
+) -> None:
+    seed_objects(s3_client, bucket, "p/", 5, 64 * 1024)
+    env = cache_env
+    first = run_rq(
+        "preload", f"s3://{bucket}/p/", "--include", "0000[0-3].bin", "--tier", "ram", "--ram-limit", "256K",
+        "--disk-limit", "0", env=env,
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    assert run_rq("cache", "pin", f"s3://{bucket}/p/", env=env).returncode == 0
+    more = run_rq("preload", f"s3://{bucket}/p/", "--tier", "ram", env=env)
+    assert more.returncode == 7, more.stderr
+    err = more.stderr.decode()
+    assert len(err.strip().splitlines()) == 1 and "pinned" in err
+    ls = [json.loads(x) for x in run_rq("cache", "ls", "--json", env=env).stdout.splitlines()]
+    assert len(ls) == 4 and all(e["pinned"] and e["tier"] == "ram" for e in ls)
+    assert run_rq("cache", "unpin", f"s3://{bucket}/p/", env=env).returncode == 0
+    assert run_rq("preload", f"s3://{bucket}/p/", "--tier", "ram", env=env).returncode == 0
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Any:
+    mnt = tmp_path / f"tiny-{uuid.uuid4().hex[:6]}"
+    mnt.mkdir()
+    ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
+    if ok.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {ok.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_full_disk_is_a_clear_error_and_the_cache_stays_consistent(
+    s3_client: Any, bucket: str, aws_env: dict[str, str], small_fs: Path, ram_dir: Path
+) -> None:
+    seed_objects(s3_client, bucket, "d/", 30, 128 * 1024)  # 3.75 MiB into a 2 MiB file system
+    from cache import Cache
+
+    cache_dir = small_fs / "cache"
+    Cache(cache_dir, ram_dir=ram_dir, disk_limit="1G").close()  # a cap the file system cannot honour
+    env = {**aws_env, "RQ_CACHE_DIR": str(cache_dir)}
+    proc = run_rq("preload", f"s3://{bucket}/d/", "--json", env=env)
+    assert proc.returncode == 7, proc.stderr
+    err = proc.stderr.decode()
+    assert len(err.strip().splitlines()) == 1 and "no space" in err, err
+    assert_consistent(env)
+    assert entry_count(cache_dir) < 30  # what landed is whole and verified; the rest is not there at all
