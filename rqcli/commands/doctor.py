@@ -180,7 +180,8 @@ def check_quic_backends() -> Finding:
 
 def check_rdma() -> Finding:
     try:
-        from transfer.rdma.devices import RdmaUnavailable, describe_devices
+        from transfer.rdma.devices import describe_devices
+        from transfer.rdma.errors import RdmaUnavailable
     except ImportError:
         import importlib.util
 
@@ -192,13 +193,17 @@ def check_rdma() -> Finding:
     try:
         devices = describe_devices()
     except RdmaUnavailable as exc:
-        return Finding("rdma", "skip", f"no RDMA: {exc}", "use --transport quic or tcp; see docs/rdma.md")
+        return Finding(
+            "rdma", "skip", f"no RDMA: {exc.reason}", "use --transport quic or tcp; see docs/rdma.md"
+        )
     if not devices:
         return Finding("rdma", "skip", "no RDMA devices", "use --transport quic or tcp")
     parts = []
     for dev in devices:
         ports = ", ".join(
-            f"port {p.num} {p.state} {p.link_layer} mtu {p.mtu} gids {len(p.gids)}" for p in dev.ports
+            f"port {p.number} {p.state} {p.link_layer} mtu {p.active_mtu} lid {p.lid} "
+            f"gids [{' '.join(f'{g.index}:{g.gid}' + (f' ({g.type})' if g.type else '') for g in p.gids)}]"
+            for p in dev.ports
         )
         parts.append(f"{dev.name} ({ports})")
     return Finding("rdma", "ok", "; ".join(parts))
