@@ -29,7 +29,7 @@ from topics.errors import SpecError
 
 Kind = Literal["offset", "start+", "end-", "time", "ago"]
 
-_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w)")
+_DURATION = re.compile(r"([0-9]+)(ms|s|m|h|d|w)")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 
 
@@ -66,6 +66,11 @@ class Bounds(Protocol):
     def offset_for_time(self, ts_ms: int) -> int: ...  # first offset with timestamp >= ts_ms, else end
 
 
+def _digits(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also accepts '²', which int() rejects."""
+    return bool(text) and text.isascii() and text.isdigit()
+
+
 def parse_duration_ms(text: str) -> int:
     """'1h30m' -> 5_400_000. Units: ms s m h d w."""
     pos, total = 0, 0
@@ -76,12 +81,19 @@ def parse_duration_ms(text: str) -> int:
         pos = m.end()
     if pos != len(text) or not text:
         raise SpecError(f"bad duration {text!r}: use e.g. 90s, 15m, 1h30m, 2d")
+    if total > _MAX_MS:
+        raise SpecError(f"bad duration {text!r}: longer than the calendar")
     return total
+
+
+_MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: beyond it no calendar (or server) follows
 
 
 def parse_time_ms(text: str) -> int:
     """RFC 3339 / ISO 8601 (UTC when no zone is given) or Unix milliseconds -> Unix milliseconds."""
-    if text.isdigit():
+    if _digits(text):
+        if int(text) > _MAX_MS:
+            raise SpecError(f"bad time @{text}: Unix milliseconds past the year 9999")
         return int(text)
     try:
         when = datetime.fromisoformat(text)
@@ -100,16 +112,18 @@ def parse_position(text: str) -> Position:
         return START
     if t == "end":
         return END
-    if t.isdigit():
+    if _digits(t):
         return Position("offset", int(t), t)
-    if len(t) > 1 and t[0] in "+-" and t[1:].isdigit():
+    if len(t) > 1 and t[0] in "+-" and _digits(t[1:]):
         return Position("start+" if t[0] == "+" else "end-", int(t[1:]), t)
     if t.startswith("@"):
         body = t[1:]
         if body == "now":
             return Position("ago", 0, t)
         if body[:1] in ("-", "+"):
-            ms = int(body[1:]) if body[1:].isdigit() else parse_duration_ms(body[1:])
+            ms = int(body[1:]) if _digits(body[1:]) else parse_duration_ms(body[1:])
+            if ms > _MAX_MS:
+                raise SpecError(f"bad SPEC {t!r}: longer ago than the calendar")
             return Position("ago", ms if body[0] == "-" else -ms, t)
         return Position("time", parse_time_ms(body), t)
     raise SpecError(f"bad SPEC {text!r}: use N, +N, -N, start, end, @RFC3339, @UNIX_MS, @-1h, or a range A:B")

@@ -137,3 +137,11 @@ def test_time_resolution_is_exact(i: int, delta: int) -> None:
     stamps = TOPIC.stamps
     assert all(s < ts for s in stamps[: off - 100])
     assert all(s >= ts for s in stamps[off - 100 :])
+
+
+@pytest.mark.parametrize(
+    "bad", ["²", "+²", "@²", "@99999999999999999999", "@-99999999999w", "@-999999999999999999"]
+)
+def test_odd_digits_and_huge_times_are_spec_errors(bad: str) -> None:
+    with pytest.raises(SpecError):
+        parse_range(bad)
