@@ -661,15 +661,25 @@ def replay(
                 digest=bool(save_spec or saved),
             )
             last_commit = [time.monotonic()]
-
-            def progress(r: Result) -> None:
-                if commit and group and follow and time.monotonic() - last_commit[0] > 1.0:
-                    source.commit(group, r.next_offset)
-                    last_commit[0] = time.monotonic()
+            # A bar on stderr only when records are not drawn on the same terminal.
+            show_bar = stop is not None and not sys.stdout.isatty()
+            bar_cm = out.progress(transfer=False) if show_bar else contextlib.nullcontext(None)
 
             reader_left = False
             try:
-                run(source, req, _emitters(writer, sink), res, progress)
+                with bar_cm as bar:
+                    task = (
+                        bar.add_task("replay", total=max(stop - start, 0) if stop else None) if bar else None
+                    )
+
+                    def progress(r: Result) -> None:
+                        if bar is not None and task is not None:
+                            bar.update(task, completed=r.next_offset - start)
+                        if commit and group and follow and time.monotonic() - last_commit[0] > 1.0:
+                            source.commit(group, r.next_offset)
+                            last_commit[0] = time.monotonic()
+
+                    run(source, req, _emitters(writer, sink), res, progress)
             except ReaderLeft:
                 # What the reader never read is not consumed: no commit, no spec, exit 0 (like `| head`).
                 reader_left = True
