@@ -39,7 +39,3 @@ class DigestMismatch(TopicError):
 
 class WriterBusy(TopicError):
     """Another process holds the topic's writer lock."""
-
-
-class Closed(TopicError):
-    """The log or source was used after close()."""

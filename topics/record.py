@@ -19,30 +19,8 @@ OFFSET, TIMESTAMP, KEY, HEADERS, VALUE = range(5)
 NO_HEADERS: Headers = ()
 
 
-def decode_value(value: bytes) -> tuple[Any, str]:
-    """(decoded, encoding): JSON when the bytes are JSON, UTF-8 text when text, base64 otherwise."""
-    try:
-        return orjson.loads(value), "json"
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        return value.decode("utf-8"), "text"
-    except UnicodeDecodeError:
-        return base64.b64encode(value).decode("ascii"), "base64"
-
-
-def decode_bytes_field(data: bytes | None) -> tuple[str | None, str]:
-    """Key and header values: UTF-8 text when they are text, else base64 (and said which)."""
-    if data is None:
-        return None, "text"
-    try:
-        return data.decode("utf-8"), "text"
-    except UnicodeDecodeError:
-        return base64.b64encode(data).decode("ascii"), "base64"
-
-
 def encode_value(value: Any, encoding: str) -> bytes:
-    """The inverse of decode_value: bytes from a JSON line written by `rq tail --format json`."""
+    """The inverse of render.decode: bytes from a JSON line written by `rq tail --format json`."""
     if encoding == "base64":
         if not isinstance(value, str):
             raise ValueError("a base64 value must be a string")

@@ -248,12 +248,6 @@ class TopicLog:
     ) -> LogReader:
         return LogReader(self, start, stop, follow, skip_corrupt, on_corrupt, poll_s, idle_timeout)
 
-    def timestamp_of(self, offset: int) -> int | None:
-        for batch in self.reader(offset, offset + 1):
-            for rec in batch:
-                return rec[1]
-        return None
-
 
 def _scan_end(directory: Path, base: int, view: _View) -> int:
     size = view.size
