@@ -83,21 +83,24 @@ class JsonRenderer:
         if decoded is not None or fields is not None:
             dec = decoded if decoded is not None else [decode(r[4]) for r in records]
             return [dumps(record_json(r, d, fields), option=nl) for r, d in zip(records, dec, strict=True)]
-        loads, fragment, bad = orjson.loads, orjson.Fragment, orjson.JSONDecodeError
+        loads, bad = orjson.loads, orjson.JSONDecodeError
+        line = b'{"offset":%d,"timestamp":%d,"key":%b,"headers":%b,"value":%b,"value_encoding":"json"}\n'
         out: list[bytes] = []
         append = out.append
         for r in records:
-            value = r[4]
+            offset, ts, key, headers, value = r
+            # The common case, formatted directly: a JSON value orjson has validated is copied
+            # verbatim (unless a line break in it would break the one-line framing), a text key.
             try:
-                parsed = loads(value)
-                # A fragment is copied verbatim: only when it cannot break the one-line framing.
-                d: Decoded = (
-                    fragment(value) if b"\n" not in value and b"\r" not in value else parsed,
-                    "json",
-                )
-            except bad:
-                d = decode(value)
-            append(dumps(record_json(r, d, None), option=nl))
+                loads(value)
+                plain = b"\n" not in value and b"\r" not in value
+                k = b"null" if key is None else dumps(key.decode("utf-8"))
+            except (bad, UnicodeDecodeError):
+                plain = False
+            if plain:
+                append(line % (offset, ts, k, dumps(headers_json(headers)) if headers else b"{}", value))
+            else:
+                append(dumps(record_json(r, decode(value), None), option=nl))
         return out
 
 

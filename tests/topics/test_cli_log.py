@@ -337,3 +337,14 @@ def test_reader_leaving_the_pipe_is_not_an_error_and_commits_nothing(env: dict[s
     assert r.stdout == b"%0100d\n" % 0 and r.stderr == b""
     off = jlines(run_rq("offsets", "piped", "--json", env=env).stdout)[0]
     assert off["groups"] == []  # what `head` never read was not consumed
+
+
+def test_json_lines_stay_one_line_per_record(env: dict[str, str]) -> None:
+    for value in (b'{\n  "pretty": [1,\r\n 2]\n}', b" 7 ", b'"str"', b"[]", b"\xc3\x28"):
+        produce(env, "shapes", value, "--format", "raw", "--key", "k\u00e9")
+    r = run_rq("replay", "shapes", "--from", "start", "--format", "json", env=env)
+    lines = r.stdout.splitlines()
+    assert len(lines) == 5
+    got = [json.loads(x) for x in lines]
+    assert got[0]["value"] == {"pretty": [1, 2]} and got[1]["value"] == 7 and got[2]["value"] == "str"
+    assert got[4]["value_encoding"] == "base64" and all(g["key"] == "k\u00e9" for g in got)
