@@ -104,7 +104,7 @@ def bench_embedded(rounds: int, n: int, work: Path) -> None:
     )
     print(f"rq produce: {items:,.0f} records/s — {'meets' if items >= 200_000 else 'BELOW'} the 200k target")
 
-    (work / "dd.out").unlink(missing_ok=True)
+    fresh()  # exactly n records to read (the produce rounds left one run's worth behind)
     subprocess_run(sh(f"{rq} produce bench -q < {data}"), env)
     r = Bench(
         "topics-embedded-replay",
@@ -164,6 +164,7 @@ def bench_seek(rounds: int, topic: Path, n: int) -> None:
         rounds=max(rounds, 5),
         description=f"open a {n:,}-record log and read the record at a random offset / at a timestamp (library, in-process)",
     )
+    assert TopicLog(topic).end_offset() == n
     b.add("seek offset", seek_offset)
     b.add("seek time", seek_time)
     res = b.run()
