@@ -15,7 +15,6 @@ import enum
 import threading
 from typing import Literal
 
-import numpy as np
 import xxhash
 import zstandard
 
@@ -66,6 +65,8 @@ def _dctx() -> zstandard.ZstdDecompressor:
 
 def group_bytes(data: bytes | bytearray | memoryview, k: int) -> bytes:
     """Splits k-byte elements into k planes (all first bytes, then all second bytes, …); a tail stays."""
+    import numpy as np  # here, not at the top: raw transfers should not pay numpy's import
+
     view = np.frombuffer(data, dtype=np.uint8)
     n = len(view) // k
     out = np.empty(len(view), dtype=np.uint8)
@@ -78,6 +79,8 @@ def group_bytes(data: bytes | bytearray | memoryview, k: int) -> bytes:
 
 def ungroup_bytes(data: bytes | bytearray | memoryview, k: int) -> bytes:
     """The inverse of group_bytes."""
+    import numpy as np
+
     view = np.frombuffer(data, dtype=np.uint8)
     n = len(view) // k
     out = np.empty(len(view), dtype=np.uint8)

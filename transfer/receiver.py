@@ -135,6 +135,8 @@ class Receiver:
                     elif isinstance(ev, Authenticated) and ev.role == "data":
                         shared = self._acquire(ev.transfer_id, None)
                         core.ready(shared.plan.manifest)
+                    elif isinstance(ev, ManifestReceived) and self._completed(ev.manifest):
+                        core.accept(ev.manifest, [], complete=True)
                     elif isinstance(ev, ManifestReceived):
                         shared = self._acquire(ev.manifest.transfer_id, ev.manifest)
                         plan = shared.plan
@@ -183,6 +185,10 @@ class Receiver:
                 self._release(shared.plan.manifest.transfer_id, shared)
             with contextlib.suppress(Exception):
                 ch.close()
+
+    def _completed(self, manifest: Manifest) -> bool:
+        with self._lock:
+            return manifest.transfer_id not in self._plans and self.store.completed(manifest)
 
     def _flush(
         self, shared: _Shared, core: ReceiverChannel | None, pending: list[tuple[int, int, bytes]]

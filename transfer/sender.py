@@ -218,8 +218,13 @@ class ChannelSender:
                     self.inflight.add(item)
                 self._send_chunk(m, f, k)
                 flushed = False
-        except BaseException:
+        except BaseException as exc:
             self.work.again(sorted(self.inflight), count=False)
+            if isinstance(exc, PeerUnreachableError) and replies.is_alive():
+                # The receiver usually says why before it hangs up (disk full, refused): prefer that.
+                replies.join(1.0)
+                if isinstance(self.error, TransferError) and not isinstance(self.error, PeerUnreachableError):
+                    raise self.error from None
             raise
 
     def _send_chunk(self, m: Manifest, f: int, k: int) -> None:
@@ -351,6 +356,17 @@ def _attempt(
         core = SenderChannel(token, CONTROL, manifest, os.urandom(16))
         accepted = handshake(ctl, core, copts.timeout)
         assert isinstance(accepted, Accepted)
+        if accepted.complete:  # an earlier run finished; it just never heard DONE
+            on_event(
+                TransferPlanned(
+                    manifest.transfer_id,
+                    len(manifest.files),
+                    manifest.total_bytes,
+                    manifest.total_chunks,
+                    manifest.total_bytes,
+                )
+            )
+            return {"verified": True, "already_complete": True}
         have = accepted.have
         cs = manifest.chunk_size
         todo = [(f, k) for f, e in enumerate(manifest.files) for k in range(e.chunks(cs)) if k not in have[f]]

@@ -161,9 +161,14 @@ class ReceiverChannel:
 
     _on_joining = _on_planning
 
-    def accept(self, manifest: Manifest, have: list[dict[int, bytes]]) -> None:
-        """The driver planned the transfer: tell the sender what is already here (for resume)."""
+    def accept(self, manifest: Manifest, have: list[dict[int, bytes]], complete: bool = False) -> None:
+        """The driver planned the transfer: tell the sender what is already here (for resume), or that
+        the whole transfer already finished here (a sender that died before it read DONE)."""
         self.manifest = manifest
+        if complete:
+            self.outbox.append(control(FrameType.ACCEPT, {"have": {}, "complete": True}))
+            self.state = "closed"
+            return
         body = {
             "have": {
                 str(i): base64.b64encode(
@@ -251,6 +256,7 @@ class ReceiverChannel:
 @dataclass(frozen=True)
 class Accepted:
     have: list[dict[int, bytes]]
+    complete: bool = False
 
 
 @dataclass(frozen=True)
@@ -315,7 +321,8 @@ class SenderChannel:
         if self.state == "accept":
             if self.role == CONTROL and frame.type is FrameType.ACCEPT:
                 self.state = "running"
-                return [Accepted(self._parse_have(frame.json()))]
+                body = frame.json()
+                return [Accepted(self._parse_have(body), bool(body.get("complete")))]
             if self.role == DATA and frame.type is FrameType.READY:
                 self.state = "running"
                 return [Ready()]

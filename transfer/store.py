@@ -22,6 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
+
 from transfer.codec import root_digest
 from transfer.errors import (
     ExistsError,
@@ -120,6 +122,10 @@ class Plan:
                 raise VerifyError(f"{display_name(fs.entry.name)}: root digest does not match the sender's")
         for fs in self.files:
             self.store.place(fs, overwrite)
+        # Remember the transfer finished: a sender killed between our DONE and reading it re-runs
+        # the same command and must hear "complete", not "exists".
+        marker = [[f.name, f.size] for f in self.manifest.files]
+        self.store._write_state_file(f"{self.manifest.transfer_id}.done.json", orjson.dumps(marker))
         self.store.forget(self)
         return self.manifest.total_bytes
 
@@ -167,6 +173,34 @@ class Store:
         with _disk_errors():
             self._write_state_file(f"{manifest.transfer_id}.manifest.json", manifest.to_json())
             return self._open(manifest, restarted)
+
+    def completed(self, manifest: Manifest) -> bool:
+        """True if this exact transfer finished here before and its files are still in place."""
+        name = f"{manifest.transfer_id}.done.json"
+        try:
+            os.stat(name, dir_fd=self.state_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        for entry in manifest.files:
+            if self._final_size(entry.name) != entry.size:
+                os.unlink(name, dir_fd=self.state_fd)  # moved or deleted since: send it again
+                return False
+        return True
+
+    def _final_size(self, name: str) -> int | None:
+        parts = validate_name(name)
+        fd = os.dup(self.fd)
+        try:
+            for comp in parts[:-1]:
+                nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+            st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+            return st.st_size if stat.S_ISREG(st.st_mode) else None
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
 
     def join(self, tid: str) -> Plan:
         """Opens a transfer another channel (maybe in another process) already planned."""

@@ -42,7 +42,10 @@ def test_checkpoint_arrives_identical(
     assert s["verified"] is True and s["files"] == 4 and s["chunks_resent"] == 0
     assert s["bytes_raw"] == s["bytes_total"] == sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
     assert 0 < s["ratio"] < 1  # the bf16 shard compressed, the random one went raw
-    assert not list((tmp_path / "dst" / ".rq-partial").iterdir())  # no leftovers once complete
+    leftovers = [
+        p.name for p in (tmp_path / "dst" / ".rq-partial").iterdir() if not p.name.endswith(".done.json")
+    ]
+    assert leftovers == []  # no partial data or journal once complete; only the small "done" marker
     assert '"event":"done"' in out
 
 
@@ -202,3 +205,26 @@ def test_token_file_created_private(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr.decode()
     finally:
         recv.stop()
+
+
+def test_rerun_after_success_is_a_no_op_not_a_conflict(tmp_path: Path) -> None:
+    """A sender killed after the receiver committed (before it read DONE) re-runs the same command:
+    the receiver remembers the finished transfer and says so, instead of refusing existing files."""
+    ckpt = make_tree(tmp_path / "src", 200_000, 10_000)
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp").start()
+    try:
+        assert send([ckpt], recv).returncode == 0
+        again = send([ckpt], recv)
+        assert again.returncode == 0, again.stderr.decode()
+        assert summary(again)["bytes_raw"] == 0 and summary(again)["verified"] is True
+        (tmp_path / "dst" / "ckpt" / "index.json").unlink()  # gone since: it must be sent again
+    finally:
+        recv.stop()
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--overwrite", "--once").start()
+    try:
+        proc = send([ckpt], recv)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert summary(proc)["bytes_raw"] == summary(proc)["bytes_total"]
+    finally:
+        recv.stop()
+    assert tree_digest(tmp_path / "dst" / "ckpt") == tree_digest(ckpt)

@@ -290,7 +290,8 @@ def test_disk_full_then_resume_after_space_is_freed(tmp_path: Path, small_tmpfs:
     try:
         proc = send([src], recv, "--compress", "none", "--chunk-size", "256KiB")
         assert proc.returncode == 7, proc.stderr.decode()
-        assert "full" in proc.stderr.decode() and proc.stderr.decode().count("\n") == 1
+        errors = [line for line in proc.stderr.decode().splitlines() if line.startswith("rq: error:")]
+        assert len(errors) == 1 and "full" in errors[0]
         assert not (dest / "model.bin").exists()
         (jfile,) = (dest / ".rq-partial").glob("*.journal")
         have = journal.parse(jfile.read_bytes(), jfile.stem, 8 << 20, 256 << 10, 32)
