@@ -100,8 +100,8 @@ class OrderedReader:
             self.buf[:n] = self.buf[self.start : self.end]
             self.start, self.end = 0, n
         if self.end == len(self.buf):  # a frame bigger than the buffer: grow once
+            self.view.release()  # a bytearray with a live export cannot be resized
             self.buf.extend(bytes(len(self.buf)))
-            self.view.release()
             self.view = memoryview(self.buf)
         self.sock.settimeout(timeout)
         try:
