@@ -453,8 +453,9 @@ def tail(
     skip_corrupt: bool,
     topics_dir: Path | None,
 ) -> None:
-    """Print the last records of TOPIC, and with -f the new ones as they come. Exits at the end
-    without -f. On an MQTT topic it shows live messages (there is no history).
+    """Show the last records of TOPIC; with -f, follow new ones.
+
+    Exits at the end without -f. On an MQTT topic it shows live messages (there is no history).
 
     \b
     Examples:
@@ -565,8 +566,10 @@ def replay(
     skip_corrupt: bool,
     topics_dir: Path | None,
 ) -> None:
-    """Replay a range of TOPIC exactly: time bounds are exact (nothing before --from @t, nothing at
-    or after --to @t) and a bounded replay exits when its range is done.
+    """Replay an exact range of TOPIC, by offset or by time.
+
+    Time bounds are exact (nothing before --from @t, nothing at or after --to @t) and a bounded
+    replay exits when its range is done.
 
     \b
     Examples:
@@ -770,8 +773,9 @@ def _verify_saved(saved: ReplaySpec, res: Result) -> None:
 def offsets(
     words: tuple[str, ...], group: str | None, to_spec: str | None, dry_run: bool, topics_dir: Path | None
 ) -> None:
-    """Show a topic's first and last offsets and each group's committed offset and lag, or move a
-    group with `reset`. Committed = the next offset the group reads; lag = end - committed.
+    """Show first/last offsets and each group's lag, or `reset` a group.
+
+    Committed = the next offset the group reads; lag = end - committed.
 
     \b
     Examples:
