@@ -166,7 +166,14 @@ class S3:
             # Concurrency backs off in our own AIMD window instead (cache/fetcher.py).
             retry_mode=s3.S3RetryMode.STANDARD,
         )
+        # Our own event loop group rather than the CRT's process-wide default: a DataLoader worker
+        # forked after the parent used S3 inherits a default whose threads did not survive the fork.
+        from awscrt import io as crt_io
+
+        elg = crt_io.EventLoopGroup()
+        bootstrap = crt_io.ClientBootstrap(elg, crt_io.DefaultHostResolver(elg))
         self.client = s3.S3Client(
+            bootstrap=bootstrap,
             region=self.creds.region,
             signing_config=signing,
             tls_mode=s3.S3RequestTlsMode.DISABLED if self.scheme == "http" else s3.S3RequestTlsMode.ENABLED,

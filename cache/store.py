@@ -168,7 +168,8 @@ class Store:
             try:
                 offset = 0
                 while offset < entry.size:
-                    n = os.copy_file_range(src_fd, out, entry.size - offset, offset, offset)
+                    # sendfile, not copy_file_range: RAM (tmpfs) to disk crosses file systems (EXDEV)
+                    n = os.sendfile(out, src_fd, offset, entry.size - offset)
                     if n == 0:
                         break
                     offset += n
