@@ -807,6 +807,9 @@ def offsets(
             for name in names:
                 committed = source.committed(name)
                 lag = end - max(committed if committed is not None else first, first)
+                server_lag = getattr(source, "group_lag", None)  # JetStream: from consumer info
+                if callable(server_lag) and committed is not None:
+                    lag = server_lag(name)
                 rows.append({"group": name, "committed": committed, "lag": max(lag, 0)})
         finally:
             source.close()

@@ -109,6 +109,13 @@ def test_groups_are_durable_consumers_and_inspection_has_no_side_effects(
     r = run_rq("offsets", "reset", base, "--group", "trainer", "--to", "start", env=env)
     assert r.returncode == 0, r.stderr
     assert jlines(run_rq("offsets", base, "--json", env=env).stdout)[0]["groups"][0]["committed"] == 1
+    # A group on a subject filter: its lag counts only its subject.
+    xonly = f"{base}/{stream_name}.x"
+    r = run_rq("replay", xonly, "--group", "xonly", "--count", "2", "--commit", "--format", "raw", env=env)
+    assert r.stdout == b"0\n1\n"
+    publish(nats_url, f"{stream_name}.other", [b"o1", b"o2", b"o3"])
+    off = jlines(run_rq("offsets", xonly, "--group", "xonly", "--json", env=env).stdout)[0]
+    assert off["groups"] == [{"group": "xonly", "committed": 3, "lag": 8}]
 
 
 def test_produce_spec_and_to_topic(

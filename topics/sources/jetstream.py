@@ -216,6 +216,12 @@ class JetStreamSource:
         except nats.js.errors.Error as exc:
             raise TopicError(f"could not store the offset of group {group}: {exc}") from None
 
+    def group_lag(self, group: str) -> int:
+        """Messages the durable consumer has still to deliver or to see acknowledged (honours its
+        subject filter, unlike end - committed)."""
+        info = self.conn.run(self.conn.js.consumer_info(self.conn.stream, group))
+        return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+
     def groups(self) -> list[str]:
         infos = self.conn.run(self.conn.js.consumers_info(self.conn.stream))
         return sorted(i.config.durable_name for i in infos if i.config.durable_name)
