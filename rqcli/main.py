@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import importlib
 import importlib.util
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -35,6 +36,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 
 class LazyGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            # `rq … | head`: the reader left, which is not an error. Click would exit 1 here, and the
+            # interpreter's final flush would print a traceback, so point stdout at /dev/null and exit 0.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise click.exceptions.Exit(0) from None
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [name for name, (mod, _, _) in COMMANDS.items() if importlib.util.find_spec(mod) is not None]
 
@@ -132,10 +143,6 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("rq: interrupted", err=True)
         code = int(ExitCode.INTERRUPTED)
-    except BrokenPipeError:
-        # `rq tail … | head`: the reader left; that is not an error worth a line.
-        sys.stderr.close()
-        code = 0
     except OSError as exc:
         if verbose:
             traceback.print_exc()
