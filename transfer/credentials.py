@@ -9,11 +9,6 @@ import os
 import secrets
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
 from transfer.errors import AuthError
 from transfer.transport import Identity
 
@@ -56,6 +51,12 @@ def normalise_pin(pin: str) -> str:
 
 def load_identity(directory: Path) -> Identity:
     """The receiver's certificate, kept in `directory` so the pin survives a restart (and resume)."""
+    # imported here: only the receiver needs it, and it is a noticeable part of a sender's start-up
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
     cert_path, key_path = directory / "recv-cert.pem", directory / "recv-key.pem"
     with contextlib.suppress(FileNotFoundError, ValueError):
         cert_pem, key_pem = cert_path.read_bytes(), key_path.read_bytes()

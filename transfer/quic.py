@@ -109,13 +109,17 @@ class QuicChannel:
     def send(self, *parts: bytes | bytearray | memoryview) -> None:
         if self._closed:
             raise PeerUnreachableError("QUIC stream is closed")
-        data = b"".join(parts)  # copied here: the caller reuses its buffers once we return
         done = threading.Event()
         err: list[BaseException] = []
 
         def _on_loop() -> None:
             try:
-                self._proto._quic.send_stream_data(self.stream_id, data, False)
+                # send_stream_data copies into the stream's buffer, so the caller may reuse its
+                # buffers once we return (we wait for this to have run); no join copy needed.
+                for part in parts:
+                    self._proto._quic.send_stream_data(
+                        self.stream_id, bytes(part) if isinstance(part, memoryview) else part, False
+                    )
                 self._proto.transmit()
             except BaseException as exc:
                 err.append(exc)
