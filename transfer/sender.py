@@ -37,6 +37,7 @@ Pair = tuple[int, int]
 # Errors worth reconnecting for; anything else (auth, limits, names, exists, verify) is final.
 TRANSIENT: tuple[type[BaseException], ...] = (PeerUnreachableError, ConnectionError, TimeoutError, OSError)
 MAX_RESENDS_PER_CHUNK = 8
+FIRST_CONNECT_GRACE = 10.0  # seconds to keep trying a receiver that has never answered
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Stats:
     wire: int = 0
     resent: int = 0
     chunks: int = 0
+    connected: bool = False  # the receiver accepted a manifest at least once
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, raw: int, wire: int) -> None:
@@ -312,10 +314,10 @@ def send(
             if stats.chunks > before:
                 last_progress = time.monotonic()
                 attempt = 0  # it was moving: retry quickly
-            if time.monotonic() - last_progress > opts.retry_for:
-                raise PeerUnreachableError(
-                    f"gave up after {opts.retry_for:.0f}s without progress: {exc}"
-                ) from None
+            # Until the receiver has answered once, a wrong address should not hang for a minute.
+            limit = opts.retry_for if stats.connected else min(opts.retry_for, FIRST_CONNECT_GRACE)
+            if time.monotonic() - last_progress > limit:
+                raise PeerUnreachableError(f"gave up after {limit:.0f}s without progress: {exc}") from None
             attempt += 1
             delay = min(2.0, 0.1 * 2**attempt)
             on_event(Retrying(attempt, str(exc) or type(exc).__name__, delay))
@@ -356,6 +358,7 @@ def _attempt(
         core = SenderChannel(token, CONTROL, manifest, os.urandom(16))
         accepted = handshake(ctl, core, copts.timeout)
         assert isinstance(accepted, Accepted)
+        stats.connected = True
         if accepted.complete:  # an earlier run finished; it just never heard DONE
             on_event(
                 TransferPlanned(

@@ -566,6 +566,14 @@ def _send_progress(out: Output, bar: Any) -> Any:
     def on_event(ev: Any) -> None:
         with lock:
             if isinstance(ev, Retrying):
+                out.emit(
+                    {
+                        "event": "retry",
+                        "attempt": ev.attempt,
+                        "error": safe_text(ev.error),
+                        "delay_s": ev.delay,
+                    }
+                )
                 out.warn(f"connection problem ({safe_text(ev.error)}); retry {ev.attempt} in {ev.delay:.1f}s")
             if bar is None:
                 return
