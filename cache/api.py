@@ -171,20 +171,16 @@ class Cache:
         state = self._state()
         if self._prefetcher is not None:
             self._prefetcher.advance(url)
-        fetched: Entry | None = None
         for attempt in range(24):
             if attempt > 4:
                 time.sleep(0.001 * attempt)  # a thrashing tiny cache: give the others a moment
-            entry, fetched = fetched or state.index.get(url), None
+            entry = state.index.get(url)
             if entry is None:
-                # open what we just landed straight away, before a busy cache can evict it
-                fetched = self._fetch_one(url, tier or self.default_tier)
-                continue
+                return self._open_fetched(url, tier or self.default_tier)
             if self._stale(entry):
                 info = origin_for_url(url, self.s3_settings).stat(url)
                 if info.version != entry.version:
-                    self._fetch_one(url, tier or entry.tier, info)
-                    continue
+                    return self._open_fetched(url, tier or entry.tier, info)
                 state.index.mark_checked([url], time.time())
             try:
                 handle = self._open_entry(entry)
@@ -192,8 +188,7 @@ class Cache:
                 continue
             except VerifyError:
                 state.store.remove(entry)
-                self._fetch_one(url, tier or entry.tier)
-                continue
+                return self._open_fetched(url, tier or entry.tier)
             self._touch(url)
             return handle
         raise CacheError(f"could not open {url}: it kept changing or being evicted")
@@ -207,21 +202,31 @@ class Cache:
             return True  # a local stat costs microseconds: always check
         return time.time() - entry.checked_at > self.max_age
 
-    def _open_entry(self, entry: Entry) -> IO[bytes]:
-        path = self.layout.blob_path(entry.tier, entry.blob)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise _Gone from None
-        try:
+    def _open_fetched(self, url: str, tier: str, info: ObjectInfo | None = None) -> IO[bytes]:
+        """A miss: fetch it, landing it already under this reader's shared lock, then serve it."""
+        entry, fd = self._fetch_one(url, tier, info, keep_open=True)
+        self._touch(url)
+        return self._open_entry(entry, fd)
+
+    def _open_entry(self, entry: Entry, locked_fd: int = -1) -> IO[bytes]:
+        if locked_fd >= 0:
+            fd = locked_fd
+        else:
+            path = self.layout.blob_path(entry.tier, entry.blob)
             try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                time.sleep(0.001)  # an evictor holds it right now
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except FileNotFoundError:
                 raise _Gone from None
+        try:
+            if locked_fd < 0:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    time.sleep(0.001)  # an evictor holds it right now
+                    raise _Gone from None
             st = os.fstat(fd)
-            if st.st_nlink == 0:
-                raise _Gone
+            if st.st_nlink == 0 and locked_fd < 0:
+                raise _Gone  # evicted or replaced between lookup and lock (our own landing: its twin won)
             if st.st_size != entry.size:
                 raise VerifyError(f"{entry.url}: cached file has {st.st_size} bytes, expected {entry.size}")
             if entry.size <= SMALL_READ:
@@ -256,18 +261,22 @@ class Cache:
             if force:
                 raise  # LRU order is advisory; losing a batch of stamps is fine mid-run
 
-    def _fetch_one(self, url: str, tier: str, info: ObjectInfo | None = None) -> Entry:
+    def _fetch_one(
+        self, url: str, tier: str, info: ObjectInfo | None = None, keep_open: bool = False
+    ) -> tuple[Entry, int]:
+        """Fetches one object into `tier`; with keep_open, also a read fd holding a shared lock."""
         origin = origin_for_url(url, self.s3_settings)
         info = info or origin.stat(url)
         state = self._state()
         fetcher = Fetcher(state.store, self.layout, tier, 16, durable=self.durable)
-        result = fetcher.run([Job(info, origin)])
+        result = fetcher.run([Job(info, origin, keep_open=keep_open)])
         if result.failed:
             failure = result.failed[0]
             if failure.kind == "not_found":
                 raise NotFoundError(failure.message)
             raise CacheError(failure.message)
-        return result.landed[0]
+        entry = result.landed[0]
+        return entry, result.kept.get(entry.url, -1)
 
     def prefetch(self, urls: Iterable[str], ahead: int = 64, tier: str = "ram") -> Prefetcher:
         """Keeps the next `ahead` items of `urls` (in the order `open` will ask for them) cached in

@@ -36,7 +36,7 @@ from cache.index import Entry
 from cache.landing import Landing, ObjectInfo, piece_ranges
 from cache.layout import Layout, blob_name
 from cache.origins import Origin
-from cache.store import HoldSpec, Store
+from cache.store import HoldSpec, Store, fsync_dir
 
 LAND_BATCH = 64
 MAX_ATTEMPTS = 5
@@ -94,6 +94,7 @@ class Job:
     outstanding: int = 0
     error: BaseException | None = None
     requests: list[Any] = field(default_factory=list)
+    keep_open: bool = False  # Cache.open's own miss: land it already locked for that reader
 
     @property
     def big(self) -> bool:
@@ -106,6 +107,7 @@ class FetchResult:
     failed: list[ev.Failed] = field(default_factory=list)
     bytes: int = 0
     resumed_bytes: int = 0  # pieces of big objects found durable from an earlier, interrupted run
+    kept: dict[str, int] = field(default_factory=dict)  # url -> locked read fd (jobs with keep_open)
     throttled: int = 0  # objects the store throttled (SlowDown/503) beyond the client's own retries
     smallest_window: int = 0  # the fewest requests in flight the AIMD window went down to
 
@@ -125,7 +127,8 @@ class Fetcher:
         self.window = Window(workers)
         self.on_event = on_event
         self._q: queue.Queue[tuple[str, Job, int | None, Any]] = queue.Queue()
-        self._finisher = ThreadPoolExecutor(16, thread_name_prefix="rq-finish")
+        # finishing = read back + hash + fsync + rename: blocking calls, so a few threads, off the CRT loop
+        self._finisher = ThreadPoolExecutor(8, thread_name_prefix="rq-finish")
         self._bytes = 0
         self._bytes_lock = threading.Lock()
         self._seq = itertools.count()
@@ -188,7 +191,14 @@ class Fetcher:
                         job, piece, rng = requests.popleft()
                         inflight += 1
                         self._start(job, piece, rng)
-                    if not requests and ready and inflight < self.window.value and not self.starved:
+                    # admit in batches (one reservation transaction each), not one object per slot
+                    room = self.window.value - inflight
+                    if (
+                        not requests
+                        and ready
+                        and not self.starved
+                        and (room >= min(32, self.window.value // 4 + 1) or inflight == 0)
+                    ):
                         batch = self._take(ready, self.window.value - inflight)
                         try:
                             started = self._admit(batch, ready, requests, delayed)
@@ -302,6 +312,9 @@ class Fetcher:
                 holds = self.store.reserve(
                     self.tier,
                     [HoldSpec(j.info.size, blob_name(j.info.url, j.info.version), j.info.url) for j in new],
+                    # with our own work in flight, do not wait inside reserve: it lands only when
+                    # this loop runs, so give up at once and retry after the next landing
+                    patience=0.0 if self._held_bytes else 10.0,
                 )
             except CacheFullError:
                 if self._held_bytes == 0:
@@ -330,6 +343,8 @@ class Fetcher:
                     piece_size=PIECE_SIZE,
                     on_bytes=self._count,
                     durable=self.durable,
+                    batch_dir_sync=True,
+                    keep_open=job.keep_open,
                 )
             except BusyError:
                 self._release(job, keep=False)
@@ -460,8 +475,15 @@ class Fetcher:
                 self._release(job, keep=job.big)
 
     def _land(self, items: list[tuple[int, Entry, Job]], result: FetchResult) -> None:
+        if self.durable:
+            # the renames must be durable before the index names them: one fsync per directory per
+            # batch (ext4 commits them together) instead of one per object
+            for directory in {self.layout.blob_path(self.tier, e.blob).parent for _, e, _ in items}:
+                fsync_dir(directory)
         self.store.land([(hid, entry) for hid, entry, _ in items])
         for _, entry, job in items:
+            if job.landing is not None and job.landing.kept_fd >= 0:
+                result.kept[entry.url] = job.landing.kept_fd
             self._held_bytes -= job.info.size
             job.hold = 0
             job.landing = None

@@ -51,7 +51,21 @@ CREATE TABLE IF NOT EXISTS holds (
 );
 CREATE INDEX IF NOT EXISTS holds_blob ON holds (blob);
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS tier_bytes (tier TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
+INSERT OR IGNORE INTO tier_bytes VALUES ('ram', 0), ('disk', 0);
+CREATE TRIGGER IF NOT EXISTS entries_add AFTER INSERT ON entries BEGIN
+    UPDATE tier_bytes SET bytes = bytes + NEW.size WHERE tier = NEW.tier;
+END;
+CREATE TRIGGER IF NOT EXISTS entries_del AFTER DELETE ON entries BEGIN
+    UPDATE tier_bytes SET bytes = bytes - OLD.size WHERE tier = OLD.tier;
+END;
+CREATE TRIGGER IF NOT EXISTS entries_upd AFTER UPDATE OF size, tier ON entries BEGIN
+    UPDATE tier_bytes SET bytes = bytes - OLD.size WHERE tier = OLD.tier;
+    UPDATE tier_bytes SET bytes = bytes + NEW.size WHERE tier = NEW.tier;
+END;
 """
+# Triggers keep per-tier totals exact inside every transaction, so reserving space costs O(1), not a
+# scan of every entry (2,000 reservations over a growing table were a measured second of CPU).
 
 ENTRY_COLS = "url, version, size, tier, blob, xxh3, verified_by, pinned, last_access, checked_at, created"
 HOLD_COLS = "id, tier, size, kind, blob, url, pid, pid_start, created"
@@ -119,10 +133,16 @@ class Index:
         # NORMAL in WAL mode: consistent after a power cut, may lose the last commits; every blob is
         # verified by digest before it is served and orphans are collected, so that loss is harmless.
         self._db.execute("PRAGMA synchronous=NORMAL")
-        with self.write() as db:
-            for stmt in SCHEMA.split(";"):
-                if stmt.strip():
-                    db.execute(stmt)
+        with self._lock:
+            try:
+                if (
+                    self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'entries_upd'").fetchone()
+                    is None
+                ):
+                    # idempotent statements in one IMMEDIATE transaction: safe if two processes race here
+                    self._db.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\nCOMMIT;")
+            except sqlite3.OperationalError as exc:
+                raise CacheError(f"cannot open the cache index {self.path}: {exc}") from exc
 
     def close(self) -> None:
         with self._lock:
@@ -232,7 +252,7 @@ class Index:
 
     @staticmethod
     def used(db: sqlite3.Connection, tier: str) -> int:
-        a = db.execute("SELECT COALESCE(SUM(size), 0) FROM entries WHERE tier = ?", (tier,)).fetchone()[0]
+        a = db.execute("SELECT bytes FROM tier_bytes WHERE tier = ?", (tier,)).fetchone()[0]
         b = db.execute("SELECT COALESCE(SUM(size), 0) FROM holds WHERE tier = ?", (tier,)).fetchone()[0]
         return int(a) + int(b)
 

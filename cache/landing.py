@@ -16,6 +16,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from cache.digests import (
     MIB,
@@ -23,6 +24,7 @@ from cache.digests import (
     PieceHash,
     b64_crc,
     composite_crc32_matches,
+    file_digest,
     hash_range,
     tree_digest,
     whole_crc32,
@@ -118,6 +120,8 @@ class Landing:
     checksums: Checksums = field(default_factory=Checksums)
     done_pieces: set[int] = field(default_factory=set)
     durable: bool = True  # fsync before rename; False trusts digests alone (see docs/cache.md)
+    batch_dir_sync: bool = False  # the caller fsyncs objects/xx/ once per batch, before the index commit
+    keep_open: bool = False  # hand back a read fd with a shared lock (a reader who asked for it)
 
     def __post_init__(self) -> None:
         self.fd = -1
@@ -135,24 +139,39 @@ class Landing:
         self._piece_results: dict[int, tuple[str, list[int]]] = {}
         self._crc_kind: str | None = None
         self._crc = 0
+        self._external = False
+        self._rfd = -1
+        self.kept_fd = -1
+        if self.pieces == 1:
+            return  # the file is created by the first write(), or by the origin (external_file)
         try:
             self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-            if self.pieces > 1:
-                self._lock_partial()
-            if self.pieces > 1 and self.journal.exists():
+            self._lock_partial()
+            if self.journal.exists():
                 self._read_journal()
             else:
-                unlink_quiet(self.journal)
                 os.ftruncate(self.fd, 0)
-                if self.pieces > 1:
-                    # reserve blocks up front so a full disk shows now, not after half the pieces
-                    os.posix_fallocate(self.fd, 0, self.info.size)
+                # reserve blocks up front so a full disk shows now, not after half the pieces
+                os.posix_fallocate(self.fd, 0, self.info.size)
         except OSError as exc:
             if self.fd >= 0:
                 os.close(self.fd)
                 self.fd = -1
-            if self.pieces == 1:
-                unlink_quiet(self.tmp)
+            self._no_space_or_raise(exc)
+            raise
+
+    def external_file(self) -> str:
+        """The temp path for an origin that writes the whole body itself (the CRT's recv_filepath:
+        no Python per chunk). It is hashed and verified by reading it back in finish()."""
+        self._external = True
+        return str(self.tmp)
+
+    def _open_stream(self) -> None:
+        try:
+            self.fd = os.open(
+                self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644
+            )
+        except OSError as exc:
             self._no_space_or_raise(exc)
             raise
 
@@ -177,6 +196,8 @@ class Landing:
 
     def write(self, chunk: memoryview | bytes, offset: int) -> None:
         view = memoryview(chunk)
+        if self.fd < 0:
+            self._open_stream()  # whole objects: bytes come from one thread, in order
         try:
             _pwrite_all(self.fd, view, offset)
         except OSError as exc:
@@ -236,10 +257,9 @@ class Landing:
 
     def fd_read(self) -> int:
         """A read fd on the partial file (the write fd is O_WRONLY); cached for the landing's life."""
-        fd = getattr(self, "_rfd", -1)
-        if fd < 0:
-            fd = self._rfd = os.open(self.tmp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        return fd
+        if self._rfd < 0:
+            self._rfd = os.open(self.tmp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        return self._rfd
 
     def _read_journal(self) -> None:
         try:
@@ -264,10 +284,14 @@ class Landing:
     def finish(self) -> Entry:
         """Verifies, fsyncs and renames; returns the entry to put in the index. Raises VerifyError."""
         try:
+            if self.fd < 0:
+                if not self._external and self.info.size == 0:
+                    self._open_stream()  # an empty object: no write() ever came
+                else:
+                    self.fd = os.open(self.tmp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
             size = os.fstat(self.fd).st_size
-            got = self._whole.next if self.pieces == 1 and not self._whole.broken else size
-            if size != self.info.size or got != self.info.size:
-                raise VerifyError(f"{self.info.url}: got {got} bytes, expected {self.info.size}")
+            if size != self.info.size:
+                raise VerifyError(f"{self.info.url}: got {size} bytes, expected {self.info.size}")
             if self.checksums.etag and self.info.etag and self.checksums.etag != self.info.etag:
                 raise ChangedError(f"{self.info.url}: object changed while it was read (ETag moved)")
             if self.pieces == 1:
@@ -280,10 +304,15 @@ class Landing:
             self.abort()
             raise
         try:
+            if self.keep_open:
+                # locked before the rename: from its first moment under the final name the entry is
+                # "open by a reader", so no evictor can take it before the reader that asked for it
+                self.kept_fd = os.open(self.tmp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                fcntl.flock(self.kept_fd, fcntl.LOCK_SH)
             # rename while the partial's lock is still held, so no other writer can pick it up
             self.final.parent.mkdir(exist_ok=True)
-            os.rename(self.tmp, self.final)
-            if self.durable:
+            self._publish(digest)
+            if self.durable and not self.batch_dir_sync:
                 fsync_dir(self.final.parent)
         except OSError as exc:
             self.abort()
@@ -305,18 +334,38 @@ class Landing:
             created=t,
         )
 
+    def _publish(self, digest: str) -> None:
+        """Puts the verified temp file under its final name without clobbering a twin: another
+        process may have landed the same URL and version a moment ago (a reader may hold it open).
+        link() fails if the name exists; then an identical file is kept and ours dropped, and only
+        a damaged one is replaced."""
+        try:
+            os.link(self.tmp, self.final)
+        except FileExistsError:
+            if _digest_of(self.final, self.info.size) == digest:
+                unlink_quiet(self.tmp)
+                return
+            os.rename(self.tmp, self.final)
+            return
+        os.unlink(self.tmp)
+
     def _verify_whole(self) -> tuple[str, str]:
-        if self._whole.broken:
-            # out-of-order delivery (not seen with S3 or files, but cheap to survive): re-read
+        if self._whole.broken or self._external:
+            # written by the origin itself, or delivered out of order: hash it by reading it back
+            # (from the page cache: it was just written)
             self._whole = PieceHash()
-            self._crc_kind = None
+            self._crc = 0
             self._md5 = hashlib.md5(usedforsecurity=False) if self.info.plain_md5 else None
-            buf = memoryview(bytearray(MIB))
+            buf = _read_buffer()
             off = 0
             while off < self.info.size:
-                n = os.preadv(self.fd_read(), [buf[: min(MIB, self.info.size - off)]], off)
+                n = os.preadv(self.fd_read(), [buf[: min(len(buf), self.info.size - off)]], off)
+                if n == 0:
+                    break
                 self._hash_whole(buf[:n], off)
                 off += n
+        if self._whole.next != self.info.size:
+            raise VerifyError(f"{self.info.url}: got {self._whole.next} bytes, expected {self.info.size}")
         digest = self._whole.xxh.hexdigest()
         if self._crc_kind is not None:
             want = self.checksums.crc32 if self._crc_kind == "crc32" else self.checksums.crc32c
@@ -362,10 +411,14 @@ class Landing:
             verified = "size+mtime"
         return digest, verified
 
+    def release_kept(self) -> None:
+        if self.kept_fd >= 0:
+            os.close(self.kept_fd)
+            self.kept_fd = -1
+
     def _close(self) -> None:
-        rfd = getattr(self, "_rfd", -1)
-        if rfd >= 0:
-            os.close(rfd)
+        if self._rfd >= 0:
+            os.close(self._rfd)
             self._rfd = -1
         if self.fd >= 0:
             os.close(self.fd)
@@ -373,8 +426,10 @@ class Landing:
 
     def abort(self) -> None:
         """Gives up on this landing: nothing under the final name, no partial file left."""
+        self.release_kept()
+        if self.pieces == 1 or self.fd >= 0:
+            unlink_quiet(self.tmp)  # (a partial: while still holding its lock)
         if self.fd >= 0:
-            unlink_quiet(self.tmp)  # while still holding the partial's lock
             unlink_quiet(self.journal)
         self._close()
 
@@ -388,6 +443,28 @@ class Landing:
                 f"no space left on the file system under {self.layout.tier_root(self.tier)} "
                 f"writing {self.info.url}"
             ) from exc
+
+
+_buffers = threading.local()
+
+
+def _digest_of(path: Path, size: int) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    try:
+        return file_digest(fd, size) if os.fstat(fd).st_size == size else None
+    finally:
+        os.close(fd)
+
+
+def _read_buffer() -> memoryview:
+    """One 1 MiB read buffer per thread, reused: fresh memory is slow to touch in this VM."""
+    buf = getattr(_buffers, "buf", None)
+    if buf is None:
+        buf = _buffers.buf = memoryview(bytearray(MIB))
+    return buf
 
 
 def piece_ranges(size: int, piece_size: int) -> list[tuple[int, int]]:

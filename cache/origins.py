@@ -81,6 +81,17 @@ class S3Origin:
         def on_body(chunk: memoryview, offset: int) -> None:
             landing.write(chunk, offset)  # the CRT reports offsets within the object, ranged or not
 
+        if piece is None:
+            # a whole object: the CRT writes the file itself (no Python per chunk, no GIL traffic);
+            # Landing.finish hashes and verifies it by reading it back from the page cache
+            return self.client.get(
+                bucket,
+                key,
+                on_headers=landing.on_headers,
+                on_body=None,
+                on_done=on_done,
+                recv_filepath=landing.external_file(),
+            )
         return self.client.get(
             bucket,
             key,
@@ -88,7 +99,7 @@ class S3Origin:
             on_body=on_body,
             on_done=on_done,
             byte_range=piece,
-            if_match=info.etag if piece else None,
+            if_match=info.etag,
         )
 
 

@@ -275,10 +275,11 @@ class S3:
         key: str,
         *,
         on_headers: Callable[[list[tuple[str, str]]], None],
-        on_body: Callable[[memoryview, int], None],
+        on_body: Callable[[memoryview, int], None] | None,
         on_done: Callable[[BaseException | None], None],
         byte_range: tuple[int, int] | None = None,
         if_match: str | None = None,
+        recv_filepath: str | None = None,
     ) -> Any:
         """Starts a GET; callbacks run on CRT threads. A whole small object goes as one plain GET
         (the response then carries the object's checksum headers); a range goes through the CRT's
@@ -300,6 +301,7 @@ class S3:
                 on_headers(headers)
 
         def _body(chunk: memoryview, offset: int, **_: Any) -> None:
+            assert on_body is not None
             on_body(chunk, offset)
 
         def _done(error: BaseException | None = None, status_code: int | None = None, **kw: Any) -> None:
@@ -315,7 +317,8 @@ class S3:
             operation_name="GetObject",
             request=self._request("GET", host, path, headers),
             on_headers=_headers,
-            on_body=_body,
+            on_body=None if recv_filepath else _body,
+            recv_filepath=recv_filepath,
             on_done=_done,
         )
 
