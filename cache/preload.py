@@ -97,6 +97,7 @@ def run_preload(
     if fresh:
         state.index.mark_checked(fresh, time.time())
     if dry_run or not todo:
+        result.smallest_window = workers
         result.seconds = time.monotonic() - started
         return result
     # small objects first in listing order, then big ones: small ones fill the pipe while big ones stream
