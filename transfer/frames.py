@@ -67,7 +67,12 @@ def header(ftype: FrameType, body_len: int) -> bytes:
     return HEADER.pack(MAGIC, WIRE_VERSION, ftype, body_len)
 
 
-def parse_header(data: bytes | bytearray | memoryview, max_body: int) -> tuple[FrameType, int]:
+PRE_AUTH_LIMIT = 64 * 1024  # what a peer may make us buffer before it proved it knows the token
+
+
+def parse_header(
+    data: bytes | bytearray | memoryview, max_body: int, limit: int | None = None
+) -> tuple[FrameType, int]:
     magic, version, ftype, length = HEADER.unpack(data)
     if magic != MAGIC:
         raise ProtocolError("not an rq peer (bad frame magic)")
@@ -77,9 +82,11 @@ def parse_header(data: bytes | bytearray | memoryview, max_body: int) -> tuple[F
         kind = FrameType(ftype)
     except ValueError:
         raise ProtocolError(f"unknown frame type {ftype}") from None
-    limit = max_body if kind is FrameType.CHUNK else CONTROL_MAX
-    if length > limit:
-        raise ProtocolError(f"{kind.name} frame of {length} bytes is over the {limit} allowed")
+    cap = max_body if kind is FrameType.CHUNK else CONTROL_MAX
+    if limit is not None:
+        cap = min(cap, limit)
+    if length > cap:
+        raise ProtocolError(f"{kind.name} frame of {length} bytes is over the {cap} allowed")
     return kind, length
 
 
@@ -124,6 +131,7 @@ class FrameDecoder:
 
     def __init__(self, max_chunk_body: int):
         self._max = max_chunk_body
+        self.limit: int | None = None  # a tighter cap while the peer is not authenticated
         self._head = bytearray()
         self._need: tuple[FrameType, int] | None = None
         self._body = bytearray()
@@ -139,7 +147,7 @@ class FrameDecoder:
                 view = view[take:]
                 if len(self._head) < HEADER.size:
                     break
-                kind, length = parse_header(self._head, self._max)
+                kind, length = parse_header(self._head, self._max, self.limit)
                 self._head = bytearray()
                 self._need, self._body, self._filled = (kind, length), bytearray(length), 0
                 if length:

@@ -106,6 +106,14 @@ class QuicChannel:
         if end:
             self.frames.put(_CLOSED)
 
+    @property
+    def frame_limit(self) -> int | None:
+        return self.decoder.limit
+
+    @frame_limit.setter
+    def frame_limit(self, value: int | None) -> None:
+        self.decoder.limit = value
+
     def send(self, *parts: bytes | bytearray | memoryview) -> None:
         if self._closed:
             raise PeerUnreachableError("QUIC stream is closed")

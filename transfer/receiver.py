@@ -24,6 +24,7 @@ from transfer.events import (
     TransferPlanned,
     ignore,
 )
+from transfer.frames import PRE_AUTH_LIMIT
 from transfer.manifest import Limits, Manifest
 from transfer.session import (
     Authenticated,
@@ -107,6 +108,7 @@ class Receiver:
         core = ReceiverChannel(self.token, os.urandom(16), self.limits)
         shared: _Shared | None = None
         pending: list[tuple[int, int, bytes]] = []
+        _set_frame_limit(ch, PRE_AUTH_LIMIT)  # drivers that support it refuse big frames before AUTH
         try:
             while True:
                 frame = ch.recv(timeout=IDLE_TIMEOUT)
@@ -132,7 +134,10 @@ class Receiver:
                         if shared is not None:
                             shared.resent += 1
                         self.on_event(ChunkResent(ev.reason))
+                    elif isinstance(ev, Authenticated) and ev.role == "control":
+                        _set_frame_limit(ch, None)
                     elif isinstance(ev, Authenticated) and ev.role == "data":
+                        _set_frame_limit(ch, None)
                         shared = self._acquire(ev.transfer_id, None)
                         core.ready(shared.plan.manifest)
                     elif isinstance(ev, ManifestReceived) and self._completed(ev.manifest):
@@ -205,3 +210,9 @@ class Receiver:
         if core.outbox:
             out, core.outbox = core.outbox, []
             ch.send(*out)
+
+
+def _set_frame_limit(ch: Channel, limit: int | None) -> None:
+    """Optional driver capability (docs/transfer.md): a cap on the next frames' size."""
+    with contextlib.suppress(AttributeError):
+        ch.frame_limit = limit  # type: ignore[attr-defined]

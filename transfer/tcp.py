@@ -30,6 +30,7 @@ class TcpChannel:
         self._head = bytearray(HEADER.size)
         self._body = bytearray(64 * 1024)
         self._send_lock = threading.Lock()
+        self.frame_limit: int | None = None  # set by the receiver until the peer authenticated
 
     def send(self, *parts: bytes | bytearray | memoryview) -> None:
         try:
@@ -63,7 +64,7 @@ class TcpChannel:
         if not self._read_exact(memoryview(self._head)):
             return None
         self.sock.settimeout(None)  # once a frame has started, wait for the rest of it
-        kind, length = parse_header(self._head, self._max)
+        kind, length = parse_header(self._head, self._max, self.frame_limit)
         if length > len(self._body):
             self._body = bytearray(max(length, min(2 * len(self._body), self._max)))
         body = memoryview(self._body)[:length]

@@ -377,6 +377,10 @@ def test_hostile_sender_is_refused_and_receiver_stays_up(tmp_path: Path) -> None
         ch = _open(port, "control", "0" * 32)
         ch.send(header(FrameType.MANIFEST, 1 << 30))
         assert _reply(ch)["code"] == "protocol"
+        # before authenticating, a peer cannot make the receiver buffer more than 64 KiB
+        raw = TcpChannel(socket.create_connection(("127.0.0.1", port), timeout=10), 1 << 26)
+        raw.send(header(FrameType.HELLO, 1 << 20))
+        assert _reply(raw)["code"] == "protocol"
         # chunks that do not exist, or claim more bytes than their place in the file holds
         m = _forged(["ok.bin"], size=100_000)
         data = os.urandom(1 << 16)
