@@ -91,6 +91,7 @@ class S3Origin:
                 on_body=None,
                 on_done=on_done,
                 recv_filepath=landing.external_file(),
+                on_progress=landing.on_bytes,
             )
         return self.client.get(
             bucket,

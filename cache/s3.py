@@ -280,6 +280,7 @@ class S3:
         byte_range: tuple[int, int] | None = None,
         if_match: str | None = None,
         recv_filepath: str | None = None,
+        on_progress: Callable[[int], None] | None = None,
     ) -> Any:
         """Starts a GET; callbacks run on CRT threads. A whole small object goes as one plain GET
         (the response then carries the object's checksum headers); a range goes through the CRT's
@@ -320,6 +321,7 @@ class S3:
             on_body=None if recv_filepath else _body,
             recv_filepath=recv_filepath,
             on_done=_done,
+            on_progress=(lambda progress, **_: on_progress(progress)) if on_progress else None,
         )
 
 

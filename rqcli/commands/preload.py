@@ -126,6 +126,7 @@ def preload(
         durable=not no_fsync,
     )
     failures: list[ev.Failed] = []
+    counts = {"total": 0, "landed": 0}
     with out.progress() as bar:
         task = bar.add_task("preload", total=None) if bar is not None else None
 
@@ -141,7 +142,11 @@ def preload(
                 )
             elif bar is not None and task is not None:
                 if isinstance(event, ev.Planned):
-                    bar.update(task, total=event.bytes, description=f"preload {event.objects} objects")
+                    counts["total"] = event.objects
+                    bar.update(task, total=event.bytes, description=f"0/{event.objects} objects")
+                elif isinstance(event, ev.Landed):
+                    counts["landed"] += 1
+                    bar.update(task, description=f"{counts['landed']}/{counts['total']} objects")
                 elif isinstance(event, ev.Progress):
                     bar.update(task, completed=event.bytes)
 

@@ -251,13 +251,28 @@ def pct(times: list[float]) -> dict[str, Any]:
     }
 
 
+def argparse_hidden() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
 def main() -> None:
     parser = bench_args(__doc__ or "")
     parser.add_argument("--only", choices=["small", "large", "hit"], action="append")
+    parser.add_argument("--seed-only", action="store_true", help=argparse_hidden())
     args = parser.parse_args()
     which = set(args.only or ["small", "large", "hit"])
     env = services_env()
-    seed(env, which)
+    if args.seed_only:
+        seed(env, which)
+        return
+    # seed in a child: the large set's buffers would otherwise inflate every forked case's peak RSS
+    import subprocess
+    import sys
+
+    only = [a for w in sorted(which) for a in ("--only", w)]
+    subprocess.run([sys.executable, __file__, "--seed-only", *only], check=True)
     work = Path(tempfile.mkdtemp(prefix="rq-bench-preload-", dir="/var/tmp"))
     try:
         if "small" in which:
