@@ -94,6 +94,7 @@ class QuicChannel:
         self.decoder = FrameDecoder(max_frame)
         self.frames: queue.Queue[Any] = queue.Queue()
         self._closed = False
+        self._error: BaseException | None = None
 
     # called on the loop thread
     def _deliver(self, data: bytes, end: bool) -> None:
@@ -117,31 +118,24 @@ class QuicChannel:
     def send(self, *parts: bytes | bytearray | memoryview) -> None:
         if self._closed:
             raise PeerUnreachableError("QUIC stream is closed")
-        done = threading.Event()
-        err: list[BaseException] = []
+        if self._error is not None:
+            raise PeerUnreachableError(f"QUIC send failed: {self._error}")
+        # One copy here, in the caller's thread, so the caller may reuse its buffers at once and the
+        # event-loop thread (the bottleneck: QUIC is pure Python) only queues it. No waiting for the
+        # loop either: the sender's window of unacknowledged chunks bounds what piles up.
+        data = b"".join(parts)
 
         def _on_loop() -> None:
             try:
-                # send_stream_data copies into the stream's buffer, so the caller may reuse its
-                # buffers once we return (we wait for this to have run); no join copy needed.
-                for part in parts:
-                    self._proto._quic.send_stream_data(
-                        self.stream_id, bytes(part) if isinstance(part, memoryview) else part, False
-                    )
+                self._proto._quic.send_stream_data(self.stream_id, data, False)
                 self._proto.transmit()
             except BaseException as exc:
-                err.append(exc)
-            done.set()
+                self._error = exc
 
         try:
             self._loop.call_soon_threadsafe(_on_loop)
         except RuntimeError:
             raise PeerUnreachableError("QUIC connection is closed") from None
-        while not done.wait(1.0):
-            if self._loop.is_closed():
-                raise PeerUnreachableError("QUIC connection is closed")
-        if err:
-            raise PeerUnreachableError(f"QUIC send failed: {err[0]}")
 
     def recv(self, timeout: float | None = None) -> Frame | None:
         try:
