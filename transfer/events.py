@@ -30,6 +30,8 @@ class TransferPlanned:
 class ChunkMoved:
     raw_bytes: int
     wire_bytes: int
+    file: int = -1
+    index: int = -1
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,7 @@ def _child(
 
     def on_event(ev: Any) -> None:
         if isinstance(ev, ChunkMoved):
-            out.put(("moved", ev.raw_bytes, ev.wire_bytes))
-        elif isinstance(ev, ChunkResent):
-            out.put(("resent", ev.reason))
+            out.put(("moved", ev.raw_bytes, ev.wire_bytes, ev.file, ev.index))
 
     digests: list[dict[int, bytes]] = [{} for _ in manifest.files]
     try:
@@ -100,13 +98,10 @@ def move_in_processes(
                 if any(p.exitcode not in (None, 0) for p in procs):
                     raise PeerUnreachableError("a connection process died") from None
                 continue
-            if msg[0] == "moved":
-                stats.add(msg[1], msg[2])
-                on_event(ChunkMoved(msg[1], msg[2]))
-            elif msg[0] == "resent":
-                with stats.lock:
-                    stats.resent += 1
-                on_event(ChunkResent(msg[1]))
+            if msg[0] == "moved":  # the parent's Stats knows every attempt: it tells what was resent
+                if stats.add(msg[1], msg[2], (msg[3], msg[4])):
+                    on_event(ChunkResent("sent again"))
+                on_event(ChunkMoved(msg[1], msg[2], msg[3], msg[4]))
             elif msg[0] == "ok":
                 for f, k, d in msg[1]:
                     digests[f][k] = d

@@ -57,13 +57,21 @@ class Stats:
     resent: int = 0
     chunks: int = 0
     connected: bool = False  # the receiver accepted a manifest at least once
+    sent: set[tuple[int, int]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, raw: int, wire: int) -> None:
+    def add(self, raw: int, wire: int, pair: tuple[int, int]) -> bool:
+        """Counts one chunk on the wire; True if it had been sent before (NACK, or lost with a connection)."""
         with self.lock:
             self.raw += raw
             self.wire += wire
             self.chunks += 1
+            again = pair in self.sent
+            if again:
+                self.resent += 1
+            else:
+                self.sent.add(pair)
+            return again
 
 
 class Work:
@@ -177,11 +185,7 @@ class ChannelSender:
             elif isinstance(ev, Nacked):
                 with self.work.cond:
                     self.inflight.difference_update(ev.pairs)
-                with self.stats.lock:
-                    self.stats.resent += len(ev.pairs)
-                for _ in ev.pairs:
-                    self.on_event(ChunkResent("receiver found a corrupt chunk"))
-                self.work.again(ev.pairs, count=True)
+                self.work.again(ev.pairs, count=True)  # counted as resent when they go out again
 
     def run(self) -> None:
         replies = threading.Thread(target=self._read_replies, daemon=True)
@@ -236,8 +240,9 @@ class ChannelSender:
         self.digests[f][k] = dig
         kind, payload = codec.encode(data, self.opts.compress, self.elem[f])
         self.ch.send(chunk_frame_header(ChunkHeader(f, k, length, kind, dig), len(payload)), payload)
-        self.stats.add(length, len(payload) + 37)
-        self.on_event(ChunkMoved(length, len(payload) + 37))
+        if self.stats.add(length, len(payload) + 37, (f, k)):
+            self.on_event(ChunkResent("sent again"))
+        self.on_event(ChunkMoved(length, len(payload) + 37, f, k))
 
 
 def run_connection(

@@ -629,7 +629,7 @@ def main() -> None:
     parser = bench_args(__doc__ or "")
     parser.add_argument("--only", default="tcp,quic,compress,auto,resume")
     parser.add_argument("--size", default="4G", help="TCP and resume file size")
-    parser.add_argument("--quic-size", default="256M")
+    parser.add_argument("--quic-size", default="1G")
     parser.add_argument("--auto-size", default="1G")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
