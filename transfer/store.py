@@ -168,7 +168,7 @@ class Store:
     def plan(self, manifest: Manifest) -> Plan:
         """Accepts a validated manifest: checks the destination, then opens (or resumes) partial files."""
         for entry in manifest.files:
-            self._check_target(entry.name)
+            self._check_target(entry.name, entry.key)
         restarted = self._drop_stale(manifest)
         with _disk_errors():
             self._write_state_file(f"{manifest.transfer_id}.manifest.json", manifest.to_json())
@@ -228,7 +228,7 @@ class Store:
             files.append(FileState(entry, chunks, part_fd, journal, dict(journal.initial)))
         return Plan(manifest, files, self, restarted)
 
-    def _check_target(self, name: str) -> None:
+    def _check_target(self, name: str, key: str) -> None:
         """Refuses a name whose parents are symlinks or files, or whose final name exists (w/o overwrite)."""
         parts = validate_name(name)
         fd = os.dup(self.fd)
@@ -250,10 +250,18 @@ class Store:
                 return
             if stat.S_ISDIR(st.st_mode):
                 raise ExistsError(f"{display_name(name)} exists in the destination as a directory")
-            if not self.overwrite:
+            if not self.overwrite and not self._is_our_link(st, key):
                 raise ExistsError(f"{display_name(name)} already exists in the destination")
         finally:
             os.close(fd)
+
+    def _is_our_link(self, st: os.stat_result, key: str) -> bool:
+        """True if the final name is a hard link to our own .part: a crash between link() and unlink()."""
+        try:
+            part = os.stat(f"{key}.part", dir_fd=self.state_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return (part.st_dev, part.st_ino) == (st.st_dev, st.st_ino)
 
     def _drop_stale(self, manifest: Manifest) -> list[str]:
         """Removes partial state of an older version of any file this manifest sends (changed source)."""
@@ -329,9 +337,11 @@ class Store:
                         src, parts[-1], src_dir_fd=self.state_fd, dst_dir_fd=parent, follow_symlinks=False
                     )
                 except FileExistsError:
-                    raise ExistsError(
-                        f"{display_name(fs.entry.name)} appeared in the destination meanwhile"
-                    ) from None
+                    st = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
+                    if not self._is_our_link(st, fs.entry.key):
+                        raise ExistsError(
+                            f"{display_name(fs.entry.name)} appeared in the destination meanwhile"
+                        ) from None
                 os.unlink(src, dir_fd=self.state_fd)
             os.fsync(parent)
         finally:

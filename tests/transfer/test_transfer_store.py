@@ -1,0 +1,95 @@
+"""The receiver's disk side (Store/Plan/Journal) on a real filesystem: resume, crash windows, refusals."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from transfer import codec
+from transfer.errors import ExistsError, UnsafeNameError
+from transfer.manifest import FileEntry, Manifest, file_key, make_manifest
+from transfer.store import Store
+
+CS = 64 * 1024
+
+
+def _manifest(name: str = "d/model.bin", size: int = 3 * CS + 100) -> tuple[Manifest, bytes]:
+    data = os.urandom(size)
+    m = make_manifest(CS, [FileEntry(name=name, size=size, mode=0o4755, key=file_key(name, size, 1, 2, CS))])
+    return m, data
+
+
+def _receive(store: Store, m: Manifest, data: bytes, chunks: range) -> list[str]:
+    plan = store.plan(m)
+    digests = []
+    for k in range(m.files[0].chunks(CS)):
+        piece = data[k * CS : (k + 1) * CS]
+        digests.append(codec.digest(piece))
+        if k in chunks and not plan.has(0, k):
+            plan.write(0, k, piece)
+            plan.make_durable([(0, k, digests[-1])])
+    plan.close()
+    return [codec.root_digest(digests).hex()]
+
+
+def test_resume_keeps_verified_chunks_and_finishes(tmp_path: Path) -> None:
+    m, data = _manifest()
+    store = Store(tmp_path)
+    _receive(store, m, data, range(0, 2))
+    store.close()
+    store = Store(tmp_path)  # a new receiver process
+    plan = store.plan(m)
+    assert sorted(plan.files[0].have) == [0, 1]  # from the journal: not re-sent, not re-hashed
+    plan.close()
+    roots = _receive(store, m, data, range(2, 4))
+    plan = store.plan(m)
+    assert plan.finalize(roots, overwrite=False) == len(data)
+    assert (tmp_path / "d" / "model.bin").read_bytes() == data
+    assert (tmp_path / "d" / "model.bin").stat().st_mode & 0o7777 == 0o755  # setuid dropped
+    assert store.completed(m)
+
+
+def test_crash_between_link_and_unlink_is_not_a_conflict(tmp_path: Path) -> None:
+    m, data = _manifest("model.bin")
+    store = Store(tmp_path)
+    roots = _receive(store, m, data, range(4))
+    key = m.files[0].key
+    os.link(tmp_path / ".rq-partial" / f"{key}.part", tmp_path / "model.bin")  # crashed right here
+    plan = store.plan(m)  # no ExistsError: the final name is our own link
+    plan.finalize(roots, overwrite=False)
+    assert (tmp_path / "model.bin").read_bytes() == data
+    assert not (tmp_path / ".rq-partial" / f"{key}.part").exists()
+
+
+def test_existing_file_and_symlinked_parent_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    (dest / "d").symlink_to(outside)
+    store = Store(dest)
+    m, _ = _manifest("d/model.bin")
+    with pytest.raises(UnsafeNameError):
+        store.plan(m)
+    (dest / "taken.bin").write_bytes(b"mine")
+    m2, _ = _manifest("taken.bin")
+    with pytest.raises(ExistsError):
+        store.plan(m2)
+    assert list(outside.iterdir()) == []
+    assert (dest / "taken.bin").read_bytes() == b"mine"
+
+
+def test_changed_source_drops_stale_partial(tmp_path: Path) -> None:
+    m1, data = _manifest("model.bin")
+    store = Store(tmp_path)
+    _receive(store, m1, data, range(2))
+    size = len(data)
+    m2 = make_manifest(
+        CS, [FileEntry(name="model.bin", size=size, mode=0o644, key=file_key("model.bin", size, 9, 2, CS))]
+    )
+    plan = store.plan(m2)
+    assert plan.restarted == ["model.bin"] and plan.files[0].have == {}
+    assert not (tmp_path / ".rq-partial" / f"{m1.files[0].key}.part").exists()
+    plan.close()
