@@ -120,7 +120,12 @@ def encode(
         if elem_size == 4
         else (Codec.ZSTD_BG2, Codec.ZSTD_BG4, Codec.ZSTD)
     )
-    ratios = {c: len(_compress(sample, c)) / len(sample) for c in order}
+    plain = len(_compress(sample, Codec.ZSTD)) / len(sample)
+    if mode == "auto" and plain >= 0.99:
+        # Nothing zstd can see at all (random, already compressed): byte planes will not help either
+        # (floats give ~0.92 plain), so skip trying them — this keeps `auto` ~free on such data.
+        return Codec.RAW, view
+    ratios = {c: (plain if c is Codec.ZSTD else len(_compress(sample, c)) / len(sample)) for c in order}
     best = min(order, key=lambda c: ratios[c])
     if mode == "auto" and ratios[best] > RAW_THRESHOLD:
         return Codec.RAW, view
