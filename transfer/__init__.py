@@ -1,1 +1,24 @@
-"""rq transfer library."""
+"""rq's checkpoint transfer library: send files to a receiver over QUIC, TCP (or RDMA), resumable and verified.
+
+Used by `rq send` / `rq recv`; a training script can use it directly:
+
+    from pathlib import Path
+    from transfer.credentials import load_identity
+    from transfer.receiver import Receiver
+    from transfer.sender import SendOptions, send
+    from transfer.transport import ConnectOptions, ListenOptions, get_transport
+
+    # receiver
+    ident = load_identity(Path("~/.local/share/rq/transfer").expanduser())
+    rx = Receiver(Path("/data/ckpt"), token=b"secret")
+    listener = get_transport("quic").listen(ListenOptions("0.0.0.0", 7420, ident), rx.handle_channel)
+    listener.serve_forever()
+
+    # sender
+    summary = send([Path("ckpt")], get_transport("quic"),
+                   ConnectOptions("10.0.0.2", 7420, pin="sha256:…"), token=b"secret",
+                   opts=SendOptions(connections=2), on_event=print)
+
+Nothing here prints or exits: errors are `transfer.errors.TransferError` subclasses, progress comes as
+`transfer.events` objects. Wire protocol: docs/protocol.md; design and driver interface: docs/transfer.md.
+"""
