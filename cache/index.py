@@ -212,9 +212,10 @@ class Index:
 
     @staticmethod
     def put(db: sqlite3.Connection, entry: Entry) -> None:
-        db.execute(
-            f"INSERT OR REPLACE INTO entries ({ENTRY_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", entry.row()
-        )
+        # DELETE then INSERT, not INSERT OR REPLACE: a REPLACE's implicit delete does not fire the
+        # delete trigger (recursive triggers are off), which would leave the tier totals too high
+        db.execute("DELETE FROM entries WHERE url = ?", (entry.url,))
+        db.execute(f"INSERT INTO entries ({ENTRY_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", entry.row())
 
     @staticmethod
     def delete(db: sqlite3.Connection, url: str) -> None:

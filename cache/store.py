@@ -191,11 +191,20 @@ class Store:
             finally:
                 os.close(out)
             final.parent.mkdir(parents=True, exist_ok=True)
-            os.rename(tmp, final)
+            try:
+                os.link(tmp, final)  # never clobber a twin (same URL and version) a reader may hold
+            except FileExistsError:
+                pass
+            unlink_quiet(tmp)
             fsync_dir(final.parent)
             with self.index.write() as db:
-                if self.index.get(entry.url, db) is None:
+                current = self.index.get(entry.url, db)
+                if current is None:
                     Index.put(db, replace(entry, tier="disk"))
+                elif (current.tier, current.blob) != ("disk", entry.blob):
+                    # the URL was cached again meanwhile (another tier or version): our copy would
+                    # be an uncovered file, so it goes before its hold does
+                    unlink_quiet(final)
                 Index.drop_hold(db, hid)
         except BaseException:
             unlink_quiet(tmp)

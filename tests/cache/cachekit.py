@@ -35,6 +35,20 @@ def tree_files(root: Path) -> dict[str, int]:
     return out
 
 
+def tree_bytes(*roots: Path) -> int:
+    """Bytes of the files under roots, each inode once (a file being published has two names)."""
+    seen: dict[tuple[int, int], int] = {}
+    for root in roots:
+        for base, _, files in os.walk(root):
+            for name in files:
+                try:
+                    st = os.lstat(os.path.join(base, name))
+                except FileNotFoundError:
+                    continue
+                seen[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(seen.values())
+
+
 def summary(proc: Any) -> dict[str, Any]:
     """The final `{"event": "summary", …}` line of a `--json` run."""
     lines = [json.loads(x) for x in proc.stdout.decode().splitlines() if x.strip()]
