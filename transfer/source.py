@@ -81,6 +81,9 @@ def check_unchanged(files: list[SourceFile]) -> None:
             )
 
 
+MAX_OPEN = 8  # source descriptors one Reader keeps open
+
+
 class Reader:
     """Reads chunks with pread into a buffer it reuses (fresh memory is slow to touch here)."""
 
@@ -91,9 +94,12 @@ class Reader:
         self._buf = bytearray(chunk_size)
 
     def read(self, f: int, k: int, length: int) -> memoryview:
-        fd = self._fds.get(f)
+        fd = self._fds.pop(f, None)
         if fd is None:
-            fd = self._fds[f] = os.open(self._files[f].path, os.O_RDONLY | os.O_CLOEXEC)
+            if len(self._fds) >= MAX_OPEN:  # hundreds of shards must not mean hundreds of descriptors
+                os.close(self._fds.pop(next(iter(self._fds))))
+            fd = os.open(self._files[f].path, os.O_RDONLY | os.O_CLOEXEC)
+        self._fds[f] = fd  # most recently used last
         view = memoryview(self._buf)[:length]
         got = 0
         while got < length:

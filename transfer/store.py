@@ -46,9 +46,7 @@ def _disk_errors() -> Iterator[None]:
         yield
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise NoSpaceError(
-                "receiver disk is full; verified chunks are kept — free space and re-run"
-            ) from None
+            raise NoSpaceError("receiver disk is full; the chunks verified so far are kept") from None
         raise
 
 
@@ -56,7 +54,6 @@ def _disk_errors() -> Iterator[None]:
 class FileState:
     entry: FileEntry
     chunks: int
-    part_fd: int
     journal: Journal
     have: dict[int, bytes]
     dirty: set[int] = field(default_factory=set)  # written, not yet fdatasync'ed + journaled
@@ -86,12 +83,11 @@ class Plan:
 
     def write(self, f: int, k: int, data: bytes | bytearray | memoryview) -> None:
         self._check_open()
-        fs = self.files[f]
-        with _disk_errors():
+        with _disk_errors(), self.store.part(self.files[f].entry.key) as fd:
             view = memoryview(data)
             off = k * self.manifest.chunk_size
             while view:
-                n = os.pwrite(fs.part_fd, view, off)
+                n = os.pwrite(fd, view, off)
                 view, off = view[n:], off + n
 
     def make_durable(self, done: list[tuple[int, int, bytes]]) -> None:
@@ -102,7 +98,8 @@ class Plan:
             by_file.setdefault(f, []).append((k, dig))
         with _disk_errors():
             for f in by_file:
-                os.fdatasync(self.files[f].part_fd)
+                with self.store.part(self.files[f].entry.key) as fd:
+                    os.fdatasync(fd)
             for f, recs in by_file.items():
                 self.files[f].journal.append(recs)
                 with self.lock:
@@ -134,11 +131,6 @@ class Plan:
             if self.closed:
                 return
             self.closed = True
-        for fs in self.files:
-            with contextlib.suppress(OSError):
-                os.close(fs.part_fd)
-            with contextlib.suppress(OSError):
-                fs.journal.close()
 
 
 class Store:
@@ -221,11 +213,11 @@ class Store:
         for entry in manifest.files:
             chunks = entry.chunks(manifest.chunk_size)
             flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            part_fd = os.open(f"{entry.key}.part", flags, 0o600, dir_fd=self.state_fd)
+            os.close(os.open(f"{entry.key}.part", flags, 0o600, dir_fd=self.state_fd))
             journal = Journal(
                 self.state_fd, f"{entry.key}.journal", entry.key, entry.size, manifest.chunk_size, chunks
             )
-            files.append(FileState(entry, chunks, part_fd, journal, dict(journal.initial)))
+            files.append(FileState(entry, chunks, journal, dict(journal.initial)))
         return Plan(manifest, files, self, restarted)
 
     def _check_target(self, name: str, key: str) -> None:
@@ -308,13 +300,23 @@ class Store:
 
     # -- finishing ------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def part(self, key: str) -> Iterator[int]:
+        """A descriptor for one .part file, held only for one operation: a transfer of 100,000 files
+        must not need 100,000 descriptors, and a late channel cannot write through a stale one."""
+        fd = os.open(f"{key}.part", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
     def place(self, fs: FileState, overwrite: bool) -> None:
         """Moves a complete, verified .part file to its final name without following any link."""
         parts = validate_name(fs.entry.name)
-        os.fsync(fs.part_fd)
-        os.ftruncate(fs.part_fd, fs.entry.size)  # a zero-chunk or sparse tail still gets its size
-        os.fchmod(fs.part_fd, fs.entry.mode & 0o777 & ~0o022 | 0o600)  # never setuid/setgid/sticky
-        os.fsync(fs.part_fd)
+        with self.part(fs.entry.key) as fd:
+            os.ftruncate(fd, fs.entry.size)  # a zero-chunk or sparse tail still gets its size
+            os.fchmod(fd, fs.entry.mode & 0o777 & ~0o022 | 0o600)  # never setuid/setgid/sticky
+            os.fsync(fd)
         parent = os.dup(self.fd)
         try:
             for comp in parts[:-1]:

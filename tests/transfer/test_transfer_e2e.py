@@ -228,3 +228,33 @@ def test_rerun_after_success_is_a_no_op_not_a_conflict(tmp_path: Path) -> None:
     finally:
         recv.stop()
     assert tree_digest(tmp_path / "dst" / "ckpt") == tree_digest(ckpt)
+
+
+def _few_fds() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (96, 96))
+
+
+def test_many_files_with_few_file_descriptors(tmp_path: Path) -> None:
+    """Hundreds of shards must not need a descriptor each on either side (both run with a 96-fd limit)."""
+    src = tmp_path / "shards"
+    src.mkdir()
+    for i in range(600):
+        (src / f"shard-{i:05d}.bin").write_bytes(os.urandom(100 + i * 37))
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--once", preexec=_few_fds).start()
+    try:
+        proc = subprocess.run(
+            rq_cmd("send", str(src), recv.url, *recv.send_args(), "--json", "--streams", "4"),
+            env=rq_env(),
+            capture_output=True,
+            timeout=120,
+            check=False,
+            preexec_fn=_few_fds,
+        )
+        assert proc.returncode == 0, proc.stderr.decode()
+        rc, _, err = recv.wait()
+        assert rc == 0, err
+    finally:
+        recv.stop()
+    assert tree_digest(tmp_path / "dst" / "shards") == tree_digest(src)

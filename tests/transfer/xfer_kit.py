@@ -68,9 +68,11 @@ class Recv:
         env: dict[str, str] | None = None,
         netns: str | None = None,
         host: str = "127.0.0.1",
+        preexec: Any = None,
     ):
         self.dest, self.cert_dir, self.transport, self.extra = dest, cert_dir, transport, extra
         self.port, self.env, self.netns, self.host = port, env or rq_env(), netns, host
+        self.preexec = preexec
         self.proc: subprocess.Popen[bytes] | None = None
         self.info: dict[str, Any] = {}
 
