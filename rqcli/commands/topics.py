@@ -133,9 +133,12 @@ def _size(text: str | None) -> int | None:
     t = text.strip().lower().removesuffix("ib").removesuffix("b")
     num, unit = (t[:-1], t[-1]) if t and t[-1] in units and t[-1] != "" else (t, "")
     try:
-        return int(float(num) * units[unit])
-    except ValueError:
-        raise CliError(f"bad size {text!r}", ExitCode.USAGE, hint="use e.g. 512M, 10G") from None
+        size = int(float(num) * units[unit])
+    except (ValueError, OverflowError):  # 'abc', 'nan', 'inf'
+        size = 0
+    if size <= 0:
+        raise CliError(f"bad size {text!r}", ExitCode.USAGE, hint="use a positive size, e.g. 512M, 10G")
+    return size
 
 
 topics_dir_option = click.option(
@@ -618,6 +621,12 @@ def replay(
             check_group_name(group)
         if commit and not group:
             raise CliError("--commit needs --group", ExitCode.USAGE)
+        if save_spec is not None and not save_spec.absolute().parent.is_dir():
+            # Found out before replaying (and committing), not after: the spec is the point.
+            raise CliError(
+                f"cannot write --save-spec {safe_text(str(save_spec))}: its directory does not exist",
+                ExitCode.NOT_FOUND,
+            )
         start_pos, stop_pos = parse_window(from_spec, to_spec)
         pace = Rate.parse(rate)
         filt = compile_where(where) if where else None

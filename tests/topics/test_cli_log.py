@@ -153,6 +153,9 @@ def test_exact_time_bounds_and_exit_at_end(env: dict[str, str]) -> None:
         (["tail", "mqtt://127.0.0.1:1/x"], 6, "cannot reach MQTT"),
         (["replay", "mqtt://127.0.0.1:1/x"], 10, "MQTT has none"),
         (["replay", "timed", "--commit"], 2, "--group"),
+        (["produce", "sized", "--segment-bytes", "-5"], 2, "bad size"),
+        (["produce", "sized", "--retention-bytes", "inf"], 2, "bad size"),
+        (["replay", "timed", "--from", "start", "--save-spec", "/nonexistent-rq/s.json"], 3, "--save-spec"),
     ],
 )
 def test_bad_input_one_line_and_exit_code(env: dict[str, str], args: list[str], code: int, text: str) -> None:
@@ -161,6 +164,25 @@ def test_bad_input_one_line_and_exit_code(env: dict[str, str], args: list[str], 
     err = r.stderr.decode()
     assert r.returncode == code, err
     assert text in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_produce_never_claims_a_directory_that_holds_other_files(tmp_path: Path, env: dict[str, str]) -> None:
+    """`rq produce .` must not scatter segments, a lock and retention among someone's files."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "notes.txt").write_bytes(b"mine")
+    for topic in (str(home), f"{home}/."):
+        r = run_rq("produce", topic, input=b"x\n", env=env)
+        err = r.stderr.decode()
+        assert r.returncode == 1 and "not a topic" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in home.iterdir()) == ["notes.txt"]
+    r = run_rq("produce", str(home / "notes.txt"), input=b"x\n", env=env)
+    assert r.returncode == 1 and b"is a file" in r.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    produce(env, str(empty), b"a\n")
+    produce(env, str(empty), b"b\n")  # a topic now: appending is fine
+    assert run_rq("tail", str(empty), "--format", "raw", env=env).stdout == b"a\nb\n"
 
 
 def test_groups_offsets_commit_and_reset(env: dict[str, str]) -> None:

@@ -149,6 +149,29 @@ def test_produce_spec_and_to_topic(
     assert r.stdout.splitlines()[49] == b'{"n": 49}'  # the bytes, unchanged
 
 
+def test_group_names_nats_refuses_and_times_beyond_the_calendar(
+    nats_url: str, stream_name: str, env: dict[str, str]
+) -> None:
+    make_stream(nats_url, stream_name)
+    publish(nats_url, f"{stream_name}.x", [b"a", b"b"])
+    base = f"{nats_url}/{stream_name}"
+    for args in (
+        ["replay", base, "--group", "g.1", "--from", "start"],
+        ["offsets", base, "--group", "g.1"],
+        ["offsets", "reset", base, "--group", "g.1", "--to", "start"],
+    ):
+        r = run_rq(*args, env=env)
+        err = r.stderr.decode()
+        assert r.returncode == 2 and "bad group name" in err and err.count("\n") == 1, err
+    # Times datetime cannot hold resolve to the start or the end, never to a crash.
+    r = run_rq("replay", base, "--from", "@0001-01-01T00:00:00+01:00", "--format", "raw", env=env)
+    assert (r.returncode, r.stdout) == (0, b"a\nb\n"), r.stderr
+    r = run_rq("replay", base, "--from", "@-400000w", "--format", "raw", env=env)
+    assert (r.returncode, r.stdout) == (0, b"a\nb\n"), r.stderr
+    r = run_rq("replay", base, "--from", "@9999-12-31T23:59:59-23:59", "--format", "raw", env=env)
+    assert (r.returncode, r.stdout) == (0, b""), r.stderr
+
+
 def test_unknown_stream(nats_url: str, env: dict[str, str]) -> None:
     r = run_rq("replay", f"{nats_url}/RQ_NO_SUCH_STREAM", "--from", "start", env=env)
     assert r.returncode == 3 and b"does not exist" in r.stderr

@@ -481,6 +481,23 @@ class _EndOfLog(Exception):
     pass
 
 
+def _check_unclaimed(directory: Path) -> None:
+    """A new topic goes only into an empty directory: `rq produce .` (or `~`, `..`) must not scatter
+    segments and a writer.lock among someone's files, nor let retention loose beside them. A temp
+    file left by a crash while topic.json was first written does not count."""
+    try:
+        names = os.listdir(directory)
+    except NotADirectoryError:
+        raise TopicError(f"{directory} is a file, not a topic directory") from None
+    if CONFIG_NAME in names:
+        return  # another writer created it a moment ago
+    if any(not (n.startswith(f".{CONFIG_NAME}.") and n.endswith(".tmp")) for n in names):
+        raise TopicError(
+            f"{directory} is a directory that is not a topic (no {CONFIG_NAME}) and not empty: "
+            "give a new or empty directory"
+        )
+
+
 class LogWriter:
     """The one writer of a topic. `append` returns once the batch is durable (fdatasync)."""
 
@@ -491,6 +508,8 @@ class LogWriter:
             raise TopicNotFound(f"topic {directory} does not exist")
         if not exists:
             parent_new = not directory.exists()
+            if not parent_new:
+                _check_unclaimed(directory)
             directory.mkdir(parents=True, exist_ok=True)
             if parent_new:
                 fsync_dir(directory.parent)

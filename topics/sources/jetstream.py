@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from topics.errors import SourceUnreachable, TopicError, TopicNotFound
+from topics.errors import SourceUnreachable, SpecError, TopicError, TopicNotFound
 from topics.record import NO_HEADERS, Headers, Record
 from topics.sources.base import Pending
 from topics.sources.natswire import OrderedReader
@@ -92,6 +93,17 @@ def _total(info: Any) -> int:
     return int(info.num_pending or 0) + int(delivered or 0)
 
 
+_DURABLE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+_LAST_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: the last instant datetime can hold
+
+
+def _durable(group: str) -> str:
+    """A group is a durable consumer name; NATS refuses '.', '*', '>' and spaces in those."""
+    if not _DURABLE.match(group):
+        raise SpecError(f"bad group name {group!r} for JetStream: use letters, digits, '_' or '-' (no dots)")
+    return group
+
+
 def _headers(raw: dict[str, str] | None) -> Headers:
     if not raw:
         return NO_HEADERS
@@ -128,6 +140,12 @@ class JetStreamSource:
         """First sequence stamped at or after ts_ms: an ordered consumer started by time tells us."""
         from nats.js.api import ConsumerConfig, DeliverPolicy
 
+        # Every stamp lies within 1970..9999; beyond them (`@-9000000w`, a zone past year 9999)
+        # the answer is known, and datetime could not hold the time anyway.
+        if ts_ms <= 0:
+            return self.first_offset()
+        if ts_ms > _LAST_MS:
+            return self.end_offset()
         cfg = ConsumerConfig(
             deliver_policy=DeliverPolicy.BY_START_TIME,
             opt_start_time=datetime.fromtimestamp(ts_ms / 1000, UTC),
@@ -183,7 +201,7 @@ class JetStreamSource:
         import nats.js.errors
 
         try:
-            info = self.conn.run(self.conn.js.consumer_info(self.conn.stream, group))
+            info = self.conn.run(self.conn.js.consumer_info(self.conn.stream, _durable(group)))
         except nats.js.errors.NotFoundError:
             return None
         floor = info.ack_floor.stream_seq if info.ack_floor else 0
@@ -196,6 +214,8 @@ class JetStreamSource:
         """Re-creates the durable consumer `group` so that the next message it delivers is `offset`."""
         import nats.js.errors
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        _durable(group)
 
         async def recreate() -> None:
             with contextlib.suppress(nats.js.errors.NotFoundError):
@@ -219,7 +239,7 @@ class JetStreamSource:
     def group_lag(self, group: str) -> int:
         """Messages the durable consumer has still to deliver or to see acknowledged (honours its
         subject filter, unlike end - committed)."""
-        info = self.conn.run(self.conn.js.consumer_info(self.conn.stream, group))
+        info = self.conn.run(self.conn.js.consumer_info(self.conn.stream, _durable(group)))
         return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
 
     def groups(self) -> list[str]:
