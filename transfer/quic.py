@@ -68,8 +68,10 @@ def path_datagram_size(host: str, port: int, cap: int) -> int:
         info = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
         with socket.socket(info[0], socket.SOCK_DGRAM) as s:
             s.connect(info[4])
-            mtu = s.getsockopt(socket.IPPROTO_IP, 14)  # IP_MTU (Linux)
-            overhead = 48 if info[0] == socket.AF_INET6 else 28
+            if info[0] == socket.AF_INET6:
+                mtu, overhead = s.getsockopt(socket.IPPROTO_IPV6, 24), 48  # IPV6_MTU (Linux)
+            else:
+                mtu, overhead = s.getsockopt(socket.IPPROTO_IP, 14), 28  # IP_MTU (Linux)
             return max(1200, min(cap, mtu - overhead))
     except OSError:
         return 1200

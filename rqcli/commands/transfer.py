@@ -307,13 +307,17 @@ def recv(
     out.emit(
         {
             "event": "listening",
-            "address": f"{addr_host}:{addr_port}",
+            "address": f"[{addr_host}]:{addr_port}" if ":" in addr_host else f"{addr_host}:{addr_port}",
             "transport": transport,
             "pin": pin,
             "send": line,
         }
     )
     out.info(f"receiving into {dest_dir} on {addr_host}:{addr_port}; on the sender run:\n  {line}")
+    if token_file is None and not os.environ.get("RQ_TOKEN") and not worker:
+        out.info(
+            f"  (with the token from {_default_token_file()} copied to the same place there, or RQ_TOKEN)"
+        )
 
     server = threading.Thread(target=listener.serve_forever, daemon=True)
     server.start()
