@@ -52,8 +52,18 @@ def check_s3(endpoint: str | None, bucket: str | None, explicit: bool) -> Findin
     if endpoint:
         _validate_url(endpoint, ("http", "https"), "S3 endpoint")
     where = endpoint or "AWS default endpoint"
-    session = boto3.session.Session()
-    if session.get_credentials() is None:
+    try:
+        session = boto3.session.Session()
+        credentials = session.get_credentials()
+    except botocore.exceptions.BotoCoreError as exc:  # a missing AWS_PROFILE, half the key pair
+        return Finding(
+            "s3",
+            "fail" if explicit else "warn",
+            f"{where}: credentials unusable ({exc})",
+            "check AWS_PROFILE / AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY",
+            int(ExitCode.AUTH),
+        )
+    if credentials is None:
         return Finding(
             "s3",
             "fail" if explicit else "warn",

@@ -71,6 +71,20 @@ def test_wrong_credentials_exit_auth(services: Services) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize(
+    "broken",
+    [{"AWS_SECRET_ACCESS_KEY": ""}, {"AWS_PROFILE": "rq-no-such-profile"}],
+    ids=["half-a-key-pair", "missing-profile"],
+)
+def test_unusable_credentials_exit_auth_in_one_line(services: Services, broken: dict[str, str]) -> None:
+    env = {**services.aws_env(), **broken}  # an empty secret: botocore's "Partial credentials found"
+    res = run_rq("doctor", "--endpoint-url", services.s3_endpoint, env=env)
+    err = res.stderr.decode()
+    assert res.returncode == ExitCode.AUTH, err
+    assert "credentials unusable" in err and err.count("\n") == 1 and "unexpected" not in err
+
+
+@pytest.mark.integration
 def test_missing_bucket_exit_not_found(services: Services) -> None:
     res = run_rq(
         "doctor",
