@@ -72,4 +72,6 @@ def test_idle_timeout_ends_a_quiet_tail_and_replay_is_refused(mqtt_url: str) -> 
     r = run_rq("replay", f"{mqtt_url}/x", "--from", "start")
     assert r.returncode == 10 and b"MQTT has none" in r.stderr
     r = run_rq("produce", f"{mqtt_url}/rqtest/#", input=b"x\n")
-    assert r.returncode == 1 and b"topic filter" in r.stderr
+    assert r.returncode == 2 and b"topic filter" in r.stderr
+    r = run_rq("tail", f"{mqtt_url}/rqtest/#/x", "--timeout", "0.5", timeout=20)
+    assert r.returncode == 2 and b"bad MQTT topic filter" in r.stderr and r.stderr.count(b"\n") == 1

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from topics.errors import SourceUnreachable, TopicError, Unsupported
+from topics.errors import SourceUnreachable, SpecError, Unsupported
 from topics.record import NO_HEADERS, Record
 from topics.sources.base import Pending
 
@@ -76,7 +76,7 @@ class MqttSource:
             self.client.subscribe(self.filter, qos=qos)
         except ValueError as exc:
             self.close()
-            raise TopicError(f"bad MQTT topic filter {self.filter!r}: {exc}") from None
+            raise SpecError(f"bad MQTT topic filter {self.filter!r}: {exc}") from None
         # Wait for SUBACK so that whatever is published after this returns is seen.
         if not subscribed.wait(connect_timeout) or any(getattr(c, "is_failure", False) for c in granted):
             self.close()
@@ -142,7 +142,7 @@ class MqttSink:
 
     def __init__(self, ref: Any, connect_timeout: float = 5.0, **_: Any):
         if any(c in ref.subject for c in "+#"):
-            raise TopicError(f"cannot publish to a topic filter {ref.subject!r}: name one topic")
+            raise SpecError(f"cannot publish to a topic filter {ref.subject!r}: name one topic")
         self.url = ref.url
         self.topic: str = ref.subject
         self.client = _client(ref.host, ref.port, connect_timeout)
