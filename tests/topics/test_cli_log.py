@@ -281,7 +281,8 @@ def test_flipped_byte_reported_with_offset_and_skip_corrupt(env: dict[str, str])
 def test_follow_sees_new_records_and_idle_timeout_ends_it(env: dict[str, str]) -> None:
     produce(env, "live", b"old\n")
     proc = subprocess.Popen(
-        [*rq_command(), "tail", "live", "-f", "-n", "1", "--format", "raw", "--timeout", "3"],
+        # The idle timeout must outlast starting the second `rq produce` on a loaded machine.
+        [*rq_command(), "tail", "live", "-f", "-n", "1", "--format", "raw", "--timeout", "8"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, **env},
@@ -290,7 +291,7 @@ def test_follow_sees_new_records_and_idle_timeout_ends_it(env: dict[str, str]) -
     assert proc.stdout.readline() == b"old\n"
     produce(env, "live", b"new\n")
     assert proc.stdout.readline() == b"new\n"
-    assert proc.wait(20) == 0
+    assert proc.wait(30) == 0
 
 
 def test_kill_9_during_produce_keeps_every_acknowledged_batch(env: dict[str, str]) -> None:
