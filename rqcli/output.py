@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -30,6 +31,15 @@ _CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {0x7F: "\\x7f"}
 def safe_text(text: str) -> str:
     """A name from the network or a bucket, made safe to print: control characters escaped."""
     return text.translate(_CONTROL)
+
+
+class _Console(Console):
+    """Rich exits 1 when the reader of its output leaves; for rq, `| head` is success on every
+    command, so hand the BrokenPipeError to the `rq` group, which ends the command with exit 0."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
 @dataclass
@@ -70,7 +80,7 @@ class Output:
             click.echo(f"rq: {text}", file=self.stderr)
 
     def console(self) -> Console:
-        return Console(file=self.stdout, highlight=False, soft_wrap=False)
+        return _Console(file=self.stdout, highlight=False, soft_wrap=False)
 
     @contextlib.contextmanager
     def progress(self, transfer: bool = True) -> Iterator[Progress | None]:

@@ -345,6 +345,7 @@ def produce(
         sink = open_sink(ref, config)
         started = time.perf_counter()
         total, first, last = 0, None, None
+        acks = True
         try:
             stdin = sys.stdin.buffer
             for batch in _batches(stdin, fmt, b"\0" if null_sep else b"\n", key_b, hdrs):
@@ -352,7 +353,14 @@ def produce(
                 total += len(batch)
                 first = a if first is None else first
                 last = b
-                out.emit({"event": "ack", "first_offset": a, "last_offset": b, "records": len(batch)})
+                if acks:
+                    try:
+                        out.emit({"event": "ack", "first_offset": a, "last_offset": b, "records": len(batch)})
+                    except BrokenPipeError:
+                        # Nobody reads the acks any more (`rq produce --json | head -1`): that must
+                        # not cut stdin short behind an exit 0, so the records still all go in.
+                        _stdout_gone()
+                        acks = False
         finally:
             sink.close()
         secs = time.perf_counter() - started

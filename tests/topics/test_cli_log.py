@@ -362,6 +362,38 @@ def test_reader_leaving_the_pipe_is_not_an_error_and_commits_nothing(env: dict[s
     assert off["groups"] == []  # what `head` never read was not consumed
 
 
+def test_ack_reader_leaving_does_not_cut_produce_short(env: dict[str, str], tmp_path: Path) -> None:
+    """`rq produce --json | head -1` exits 0 only with all of stdin stored, not the first batches."""
+    data = tmp_path / "in.txt"
+    n = 500_000  # ~60 batches: the reader leaves long before the last ack
+    data.write_bytes(b"".join(b"%d\n" % i for i in range(n)))
+    rq = " ".join(rq_command())
+    r = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {rq} produce acked --json < {data} | head -1"],
+        capture_output=True,
+        env={**os.environ, **env},
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["event"] == "ack"
+    assert jlines(run_rq("offsets", "acked", "--json", env=env).stdout)[0]["records"] == n
+
+
+def test_table_into_a_closed_pipe_exits_0(env: dict[str, str]) -> None:
+    """rich exits 1 on a broken pipe; rq's consoles hand it on, so `| head` is success here too."""
+    produce(env, "tbl", b"".join(b"%050d\n" % i for i in range(3000)))  # a table larger than a pipe
+    rq = " ".join(rq_command())
+    r = subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {rq} tail tbl -n 3000 --format table | head -c 1"],
+        capture_output=True,
+        env={**os.environ, **env},
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 0 and r.stderr == b"", r.stderr
+
+
 def test_json_lines_stay_one_line_per_record(env: dict[str, str]) -> None:
     for value in (b'{\n  "pretty": [1,\r\n 2]\n}', b" 7 ", b'"str"', b"[]", b"\xc3\x28"):
         produce(env, "shapes", value, "--format", "raw", "--key", "k\u00e9")
