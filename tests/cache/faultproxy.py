@@ -77,12 +77,16 @@ class FaultProxy:
             self._server.close()
             for w in list(self._writers):
                 _reset(w)
-            await asyncio.sleep(0)
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         if self.loop.is_running():
             asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(10)
+            self.loop.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
@@ -114,6 +118,8 @@ class FaultProxy:
                     return
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, OSError):
             pass
+        except asyncio.CancelledError:
+            _reset(writer)  # stop(): the server is gone
         finally:
             self._writers.discard(writer)
             if up_w is not None:
