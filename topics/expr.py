@@ -147,12 +147,16 @@ _FUNCS: dict[str, tuple[int, Callable[..., Any]]] = {
 }
 
 
+MAX_DEPTH = 64  # nesting of (), [] and calls: deep enough for people, far from Python's recursion limit
+
+
 class _Parser:
     def __init__(self, text: str):
         self.text = text
         self.toks = tokenize(text)
         self.i = 0
         self.uses_value = False
+        self.depth = 0
 
     def peek(self, offset: int = 0) -> tuple[str, str]:
         return self.toks[min(self.i + offset, len(self.toks) - 1)]
@@ -176,10 +180,18 @@ class _Parser:
         return fn
 
     def or_(self) -> Fn:
-        parts = [self.and_()]
-        while self.peek() == ("kw", "or"):
-            self.take()
-            parts.append(self.and_())
+        # Every nesting ((), [], call arguments) comes back through here: bound it, so that a
+        # hostile `((((…))))` is a usage error rather than a RecursionError.
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise SpecError(f"bad --where expression: nested deeper than {MAX_DEPTH} levels")
+        try:
+            parts = [self.and_()]
+            while self.peek() == ("kw", "or"):
+                self.take()
+                parts.append(self.and_())
+        finally:
+            self.depth -= 1
         if len(parts) == 1:
             return parts[0]
         return lambda c: any(_truthy(p(c)) for p in parts)
@@ -194,11 +206,16 @@ class _Parser:
         return lambda c: all(_truthy(p(c)) for p in parts)
 
     def not_(self) -> Fn:
-        if self.peek() == ("kw", "not"):
+        nots = 0
+        while self.peek() == ("kw", "not"):  # a loop, not recursion: `not not … x` of any length
             self.take()
-            inner = self.not_()
+            nots += 1
+        inner = self.cmp()
+        if not nots:
+            return inner
+        if nots % 2:
             return lambda c: not _truthy(inner(c))
-        return self.cmp()
+        return lambda c: _truthy(inner(c))
 
     def cmp(self) -> Fn:
         left = self.operand()

@@ -75,6 +75,22 @@ def test_rejected_without_eval(bad: str) -> None:
         compile_where(bad)
 
 
+@pytest.mark.parametrize(
+    "deep", ["(" * 5000 + "1" + ")" * 5000, "[" * 5000 + "]" * 5000, "len(" * 500 + "tags" + ")" * 500]
+)
+def test_deep_nesting_is_a_spec_error_not_a_recursion_error(deep: str) -> None:
+    with pytest.raises(SpecError, match="nested deeper"):
+        compile_where(deep)
+
+
+def test_long_chains_of_not_keep_their_meaning() -> None:
+    assert compile_where("not " * 5001 + "$value == 1")(ctx(2))
+    assert not compile_where("not " * 5001 + "$value == 1")(ctx(1))
+    assert compile_where("not " * 5000 + "$value == 1")(ctx(1))
+    assert compile_where("(not not $value) == true")(ctx(5))  # `not not x` is a boolean, not x
+    assert compile_where("(" * 60 + "$value > 3" + ")" * 60)(ctx(4))
+
+
 def test_dunder_names_are_only_dict_keys() -> None:
     f = compile_where("a.__class__ == null and $value.__dict__ == null")
     assert f(ctx({"a": 1})) is True
