@@ -222,6 +222,30 @@ def _stdout_gone() -> None:
         os.close(devnull)
 
 
+def _refuse_feedback(source: TopicRef, target: TopicRef, flag: str) -> None:
+    """Following a topic while writing into it reads back its own output: a loop that only a full
+    disk ends. (Without --follow the range is fixed first, so copying into the same topic ends.)"""
+    if source.kind != target.kind:
+        return
+    if source.kind == "embedded":
+        assert source.path is not None and target.path is not None
+        same = os.path.realpath(source.path) == os.path.realpath(target.path)
+    elif source.kind == "jetstream":
+        same = (source.host, source.port, source.stream) == (target.host, target.port, target.stream)
+    else:
+        from paho.mqtt.client import topic_matches_sub
+
+        same = (source.host, source.port) == (target.host, target.port) and (
+            topic_matches_sub(source.subject, target.subject)
+        )
+    if same:
+        raise CliError(
+            f"{flag} {safe_text(target.url)} feeds what is being followed back into it",
+            ExitCode.USAGE,
+            hint=f"give {flag} another topic, or drop --follow",
+        )
+
+
 def _default_format(fmt: str | None) -> str:
     if fmt:
         return fmt
@@ -481,6 +505,8 @@ def tail(
         fmt = _default_format(fmt)
         writer = Writer(fmt, _fields(fields), b"\0" if null_sep else b"\n", True, out)
         filt = compile_where(where) if where else None
+        if record_to and (follow or ref.kind == "mqtt"):
+            _refuse_feedback(ref, _ref(record_to, topics_dir), "--record")
         source = open_source(ref, idle_timeout=idle_timeout)
         sink = open_sink(_ref(record_to, topics_dir)) if record_to else None
         try:
@@ -651,6 +677,8 @@ def replay(
             if show
             else None
         )
+        if to_topic and follow:
+            _refuse_feedback(ref, _ref(to_topic, topics_dir), "--to-topic")
         source = open_source(ref, idle_timeout=idle_timeout)
         sink: Sink | None = None
         res = Result()

@@ -156,6 +156,12 @@ def test_exact_time_bounds_and_exit_at_end(env: dict[str, str]) -> None:
         (["produce", "sized", "--segment-bytes", "-5"], 2, "bad size"),
         (["produce", "sized", "--retention-bytes", "inf"], 2, "bad size"),
         (["replay", "timed", "--from", "start", "--save-spec", "/nonexistent-rq/s.json"], 3, "--save-spec"),
+        (
+            ["replay", "timed", "--from", "start", "-f", "--to-topic", "timed"],
+            2,
+            "feeds what is being followed",
+        ),
+        (["tail", "timed", "-f", "--record", "timed"], 2, "feeds what is being followed"),
     ],
 )
 def test_bad_input_one_line_and_exit_code(env: dict[str, str], args: list[str], code: int, text: str) -> None:
