@@ -38,9 +38,20 @@ def load_config(path: Path | None) -> dict[str, Any]:
         if explicit:
             raise CliError(f"config file {target} does not exist", ExitCode.USAGE) from None
         return {}
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise CliError(f"config file {target} is not valid TOML: {exc}", ExitCode.USAGE) from None
     return _normalise(data)
+
+
+def check_command_table(config: dict[str, Any], command: str | None, path: Path | None) -> None:
+    """`tail = 5` instead of a `[tail]` table would reach Click's default_map and fail inside it."""
+    if command is not None and command in config and not isinstance(config[command], dict):
+        where = path or default_config_path()
+        raise CliError(
+            f"config file {where}: {command!r} must be a table of options, not a value",
+            ExitCode.USAGE,
+            hint=f"write [{command}] on its own line, then the options under it",
+        )
 
 
 def _normalise(table: dict[str, Any]) -> dict[str, Any]:

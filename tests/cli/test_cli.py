@@ -140,3 +140,16 @@ def test_invalid_config_is_usage_error(tmp_path: Path) -> None:
     res = run_rq("--config", str(cfg), "doctor")
     assert res.returncode == ExitCode.USAGE
     assert b"not valid TOML" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("body", "text"),
+    [(b'x = "\xff"\n', b"not valid TOML"), (b"doctor = 5\n", b"must be a table")],
+    ids=["not-utf8", "command-not-a-table"],
+)
+def test_odd_config_is_a_one_line_usage_error(tmp_path: Path, body: bytes, text: bytes) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_bytes(body)
+    res = run_rq("--config", str(cfg), "doctor")
+    assert res.returncode == ExitCode.USAGE, res.stderr
+    assert text in res.stderr and res.stderr.count(b"\n") == 1 and b"unexpected" not in res.stderr
