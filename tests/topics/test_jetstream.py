@@ -172,6 +172,18 @@ def test_group_names_nats_refuses_and_times_beyond_the_calendar(
     assert (r.returncode, r.stdout) == (0, b""), r.stderr
 
 
+def test_produce_to_a_subject_the_stream_does_not_take(
+    nats_url: str, stream_name: str, env: dict[str, str]
+) -> None:
+    make_stream(nats_url, stream_name)  # subjects: STREAM.>
+    r = run_rq("produce", f"{nats_url}/{stream_name}/elsewhere.x", input=b"x\n", env=env)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "does not take subject elsewhere.x" in err and err.count("\n") == 1, err
+    r = run_rq("produce", f"{nats_url}/{stream_name}/{stream_name}.a.b", input=b"y\n", env=env)
+    assert r.returncode == 0, r.stderr
+    assert run_rq("replay", f"{nats_url}/{stream_name}", "--format", "raw", env=env).stdout == b"y\n"
+
+
 def test_unknown_stream(nats_url: str, env: dict[str, str]) -> None:
     r = run_rq("replay", f"{nats_url}/RQ_NO_SUCH_STREAM", "--from", "start", env=env)
     assert r.returncode == 3 and b"does not exist" in r.stderr

@@ -104,6 +104,17 @@ def _durable(group: str) -> str:
     return group
 
 
+def _subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` is one token, `>` one or more trailing tokens."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(want):
+        if tok == ">":
+            return len(have) > i
+        if i >= len(have) or (tok != "*" and tok != have[i]):
+            return False
+    return len(want) == len(have)
+
+
 def _headers(raw: dict[str, str] | None) -> Headers:
     if not raw:
         return NO_HEADERS
@@ -265,9 +276,21 @@ class JetStreamSink:
         self.subject: str = ref.subject or ref.stream
         self.conn = _Conn(ref.host, ref.port, ref.stream, connect_timeout)
         try:
-            self.conn.run(self.conn.js.stream_info(ref.stream))
+            info = self.conn.run(self.conn.js.stream_info(ref.stream))
         except nats.js.errors.NotFoundError:
             self.conn.run(self.conn.js.add_stream(name=ref.stream, subjects=[self.subject]))
+            return
+        except BaseException:
+            self.conn.close()
+            raise
+        taken = list(info.config.subjects or [])
+        if taken and not any(_subject_matches(p, self.subject) for p in taken):
+            # Else the server has no stream to answer the publish: a timeout that reads like an outage.
+            self.conn.close()
+            raise SpecError(
+                f"stream {ref.stream} does not take subject {self.subject} (its subjects: "
+                f"{', '.join(taken)}): name one of those in the URL"
+            )
 
     def append(self, records: Sequence[Pending]) -> tuple[int, int]:
         async def send() -> Any:
