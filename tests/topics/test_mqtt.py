@@ -75,3 +75,54 @@ def test_idle_timeout_ends_a_quiet_tail_and_replay_is_refused(mqtt_url: str) -> 
     assert r.returncode == 2 and b"topic filter" in r.stderr
     r = run_rq("tail", f"{mqtt_url}/rqtest/#/x", "--timeout", "0.5", timeout=20)
     assert r.returncode == 2 and b"bad MQTT topic filter" in r.stderr and r.stderr.count(b"\n") == 1
+
+
+def test_broker_going_away_ends_the_tail_with_unreachable(tmp_path: Path) -> None:
+    """paho reconnects quietly, but without our subscription (clean session): a tail that waited on
+    would never see another message. It must end with one line and exit 6 instead."""
+    import shutil
+    import socket
+    import time
+
+    broker = shutil.which("mosquitto") or (
+        "/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None
+    )
+    if broker is None:
+        pytest.skip("no mosquitto binary for a private broker")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    conf = tmp_path / "m.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
+    server = subprocess.Popen([broker, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tail = None
+    try:
+        url = f"mqtt://127.0.0.1:{port}"
+        deadline = time.monotonic() + 10
+        while True:  # wait until the broker listens
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("private mosquitto did not start")
+                time.sleep(0.05)
+        tail = subprocess.Popen(
+            [*rq_command(), "tail", f"{url}/gone/#", "--format", "raw"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "CI": "1", "RQ_TOPICS_DIR": str(tmp_path / "topics")},
+        )
+        assert tail.stderr is not None and b"listening on" in tail.stderr.readline()
+        publish(url, "gone/1", [b"before"])
+        server.terminate()
+        server.wait(10)
+        out, err = tail.communicate(timeout=30)
+        assert tail.returncode == 6, err
+        assert out == b"before\n"
+        assert b"lost the connection to the MQTT broker" in err and err.count(b"\n") == 1
+    finally:
+        for proc in (tail, server):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)

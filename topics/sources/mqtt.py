@@ -59,9 +59,20 @@ class MqttSource:
         self.filter: str = ref.subject
         self.idle_timeout = idle_timeout
         self.queue: queue.SimpleQueue[tuple[int, str, bytes]] = queue.SimpleQueue()
+        self.where = f"{ref.host}:{ref.port}"
+        self.lost: list[str] = []  # why the broker connection dropped, once it has
+        self.closing = False
         self.client = _client(ref.host, ref.port, connect_timeout)
         subscribed = threading.Event()
         granted: list[Any] = []
+
+        def on_disconnect(_c: Any, _u: Any, _flags: Any, reason: Any, _props: Any) -> None:
+            # paho would reconnect, but a clean session comes back without our subscription: the
+            # tail would wait forever for messages the broker no longer sends us. Say so instead.
+            if not self.closing:
+                self.lost.append(str(reason))
+
+        self.client.on_disconnect = on_disconnect
 
         def on_message(_c: Any, _u: Any, msg: Any) -> None:
             self.queue.put((time.time_ns() // 1_000_000, msg.topic, msg.payload))
@@ -105,6 +116,10 @@ class MqttSource:
             try:
                 first = self.queue.get(timeout=0.05)
             except queue.Empty:
+                if self.lost:  # only once what arrived before the loss is all out
+                    raise SourceUnreachable(
+                        f"lost the connection to the MQTT broker at {self.where}: {self.lost[0]}"
+                    ) from None
                 if self.idle_timeout is not None and time.monotonic() - idle_since > self.idle_timeout:
                     return
                 continue
@@ -131,6 +146,7 @@ class MqttSource:
         return []
 
     def close(self) -> None:
+        self.closing = True
         with contextlib.suppress(Exception):
             self.client.disconnect()
         with contextlib.suppress(Exception):
@@ -151,7 +167,10 @@ class MqttSink:
     def append(self, records: Sequence[Pending]) -> tuple[int, int]:
         infos = [self.client.publish(self.topic, value, qos=1) for _, _, _, value in records]
         for info in infos:
-            info.wait_for_publish(timeout=30)
+            try:
+                info.wait_for_publish(timeout=30)
+            except (RuntimeError, ValueError) as exc:  # paho: not connected, queue full
+                raise SourceUnreachable(f"publishing to {self.url} failed: {exc}") from None
             if not info.is_published():
                 raise SourceUnreachable(f"the MQTT broker did not acknowledge a publish to {self.topic}")
         first = self.sent
