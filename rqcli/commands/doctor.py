@@ -39,7 +39,11 @@ class Finding:
 
 def _validate_url(url: str, schemes: tuple[str, ...], what: str) -> Any:
     parsed = urlparse(url)
-    if parsed.scheme not in schemes or not parsed.hostname:
+    try:
+        port_ok = parsed.port is None or parsed.port >= 0  # .port raises outside 0..65535
+    except ValueError:
+        port_ok = False
+    if not port_ok or parsed.scheme not in schemes or not parsed.hostname:
         raise CliError(f"{what} {url!r} is not a URL", ExitCode.USAGE, hint=f"use {schemes[0]}://HOST:PORT")
     return parsed
 

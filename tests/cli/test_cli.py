@@ -98,10 +98,19 @@ def test_missing_bucket_exit_not_found(services: Services) -> None:
     assert res.returncode == ExitCode.NOT_FOUND
 
 
-def test_malformed_url_is_usage_error() -> None:
-    res = run_rq("doctor", "--endpoint-url", "not a url")
-    assert res.returncode == ExitCode.USAGE
-    assert len(res.stderr.decode().strip().splitlines()) == 1
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--endpoint-url", "not a url"],
+        ["--endpoint-url", "http://127.0.0.1:99999"],
+        ["--nats-url", "nats://127.0.0.1:99999"],
+        ["--nats-url", "nats://127.0.0.1:port"],
+    ],
+)
+def test_malformed_url_is_usage_error(args: list[str]) -> None:
+    res = run_rq("doctor", *args)
+    assert res.returncode == ExitCode.USAGE, res.stderr
+    assert len(res.stderr.decode().strip().splitlines()) == 1 and b"unexpected" not in res.stderr
 
 
 @pytest.mark.integration
