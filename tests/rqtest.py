@@ -73,5 +73,6 @@ def netns_usable() -> bool:
         subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
     return ok
 
+
 # Older spelling, kept for tests written before the rename.
 _rdma_device_present = rdma_device_present
