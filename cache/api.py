@@ -8,10 +8,9 @@ import fcntl
 import fnmatch
 import io
 import os
-import shutil
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -457,37 +456,50 @@ class Prefetcher:
             entry = have.get(url)
             if entry is not None:
                 # promote from the other tier: the cached copy is the origin
+                # the cached URL and version, so the landed copy replaces the entry in its old tier
                 path = cache.layout.blob_path(entry.tier, entry.blob)
-                info = ObjectInfo(str(path), url, entry.size, entry.version)
-                jobs.append(Job(_Promotion(url, entry, info), _PromoteOrigin(path, entry)))
+                jobs.append(Job(ObjectInfo(url, url, entry.size, entry.version), _PromoteOrigin(path, entry)))
             else:
                 origin = origin_for_url(url, cache.s3_settings)
                 jobs.append(Job(origin.stat(url), origin))
         Fetcher(state.store, cache.layout, self.tier, 32, durable=cache.durable).run(jobs)
 
 
-def _Promotion(url: str, entry: Entry, info: ObjectInfo) -> ObjectInfo:
-    """The ObjectInfo of a promotion: the cached URL and version, so the landed entry replaces it."""
-    return ObjectInfo(url, info.key, entry.size, entry.version)
-
-
 class _PromoteOrigin(LocalOrigin):
-    """Copies a cached blob into another tier (RAM promotion), checking the recorded digest."""
+    """Copies a cached blob into another tier (RAM promotion). The blob is checked against its
+    recorded digest once (streaming, bounded memory) before any of it is copied."""
 
     def __init__(self, path: Path, entry: Entry):
         super().__init__(path.parent, workers=8)
         self.path, self.entry = path, entry
+        self._checked = threading.Lock()
+        self._ok = False
+
+    def _verify_once(self, fd: int) -> None:
+        with self._checked:
+            if not self._ok:
+                if file_digest(fd, self.entry.size) != self.entry.xxh3:
+                    raise VerifyError(f"{self.entry.url}: cached copy is corrupt; not promoting it")
+                self._ok = True
 
     def fetch(self, info: ObjectInfo, landing: Any, on_done: Any, piece: tuple[int, int] | None) -> None:
         def run() -> None:
             try:
-                with open(self.path, "rb") as fh:
-                    data = fh.read()
-                if xxhash.xxh3_128(data).hexdigest() != self.entry.xxh3:
-                    raise VerifyError(f"{info.url}: cached copy is corrupt; not promoting it")
-                start = piece[0] if piece else 0
-                end = piece[1] + 1 if piece else len(data)
-                landing.write(memoryview(data)[start:end], start)
+                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                try:
+                    self._verify_once(fd)
+                    start, end = piece if piece else (0, self.entry.size - 1)
+                    buf = memoryview(bytearray(min(self.CHUNK, max(1, end + 1 - start))))
+                    while start <= end:
+                        n = os.preadv(fd, [buf[: min(len(buf), end + 1 - start)]], start)
+                        if n == 0:
+                            raise VerifyError(f"{self.entry.url}: cached copy is shorter than recorded")
+                        landing.write(buf[:n], start)
+                        start += n
+                finally:
+                    os.close(fd)
+            except FileNotFoundError:
+                on_done(NotFoundError(f"{self.entry.url}: cached copy vanished while promoting it"))
             except BaseException as exc:
                 on_done(exc)
             else:
@@ -520,18 +532,6 @@ def _match(url: str, pattern: str) -> bool:
     if pattern.endswith("/") and url.startswith(pattern):
         return True
     return fnmatch.fnmatchcase(url, pattern)
-
-
-def iter_chunks(handle: IO[bytes], size: int = 1 << 20) -> Iterator[bytes]:
-    while True:
-        chunk = handle.read(size)
-        if not chunk:
-            return
-        yield chunk
-
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
 
 
 __all__ = ["Cache", "Prefetcher", "ev"]

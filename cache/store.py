@@ -354,7 +354,3 @@ class Store:
 
 def is_no_space(exc: OSError) -> bool:
     return exc.errno in (errno.ENOSPC, errno.EDQUOT)
-
-
-def now() -> float:
-    return time.time()
