@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from rqtest import rq_command, run_rq
 
+from topics.embedded.log import LogWriter
+
 
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
@@ -287,15 +289,17 @@ def test_flipped_byte_reported_with_offset_and_skip_corrupt(env: dict[str, str])
 def test_follow_sees_new_records_and_idle_timeout_ends_it(env: dict[str, str]) -> None:
     produce(env, "live", b"old\n")
     proc = subprocess.Popen(
-        # The idle timeout must outlast starting the second `rq produce` on a loaded machine.
-        [*rq_command(), "tail", "live", "-f", "-n", "1", "--format", "raw", "--timeout", "8"],
+        [*rq_command(), "tail", "live", "-f", "-n", "1", "--format", "raw", "--timeout", "4"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env={**os.environ, **env},
     )
     assert proc.stdout is not None
     assert proc.stdout.readline() == b"old\n"
-    produce(env, "live", b"new\n")
+    # The library's writer in this process appends at once: the follower's idle timeout cannot run
+    # out first, as it could while a second `rq produce` started up on a loaded machine.
+    with LogWriter(Path(env["RQ_TOPICS_DIR"]) / "live") as writer:
+        writer.append([(None, None, (), b"new")])
     assert proc.stdout.readline() == b"new\n"
     assert proc.wait(30) == 0
 

@@ -210,7 +210,7 @@ def test_follow_sees_new_messages_and_flow_control_keeps_up(
             "start",
             "-f",
             "--timeout",
-            "8",  # counted from when rq got the backlog, which can be long before we read it
+            "5",  # counted from when rq got the backlog, which can be a while before we read it
             "--format",
             "raw",
         ],
