@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from transfer import codec
-from transfer.errors import PeerUnreachableError, ProtocolError, TransferError
+from transfer.errors import PeerUnreachableError, ProtocolError, TransferError, VerifyError
 from transfer.events import (
     ChunkMoved,
     ChunkResent,
@@ -101,9 +101,7 @@ class Work:
                         self._tries[p] = self._tries.get(p, 0) + 1
                         if self._tries[p] > MAX_RESENDS_PER_CHUNK:
                             self.fail(
-                                TransferError(
-                                    f"chunk {p[0]}/{p[1]} failed verification {self._tries[p]} times"
-                                )
+                                VerifyError(f"chunk {p[0]}/{p[1]} failed verification {self._tries[p]} times")
                             )
                     self._todo.appendleft(p)
             self.cond.notify_all()
@@ -117,13 +115,6 @@ class Work:
     @property
     def finished(self) -> bool:
         return not self._outstanding
-
-    def wait_finished(self) -> None:
-        with self.cond:
-            while self._outstanding and self.failure is None:
-                self.cond.wait(0.5)
-        if self.failure is not None:
-            raise self.failure
 
 
 def handshake(ch: Channel, core: SenderChannel, timeout: float) -> SenderEvent:
@@ -162,7 +153,6 @@ class ChannelSender:
         self.digests, self.stats, self.on_event, self.elem = digests, stats, on_event, elem
         self.inflight: set[Pair] = set()
         self.error: BaseException | None = None
-        self.progress = time.monotonic()
 
     def _read_replies(self) -> None:
         try:
@@ -291,6 +281,8 @@ def run_connection(
             s.ch.close()
     if errors:
         raise errors[0]
+    if work.failure is not None:
+        raise work.failure
 
 
 def send(
@@ -456,5 +448,7 @@ def _move(
         # prefer the error that says most: a refusal beats the connection loss it caused
         errors.sort(key=lambda e: isinstance(e, PeerUnreachableError | OSError))
         raise errors[0]
+    if work.failure is not None:
+        raise work.failure  # e.g. a chunk that kept failing verification
     if not work.finished:
         raise PeerUnreachableError("channels ended before every chunk was acknowledged")

@@ -191,8 +191,8 @@ def test_changed_source_restarts_instead_of_mixing(tmp_path: Path) -> None:
 class FlipProxy:
     """A TCP proxy that flips one bit, once, at a fixed offset of the sender→receiver byte stream."""
 
-    def __init__(self, target_port: int, offset: int):
-        self.target_port, self.offset = target_port, offset
+    def __init__(self, target_port: int, offset: int, every: int = 0):
+        self.target_port, self.offset, self.every = target_port, offset, every
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.flipped = threading.Event()
@@ -210,13 +210,15 @@ class FlipProxy:
 
     def _pump(self, src: socket.socket, dst: socket.socket, flip: bool) -> None:
         seen = 0
+        target = self.offset
         with contextlib.suppress(OSError):
             while data := src.recv(1 << 16):
-                if flip and not self.flipped.is_set() and seen <= self.offset < seen + len(data):
+                if flip and (self.every or not self.flipped.is_set()) and seen <= target < seen + len(data):
                     buf = bytearray(data)
-                    buf[self.offset - seen] ^= 0x10
+                    buf[target - seen] ^= 0x10
                     data = bytes(buf)
                     self.flipped.set()
+                    target += self.every  # with `every`, a broken link: it corrupts again and again
                 seen += len(data)
                 dst.sendall(data)
         with contextlib.suppress(OSError):
@@ -259,6 +261,41 @@ def test_bit_flip_in_flight_is_detected_and_resent(tmp_path: Path) -> None:
     assert proxy.flipped.is_set()
     assert summary(proc)["chunks_resent"] >= 1
     assert _sha(tmp_path / "dst" / "model.bin") == _sha(src)
+
+
+def test_link_that_corrupts_everything_fails_with_verify_exit_code(tmp_path: Path) -> None:
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(3 << 20))
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp").start()
+    frame = (256 << 10) + 37  # one CHUNK frame on the wire: flips stay mid-payload, frame after frame
+    proxy = FlipProxy(recv.port, 4 * frame + (128 << 10), every=frame)
+    try:
+        proc = subprocess.run(
+            rq_cmd(
+                "send",
+                str(src),
+                f"rq://127.0.0.1:{proxy.port}",
+                "--transport",
+                "tcp",
+                "--chunk-size",
+                "256KiB",
+                "--compress",
+                "none",
+                "--streams",
+                "1",
+                "--retry-for",
+                "5",
+            ),
+            env=rq_env(),
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        proxy.close()
+        recv.stop()
+    assert proc.returncode == 5, proc.stderr.decode()
+    assert not (tmp_path / "dst" / "model.bin").exists()
 
 
 # -- disk full -----------------------------------------------------------------------------------
