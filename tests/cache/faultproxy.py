@@ -19,6 +19,11 @@ SLOWDOWN = (
     b"HTTP/1.1 503 Slow Down\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n"
     b"Connection: close\r\n\r\n%s"
 )
+NO_SUCH_KEY = b"HTTP/1.1 404 Not Found\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n\r\n%s"
+NO_SUCH_KEY_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>NoSuchKey</Code>'
+    b"<Message>The specified key does not exist.</Message></Error>"
+)
 SLOWDOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
@@ -43,11 +48,13 @@ class FaultProxy:
         rate_bytes_per_s: float | None = None,
         seed: int = 1,
         only_get: bool = True,
+        missing: tuple[str, ...] = (),
     ):
         self.upstream_port = upstream_port
         self.p_slowdown, self.p_reset = p_slowdown, p_reset
         self.rate = rate_bytes_per_s
         self.only_get = only_get
+        self.missing = missing  # GETs of paths ending with these answer 404 NoSuchKey
         self.rng = random.Random(seed)
         self.stats = Stats()
         self.loop = asyncio.new_event_loop()
@@ -99,6 +106,11 @@ class FaultProxy:
                 self.stats.requests += 1
                 body = await reader.readexactly(_content_length(head)) if _content_length(head) else b""
                 faultable = method == b"GET" or not self.only_get
+                path = head.split(b" ", 2)[1].split(b"?", 1)[0].decode()
+                if method == b"GET" and any(path.endswith(m) for m in self.missing):
+                    writer.write(NO_SUCH_KEY % (len(NO_SUCH_KEY_BODY), NO_SUCH_KEY_BODY))
+                    await writer.drain()
+                    continue
                 roll = self.rng.random()
                 if faultable and roll < self.p_slowdown:
                     self.stats.slowdowns += 1

@@ -325,3 +325,18 @@ def test_full_disk_is_a_clear_error_and_the_cache_stays_consistent(
     assert len(err.strip().splitlines()) == 1 and "no space" in err, err
     assert_consistent(env)
     assert entry_count(cache_dir) < 30  # what landed is whole and verified; the rest is not there at all
+
+
+def test_one_vanished_object_is_a_failure_line_and_a_nonzero_exit(
+    s3_client: Any, bucket: str, cache_env: dict[str, str], proxy_factory: Any
+) -> None:
+    seed_objects(s3_client, bucket, "g/", 10, 4096)
+    gone = proxy_factory(missing=("g/00003.bin",))  # listed, then 404 on GET: deleted in between
+    proc = run_rq("preload", f"s3://{bucket}/g/", "--json", "--endpoint-url", gone.endpoint, env=cache_env)
+    assert proc.returncode == 3, proc.stderr
+    lines = [json.loads(x) for x in proc.stdout.splitlines()]
+    failed = [x for x in lines if x.get("event") == "failed"]
+    assert [(f["url"], f["kind"]) for f in failed] == [(f"s3://{bucket}/g/00003.bin", "not_found")]
+    s = summary(proc)
+    assert s["objects"] == 9 and s["failed"] == 1
+    assert_consistent(cache_env)
