@@ -39,3 +39,7 @@ class DigestMismatch(TopicError):
 
 class WriterBusy(TopicError):
     """Another process holds the topic's writer lock."""
+
+
+class DamagedGroup(TopicError):
+    """A consumer group's stored offset cannot be read; `rq offsets reset` writes a new one."""

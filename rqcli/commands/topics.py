@@ -26,6 +26,7 @@ from topics.embedded.groups import check_group_name
 from topics.embedded.log import TopicConfig
 from topics.errors import (
     CorruptRecord,
+    DamagedGroup,
     DigestMismatch,
     SourceUnreachable,
     SpecError,
@@ -94,7 +95,7 @@ def library_errors() -> Iterator[None]:
         raise CliError(
             str(exc), ExitCode.UNREACHABLE, hint="is the server running and the URL right?"
         ) from None
-    except CorruptRecord as exc:
+    except (CorruptRecord, DamagedGroup) as exc:
         raise CliError(str(exc), ExitCode.VERIFY) from None
     except DigestMismatch as exc:
         raise CliError(str(exc), ExitCode.VERIFY) from None
@@ -895,7 +896,14 @@ def _reset(
         raise Unsupported("MQTT topics have no offsets (live only)")
     source = open_source(ref)
     try:
-        before = source.committed(group)
+        try:
+            before = source.committed(group)
+        except DamagedGroup:  # what reset is for: write a good one over it
+            out.warn(
+                f"group {safe_text(group)} has a damaged committed offset; "
+                + ("reset would replace it" if dry_run else "replacing it")
+            )
+            before = None
         target = min(resolve(pos, source), source.end_offset())
         if not dry_run:
             source.commit(group, target)

@@ -193,6 +193,27 @@ def test_produce_never_claims_a_directory_that_holds_other_files(tmp_path: Path,
     assert run_rq("tail", str(empty), "--format", "raw", env=env).stdout == b"a\nb\n"
 
 
+def test_damaged_group_and_config_files_are_one_line_errors(env: dict[str, str]) -> None:
+    produce(env, "dmg", b"a\nb\nc\n")
+    topic = Path(env["RQ_TOPICS_DIR"]) / "dmg"
+    (topic / "groups").mkdir()
+    for body in (b"garbage", b"[1]", b'{"committed": "3"}'):
+        (topic / "groups" / "g.json").write_bytes(body)
+        for args in (["offsets", "dmg"], ["replay", "dmg", "--group", "g"]):
+            r = run_rq(*args, env=env)
+            err = r.stderr.decode()
+            assert r.returncode == 5 and "group g" in err and err.count("\n") == 1, (body, args, err)
+    # What the message says to do works, and mends it.
+    r = run_rq("offsets", "reset", "dmg", "--group", "g", "--to", "1", env=env)
+    assert r.returncode == 0 and b"damaged" in r.stderr, r.stderr
+    assert jlines(run_rq("offsets", "dmg", "--json", env=env).stdout)[0]["groups"][0]["committed"] == 1
+    for body in (b'{"segment_bytes": "x"}', b"[]", b'{"retention_bytes": -1}'):
+        (topic / "topic.json").write_bytes(body)
+        r = run_rq("produce", "dmg", "--segment-bytes", "1M", input=b"d\n", env=env)
+        err = r.stderr.decode()
+        assert r.returncode == 1 and "topic.json" in err and err.count("\n") == 1, (body, err)
+
+
 def test_groups_offsets_commit_and_reset(env: dict[str, str]) -> None:
     produce(env, "g", b"".join(b"%d\n" % i for i in range(10)))
     # inspection has no side effects

@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 
 from topics.embedded.files import fsync_dir, write_atomic
-from topics.errors import SpecError
+from topics.errors import DamagedGroup, SpecError
 
 _GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -33,8 +33,16 @@ class GroupStore:
             data = orjson.loads(path.read_bytes())
         except FileNotFoundError:
             return None
-        value = data.get("committed")
-        return int(value) if isinstance(value, int) else None
+        except orjson.JSONDecodeError:
+            data = None
+        value = data.get("committed") if isinstance(data, dict) else None
+        if not isinstance(value, int) or isinstance(value, bool):
+            # Written atomically by rq, so this is damage or a hand edit: say which file, never guess.
+            raise DamagedGroup(
+                f"the committed offset of group {group} ({path}) is damaged: "
+                f"set it again with `rq offsets reset TOPIC --group {group} --to SPEC`"
+            )
+        return value
 
     def commit(self, group: str, offset: int) -> None:
         check_group_name(group)

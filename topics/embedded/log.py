@@ -58,7 +58,15 @@ class TopicConfig:
             return cls()
         except orjson.JSONDecodeError as exc:
             raise TopicError(f"{directory / CONFIG_NAME} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise TopicError(f"{directory / CONFIG_NAME} is not a topic config (a JSON object)")
         known = {k: data[k] for k in ("segment_bytes", "retention_bytes", "retention_ms") if k in data}
+        for name, value in known.items():
+            optional = name != "segment_bytes"
+            if not ((value is None and optional) or (type(value) is int and value > 0)):
+                raise TopicError(
+                    f"{directory / CONFIG_NAME}: {name} must be a positive integer, not {value!r}"
+                )
         return cls(**known)
 
     def save(self, directory: Path) -> None:
