@@ -55,8 +55,15 @@ class ReplaySpec:
         except TypeError as exc:
             raise SpecError(f"replay spec {path} has unexpected fields: {exc}") from None
         for name in ("start", "stop", "records"):
-            if not isinstance(getattr(spec, name), int) or getattr(spec, name) < 0:
+            value = getattr(spec, name)
+            if type(value) is not int or value < 0:  # not a bool either
                 raise SpecError(f"replay spec {path}: {name} must be a non-negative integer")
+        for name in ("source", "kind", "digest"):
+            if not isinstance(getattr(spec, name), str):
+                raise SpecError(f"replay spec {path}: {name} must be a string")
+        for name in ("where", "fields", "group"):
+            if getattr(spec, name) is not None and not isinstance(getattr(spec, name), str):
+                raise SpecError(f"replay spec {path}: {name} must be a string or null")
         if spec.stop < spec.start:
             raise SpecError(f"replay spec {path}: stop comes before start")
         return spec

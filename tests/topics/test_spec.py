@@ -1,16 +1,19 @@
-"""SPEC grammar: parsing, range order, resolution against a topic's bounds (pure unit tests)."""
+"""SPEC grammar: parsing, range order, resolution against a topic's bounds; saved-spec checks (unit tests)."""
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from topics.errors import SpecError
 from topics.plan import parse_window, resolve_window
+from topics.savedspec import ReplaySpec
 from topics.spec import parse_duration_ms, parse_position, parse_range, resolve
 
 
@@ -145,3 +148,19 @@ def test_time_resolution_is_exact(i: int, delta: int) -> None:
 def test_odd_digits_and_huge_times_are_spec_errors(bad: str) -> None:
     with pytest.raises(SpecError):
         parse_range(bad)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("source", 5), ("where", 5), ("fields", ["a"]), ("digest", None), ("start", True), ("stop", -1)],
+)
+def test_saved_spec_with_wrong_types_is_a_spec_error(tmp_path: Path, field: str, value: object) -> None:
+    good = ReplaySpec(source="/t", kind="embedded", start=0, stop=3, records=3, digest="xxh3_128:0")
+    path = tmp_path / "s.json"
+    good.save(path)
+    assert ReplaySpec.load(path) == good
+    body = orjson.loads(path.read_bytes())
+    body[field] = value
+    path.write_bytes(orjson.dumps(body))
+    with pytest.raises(SpecError, match=field):
+        ReplaySpec.load(path)
