@@ -6,9 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from transfer import codec
-from transfer.errors import ExistsError, UnsafeNameError
+from transfer.errors import ExistsError, TransferError, UnsafeNameError
 from transfer.manifest import FileEntry, Manifest, file_key, make_manifest
 from transfer.store import Store
 
@@ -93,3 +95,42 @@ def test_changed_source_drops_stale_partial(tmp_path: Path) -> None:
     assert plan.restarted == ["model.bin"] and plan.files[0].have == {}
     assert not (tmp_path / ".rq-partial" / f"{m1.files[0].key}.part").exists()
     plan.close()
+
+
+_NAME_PARTS = st.sampled_from(
+    ["a", "b", "..", ".", "", "link", ".rq-partial", "x\\y", "z\x00", "é", "/", "c/d"]
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=st.lists(_NAME_PARTS, min_size=1, max_size=5))
+def test_any_name_either_refused_or_lands_inside_dest(tmp_path: Path, parts: list[str]) -> None:
+    """Whatever name a sender makes up, the file ends up under DEST or nothing is written at all."""
+    import shutil
+
+    root = tmp_path / f"case{abs(hash(tuple(parts)))}"
+    outside = root / "outside"
+    dest = root / "dest"
+    outside.mkdir(parents=True)
+    dest.mkdir()
+    (dest / "link").symlink_to(outside)
+    name = "/".join(parts)
+    data = b"payload"
+    entry = FileEntry(name=name, size=len(data), mode=0o644, key=file_key(name, len(data), 1, 2, CS))
+    m = Manifest(chunk_size=CS, files=(entry,), transfer_id="")
+    store = Store(dest)
+    try:
+        try:
+            plan = store.plan(make_manifest(CS, list(m.files)))
+        except TransferError:
+            return  # refused before anything was written
+        plan.write(0, 0, data)
+        plan.make_durable([(0, 0, codec.digest(data))])
+        plan.finalize([codec.root_digest([codec.digest(data)]).hex()], overwrite=False)
+        placed = [p for p in dest.rglob("*") if p.is_file() and p.relative_to(dest).parts[0] != ".rq-partial"]
+        assert len(placed) == 1 and placed[0].read_bytes() == data
+        assert placed[0].resolve().is_relative_to(dest.resolve())
+    finally:
+        store.close()
+        assert list(outside.iterdir()) == []
+        shutil.rmtree(root)
