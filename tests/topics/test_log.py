@@ -172,6 +172,27 @@ def test_damaged_batch_header_mid_log_is_reported(tmp_path: Path) -> None:
     assert [r[0] for r in recs] == [i for i in range(1000) if not 400 <= i < 500]
 
 
+def test_a_lost_middle_segment_is_reported_not_skipped_silently(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    fill(t, 3000, batch=50, config=TopicConfig(segment_bytes=10_000))
+    segs = TopicLog(t).segments()
+    lost_first, lost_end = segs[2], segs[3]
+    (t / fmt.segment_name(lost_first)).unlink()
+    log = TopicLog(t)
+    with pytest.raises(CorruptRecord) as err:
+        read_all(log)
+    assert err.value.offset == lost_first and f"{lost_first}..{lost_end - 1}" in str(err.value)
+    assert len(read_all(log, 0, lost_first)) == lost_first  # everything before the hole
+    with pytest.raises(CorruptRecord):  # a range inside the hole
+        read_all(log, lost_first + 3, lost_first + 5)
+    skipped: list[object] = []
+    recs = read_all(log, skip_corrupt=True, on_corrupt=skipped.append)
+    assert [r[0] for r in recs] == [i for i in range(3000) if not lost_first <= i < lost_end]
+    assert [(s.first, s.last) for s in skipped] == [(lost_first, lost_end - 1)]  # type: ignore[attr-defined]
+    assert read_all(log, lost_first + 3, lost_first + 5, skip_corrupt=True) == []
+    assert read_all(log, lost_end, lost_end + 1)[0][0] == lost_end  # after the hole: fine
+
+
 def test_one_writer_many_readers(tmp_path: Path) -> None:
     t = tmp_path / "t"
     w = LogWriter(t, TopicConfig(segment_bytes=4000))  # segments roll under the followers' feet

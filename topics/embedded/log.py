@@ -305,6 +305,7 @@ class LogReader:
         self.on_corrupt = on_corrupt
         self.poll_s = poll_s
         self.closed = False
+        self.reported_in = -1  # base of the segment whose damage was last reported
 
     def close(self) -> None:
         self.closed = True
@@ -351,7 +352,10 @@ class LogReader:
                         continue
                     if state == "next":
                         view.close()
-                        later = [s for s in self.log.segments() if s > base]
+                        segs = self.log.segments()
+                        later = [s for s in segs if s > base]
+                        if self._lost_before(later[0], segs, base):
+                            return
                         base = later[0]
                         self.next_offset = max(self.next_offset, base)
                         view = _View(self.log.dir / fmt.segment_name(base))
@@ -431,9 +435,32 @@ class LogReader:
         self._report(base, pos, found[1].base - 1 if found else -1)
         return ("skip", found[0]) if found else ("next", 0)
 
+    def _lost_before(self, nxt: int, segs: list[int], done: int) -> bool:
+        """Offsets between the segment just read and the next one have no file: a segment was
+        deleted by hand or lost. Reported like corruption (True: the read range ends inside the
+        hole). Retention only ever removes the oldest segments, so a hole with nothing before it
+        is records aging out under a slow reader, not damage."""
+        first, stop = self.next_offset, self.stop
+        if nxt <= first or segs[0] >= nxt or self.reported_in == done:
+            return False
+        last = nxt - 1 if stop is None else min(nxt, stop) - 1
+        seg = fmt.segment_name(nxt)
+        if not self.skip_corrupt:
+            raise CorruptRecord(
+                f"offsets {first}..{last} are missing: their segment file, before {seg}, is gone; "
+                "pass --skip-corrupt to read past them",
+                first,
+                seg,
+                0,
+            )
+        if self.on_corrupt is not None:
+            self.on_corrupt(CorruptRange(first, last, seg, 0))
+        return stop is not None and stop <= nxt
+
     def _report(self, base: int, pos: int, last_offset: int) -> None:
         seg = fmt.segment_name(base)
         first = self.next_offset
+        self.reported_in = base  # what follows in this segment is already accounted for
         if not self.skip_corrupt:
             raise CorruptRecord(
                 f"corrupt batch at offset {first} (segment {seg}, byte {pos}): its header does not "
