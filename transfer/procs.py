@@ -9,6 +9,7 @@ progress and the digests it computed through one queue.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import queue
 from typing import Any
@@ -76,6 +77,7 @@ def move_in_processes(
     digests: list[dict[int, bytes]],
     stats: Any,
     on_event: EventCallback,
+    data_ports: list[int],
 ) -> None:
     n = min(opts.connections, len(todo))
     ctx = mp.get_context("spawn")  # never fork a process that runs threads and an event loop
@@ -83,9 +85,11 @@ def move_in_processes(
     shares = [todo[i::n] for i in range(n)]
     procs = [
         ctx.Process(
-            target=_child, args=(transport.name, copts, token, manifest, files, opts, share, out), daemon=True
+            target=_child,
+            args=(transport.name, _port(copts, data_ports, i), token, manifest, files, opts, share, out),
+            daemon=True,
         )
-        for share in shares
+        for i, share in enumerate(shares)
     ]
     for p in procs:
         p.start()
@@ -115,3 +119,8 @@ def move_in_processes(
                 p.kill()
         with contextlib.suppress(Exception):
             out.close()
+
+
+def _port(copts: ConnectOptions, data_ports: list[int], i: int) -> ConnectOptions:
+    """Connection i goes to the receiver's process i % N when it said where they listen."""
+    return dataclasses.replace(copts, port=data_ports[i % len(data_ports)]) if data_ports else copts

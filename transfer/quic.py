@@ -366,8 +366,6 @@ class QuicListener:
         info = (await loop.getaddrinfo(o.host, o.port, type=socket.SOCK_DGRAM))[0]
         sock = socket.socket(info[0], socket.SOCK_DGRAM)
         _big_buffers(sock)
-        if o.extra.get("reuse_port"):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(info[4])
         proto_cls = _protocol_class(b, self._on_stream)
         _, server = await loop.create_datagram_endpoint(

@@ -71,6 +71,9 @@ class Receiver:
         self._plans: dict[str, _Shared] = {}
         self.completed = threading.Event()  # set after each committed transfer
         self.summaries: list[dict[str, Any]] = []
+        # Ports of this receiver's processes (rq recv --workers): told to senders in ACCEPT so that
+        # connection i goes to process i % N, instead of trusting SO_REUSEPORT's hash to spread them.
+        self.data_ports: list[int] = []
 
     def close(self) -> None:
         with self._lock:
@@ -145,7 +148,9 @@ class Receiver:
                     elif isinstance(ev, ManifestReceived):
                         shared = self._acquire(ev.manifest.transfer_id, ev.manifest)
                         plan = shared.plan
-                        core.accept(plan.manifest, [dict(fs.have) for fs in plan.files])
+                        core.accept(
+                            plan.manifest, [dict(fs.have) for fs in plan.files], data_ports=self.data_ports
+                        )
                         m = plan.manifest
                         self.on_event(
                             TransferPlanned(

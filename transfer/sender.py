@@ -382,7 +382,8 @@ def _attempt(
         )
         digests = [dict(h) for h in have]
         if todo:
-            _move(todo, conn, transport, copts, token, manifest, files, opts, digests, stats, on_event)
+            ports = list(accepted.data_ports)
+            _move(todo, conn, transport, copts, token, manifest, files, opts, digests, stats, on_event, ports)
         check_unchanged(files)
         roots = []
         for f, e in enumerate(manifest.files):
@@ -417,11 +418,14 @@ def _move(
     digests: list[dict[int, bytes]],
     stats: Stats,
     on_event: EventCallback,
+    data_ports: list[int] | None = None,
 ) -> None:
     if transport.connection_per_process and opts.connections > 1:
         from transfer.procs import move_in_processes
 
-        move_in_processes(todo, transport, copts, token, manifest, files, opts, digests, stats, on_event)
+        move_in_processes(
+            todo, transport, copts, token, manifest, files, opts, digests, stats, on_event, data_ports or []
+        )
         return
     work = Work(todo)
     conns = [conn] + [transport.connect(copts) for _ in range(opts.connections - 1)]

@@ -161,15 +161,22 @@ class ReceiverChannel:
 
     _on_joining = _on_planning
 
-    def accept(self, manifest: Manifest, have: list[dict[int, bytes]], complete: bool = False) -> None:
+    def accept(
+        self,
+        manifest: Manifest,
+        have: list[dict[int, bytes]],
+        complete: bool = False,
+        data_ports: list[int] | None = None,
+    ) -> None:
         """The driver planned the transfer: tell the sender what is already here (for resume), or that
-        the whole transfer already finished here (a sender that died before it read DONE)."""
+        the whole transfer already finished here (a sender that died before it read DONE).
+        `data_ports`: where this receiver's processes listen; the sender spreads connections over them."""
         self.manifest = manifest
         if complete:
             self.outbox.append(control(FrameType.ACCEPT, {"have": {}, "complete": True}))
             self.state = "closed"
             return
-        body = {
+        body: dict[str, Any] = {
             "have": {
                 str(i): base64.b64encode(
                     b"".join(k.to_bytes(4, "big") + d for k, d in sorted(h.items()))
@@ -178,6 +185,8 @@ class ReceiverChannel:
                 if h
             }
         }
+        if data_ports:
+            body["data_ports"] = list(data_ports)
         self.outbox.append(control(FrameType.ACCEPT, body))
         self.state = "control"
 
@@ -257,6 +266,7 @@ class ReceiverChannel:
 class Accepted:
     have: list[dict[int, bytes]]
     complete: bool = False
+    data_ports: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -322,7 +332,12 @@ class SenderChannel:
             if self.role == CONTROL and frame.type is FrameType.ACCEPT:
                 self.state = "running"
                 body = frame.json()
-                return [Accepted(self._parse_have(body), bool(body.get("complete")))]
+                ports = body.get("data_ports") or []
+                if not isinstance(ports, list) or not all(
+                    isinstance(p, int) and 0 < p < 65536 for p in ports
+                ):
+                    raise ProtocolError("bad data_ports in ACCEPT")
+                return [Accepted(self._parse_have(body), bool(body.get("complete")), tuple(ports))]
             if self.role == DATA and frame.type is FrameType.READY:
                 self.state = "running"
                 return [Ready()]

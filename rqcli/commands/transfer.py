@@ -190,7 +190,7 @@ def _common(func: Any) -> Any:
     type=click.IntRange(1, 64),
     default=1,
     show_default=True,
-    help="QUIC: receive in N processes sharing the port (match the sender's --connections).",
+    help="QUIC: receive in N processes (the extra ones on ports of their own, told to the sender); match the sender's --connections.",
 )
 @click.option("--worker", is_flag=True, hidden=True, help="Internal: one of the processes of --workers.")
 @output_options
@@ -256,7 +256,6 @@ def recv(
             tls=use_tls,
             extra={
                 **_transport_extra(datagram_size, quic_backend, rdma_device, rdma_port, gid_index),
-                "reuse_port": spawn or worker,
             },
         )
         listener = driver.listen(opts, receiver.handle_channel)
@@ -278,13 +277,13 @@ def recv(
     if spawn:
         line += f" --connections {workers}"
     children: list[subprocess.Popen[bytes]] = []
-    if spawn:  # before the paste line: every process must hold the port before the first packet
+    if spawn:  # each worker process listens on a port of its own; ACCEPT tells senders which
         child_args = [
             "--json",
             "recv",
             str(dest_dir),
             "--listen",
-            f"{addr_host}:{addr_port}",
+            f"[{addr_host}]:0" if ":" in addr_host else f"{addr_host}:0",
             "--transport",
             transport,
             "--worker",
@@ -303,7 +302,9 @@ def recv(
             if value is not None:
                 child_args += [flag, str(value)]
         child_args += ["--once"] * once + ["--overwrite"] * overwrite
-        children = [_start_worker(child_args, out) for _ in range(workers - 1)]
+        started = [_start_worker(child_args, out) for _ in range(workers - 1)]
+        children = [proc for proc, _ in started]
+        receiver.data_ports = [addr_port] + [port for _, port in started]
     out.emit(
         {
             "event": "listening",
@@ -354,17 +355,20 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _start_worker(args: list[str], out: Output) -> subprocess.Popen[bytes]:
-    """Starts one more receiver process on the same port and relays its JSON events."""
+def _start_worker(args: list[str], out: Output) -> tuple[subprocess.Popen[bytes], int]:
+    """Starts one more receiver process, returns it and its port, and relays its JSON events."""
+    import orjson
+
     proc = subprocess.Popen([sys.executable, "-m", "rqcli", *args], stdout=subprocess.PIPE)
     assert proc.stdout is not None
     first = proc.stdout.readline()
-    if not first:
-        raise CliError("a --workers receiver process failed to start", ExitCode.FAILURE)
+    try:
+        port = int(str(orjson.loads(first)["address"]).rsplit(":", 1)[1])
+    except (ValueError, KeyError, IndexError):
+        proc.kill()
+        raise CliError("a --workers receiver process failed to start", ExitCode.FAILURE) from None
 
     def relay(stream: Any) -> None:
-        import orjson
-
         for raw in stream:
             with contextlib.suppress(ValueError):
                 ev = orjson.loads(raw)
@@ -379,7 +383,7 @@ def _start_worker(args: list[str], out: Output) -> subprocess.Popen[bytes]:
                     out.warn(f"refused a transfer: {ev.get('error')}")
 
     threading.Thread(target=relay, args=(proc.stdout,), daemon=True).start()
-    return proc
+    return proc, port
 
 
 def _recv_progress(out: Output, bar: Any) -> Any:
