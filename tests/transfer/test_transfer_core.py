@@ -298,3 +298,15 @@ def test_journal_ignores_torn_tail_and_other_versions(tmp_path) -> None:  # type
     assert len(raw) == journal.HEAD.size
     assert zlib.crc32(b"") == 0
     os.close(fd)
+
+
+def test_accept_carries_data_ports_and_rejects_bad_ones() -> None:
+    m, snd, rcv = _open_control()
+    _pump(snd.outbox, rcv)
+    rcv.accept(m, [{}], data_ports=[7421, 7422])
+    (acc,) = _pump(rcv.outbox, snd)
+    assert isinstance(acc, Accepted) and acc.data_ports == (7421, 7422)
+    m, snd, rcv = _open_control()
+    _pump(snd.outbox, rcv)
+    with pytest.raises(ProtocolError):
+        _pump([control(FrameType.ACCEPT, {"have": {}, "data_ports": [0, "x"]})], snd)
