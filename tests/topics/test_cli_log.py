@@ -28,6 +28,18 @@ def jlines(out: bytes) -> list[dict]:
     return [json.loads(line) for line in out.decode().splitlines() if line.strip()]
 
 
+def rq_piped(pipeline: str, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    """`rq PIPELINE` through bash with pipefail: rq's own exit status, whatever reads its output."""
+    rq = " ".join(rq_command())
+    return subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {rq} {pipeline}"],
+        capture_output=True,
+        env={**os.environ, **env},
+        timeout=120,
+        check=False,
+    )
+
+
 def produce(env: dict[str, str], topic: str, data: bytes, *args: str) -> list[dict]:
     r = run_rq("produce", topic, "--json", *args, input=data, env=env)
     assert r.returncode == 0, r.stderr
@@ -379,14 +391,7 @@ def test_offsets_human_output_and_help(env: dict[str, str]) -> None:
 
 def test_reader_leaving_the_pipe_is_not_an_error_and_commits_nothing(env: dict[str, str]) -> None:
     produce(env, "piped", b"".join(b"%0100d\n" % i for i in range(20000)))  # ~2 MB, more than a pipe holds
-    rq = " ".join(rq_command())
-    r = subprocess.run(
-        ["bash", "-c", f"set -o pipefail; {rq} replay piped --group g --commit --format raw | head -1"],
-        capture_output=True,
-        env={**os.environ, **env},
-        timeout=60,
-        check=False,
-    )
+    r = rq_piped("replay piped --group g --commit --format raw | head -1", env)
     assert r.returncode == 0, r.stderr
     assert r.stdout == b"%0100d\n" % 0 and r.stderr == b""
     off = jlines(run_rq("offsets", "piped", "--json", env=env).stdout)[0]
@@ -398,14 +403,7 @@ def test_ack_reader_leaving_does_not_cut_produce_short(env: dict[str, str], tmp_
     data = tmp_path / "in.txt"
     n = 500_000  # ~60 batches: the reader leaves long before the last ack
     data.write_bytes(b"".join(b"%d\n" % i for i in range(n)))
-    rq = " ".join(rq_command())
-    r = subprocess.run(
-        ["bash", "-c", f"set -o pipefail; {rq} produce acked --json < {data} | head -1"],
-        capture_output=True,
-        env={**os.environ, **env},
-        timeout=120,
-        check=False,
-    )
+    r = rq_piped(f"produce acked --json < {data} | head -1", env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["event"] == "ack"
     assert jlines(run_rq("offsets", "acked", "--json", env=env).stdout)[0]["records"] == n
@@ -414,14 +412,7 @@ def test_ack_reader_leaving_does_not_cut_produce_short(env: dict[str, str], tmp_
 def test_table_into_a_closed_pipe_exits_0(env: dict[str, str]) -> None:
     """rich exits 1 on a broken pipe; rq's consoles hand it on, so `| head` is success here too."""
     produce(env, "tbl", b"".join(b"%050d\n" % i for i in range(3000)))  # a table larger than a pipe
-    rq = " ".join(rq_command())
-    r = subprocess.run(
-        ["bash", "-c", f"set -o pipefail; {rq} tail tbl -n 3000 --format table | head -c 1"],
-        capture_output=True,
-        env={**os.environ, **env},
-        timeout=60,
-        check=False,
-    )
+    r = rq_piped("tail tbl -n 3000 --format table | head -c 1", env)
     assert r.returncode == 0 and r.stderr == b"", r.stderr
 
 
