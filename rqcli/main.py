@@ -119,6 +119,15 @@ def _from_os_error(exc: OSError) -> CliError:
     return CliError(f"{exc.strerror or exc}{where}", code)
 
 
+class _NeverRaised(click.ClickException):
+    pass
+
+
+# Click >= 8.2 raises this for a bare group call; it carries the help text, not an error line.
+# (Click 8.1 prints the help itself and exits 0.)
+_SHOW_HELP: type[click.ClickException] = getattr(click.exceptions, "NoArgsIsHelpError", _NeverRaised)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: runs `rq` and turns every failure into one stderr line and an exit code."""
     verbose = any(
@@ -138,8 +147,17 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Abort:
         click.echo("rq: interrupted", err=True)
         code = int(ExitCode.INTERRUPTED)
-    except click.ClickException as exc:
+    except _SHOW_HELP as exc:  # plain `rq`: the help is the answer (exit 2, as Click has it)
         exc.show()
+        code = exc.exit_code
+    except click.UsageError as exc:
+        # One line like every other error (Click's own shape is four), with where to look.
+        where = exc.ctx.command_path if exc.ctx is not None else "rq"
+        err = CliError(exc.format_message(), ExitCode.USAGE, hint=f"see `{where} --help`")
+        click.echo(f"rq: error: {err.one_line()}", err=True)
+        code = exc.exit_code
+    except click.ClickException as exc:
+        click.echo(f"rq: error: {CliError(exc.format_message()).one_line()}", err=True)
         code = exc.exit_code
     except KeyboardInterrupt:
         click.echo("rq: interrupted", err=True)

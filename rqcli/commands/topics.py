@@ -142,6 +142,20 @@ def _size(text: str | None) -> int | None:
     return size
 
 
+def _positive_seconds(_ctx: click.Context, _param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and not value > 0:  # `not >` catches nan too, which would never time out
+        raise click.BadParameter(f"{value} is not a positive number of seconds")
+    return value
+
+
+idle_timeout_option = click.option(
+    "--timeout",
+    "idle_timeout",
+    type=float,
+    callback=_positive_seconds,
+    help="With --follow: exit after this many seconds without a record.",
+)
+
 topics_dir_option = click.option(
     "--topics-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -467,12 +481,7 @@ def _format_options(func: Any) -> Any:
     "record_to",
     help="Also append what is shown to this embedded topic (e.g. to replay an MQTT capture).",
 )
-@click.option(
-    "--timeout",
-    "idle_timeout",
-    type=float,
-    help="With --follow: exit after this many seconds without a record.",
-)
+@idle_timeout_option
 @_format_options
 @topics_dir_option
 @output_options
@@ -575,12 +584,7 @@ def tail(
 @click.option(
     "-f", "--follow", is_flag=True, help="Keep reading past the end (until --to, --count or Ctrl-C)."
 )
-@click.option(
-    "--timeout",
-    "idle_timeout",
-    type=float,
-    help="With --follow: exit after this many seconds without a record.",
-)
+@idle_timeout_option
 @_format_options
 @topics_dir_option
 @output_options

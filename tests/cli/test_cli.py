@@ -25,10 +25,23 @@ def test_version_and_module_entry() -> None:
     assert res.stdout.decode().startswith("rq, version ")
 
 
-def test_unknown_command_is_usage_error() -> None:
-    res = run_rq("no-such-command")
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (["no-such-command"], b"No such command"),
+        (["doctor", "--no-such-flag"], b"No such option"),
+        (["--json", "doctor", "--cache-dir"], b"requires an argument"),
+    ],
+)
+def test_usage_errors_are_one_line_with_where_to_look(args: list[str], text: bytes) -> None:
+    res = run_rq(*args)
     assert res.returncode == ExitCode.USAGE
-    assert b"No such command" in res.stderr
+    assert text in res.stderr and res.stderr.count(b"\n") == 1 and b"--help" in res.stderr, res.stderr
+
+
+def test_bare_rq_shows_the_help() -> None:
+    res = run_rq()
+    assert b"Commands:" in res.stdout + res.stderr
 
 
 @pytest.mark.integration
