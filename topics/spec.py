@@ -65,6 +65,8 @@ class Bounds(Protocol):
 
     def offset_for_time(self, ts_ms: int) -> int: ...  # first offset with timestamp >= ts_ms, else end
 
+    def offset_before_end(self, n: int) -> int: ...  # the offset where the last n records start
+
 
 def _digits(text: str) -> bool:
     """ASCII digits only: str.isdigit() also accepts '²', which int() rejects."""
@@ -183,7 +185,7 @@ def resolve(pos: Position, bounds: Bounds, now_ms: Callable[[], int] | None = No
     if pos.kind == "start+":
         return min(first + pos.value, end)
     if pos.kind == "end-":
-        return max(end - pos.value, first)
+        return bounds.offset_before_end(pos.value)  # a subject-filtered stream: not end - N
     clock = now_ms or (lambda: int(time.time() * 1000))
     ts = pos.value if pos.kind == "time" else clock() - pos.value
     return bounds.offset_for_time(ts)

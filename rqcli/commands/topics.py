@@ -527,7 +527,7 @@ def tail(
             else:
                 n = 10 if count is None else count
                 end = source.end_offset()
-                start = max(source.first_offset(), end - n)
+                start = source.offset_before_end(n)
                 req = Request(start=start, stop=None if follow else end, follow=follow, where=filt)
             req.skip_corrupt = skip_corrupt
             req.decode_values = writer.needs_decode
@@ -852,6 +852,10 @@ def offsets(
         source = open_source(ref)
         try:
             first, end = source.first_offset(), source.end_offset()
+            # On a subject-filtered stream other subjects' messages sit between first and end.
+            last = source.offset_before_end(1) if end > first else None
+            counted = getattr(source, "record_count", None)
+            records = counted() if callable(counted) else end - first
             names = [check_group_name(group)] if group else source.groups()
             rows = []
             for name in names:
@@ -866,9 +870,9 @@ def offsets(
         info = {
             "topic": ref.url,
             "first": first,
-            "last": end - 1 if end > first else None,
+            "last": last,
             "end": end,
-            "records": end - first,
+            "records": records,
         }
         if out.json:
             out.emit({**info, "groups": rows})
@@ -876,7 +880,7 @@ def offsets(
         from rich.table import Table
 
         console = out.console()
-        out.info(f"{safe_text(ref.url)}: first {first}, last {info['last']}, {end - first} records")
+        out.info(f"{safe_text(ref.url)}: first {first}, last {last}, {records} records")
         if rows:
             table = Table(show_edge=False)
             for col in ("group", "committed", "lag"):

@@ -184,6 +184,30 @@ def test_produce_to_a_subject_the_stream_does_not_take(
     assert run_rq("replay", f"{nats_url}/{stream_name}", "--format", "raw", env=env).stdout == b"y\n"
 
 
+def test_tail_and_end_relative_specs_count_records_on_the_subject(
+    nats_url: str, stream_name: str, env: dict[str, str]
+) -> None:
+    """With STREAM/SUBJECT the topic is that subject's messages: `tail -n 2` is its last two, even
+    when other subjects' messages came after them."""
+    make_stream(nats_url, stream_name)
+    publish(nats_url, f"{stream_name}.a", [b"a1", b"a2", b"a3"])
+    publish(nats_url, f"{stream_name}.b", [b"b%d" % i for i in range(1, 6)])
+    publish(nats_url, f"{stream_name}.a", [b"a4"])
+    publish(nats_url, f"{stream_name}.b", [b"b6", b"b7"])
+    a = f"{nats_url}/{stream_name}/{stream_name}.a"
+    for n, want in ((1, b"a4\n"), (2, b"a3\na4\n"), (4, b"a1\na2\na3\na4\n"), (9, b"a1\na2\na3\na4\n")):
+        r = run_rq("tail", a, "-n", str(n), "--format", "raw", env=env)
+        assert (r.returncode, r.stdout) == (0, want), (n, r.stderr)
+    r = run_rq("replay", a, "--from", "-3", "--to", "-1", "--format", "raw", env=env)
+    assert r.stdout == b"a2\na3\n", r.stderr
+    off = jlines(run_rq("offsets", a, "--json", env=env).stdout)[0]
+    assert (off["first"], off["last"], off["records"]) == (1, 9, 4)
+    whole = jlines(run_rq("offsets", f"{nats_url}/{stream_name}", "--json", env=env).stdout)[0]
+    assert (whole["first"], whole["last"], whole["records"]) == (1, 11, 11)
+    infos = js_call(nats_url, lambda js: js.consumers_info(stream_name))
+    assert infos == []  # the counting consumers are gone
+
+
 def test_unknown_stream(nats_url: str, env: dict[str, str]) -> None:
     r = run_rq("replay", f"{nats_url}/RQ_NO_SUCH_STREAM", "--from", "start", env=env)
     assert r.returncode == 3 and b"does not exist" in r.stderr

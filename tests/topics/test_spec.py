@@ -37,6 +37,9 @@ class FakeTopic:
     def offset_for_time(self, ts_ms: int) -> int:
         return self.first + bisect.bisect_left(self.stamps, ts_ms)
 
+    def offset_before_end(self, n: int) -> int:
+        return max(self.end_offset() - n, self.first)
+
 
 TOPIC = FakeTopic(first=100, stamps=[1000 + 10 * i for i in range(50)])  # offsets 100..149
 

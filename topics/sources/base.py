@@ -25,6 +25,8 @@ class Source(Protocol):
 
     def offset_for_time(self, ts_ms: int) -> int: ...
 
+    def offset_before_end(self, n: int) -> int: ...  # where the last n records start (tail -n, SPEC -N)
+
     def read(
         self,
         start: int,

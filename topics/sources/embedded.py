@@ -29,6 +29,9 @@ class EmbeddedSource:
     def offset_for_time(self, ts_ms: int) -> int:
         return self.log.offset_for_time(ts_ms)
 
+    def offset_before_end(self, n: int) -> int:
+        return max(self.log.end_offset() - n, self.log.first_offset())
+
     def read(
         self,
         start: int,

@@ -142,10 +142,73 @@ class JetStreamSource:
 
     def first_offset(self) -> int:
         state = self.conn.stream_info().state
-        return int(state.first_seq) if state.messages else int(state.last_seq) + 1
+        first = int(state.first_seq) if state.messages else int(state.last_seq) + 1
+        if not self.subject or not state.messages:
+            return first
+        # With a subject filter the topic starts at the first message on that subject.
+        import nats.js.errors
+
+        try:
+            msg = self.conn.run(
+                self.conn.js.get_msg(self.conn.stream, seq=first, subject=self.subject, next=True)
+            )
+        except nats.js.errors.NotFoundError:
+            return int(state.last_seq) + 1
+        return int(msg.seq)
 
     def end_offset(self) -> int:
         return int(self.conn.stream_info().state.last_seq) + 1
+
+    def offset_before_end(self, n: int) -> int:
+        """Where the last n records of the topic start. Without a subject filter that is end - n;
+        with one, other subjects' messages sit in between: binary search on how many matching
+        messages a consumer starting at a sequence would see (O(log n) small requests)."""
+        first, end = self.first_offset(), self.end_offset()
+        if not self.subject:
+            return max(end - n, first)
+        if n <= 0:
+            return end
+        if self._pending_from(first) <= n:
+            return first
+        # pending() falls as the start moves up; the last seq where it is still >= n is the seq of
+        # the n-th matching message from the end.
+        lo, hi = first, end - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._pending_from(mid) >= n:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def record_count(self) -> int:
+        """Messages in the topic: the stream's, or those on the subject filter."""
+        state = self.conn.stream_info().state
+        if not self.subject or not state.messages:
+            return int(state.messages)
+        return self._pending_from(int(state.first_seq))
+
+    def _pending_from(self, seq: int) -> int:
+        """How many messages on the subject have a sequence >= seq (an ephemeral consumer counts)."""
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        async def count() -> int:
+            info = await self.conn.js.add_consumer(
+                self.conn.stream,
+                ConsumerConfig(
+                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                    opt_start_seq=seq,
+                    filter_subject=self.subject,
+                    ack_policy=AckPolicy.NONE,
+                    inactive_threshold=30.0,  # gone by itself should the delete below not happen
+                    mem_storage=True,
+                ),
+            )
+            with contextlib.suppress(Exception):
+                await self.conn.js.delete_consumer(self.conn.stream, info.name)
+            return int(info.num_pending or 0)
+
+        return int(self.conn.run(count()))
 
     def offset_for_time(self, ts_ms: int) -> int:
         """First sequence stamped at or after ts_ms: an ordered consumer started by time tells us."""

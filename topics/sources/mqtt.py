@@ -102,6 +102,9 @@ class MqttSource:
     def offset_for_time(self, ts_ms: int) -> int:
         raise Unsupported("MQTT keeps no history: there is nothing to seek in")
 
+    def offset_before_end(self, n: int) -> int:
+        return 0
+
     def read(
         self,
         start: int,
