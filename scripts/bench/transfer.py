@@ -98,9 +98,9 @@ class Receiver:
             str(WORK / "cert"),
             *self.extra,
         ]
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, **ENV}
-        )
+        log = open(WORK / "recv.log", "ab")  # noqa: SIM115 - lives as long as the receiver
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env={**os.environ, **ENV})
+        log.close()
         assert self.proc.stdout is not None
         info = json.loads(self.proc.stdout.readline())
         self.pin = info.get("pin")
@@ -648,6 +648,14 @@ def main() -> None:
             bench_quic(args.rounds, parse_size(args.quic_size))
         if "resume" in only:
             bench_resume(args.rounds, parse_size(args.size))
+    except Exception:
+        log = WORK / "recv.log"
+        if log.exists():
+            print(
+                "--- rq recv stderr (last 3000 bytes):\n" + log.read_text(errors="replace")[-3000:],
+                file=sys.stderr,
+            )
+        raise
     finally:
         subprocess.run(["rm", "-rf", str(WORK)], check=False)
 
