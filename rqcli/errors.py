@@ -18,5 +18,8 @@ class CliError(Exception):
         self.hint = hint
 
     def one_line(self) -> str:
+        from rqcli.output import safe_text  # lazy: this module stays import-light
+
         text = self.message if not self.hint else f"{self.message} — {self.hint}"
-        return " ".join(text.split())  # one line, whatever the library put in it
+        # One line, whatever the library put in it, and no terminal escapes from names in it.
+        return safe_text(" ".join(text.split()))

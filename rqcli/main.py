@@ -171,8 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if verbose:
             traceback.print_exc()
-        click.echo(
-            f"rq: error: unexpected {type(exc).__name__}: {exc} (run with -v for the traceback)", err=True
-        )
+        err = CliError(f"unexpected {type(exc).__name__}: {exc} (run with -v for the traceback)")
+        click.echo(f"rq: error: {err.one_line()}", err=True)
         code = int(ExitCode.FAILURE)
     sys.exit(code)

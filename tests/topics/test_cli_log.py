@@ -178,6 +178,7 @@ def test_exact_time_bounds_and_exit_at_end(env: dict[str, str]) -> None:
         (["tail", "timed", "-f", "--record", "timed"], 2, "feeds what is being followed"),
         (["tail", "timed", "-f", "--timeout", "nan"], 2, "positive number of seconds"),
         (["tail"], 2, "Missing argument 'TOPIC'"),
+        (["tail", "./\x1b]0;owned\x07"], 3, "\\x1b]0;owned\\x07"),  # a name's escapes stay inert
     ],
 )
 def test_bad_input_one_line_and_exit_code(env: dict[str, str], args: list[str], code: int, text: str) -> None:
