@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -660,6 +661,8 @@ def replay(
             check_group_name(group)
         if commit and not group:
             raise CliError("--commit needs --group", ExitCode.USAGE)
+        if commit:
+            _stop_like_ctrl_c_on_sigterm()
         if save_spec is not None and not save_spec.absolute().parent.is_dir():
             # Found out before replaying (and committing), not after: the spec is the point.
             raise CliError(
@@ -788,6 +791,17 @@ def replay(
                 f"rq: replay matches spec {safe_text(str(spec_file))}: {res.emitted} records, {res.digest}",
                 err=True,
             )
+
+
+def _stop_like_ctrl_c_on_sigterm() -> None:
+    """Service managers (systemd, Kubernetes) stop a `replay -f --commit` consumer with SIGTERM: it
+    must store its position then, as on Ctrl-C, not die with up to a second of reads uncommitted
+    (or, when the topic went quiet, everything since the last record)."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def _check_saved_range(source: Source, saved: ReplaySpec) -> None:

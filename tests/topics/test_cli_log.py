@@ -340,6 +340,23 @@ def test_follow_sees_new_records_and_idle_timeout_ends_it(env: dict[str, str]) -
     assert proc.wait(30) == 0
 
 
+def test_sigterm_stops_a_committing_follower_like_ctrl_c(env: dict[str, str]) -> None:
+    produce(env, "svc", b"".join(b"%d\n" % i for i in range(50)))
+    proc = subprocess.Popen(
+        [*rq_command(), "replay", "svc", "-f", "--group", "svc", "--commit", "--format", "raw"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env},
+    )
+    assert proc.stdout is not None
+    for i in range(50):
+        assert proc.stdout.readline() == b"%d\n" % i
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 130
+    off = jlines(run_rq("offsets", "svc", "--json", env=env).stdout)[0]
+    assert off["groups"] == [{"group": "svc", "committed": 50, "lag": 0}]
+
+
 def test_kill_9_during_produce_keeps_every_acknowledged_batch(env: dict[str, str]) -> None:
     proc = subprocess.Popen(
         [*rq_command(), "produce", "crash", "--json"],
