@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import socket
 
-from topics.sources.natswire import OrderedReader
+import pytest
+
+from topics.sources.natswire import OrderedReader, WireError
 
 
 def reader_with(data: bytes) -> tuple[OrderedReader, socket.socket]:
@@ -87,3 +89,23 @@ def test_flow_control_and_stalled_heartbeat_are_answered() -> None:
     while sent.count(b"\r\n") < 4:
         sent += peer.recv(200)
     assert sent == b"PUB $JS.FC.S.C.1 0\r\n\r\nPUB $JS.FC.S.C.x 0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"MSG S.a 3 x5\r\nhello\r\n",  # a byte count that is not a number
+        b"HMSG S.a 3 9 5\r\nhello\r\n",  # headers longer than the frame
+        b"MSG S.a 3 $JS.ACK.S.C.1.x.1.2.3 5\r\nhello\r\n",  # a delivery subject with garbage in it
+        b"MSG S.a 3 $JS.ACK.S 5\r\nhello\r\n",  # too short to hold the sequences
+    ],
+)
+def test_a_malformed_frame_is_a_wire_error(data: bytes) -> None:
+    r, theirs = reader_with(data)
+    try:
+        with pytest.raises(WireError, match="malformed"):
+            r._fill(0.2)
+            r._take(r._frames())
+    finally:
+        theirs.close()
+        r.sock.close()

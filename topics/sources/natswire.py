@@ -36,6 +36,13 @@ class WireError(TopicError):
     pass
 
 
+def _size(field: bytes, line: bytes) -> int:
+    """A frame's byte count, checked: a server's garbage is a WireError, not a ValueError."""
+    if not field.isdigit():
+        raise WireError(f"malformed frame from the NATS server: {line[:80]!r}")
+    return int(field)
+
+
 def _parse_headers(block: bytes) -> tuple[str, Headers]:
     """'NATS/1.0 100 Idle Heartbeat\\r\\nK: V\\r\\n\\r\\n' -> ('100 Idle Heartbeat', ((k, v), ...))."""
     lines = block.split(_CRLF)
@@ -131,7 +138,12 @@ class OrderedReader:
         info = self._line()
         if not info.startswith(b"INFO "):
             raise SourceUnreachable(f"not a NATS server (said {info[:40]!r})")
-        meta = orjson.loads(info[5:])
+        try:
+            meta = orjson.loads(info[5:])
+        except orjson.JSONDecodeError:
+            raise SourceUnreachable(f"not a NATS server (said {info[:40]!r})") from None
+        if not isinstance(meta, dict):
+            raise SourceUnreachable(f"not a NATS server (said {info[:40]!r})")
         if not meta.get("headers", False):
             raise WireError("this NATS server does not support headers (needs nats-server >= 2.2)")
         connect = {
@@ -235,7 +247,7 @@ class OrderedReader:
             line = bytes(buf[start:i])
             if line.startswith(b"MSG "):
                 parts = line.split(b" ")
-                size = int(parts[-1])
+                size = _size(parts[-1], line)
                 body = i + 2
                 if body + size + 2 > self.end:
                     return
@@ -244,7 +256,9 @@ class OrderedReader:
                 yield parts[2], parts[1], reply, b"", bytes(buf[body : body + size])
             elif line.startswith(b"HMSG "):
                 parts = line.split(b" ")
-                hsize, total = int(parts[-2]), int(parts[-1])
+                hsize, total = _size(parts[-2], line), _size(parts[-1], line)
+                if hsize > total:
+                    raise WireError(f"malformed frame from the NATS server: {line[:80]!r}")
                 body = i + 2
                 if body + total + 2 > self.end:
                     return
@@ -316,22 +330,17 @@ class OrderedReader:
                 continue
             t = reply.split(b".")
             i = 5 if len(t) == 9 else 7
-            dseq = int(t[i + 1])
+            try:
+                dseq = int(t[i + 1])
+                seq, ts, pending = int(t[i]), int(t[i + 2]) // 1_000_000, int(t[i + 3])
+            except (ValueError, IndexError):
+                raise WireError(f"malformed JetStream delivery from the server: {reply[:80]!r}") from None
             if dseq != self.next_dseq:
                 return batch, True
             self.next_dseq = dseq + 1
-            seq = int(t[i])
             self.last_sseq = seq
-            self.pending_left = int(t[i + 3])
-            append(
-                (
-                    seq,
-                    int(t[i + 2]) // 1_000_000,
-                    subject,
-                    _parse_headers(hdr)[1] if hdr else NO_HEADERS,
-                    data,
-                )
-            )
+            self.pending_left = pending
+            append((seq, ts, subject, _parse_headers(hdr)[1] if hdr else NO_HEADERS, data))
         return batch, False
 
     def _control(self, reply: bytes, hdr: bytes) -> None:
