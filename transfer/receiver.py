@@ -39,6 +39,7 @@ from transfer.store import Plan, Store
 from transfer.transport import Channel
 
 IDLE_TIMEOUT = 300.0  # a channel that sends nothing for this long is dropped
+LINGER = 5.0  # after DONE, how long to wait for the sender to close the channel
 
 
 @dataclass
@@ -111,10 +112,13 @@ class Receiver:
         core = ReceiverChannel(self.token, os.urandom(16), self.limits)
         shared: _Shared | None = None
         pending: list[tuple[int, int, bytes]] = []
+        committed = False
         _set_frame_limit(ch, PRE_AUTH_LIMIT)  # drivers that support it refuse big frames before AUTH
         try:
             while True:
-                frame = ch.recv(timeout=IDLE_TIMEOUT)
+                # After DONE, wait (briefly) for the sender to hang up: that is how we know DONE
+                # arrived, before `rq recv --once` may exit and take the connection down with it.
+                frame = ch.recv(timeout=LINGER if committed else IDLE_TIMEOUT)
                 if frame is None:
                     break
                 for ev in core.handle(frame):
@@ -178,7 +182,7 @@ class Receiver:
                         self.on_event(
                             TransferFinished({**summary, "seconds": time.monotonic() - shared.started})
                         )
-                        self.completed.set()
+                        committed = True
                 self._send(ch, core)
         except TransferError as exc:
             if not isinstance(exc, PeerUnreachableError):
@@ -189,6 +193,8 @@ class Receiver:
         except (TimeoutError, OSError):
             pass  # the sender went away; what is durable stays, the sender resumes
         finally:
+            if committed:
+                self.completed.set()
             if shared is not None:
                 with contextlib.suppress(TransferError, OSError):
                     self._flush(shared, None, pending)  # keep what arrived, so a resume skips it

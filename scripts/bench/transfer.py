@@ -326,10 +326,12 @@ def raw_main(argv: list[str]) -> None:
         sys.exit(1)
 
 
-def bench_quic(rounds: int, size: int) -> None:
+def bench_quic(rounds: int, size: int, backends: list[str], conn_counts: list[int]) -> None:
     src = make_random(WORK / "quic.bin", size)
     for backend, datagram in (("aioquic", 16383), ("qh3", 65000)):
-        for conns in (1, 2):
+        if backend not in backends:
+            continue
+        for conns in conn_counts:
             port = free_port(socket.SOCK_DGRAM)
             servers: list[subprocess.Popen[bytes]] = []
 
@@ -631,6 +633,8 @@ def main() -> None:
     parser.add_argument("--size", default="4G", help="TCP and resume file size")
     parser.add_argument("--quic-size", default="1G")
     parser.add_argument("--auto-size", default="1G")
+    parser.add_argument("--quic-backends", default="aioquic,qh3")
+    parser.add_argument("--quic-connections", default="1,2")
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     from transfer.credentials import load_identity
@@ -645,7 +649,12 @@ def main() -> None:
         if "compress" in only:
             bench_compress(args.rounds)
         if "quic" in only:
-            bench_quic(args.rounds, parse_size(args.quic_size))
+            bench_quic(
+                args.rounds,
+                parse_size(args.quic_size),
+                args.quic_backends.split(","),
+                [int(n) for n in args.quic_connections.split(",")],
+            )
         if "resume" in only:
             bench_resume(args.rounds, parse_size(args.size))
     except Exception:
