@@ -258,3 +258,26 @@ def test_many_files_with_few_file_descriptors(tmp_path: Path) -> None:
     finally:
         recv.stop()
     assert tree_digest(tmp_path / "dst" / "shards") == tree_digest(src)
+
+
+@pytest.mark.slow
+def test_recv_once_exits_only_after_done_reached_the_sender(tmp_path: Path) -> None:
+    """`rq recv --once` used to exit right after sending DONE; over QUIC the DONE could die with it and
+    the sender retried a gone receiver. Several back-to-back rounds on one port must all succeed."""
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(6 << 20))
+    port = 0
+    for i in range(4):
+        recv = Recv(
+            tmp_path / f"dst{i}", tmp_path / "cert", "quic", "--once", "--quic-backend", "qh3", port=port
+        )
+        recv.start()
+        port = recv.port
+        try:
+            proc = send([src], recv, "--retry-for", "3", "--quic-backend", "qh3")
+            assert proc.returncode == 0, proc.stderr.decode()
+            rc, _, err = recv.wait(20)
+            assert rc == 0, err
+        finally:
+            recv.stop()
+        assert (tmp_path / f"dst{i}" / "model.bin").read_bytes() == src.read_bytes()
