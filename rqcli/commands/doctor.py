@@ -13,9 +13,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 import click
-from platformdirs import user_cache_path
 from rich.table import Table
 
+from cache.api import default_cache_dir
+from cache.layout import default_ram_root
 from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
 from rqcli.output import get_output, output_options
@@ -232,7 +233,8 @@ def _space(path: Path, name: str, fix: str) -> Finding:
     except OSError as exc:
         return Finding(name, "warn", f"{path}: {exc}", fix)
     used = _tree_size(path) if path.exists() else 0
-    detail = f"{path}: {_gib(usage.free)} free of {_gib(usage.total)}; rq uses {_gib(used)}"
+    where = str(path) if path.exists() else f"{path} (not created yet; space of {probe})"
+    detail = f"{where}: {_gib(usage.free)} free of {_gib(usage.total)}; rq uses {_gib(used)}"
     if usage.free < 1 << 30:
         return Finding(name, "warn", detail + " (under 1 GiB free)", fix)
     return Finding(name, "ok", detail)
@@ -269,7 +271,9 @@ def run_checks(
     ]
     shm = Path("/dev/shm")
     if shm.is_dir():
-        findings.append(_space(shm / "rq", "cache-ram", "enlarge /dev/shm (mount -o remount,size=...)"))
+        findings.append(
+            _space(default_ram_root(cache_dir), "cache-ram", "enlarge /dev/shm (mount -o remount,size=...)")
+        )
     else:
         findings.append(Finding("cache-ram", "skip", "/dev/shm absent: no RAM tier", "use --tier disk"))
     return findings
@@ -286,8 +290,8 @@ STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
     "--cache-dir",
     type=click.Path(path_type=Path),
     envvar="RQ_CACHE_DIR",
-    default=lambda: str(user_cache_path("rq")),
-    show_default="user cache dir",
+    default=lambda: str(default_cache_dir()),
+    show_default="RQ_CACHE_DIR, else the user cache dir",
     help="Cache directory whose free space to report.",
 )
 @output_options
