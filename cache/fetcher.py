@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import queue
 import random
 import threading
@@ -36,7 +37,7 @@ from cache.index import Entry
 from cache.landing import Landing, ObjectInfo, piece_ranges
 from cache.layout import Layout, blob_name
 from cache.origins import Origin
-from cache.store import HoldSpec, Store, fsync_dir
+from cache.store import HoldSpec, Store, fsync_dir, is_no_space, syncfs
 
 LAND_BATCH = 64
 MAX_ATTEMPTS = 5
@@ -121,9 +122,13 @@ class Fetcher:
         workers: int,
         on_event: ev.EventSink = ev.ignore,
         durable: bool = True,
+        batch_sync: bool = False,
     ):
         self.store, self.layout, self.tier = store, layout, tier
         self.durable = durable
+        # durable and many objects: verify each, then one syncfs per landing batch before publishing
+        # (and one after), instead of an fsync per file and per objects/xx/ directory
+        self.batch_sync = durable and batch_sync
         self.window = Window(workers)
         self.on_event = on_event
         self._q: queue.Queue[tuple[str, Job, int | None, Any]] = queue.Queue()
@@ -345,6 +350,7 @@ class Fetcher:
                     durable=self.durable,
                     batch_dir_sync=True,
                     keep_open=job.keep_open,
+                    defer_publish=self.batch_sync,
                 )
             except BusyError:
                 self._release(job, keep=False)
@@ -475,7 +481,11 @@ class Fetcher:
                 self._release(job, keep=job.big)
 
     def _land(self, items: list[tuple[int, Entry, Job]], result: FetchResult) -> None:
-        if self.durable:
+        items = [item for item in items if item[2].landing is not None]  # (not landed already)
+        error: BaseException | None = None
+        if self.batch_sync:
+            items, error = self._publish_batch(items, result)
+        elif self.durable:
             # the renames must be durable before the index names them: one fsync per directory per
             # batch (ext4 commits them together) instead of one per object
             for directory in {self.layout.blob_path(self.tier, e.blob).parent for _, e, _ in items}:
@@ -489,6 +499,58 @@ class Fetcher:
             job.landing = None
             result.landed.append(entry)
             self.on_event(ev.Landed(entry.url, entry.size))
+        if error is not None:
+            raise error
+
+    def _publish_batch(
+        self, items: list[tuple[int, Entry, Job]], result: FetchResult
+    ) -> tuple[list[tuple[int, Entry, Job]], BaseException | None]:
+        """Verified temp files -> durable -> final names -> durable names; returns those published."""
+        root = self.layout.tier_root(self.tier)
+        try:
+            if not syncfs(root):
+                for _, _, job in items:
+                    os.fsync(job.landing.fd)  # type: ignore[union-attr]
+        except OSError as exc:
+            for _, _, job in items:
+                job.landing.abort()  # type: ignore[union-attr]
+                job.landing = None
+                self._release(job, keep=False)
+            raise self._disk_error(root, exc) from exc
+        published: list[tuple[int, Entry, Job]] = []
+        error: BaseException | None = None
+        for hid, entry, job in items:
+            try:
+                job.landing.publish(entry.xxh3)  # type: ignore[union-attr]
+            except Exception as exc:  # publish() has removed the temp file
+                job.landing = None
+                self._release(job, keep=False)
+                if isinstance(exc, CacheFullError):
+                    error = error or exc
+                failure = ev.Failed(entry.url, error_kind(exc), str(exc) or type(exc).__name__)
+                result.failed.append(failure)
+                self.on_event(failure)
+                continue
+            published.append((hid, entry, job))
+        if published:
+            try:
+                if not syncfs(root):
+                    for directory in {
+                        self.layout.blob_path(self.tier, e.blob).parent for _, e, _ in published
+                    }:
+                        fsync_dir(directory)
+            except OSError as exc:
+                for _, _, job in published:
+                    job.landing = None  # under its final name but not indexed: the next run adopts it
+                    self._release(job, keep=False)
+                raise self._disk_error(root, exc) from exc
+        return published, error
+
+    @staticmethod
+    def _disk_error(root: Any, exc: OSError) -> CacheError:
+        if is_no_space(exc):
+            return CacheFullError(f"no space left on the file system under {root}")
+        return CacheError(f"could not make the cache durable under {root}: {exc}")
 
 
 def job_piece_count(job: Job) -> int:

@@ -123,6 +123,9 @@ class Landing:
     durable: bool = True  # fsync before rename; False trusts digests alone (see docs/cache.md)
     batch_dir_sync: bool = False  # the caller fsyncs objects/xx/ once per batch, before the index commit
     keep_open: bool = False  # hand back a read fd with a shared lock (a reader who asked for it)
+    # finish() only verifies; the caller makes a whole batch durable at once (syncfs) and then calls
+    # publish() for each, so a final name still only ever appears over bytes already on disk
+    defer_publish: bool = False
 
     def __post_init__(self) -> None:
         self.fd = -1
@@ -300,11 +303,29 @@ class Landing:
                 digest, verified = self._verify_whole()
             else:
                 digest, verified = self._verify_pieces()
-            if self.durable:
+            if self.durable and not self.defer_publish:
                 os.fsync(self.fd)
         except BaseException:
             self.abort()
             raise
+        if not self.defer_publish:
+            self.publish(digest)
+        t = time.time()
+        return Entry(
+            url=self.info.url,
+            version=self.info.version,
+            size=self.info.size,
+            tier=self.tier,
+            blob=self.blob,
+            xxh3=digest,
+            verified_by=verified,
+            last_access=t,
+            checked_at=t,
+            created=t,
+        )
+
+    def publish(self, digest: str) -> None:
+        """Puts the verified (and, when durable, synced) temp file under its final name."""
         try:
             if self.keep_open:
                 # locked before the rename: from its first moment under the final name the entry is
@@ -322,19 +343,6 @@ class Landing:
             raise
         unlink_quiet(self.journal)
         self._close()
-        t = time.time()
-        return Entry(
-            url=self.info.url,
-            version=self.info.version,
-            size=self.info.size,
-            tier=self.tier,
-            blob=self.blob,
-            xxh3=digest,
-            verified_by=verified,
-            last_access=t,
-            checked_at=t,
-            created=t,
-        )
 
     def _publish(self, digest: str) -> None:
         """Puts the verified temp file under its final name without clobbering a twin: another

@@ -102,7 +102,9 @@ def run_preload(
         return result
     # small objects first in listing order, then big ones: small ones fill the pipe while big ones stream
     todo.sort(key=lambda j: j.big)
-    fetcher = Fetcher(state.store, cache.layout, tier, workers, on_event, durable=cache.durable)
+    fetcher = Fetcher(
+        state.store, cache.layout, tier, workers, on_event, durable=cache.durable, batch_sync=True
+    )
     fetched = fetcher.run(todo)
     result.objects = len(fetched.landed)
     result.bytes = sum(e.size for e in fetched.landed)

@@ -23,6 +23,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from cache import procs
 from cache.errors import CacheFullError
@@ -55,6 +56,37 @@ def lock_exclusive(path: Path) -> int | None:
 def unlink_quiet(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+_syncfs: Any = None
+
+
+def syncfs(path: Path) -> bool:
+    """Makes everything written on the file system holding `path` durable (Linux syncfs: file data,
+    inodes and directory entries, in one call whose writes the kernel merges). Returns False where
+    the call is missing; the caller then fsyncs file by file."""
+    global _syncfs
+    if _syncfs is None:
+        import ctypes
+        import ctypes.util
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        func = getattr(libc, "syncfs", None)
+        if func is not None:
+            func.argtypes = [ctypes.c_int]
+        _syncfs = func or False
+    if not _syncfs:
+        return False
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if _syncfs(fd) != 0:
+            import ctypes
+
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs: {os.strerror(err)}", str(path))
+    finally:
+        os.close(fd)
+    return True
 
 
 def fsync_dir(path: Path) -> None:
