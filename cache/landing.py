@@ -166,8 +166,20 @@ class Landing:
 
     def external_file(self) -> str:
         """The temp path for an origin that writes the whole body itself (the CRT's recv_filepath:
-        no Python per chunk). It is hashed and verified by reading it back in finish()."""
+        no Python per chunk). It is hashed and verified by reading it back in finish().
+
+        The file is created here, not by the CRT: allocating an inode is the slow part of opening
+        (~0.3 ms on ext4 here), and os.open releases the GIL while the CRT's fopen inside
+        make_request holds it, stalling the CRT's own event loop thread (profiled). The CRT then
+        reopens the empty file with O_TRUNC, which is cheap."""
         self._external = True
+        try:
+            os.close(
+                os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            )
+        except OSError as exc:
+            self._no_space_or_raise(exc)
+            raise
         return str(self.tmp)
 
     def _open_stream(self) -> None:

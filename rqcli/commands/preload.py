@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,10 @@ def preload(
                 elif isinstance(event, ev.Progress):
                     bar.update(task, completed=event.bytes)
 
+        # a short-lived process whose per-object objects are freed by refcount: the collector's
+        # passes over every imported module's objects were ~4% of the run's CPU (perf); freeze them
+        gc.freeze()
+        gc.set_threshold(20_000, 20, 20)
         try:
             result = c.preload(
                 list(sources),
