@@ -126,6 +126,14 @@ def _quick_gil_handoff(transport: str) -> None:
         sys.setswitchinterval(0.001)
 
 
+def default_streams(transport: str) -> int:
+    """QUIC multiplexes streams over one connection and gains from 2. Over TCP each channel is a
+    connection of its own, and on loopback/2 cores a second one only adds CPU (the receiver's copies
+    and page-cache writes are the limit): one connection used ~10-20% less CPU for the same wall
+    time in `scripts/bench/transfer.py --only tcp --tcp-streams 1,2` (docs/bench/RESULTS.md)."""
+    return 1 if transport == "tcp" else 2
+
+
 def _common(func: Any) -> Any:
     options = [
         click.option(
@@ -465,9 +473,8 @@ def _recv_event(out: Output, ev: Any) -> None:
 @click.option(
     "--streams",
     type=click.IntRange(1, 64),
-    default=2,
-    show_default=True,
-    help="Channels per connection (QUIC streams; extra TCP connections).",
+    default=None,
+    help="Channels per connection (QUIC streams; extra TCP connections). [default: 2; TCP: 1]",
 )
 @click.option("--chunk-size", default="4MiB", show_default=True, callback=_size_option, help="Chunk size.")
 @click.option(
@@ -497,7 +504,7 @@ def send(
     gid_index: int | None,
     pin: str | None,
     connections: int,
-    streams: int,
+    streams: int | None,
     chunk_size: int,
     compress: str,
     retry_for: float,
@@ -545,7 +552,7 @@ def send(
         )
         opts = SendOptions(
             connections=connections,
-            streams=streams,
+            streams=streams or default_streams(transport),
             chunk_size=chunk_size or 0,
             compress=cast("CompressMode", compress),
             retry_for=retry_for,

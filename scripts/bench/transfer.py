@@ -142,7 +142,7 @@ def rq_summary(cmd: list[str]) -> dict[str, Any]:
 # -- TCP vs iperf3 -------------------------------------------------------------------------------
 
 
-def bench_tcp(rounds: int, size: int) -> None:
+def bench_tcp(rounds: int, size: int, extra_streams: list[int]) -> None:
     src = make_random(WORK / "tcp.bin", size)
     port = free_port(socket.SOCK_STREAM)
     iperf: list[subprocess.Popen[bytes]] = []
@@ -176,6 +176,13 @@ def bench_tcp(rounds: int, size: int) -> None:
         setup=lambda: recv.start(WORK / "dst"),
         env=ENV,
     )
+    for n in extra_streams:  # the same, with other channel counts than the default, for comparison
+        b.add(
+            f"rq send --transport tcp --streams {n}",
+            recv.send_cmd(src, "--compress", "none", "--streams", str(n)),
+            setup=lambda: recv.start(WORK / "dst"),
+            env=ENV,
+        )
     # Warm-up, untimed: this VM backs fresh memory slowly on first touch (~0.4 GB/s); one pass of each
     # makes the rounds measure the transfer, not the hypervisor.
     start_iperf()
@@ -631,6 +638,9 @@ def main() -> None:
     parser = bench_args(__doc__ or "")
     parser.add_argument("--only", default="tcp,quic,compress,auto,resume")
     parser.add_argument("--size", default="4G", help="TCP and resume file size")
+    parser.add_argument(
+        "--tcp-streams", default="", help="also time rq over TCP with these --streams counts (e.g. 2,3)"
+    )
     parser.add_argument("--quic-size", default="1G")
     parser.add_argument("--auto-size", default="1G")
     parser.add_argument("--quic-backends", default="aioquic,qh3")
@@ -643,7 +653,7 @@ def main() -> None:
     only = set(args.only.split(","))
     try:
         if "tcp" in only:
-            bench_tcp(args.rounds, parse_size(args.size))
+            bench_tcp(args.rounds, parse_size(args.size), [int(n) for n in args.tcp_streams.split(",") if n])
         if "auto" in only:
             bench_auto(args.rounds, parse_size(args.auto_size))
         if "compress" in only:
