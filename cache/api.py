@@ -7,7 +7,9 @@ from __future__ import annotations
 import fcntl
 import fnmatch
 import io
+import itertools
 import os
+import random
 import threading
 import time
 from collections.abc import Iterable
@@ -31,6 +33,7 @@ from cache.store import Store
 
 SMALL_READ = 16 << 20  # objects up to this size are read into memory on open (no lease kept)
 DEFAULT_MAX_AGE = 60.0
+OPEN_PATIENCE = 30.0  # seconds Cache.open keeps retrying an entry that keeps being evicted
 
 
 def default_cache_dir() -> Path:
@@ -170,9 +173,14 @@ class Cache:
         state = self._state()
         if self._prefetcher is not None:
             self._prefetcher.advance(url)
-        for attempt in range(24):
+        # A tiny cache under many readers can evict an entry between lookup and lock again and again;
+        # keep trying for a while (backing off) rather than failing a training step.
+        deadline = time.monotonic() + OPEN_PATIENCE
+        for attempt in itertools.count():
             if attempt > 4:
-                time.sleep(0.001 * attempt)  # a thrashing tiny cache: give the others a moment
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(min(0.05, 0.001 * attempt) * random.uniform(0.5, 1.5))
             entry = state.index.get(url)
             if entry is None:
                 return self._open_fetched(url, tier or self.default_tier)
@@ -190,7 +198,7 @@ class Cache:
                 return self._open_fetched(url, tier or entry.tier)
             self._touch(url)
             return handle
-        raise CacheError(f"could not open {url}: it kept changing or being evicted")
+        raise CacheError(f"could not open {url}: it kept changing or being evicted for {OPEN_PATIENCE:.0f} s")
 
     def read_bytes(self, url: str) -> bytes:
         with self.open(url) as fh:

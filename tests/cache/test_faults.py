@@ -225,8 +225,10 @@ def test_caps_hold_under_eight_readers_and_a_preloader(
 
     def sample() -> None:
         while not stop.is_set():
-            ram = tree_bytes(ram_dir / "objects", ram_dir / "tmp")
-            disk = tree_bytes(cache_dir / "objects", cache_dir / "tmp")
+            # tmp/ before objects/: files only move tmp -> objects (one inode, counted once), so this
+            # order can miss a file but never count an evicted file beside its replacement
+            ram = tree_bytes(ram_dir / "tmp", ram_dir / "objects")
+            disk = tree_bytes(cache_dir / "tmp", cache_dir / "objects")
             peaks["ram"], peaks["disk"] = max(peaks["ram"], ram), max(peaks["disk"], disk)
             time.sleep(0.002)
 
