@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from cache.api import default_cache_dir
@@ -323,7 +324,8 @@ def doctor(endpoint_url: str | None, bucket: str | None, nats_url: str | None, c
         for col in ("check", "status", "finding", "what to do"):
             table.add_column(col)
         for f in findings:
-            table.add_row(f.check, f"[{STYLE[f.status]}]{f.status}[/]", f.detail, f.fix)
+            # findings carry text like 'rqcli[rdma]': escape it, or rich reads it as markup
+            table.add_row(f.check, f"[{STYLE[f.status]}]{f.status}[/]", escape(f.detail), escape(f.fix))
         out.console().print(table)
     failed = [f for f in findings if f.failed]
     if failed:

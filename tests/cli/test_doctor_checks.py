@@ -42,3 +42,15 @@ def test_small_udp_buffers_warn_with_the_sysctl_to_run(monkeypatch: pytest.Monke
     finding = doctor.check_udp_buffers()
     assert finding.status == "warn"
     assert "net.core.rmem_max=8388608" in finding.fix
+
+
+def test_table_prints_bracketed_text_verbatim(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from rqcli.main import cli
+
+    finding = doctor.Finding("rdma", "skip", "pyverbs is not installed", "pip install 'rqcli[rdma]'")
+    monkeypatch.setattr(doctor, "run_checks", lambda *a: [finding])
+    result = CliRunner().invoke(cli, ["doctor"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "pip install 'rqcli[rdma]'" in result.output
