@@ -30,6 +30,9 @@ from transfer.tcp import TcpChannel
 pytestmark = pytest.mark.integration
 
 QUIC_SLOW = ["--transport", "quic", "--quic-backend", "aioquic", "--datagram-size", "1400"]
+# Small datagrams and chunks keep aioquic slow enough that a test can kill a side mid-transfer.
+SLOW_RECV = ("--quic-backend", "aioquic", "--datagram-size", "1400")
+SLOW_SEND = (*SLOW_RECV, "--chunk-size", "256KiB", "--transport", "quic")
 
 
 def _sha(path: Path) -> str:
@@ -52,18 +55,8 @@ def test_kill9_sender_and_receiver_at_random_points_then_identical(tmp_path: Pat
     src.write_bytes(os.urandom(24 << 20))
     dest = tmp_path / "dst"
     port = free_port(socket.SOCK_DGRAM)
-    recv_args = ("--quic-backend", "aioquic", "--datagram-size", "1400")
-    recv = Recv(dest, tmp_path / "cert", "quic", *recv_args, port=port).start()
-    extra = (
-        "--quic-backend",
-        "aioquic",
-        "--datagram-size",
-        "1400",
-        "--chunk-size",
-        "256KiB",
-        "--transport",
-        "quic",
-    )
+    recv = Recv(dest, tmp_path / "cert", "quic", *SLOW_RECV, port=port).start()
+    extra = SLOW_SEND
     sender = _sender(src, recv.url, recv.pin, *extra)
     rng = random.Random(int.from_bytes(os.urandom(4), "big"))
     points = sorted(rng.sample(range(3, 88), 10))  # chunk records on the receiver's journal (96 chunks)
@@ -81,7 +74,7 @@ def test_kill9_sender_and_receiver_at_random_points_then_identical(tmp_path: Pat
             else:
                 recv.kill()
                 kills.append(("receiver", journal_records(dest)))
-                recv = Recv(dest, tmp_path / "cert", "quic", *recv_args, port=port).start()
+                recv = Recv(dest, tmp_path / "cert", "quic", *SLOW_RECV, port=port).start()
         _out, err = sender.communicate(timeout=120)
         assert sender.returncode == 0, err.decode()
     finally:
@@ -98,19 +91,8 @@ def test_resume_after_receiver_kill_moves_only_missing_chunks(tmp_path: Path) ->
     size, cs = 16 << 20, 256 << 10
     src.write_bytes(os.urandom(size))
     dest = tmp_path / "dst"
-    recv = Recv(
-        dest, tmp_path / "cert", "quic", "--quic-backend", "aioquic", "--datagram-size", "1400"
-    ).start()
-    extra = (
-        "--quic-backend",
-        "aioquic",
-        "--datagram-size",
-        "1400",
-        "--chunk-size",
-        "256KiB",
-        "--transport",
-        "quic",
-    )
+    recv = Recv(dest, tmp_path / "cert", "quic", *SLOW_RECV).start()
+    extra = SLOW_SEND
     sender = _sender(src, recv.url, recv.pin, *extra)
     try:
         assert wait_for(lambda: journal_records(dest) >= 30, 60)
@@ -152,19 +134,8 @@ def test_changed_source_restarts_instead_of_mixing(tmp_path: Path) -> None:
     src = tmp_path / "model.bin"
     src.write_bytes(os.urandom(8 << 20))
     dest = tmp_path / "dst"
-    recv = Recv(
-        dest, tmp_path / "cert", "quic", "--quic-backend", "aioquic", "--datagram-size", "1400"
-    ).start()
-    extra = (
-        "--quic-backend",
-        "aioquic",
-        "--datagram-size",
-        "1400",
-        "--chunk-size",
-        "256KiB",
-        "--transport",
-        "quic",
-    )
+    recv = Recv(dest, tmp_path / "cert", "quic", *SLOW_RECV).start()
+    extra = SLOW_SEND
     try:
         sender = _sender(src, recv.url, recv.pin, *extra)
         assert wait_for(lambda: journal_records(dest) >= 6, 60)
