@@ -34,6 +34,7 @@ from cache.store import Store
 SMALL_READ = 16 << 20  # objects up to this size are read into memory on open (no lease kept)
 DEFAULT_MAX_AGE = 60.0
 OPEN_PATIENCE = 30.0  # seconds Cache.open keeps retrying an entry that keeps being evicted
+GONE_BEFORE_FETCH = 20  # lookups that found the cached file gone before reading through the origin
 
 
 def default_cache_dir() -> Path:
@@ -176,6 +177,7 @@ class Cache:
         # A tiny cache under many readers can evict an entry between lookup and lock again and again;
         # keep trying for a while (backing off) rather than failing a training step.
         deadline = time.monotonic() + OPEN_PATIENCE
+        gone = 0
         for attempt in itertools.count():
             if attempt > 4:
                 if time.monotonic() > deadline:
@@ -192,6 +194,11 @@ class Cache:
             try:
                 handle = self._open_entry(entry)
             except _Gone:
+                gone += 1
+                if gone >= GONE_BEFORE_FETCH:
+                    # the cached copy keeps slipping away (evicted, replaced, or locked by a landing):
+                    # read through from the origin instead, landing it already locked for this reader
+                    return self._open_fetched(url, tier or entry.tier)
                 continue
             except VerifyError:
                 state.store.remove(entry)
