@@ -116,9 +116,7 @@ def preload(
     """
     from cache import CacheError
     from cache import events as ev
-    from rqcli.memory import keep_freed_heap
 
-    keep_freed_heap()
     out = get_output()
     c = open_cache(
         cache_dir,
