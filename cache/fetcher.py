@@ -2,12 +2,15 @@
 
 One main thread owns all bookkeeping; origin callbacks (CRT threads, copy threads) only hand results
 to a small finisher pool (fsync/rename block, so they stay off the CRT event loop) and then to a
-queue the main thread drains. Concurrency is an AIMD window: it halves when the store throttles and
+queue the main thread drains. A batch of verified objects is published (syncfs, link, syncfs) by one
+publisher thread while the loop keeps requests flowing; the main thread indexes the batch only once
+the publisher reports it durable. Concurrency is an AIMD window: it halves when the store throttles and
 grows back by one request per window of successes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import os
@@ -113,6 +116,20 @@ class FetchResult:
     smallest_window: int = 0  # the fewest requests in flight the AIMD window went down to
 
 
+Landed = tuple[int, Entry, Job]  # (hold id, index entry, job) of a verified object waiting to land
+
+
+@dataclass
+class Published:
+    """What publishing one batch did, as plain results: the I/O runs on the publisher thread, the
+    bookkeeping (index, holds, events) on the main thread, which alone touches the SQLite index."""
+
+    durable: list[Landed] = field(default_factory=list)  # under final names, durable: index them
+    failed: list[tuple[Landed, BaseException]] = field(default_factory=list)  # publish() gave up
+    dropped: list[Landed] = field(default_factory=list)  # not indexed (a sync failed), holds to release
+    error: BaseException | None = None  # what stops the run, if anything
+
+
 class Fetcher:
     def __init__(
         self,
@@ -131,9 +148,12 @@ class Fetcher:
         self.batch_sync = durable and batch_sync
         self.window = Window(workers)
         self.on_event = on_event
-        self._q: queue.Queue[tuple[str, Job, int | None, Any]] = queue.Queue()
+        self._q: queue.Queue[tuple[str, Any, int | None, Any]] = queue.Queue()
         # finishing = read back + hash + fsync + rename: blocking calls, so a few threads, off the CRT loop
         self._finisher = ThreadPoolExecutor(8, thread_name_prefix="rq-finish")
+        # syncfs, link, syncfs for a batch: mostly waiting on the disk, so it runs beside the loop,
+        # which meanwhile keeps requests flowing (it was blocked ~1/3 of a 2,000-object run)
+        self._publisher = ThreadPoolExecutor(1, thread_name_prefix="rq-publish")
         self._bytes = 0
         self._bytes_lock = threading.Lock()
         self._seq = itertools.count()
@@ -182,8 +202,9 @@ class Fetcher:
         delayed: list[tuple[float, int, Job]] = []
         requests: deque[tuple[Job, int | None, tuple[int, int] | None]] = deque()
         admitted: set[int] = set()
-        to_land: list[tuple[int, Entry, Job]] = []
+        to_land: list[Landed] = []
         inflight = 0
+        publishing = False  # one batch at a time on the publisher thread
         fatal: BaseException | None = None
         last_land = last_progress = time.monotonic()
         try:
@@ -213,14 +234,23 @@ class Fetcher:
                             started = []
                         admitted.update(id(j) for j in started)
                         continue
-                if inflight == 0 and not requests and (fatal is not None or (not ready and not delayed)):
+                if (
+                    inflight == 0
+                    and not requests
+                    and not publishing
+                    and (fatal is not None or (not ready and not delayed))
+                ):
                     break
                 timeout = 0.05 if delayed or to_land else 0.25
                 try:
                     kind, job, piece, payload = self._q.get(timeout=timeout)
                 except queue.Empty:
                     kind = ""
-                if kind:
+                if kind == "published":
+                    publishing = False
+                    self.starved = False
+                    self._book(payload, result)
+                elif kind:
                     self.starved = False
                     inflight -= 1
                     job.outstanding -= 1
@@ -246,11 +276,19 @@ class Fetcher:
                         for j in jobs:
                             self._cancel(j)
                 now = time.monotonic()
-                if to_land and (len(to_land) >= LAND_BATCH or now - last_land > 0.2 or inflight == 0):
-                    self._land(to_land, result)
+                if (
+                    to_land
+                    and not publishing
+                    and (len(to_land) >= LAND_BATCH or now - last_land > 0.2 or inflight == 0)
+                ):
+                    if self.batch_sync:
+                        self._publisher.submit(self._publish_async, to_land)
+                        publishing = True
+                    else:
+                        self._land(to_land, result)
+                        self.starved = False
                     to_land = []
                     last_land = now
-                    self.starved = False
                 if now - last_progress > 0.2:
                     self.on_event(ev.Progress(self._bytes))
                     last_progress = now
@@ -260,10 +298,17 @@ class Fetcher:
             for j in jobs:
                 self._cancel(j)
             deadline = time.monotonic() + 30
-            while inflight > 0 and time.monotonic() < deadline:
+            # a batch being published must finish before anything is abandoned (it always answers)
+            while (inflight > 0 and time.monotonic() < deadline) or publishing:
                 try:
                     kind, job, _, payload = self._q.get(timeout=0.5)
                 except queue.Empty:
+                    continue
+                if kind == "published":
+                    publishing = False
+                    # what is durable gets indexed even now; the run's first error is the one raised
+                    with contextlib.suppress(BaseException):
+                        self._book(payload, result)
                     continue
                 inflight -= 1
                 job.outstanding -= 1
@@ -275,6 +320,7 @@ class Fetcher:
             raise
         finally:
             self._finisher.shutdown(wait=True)
+            self._publisher.shutdown(wait=True)
         if to_land:
             self._land(to_land, result)
         result.bytes = self._bytes
@@ -480,32 +526,31 @@ class Fetcher:
             elif job.hold:
                 self._release(job, keep=job.big)
 
-    def _land(self, items: list[tuple[int, Entry, Job]], result: FetchResult) -> None:
-        items = [item for item in items if item[2].landing is not None]  # (not landed already)
-        error: BaseException | None = None
+    def _land(self, items: list[Landed], result: FetchResult) -> None:
+        """Lands a batch here and now (the end of a run, and the path without batch syncs)."""
         if self.batch_sync:
-            items, error = self._publish_batch(items, result)
-        elif self.durable:
+            self._book(self._publish(items), result)
+            return
+        items = [item for item in items if item[2].landing is not None]  # (not landed already)
+        if self.durable:
             # the renames must be durable before the index names them: one fsync per directory per
             # batch (ext4 commits them together) instead of one per object
             for directory in {self.layout.blob_path(self.tier, e.blob).parent for _, e, _ in items}:
                 fsync_dir(directory)
-        self.store.land([(hid, entry) for hid, entry, _ in items])
-        for _, entry, job in items:
-            if job.landing is not None and job.landing.kept_fd >= 0:
-                result.kept[entry.url] = job.landing.kept_fd
-            self._held_bytes -= job.info.size
-            job.hold = 0
-            job.landing = None
-            result.landed.append(entry)
-            self.on_event(ev.Landed(entry.url, entry.size))
-        if error is not None:
-            raise error
+        self._book(Published(durable=items), result)
 
-    def _publish_batch(
-        self, items: list[tuple[int, Entry, Job]], result: FetchResult
-    ) -> tuple[list[tuple[int, Entry, Job]], BaseException | None]:
-        """Verified temp files -> durable -> final names -> durable names; returns those published."""
+    def _publish_async(self, items: list[Landed]) -> None:
+        """Publisher thread: always answers the loop, whatever happens."""
+        try:
+            outcome = self._publish(items)
+        except BaseException as exc:  # a bug or an interrupt: nothing of this batch is indexed
+            outcome = Published(dropped=items, error=exc)
+        self._q.put(("published", None, None, outcome))
+
+    def _publish(self, items: list[Landed]) -> Published:
+        """Verified temp files -> durable -> final names -> durable names. I/O only: no index, no
+        holds, no events (those are booked by the main thread in _book)."""
+        items = [item for item in items if item[2].landing is not None]  # (not landed already)
         root = self.layout.tier_root(self.tier)
         try:
             if not syncfs(root):
@@ -514,37 +559,63 @@ class Fetcher:
         except OSError as exc:
             for _, _, job in items:
                 job.landing.abort()  # type: ignore[union-attr]
-                job.landing = None
-                self._release(job, keep=False)
-            raise self._disk_error(root, exc) from exc
-        published: list[tuple[int, Entry, Job]] = []
-        error: BaseException | None = None
-        for hid, entry, job in items:
+            return Published(dropped=items, error=self._disk_error(root, exc))
+        out = Published()
+        for item in items:
             try:
-                job.landing.publish(entry.xxh3)  # type: ignore[union-attr]
+                item[2].landing.publish(item[1].xxh3)  # type: ignore[union-attr]
             except Exception as exc:  # publish() has removed the temp file
-                job.landing = None
-                self._release(job, keep=False)
+                out.failed.append((item, exc))
                 if isinstance(exc, CacheFullError):
-                    error = error or exc
-                failure = ev.Failed(entry.url, error_kind(exc), str(exc) or type(exc).__name__)
-                result.failed.append(failure)
-                self.on_event(failure)
+                    out.error = out.error or exc
                 continue
-            published.append((hid, entry, job))
-        if published:
+            out.durable.append(item)
+        if out.durable:
             try:
                 if not syncfs(root):
                     for directory in {
-                        self.layout.blob_path(self.tier, e.blob).parent for _, e, _ in published
+                        self.layout.blob_path(self.tier, e.blob).parent for _, e, _ in out.durable
                     }:
                         fsync_dir(directory)
             except OSError as exc:
-                for _, _, job in published:
-                    job.landing = None  # under its final name but not indexed: the next run adopts it
-                    self._release(job, keep=False)
-                raise self._disk_error(root, exc) from exc
-        return published, error
+                # under final names but not durably named: not indexed, and taken back in _book
+                out.dropped.extend(out.durable)
+                out.durable = []
+                out.error = self._disk_error(root, exc)
+        return out
+
+    def _book(self, outcome: Published, result: FetchResult) -> None:
+        """Main thread: index what is durable, release the holds of the rest, report; then raise
+        the batch's error, if any."""
+        for _, _, job in outcome.dropped:
+            if job.landing is not None:
+                job.landing.unplace()
+            job.landing = None
+            self._release(job, keep=False)
+        for (_, entry, job), exc in outcome.failed:
+            job.landing = None
+            self._release(job, keep=False)
+            failure = ev.Failed(entry.url, error_kind(exc), str(exc) or type(exc).__name__)
+            result.failed.append(failure)
+            self.on_event(failure)
+        items = outcome.durable
+        if items:
+            try:
+                self.store.land([(hid, entry) for hid, entry, _ in items])
+            except BaseException:
+                # not indexed (the index's disk is full, say): take the files back, keep it consistent
+                self._book(Published(dropped=items), result)
+                raise
+        for _, entry, job in items:
+            if job.landing is not None and job.landing.kept_fd >= 0:
+                result.kept[entry.url] = job.landing.kept_fd
+            self._held_bytes -= job.info.size
+            job.hold = 0
+            job.landing = None
+            result.landed.append(entry)
+            self.on_event(ev.Landed(entry.url, entry.size))
+        if outcome.error is not None:
+            raise outcome.error
 
     @staticmethod
     def _disk_error(root: Any, exc: OSError) -> CacheError:

@@ -206,6 +206,7 @@ class Landing:
         self._rfd = -1
         self._dfd = -1
         self.kept_fd = -1
+        self.placed = False  # our file became the final name (not a twin another process landed)
         if self.pieces == 1:
             return  # the file is created by the first write(), or by the origin (external_file)
         try:
@@ -431,7 +432,9 @@ class Landing:
                 unlink_quiet(self.tmp)
                 return
             os.rename(self.tmp, self.final)
+            self.placed = True
             return
+        self.placed = True
         os.unlink(self.tmp)
 
     def _verify_whole(self) -> tuple[str, str]:
@@ -495,6 +498,14 @@ class Landing:
         elif self.info.version.startswith("mtime:"):
             verified = "size+mtime"
         return digest, verified
+
+    def unplace(self) -> None:
+        """Takes back a published file the index could not record (disk full under the index), so
+        no file sits under a final name without an entry. A twin another process landed is left."""
+        self.release_kept()
+        if self.placed:
+            unlink_quiet(self.final)
+            self.placed = False
 
     def release_kept(self) -> None:
         if self.kept_fd >= 0:

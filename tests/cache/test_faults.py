@@ -342,3 +342,32 @@ def test_one_vanished_object_is_a_failure_line_and_a_nonzero_exit(
     s = summary(proc)
     assert s["objects"] == 9 and s["failed"] == 1
     assert_consistent(cache_env)
+
+
+def test_an_index_that_cannot_record_a_batch_takes_its_files_back(
+    s3_client: Any, bucket: str, cache_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Published under final names, then the index write fails (its disk filled up in between):
+    the run fails with that error and no file is left under objects/ without an entry."""
+    seed_objects(s3_client, bucket, "ix/", 12, 8 * 1024)
+    for key, value in cache_env.items():
+        monkeypatch.setenv(key, value)
+    from cache import Cache, CacheFullError
+    from cache.store import Store
+
+    def full(*_: Any, **__: Any) -> None:
+        raise CacheFullError("no space left for the index (injected)")
+
+    monkeypatch.setattr(Store, "land", full)
+    cache_dir = Path(cache_env["RQ_CACHE_DIR"])
+    c = Cache(cache_dir)
+    try:
+        with pytest.raises(CacheFullError):
+            c.preload([f"s3://{bucket}/ix/"], tier="disk")
+    finally:
+        c.close()
+    monkeypatch.undo()
+    for key, value in cache_env.items():
+        monkeypatch.setenv(key, value)
+    assert entry_count(cache_dir) == 0
+    assert_consistent(cache_env)
