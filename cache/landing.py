@@ -7,15 +7,16 @@ records each piece only after its bytes are fsynced, so a killed preload resumes
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import itertools
-import mmap
 import os
 import threading
 import time
 import zlib
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from cache.digests import (
     tree_digest,
     whole_crc32,
 )
+from cache.directio import ALIGN, CHUNK, open_direct, pwrite_all, write_behind
 from cache.errors import BusyError, CacheFullError, ChangedError, VerifyError
 from cache.index import Entry
 from cache.layout import Layout
@@ -99,70 +101,6 @@ def _crc32c(data: memoryview | bytes, prev: int = 0) -> int:
     return int(checksums.crc32c(data, prev))
 
 
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while len(data):
-        n = os.pwrite(fd, data, offset)
-        data = data[n:]
-        offset += n
-
-
-# Big objects' pieces bypass the page cache (O_DIRECT). Measured here (docs/cache.md): buffered
-# writes of 1 GiB spend 1-3 s of system time allocating page-cache pages the VM has not touched
-# yet, and the fsync after them ran at 0.3-1.5 GB/s; O_DIRECT from a reused aligned buffer wrote
-# at a steady 1.6 GB/s and leaves the fsync little to do.
-DIRECT_ALIGN = 4096
-_DIRECT_CHUNK = 8 << 20
-
-
-def open_direct(path: Path) -> int:
-    """A second, O_DIRECT write fd on a partial file; -1 where the file system refuses it (tmpfs,
-    some FUSE and network file systems), and then the buffered fd does all the writing."""
-    flag = getattr(os, "O_DIRECT", 0)
-    if not flag:
-        return -1
-    try:
-        return os.open(path, os.O_WRONLY | flag | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return -1
-
-
-def _pwrite_direct(dfd: int, fd: int, data: memoryview, offset: int) -> None:
-    """Writes whole aligned blocks through dfd (copied into a reused page-aligned buffer, which
-    O_DIRECT needs) and an unaligned tail, if any, through the buffered fd. Callers pass an aligned
-    offset; the ranges never overlap, and the fsync before publishing covers both fds."""
-    buf = _direct_buffer()
-    while len(data) >= DIRECT_ALIGN:
-        n = min(len(data), len(buf)) // DIRECT_ALIGN * DIRECT_ALIGN
-        buf[:n] = data[:n]
-        _pwrite_all(dfd, buf[:n], offset)
-        data = data[n:]
-        offset += n
-    if len(data):
-        _pwrite_all(fd, data, offset)
-
-
-def _direct_buffer() -> memoryview:
-    """One page-aligned buffer per OS thread (anonymous mmap), reused so its pages stay warm.
-
-    Keyed by thread id, not threading.local: CRT callbacks run on threads Python did not start,
-    and each callback gets a fresh thread state, so a threading.local was empty on every call
-    (perf: a new 8 MiB mapping faulted in per part, 1 GiB of page faults per GiB written)."""
-    ident = threading.get_ident()
-    buf = _direct_buffers.get(ident)
-    if buf is None:
-        with _direct_lock:
-            if len(_direct_buffers) >= 64:  # threads come and go (worker pools): stay bounded
-                _direct_buffers.clear()
-            buf = _direct_buffers[ident] = memoryview(
-                mmap.mmap(-1, _DIRECT_CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            )
-    return buf
-
-
-_direct_buffers: dict[int, memoryview] = {}
-_direct_lock = threading.Lock()
-
-
 @dataclass
 class Landing:
     """One object on its way into a tier. `write` may be called from any thread. A whole object's
@@ -207,6 +145,7 @@ class Landing:
         self._dfd = -1
         self.kept_fd = -1
         self.placed = False  # our file became the final name (not a twin another process landed)
+        self._writes: dict[int, list[Future[None]]] = {}  # piece -> its writes still on their way
         if self.pieces == 1:
             return  # the file is created by the first write(), or by the origin (external_file)
         try:
@@ -276,10 +215,13 @@ class Landing:
         if self.fd < 0:
             self._open_stream()  # whole objects: bytes come from one thread, in order
         try:
-            if self._dfd >= 0 and offset % DIRECT_ALIGN == 0:
-                _pwrite_direct(self._dfd, self.fd, view, offset)
+            if self._dfd >= 0 and offset % ALIGN == 0 and len(view) <= CHUNK:
+                # around the page cache, on a writer thread; piece_done waits for it
+                pending = write_behind().submit(self._dfd, self.fd, view, offset)
+                with self._lock:
+                    self._writes.setdefault(offset // self.piece_size, []).append(pending)
             else:
-                _pwrite_all(self.fd, view, offset)
+                pwrite_all(self.fd, view, offset)
         except OSError as exc:
             self._no_space_or_raise(exc)
             raise
@@ -321,6 +263,14 @@ class Landing:
         fsync before publishing the whole object finds little left to write."""
         start = index * self.piece_size
         length = min(self.piece_size, self.info.size - start)
+        with self._lock:
+            writes = self._writes.pop(index, [])
+        try:
+            for pending in writes:
+                pending.result()
+        except OSError as exc:
+            self._no_space_or_raise(exc)
+            raise
         with self._lock:
             run = self._running.pop(index, None)
         if run is None or run.broken or run.next != start + length:
@@ -513,6 +463,12 @@ class Landing:
             self.kept_fd = -1
 
     def _close(self) -> None:
+        with self._lock:
+            writes = [w for ws in self._writes.values() for w in ws]
+            self._writes.clear()
+        for pending in writes:  # never close a descriptor a writer thread is still using
+            with contextlib.suppress(Exception):
+                pending.result()
         if self._dfd >= 0:
             os.close(self._dfd)
             self._dfd = -1

@@ -124,11 +124,11 @@ def test_include_exclude() -> None:
     assert matches("x", [], [])
 
 
-@pytest.mark.parametrize("length", [4096, 3 * 4096 + 17, 100, (9 << 20) + 5])
-def test_direct_writes_land_every_byte(tmp_path: Path, length: int) -> None:
-    """Pieces go through O_DIRECT in aligned blocks with any unaligned tail through the buffered fd;
-    the file must read back byte-identical either way (and where O_DIRECT is refused, buffered)."""
-    from cache.landing import _pwrite_direct, open_direct
+@pytest.mark.parametrize("length", [4096, 3 * 4096 + 17, 100, (8 << 20) - 3])
+def test_write_behind_lands_every_byte(tmp_path: Path, length: int) -> None:
+    """Pieces go through O_DIRECT in aligned blocks, any unaligned tail through the buffered fd, on
+    a writer thread; the file must read back byte-identical (buffered only where O_DIRECT is refused)."""
+    from cache.directio import open_direct, write_behind
 
     path = tmp_path / "piece.part"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
@@ -137,7 +137,7 @@ def test_direct_writes_land_every_byte(tmp_path: Path, length: int) -> None:
     offset = 8192
     try:
         if dfd >= 0:
-            _pwrite_direct(dfd, fd, memoryview(data), offset)
+            write_behind().submit(dfd, fd, memoryview(data), offset).result()
         else:
             os.pwrite(fd, data, offset)
         os.fsync(fd)
@@ -148,10 +148,25 @@ def test_direct_writes_land_every_byte(tmp_path: Path, length: int) -> None:
     assert path.read_bytes()[offset:] == data
 
 
-def test_direct_buffer_is_reused_per_os_thread() -> None:
-    """CRT callbacks get a fresh Python thread state each call; the buffer must still be reused."""
-    from cache.landing import _direct_buffer
+def test_write_behind_reuses_a_bounded_set_of_buffers(tmp_path: Path) -> None:
+    """Many more writes than buffers: all land, in their places, and no more buffers are made than
+    the pool allows (fresh memory is slow here; RSS must stay bounded)."""
+    from cache import directio
 
-    first = _direct_buffer()
-    assert _direct_buffer() is first
-    assert len(first) % 4096 == 0
+    path = tmp_path / "many.part"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    dfd = directio.open_direct(path)
+    if dfd < 0:
+        os.close(fd)
+        pytest.skip("this file system refuses O_DIRECT")
+    wb = directio.WriteBehind()
+    blocks = [bytes([i]) * (64 * 1024) for i in range(40)]
+    try:
+        futures = [wb.submit(dfd, fd, memoryview(b), i * len(b)) for i, b in enumerate(blocks)]
+        for f in futures:
+            f.result()
+    finally:
+        os.close(fd)
+        os.close(dfd)
+    assert path.read_bytes() == b"".join(blocks)
+    assert wb._made <= directio._BUFFERS
