@@ -215,11 +215,15 @@ class Landing:
         if self.fd < 0:
             self._open_stream()  # whole objects: bytes come from one thread, in order
         try:
-            if self._dfd >= 0 and offset % ALIGN == 0 and len(view) <= CHUNK:
-                # around the page cache, on a writer thread; piece_done waits for it
-                pending = write_behind().submit(self._dfd, self.fd, view, offset)
+            if self._dfd >= 0 and offset % ALIGN == 0:
+                # around the page cache, on writer threads, a pooled buffer at a time; piece_done
+                # waits for them
+                writes = [
+                    write_behind().submit(self._dfd, self.fd, view[pos : pos + CHUNK], offset + pos)
+                    for pos in range(0, len(view), CHUNK)
+                ]
                 with self._lock:
-                    self._writes.setdefault(offset // self.piece_size, []).append(pending)
+                    self._writes.setdefault(offset // self.piece_size, []).extend(writes)
             else:
                 pwrite_all(self.fd, view, offset)
         except OSError as exc:
