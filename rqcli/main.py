@@ -13,7 +13,6 @@ from typing import Any
 
 import click
 
-from rqcli import __version__
 from rqcli.config import check_command_table, load_config
 from rqcli.errors import CliError
 from rqcli.exitcodes import EXIT_CODE_HELP, ExitCode
@@ -87,7 +86,7 @@ EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {int(code):>3}  {text}" for code, t
     envvar="RQ_CONFIG",
     help="Config file (default ~/.config/rq/config.toml).",
 )
-@click.version_option(__version__, "--version", prog_name="rq")
+@click.version_option(None, "--version", package_name="rqcli", prog_name="rq")
 @click.pass_context
 def cli(ctx: click.Context, json_: bool, quiet: bool, verbose: int, config_path: Path | None) -> None:
     """rq moves AI training data and checkpoints fast and safely.
