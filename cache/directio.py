@@ -16,7 +16,9 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-ALIGN = 4096  # O_DIRECT wants block-aligned offsets, lengths and buffers; 4 KiB covers common disks
+# O_DIRECT wants block-aligned offsets, lengths and buffers; 4 KiB covers common disks, and a whole
+# page keeps O_DIRECT blocks and a buffered tail out of one page on 64 KiB-page machines
+ALIGN = max(4096, mmap.PAGESIZE)
 CHUNK = 8 << 20  # one pooled buffer: the CRT delivers big objects' bodies in 8 MiB parts
 _BUFFERS = 12  # at most 96 MiB of parts waiting for the disk per process
 _WRITERS = 4
@@ -42,7 +44,11 @@ def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 
 
 def _aligned_buffer() -> memoryview:
-    return memoryview(mmap.mmap(-1, CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS))
+    buf = mmap.mmap(-1, CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_DONTFORK"):
+        # a forked DataLoader worker must not turn 96 MiB of warm buffers copy-on-write for the parent
+        buf.madvise(mmap.MADV_DONTFORK)
+    return memoryview(buf)
 
 
 class WriteBehind:
@@ -73,14 +79,22 @@ class WriteBehind:
         buf = self._take()
         whole = len(data) // ALIGN * ALIGN
         buf[: len(data)] = data
-        return self._pool.submit(self._write, buf, dfd, fd, whole, len(data), offset)
+        try:
+            return self._pool.submit(self._write, buf, dfd, fd, whole, len(data), offset)
+        except BaseException:  # (interpreter shutdown): the buffer must not be lost to the pool
+            self._free.put(buf)
+            raise
 
     def _write(self, buf: memoryview, dfd: int, fd: int, whole: int, length: int, offset: int) -> None:
         try:
-            if whole:
-                pwrite_all(dfd, buf[:whole], offset)
-            if length > whole:
-                pwrite_all(fd, buf[whole:length], offset + whole)
+            done = 0
+            while done < whole:
+                n = os.pwrite(dfd, buf[done:whole], offset + done)
+                done += n
+                if n % ALIGN:  # a short, unaligned O_DIRECT write: the rest goes buffered, where a
+                    break  # full disk says ENOSPC instead of EINVAL
+            if length > done:
+                pwrite_all(fd, buf[done:length], offset + done)
         finally:
             self._free.put(buf)
 
@@ -88,6 +102,18 @@ class WriteBehind:
 _instance: WriteBehind | None = None
 _instance_pid = 0
 _instance_lock = threading.Lock()
+
+
+def _forget_after_fork() -> None:
+    # the parent's writer threads and (MADV_DONTFORK) buffers do not exist in the child, and the
+    # lock may have been held by one of its threads at the moment of the fork
+    global _instance, _instance_lock
+    _instance = None
+    _instance_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 def write_behind() -> WriteBehind:

@@ -281,14 +281,14 @@ class Fetcher:
                     and not publishing
                     and (len(to_land) >= LAND_BATCH or now - last_land > 0.2 or inflight == 0)
                 ):
-                    if self.batch_sync:
-                        self._publisher.submit(self._publish_async, to_land)
-                        publishing = True
-                    else:
-                        self._land(to_land, result)
-                        self.starved = False
-                    to_land = []
+                    landing_now, to_land = to_land, []
                     last_land = now
+                    if self.batch_sync:
+                        publishing = True
+                        self._publisher.submit(self._publish_async, landing_now)
+                    else:
+                        self._land(landing_now, result)
+                        self.starved = False
                 if now - last_progress > 0.2:
                     self.on_event(ev.Progress(self._bytes))
                     last_progress = now
@@ -298,31 +298,33 @@ class Fetcher:
             for j in jobs:
                 self._cancel(j)
             deadline = time.monotonic() + 30
-            # a batch being published must finish before anything is abandoned (it always answers)
-            while (inflight > 0 and time.monotonic() < deadline) or publishing:
+            while inflight > 0 and time.monotonic() < deadline:
                 try:
-                    kind, job, _, payload = self._q.get(timeout=0.5)
+                    message = self._q.get(timeout=0.5)
                 except queue.Empty:
                     continue
-                if kind == "published":
-                    publishing = False
-                    # what is durable gets indexed even now; the run's first error is the one raised
-                    with contextlib.suppress(BaseException):
-                        self._book(payload, result)
-                    continue
-                inflight -= 1
-                job.outstanding -= 1
-                if kind == "landed":
-                    to_land.append((job.hold, payload, job))
+                inflight -= self._wind_down(message, to_land, result)
+            # a batch being published must finish, and be booked, before anything is abandoned
+            self._publisher.shutdown(wait=True)
+            while True:
+                try:
+                    message = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                inflight -= self._wind_down(message, to_land, result)
             if to_land:
-                self._land(to_land, result)
+                with contextlib.suppress(BaseException):  # the first error is the one raised
+                    self._land(to_land, result)
             self._abandon(jobs, keep_partials=True)
             raise
         finally:
             self._finisher.shutdown(wait=True)
             self._publisher.shutdown(wait=True)
         if to_land:
-            self._land(to_land, result)
+            try:
+                self._land(to_land, result)
+            except BaseException as exc:
+                fatal = fatal or exc
         result.bytes = self._bytes
         result.resumed_bytes = self.resumed_bytes
         result.throttled = self.throttled
@@ -584,17 +586,40 @@ class Fetcher:
                 out.error = self._disk_error(root, exc)
         return out
 
+    def _wind_down(
+        self, message: tuple[str, Any, int | None, Any], to_land: list[Landed], result: FetchResult
+    ) -> int:
+        """One queue message while stopping: books a published batch (errors ignored: the run's
+        first error is the one raised), keeps landed objects for the last landing. Returns how many
+        requests in flight it accounts for."""
+        kind, job, _, payload = message
+        if kind == "published":
+            with contextlib.suppress(BaseException):
+                self._book(payload, result)
+            return 0
+        job.outstanding -= 1
+        if kind == "landed":
+            to_land.append((job.hold, payload, job))
+        return 1
+
+    def _take_back(self, job: Job) -> None:
+        """A landing that will not be indexed: its published file (if it placed one), its temp
+        file, descriptors and hold all go."""
+        landing = job.landing
+        if landing is not None:
+            if landing.placed:
+                self.store.take_back(self.tier, landing.blob)
+            landing.abort()
+        job.landing = None
+        self._release(job, keep=False)
+
     def _book(self, outcome: Published, result: FetchResult) -> None:
         """Main thread: index what is durable, release the holds of the rest, report; then raise
         the batch's error, if any."""
         for _, _, job in outcome.dropped:
-            if job.landing is not None:
-                job.landing.unplace()
-            job.landing = None
-            self._release(job, keep=False)
+            self._take_back(job)
         for (_, entry, job), exc in outcome.failed:
-            job.landing = None
-            self._release(job, keep=False)
+            self._take_back(job)
             failure = ev.Failed(entry.url, error_kind(exc), str(exc) or type(exc).__name__)
             result.failed.append(failure)
             self.on_event(failure)
@@ -602,9 +627,12 @@ class Fetcher:
         if items:
             try:
                 self.store.land([(hid, entry) for hid, entry, _ in items])
-            except BaseException:
-                # not indexed (the index's disk is full, say): take the files back, keep it consistent
-                self._book(Published(dropped=items), result)
+            except Exception:
+                # not indexed (the index's disk is full, say): take the files back, keep it consistent.
+                # (Not on an interrupt: a commit may have happened; at worst a file waits unindexed
+                # under its final name, and the next run finds it as an identical twin.)
+                for _, _, job in items:
+                    self._take_back(job)
                 raise
         for _, entry, job in items:
             if job.landing is not None and job.landing.kept_fd >= 0:

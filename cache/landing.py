@@ -7,7 +7,6 @@ records each piece only after its bytes are fsynced, so a killed preload resumes
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import itertools
@@ -16,6 +15,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,6 +146,7 @@ class Landing:
         self.kept_fd = -1
         self.placed = False  # our file became the final name (not a twin another process landed)
         self._writes: dict[int, list[Future[None]]] = {}  # piece -> its writes still on their way
+        self._closed = False  # a late CRT callback after _close must not reopen (truncate) the file
         if self.pieces == 1:
             return  # the file is created by the first write(), or by the origin (external_file)
         try:
@@ -212,18 +213,24 @@ class Landing:
 
     def write(self, chunk: memoryview | bytes, offset: int) -> None:
         view = memoryview(chunk)
+        if self._closed:
+            return  # a cancelled request's last callback, after the landing was given up
         if self.fd < 0:
+            if self.pieces > 1:
+                return  # (closed meanwhile) never reopen a shared partial: O_TRUNC would wipe it
             self._open_stream()  # whole objects: bytes come from one thread, in order
         try:
             if self._dfd >= 0 and offset % ALIGN == 0:
                 # around the page cache, on writer threads, a pooled buffer at a time; piece_done
-                # waits for them
-                writes = [
-                    write_behind().submit(self._dfd, self.fd, view[pos : pos + CHUNK], offset + pos)
-                    for pos in range(0, len(view), CHUNK)
-                ]
+                # waits for them. Submitted under the lock so _close sees every one it must wait for.
                 with self._lock:
-                    self._writes.setdefault(offset // self.piece_size, []).extend(writes)
+                    if self._closed:
+                        return
+                    pending = self._writes.setdefault(offset // self.piece_size, [])
+                    for pos in range(0, len(view), CHUNK):
+                        pending.append(
+                            write_behind().submit(self._dfd, self.fd, view[pos : pos + CHUNK], offset + pos)
+                        )
             else:
                 pwrite_all(self.fd, view, offset)
         except OSError as exc:
@@ -269,12 +276,13 @@ class Landing:
         length = min(self.piece_size, self.info.size - start)
         with self._lock:
             writes = self._writes.pop(index, [])
-        try:
-            for pending in writes:
-                pending.result()
-        except OSError as exc:
-            self._no_space_or_raise(exc)
-            raise
+        futures.wait(writes)  # all of them, even after a failure: none may outlive its descriptor
+        for pending in writes:
+            exc = pending.exception()
+            if isinstance(exc, OSError):
+                self._no_space_or_raise(exc)
+            if exc is not None:
+                raise exc
         with self._lock:
             run = self._running.pop(index, None)
         if run is None or run.broken or run.next != start + length:
@@ -453,14 +461,6 @@ class Landing:
             verified = "size+mtime"
         return digest, verified
 
-    def unplace(self) -> None:
-        """Takes back a published file the index could not record (disk full under the index), so
-        no file sits under a final name without an entry. A twin another process landed is left."""
-        self.release_kept()
-        if self.placed:
-            unlink_quiet(self.final)
-            self.placed = False
-
     def release_kept(self) -> None:
         if self.kept_fd >= 0:
             os.close(self.kept_fd)
@@ -468,11 +468,10 @@ class Landing:
 
     def _close(self) -> None:
         with self._lock:
+            self._closed = True
             writes = [w for ws in self._writes.values() for w in ws]
             self._writes.clear()
-        for pending in writes:  # never close a descriptor a writer thread is still using
-            with contextlib.suppress(Exception):
-                pending.result()
+        futures.wait(writes)  # never close a descriptor a writer thread is still using
         if self._dfd >= 0:
             os.close(self._dfd)
             self._dfd = -1

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cache import procs
-from cache.errors import CacheFullError
+from cache.errors import CacheError, CacheFullError
 from cache.index import Entry, Hold, Index
 from cache.layout import Layout, blob_hash
 from cache.sizes import format_size
@@ -270,8 +270,31 @@ class Store:
                     entry.pinned = entry.pinned or old.pinned
                 Index.put(db, entry)
                 Index.drop_hold(db, hid)
+        # after the commit, so an error here must not read as "not landed" to the caller: a
+        # superseded blob left behind keeps its garbage hold, and a later collect() takes it
         for hold in garbage:
-            self._collect_garbage(hold)
+            with contextlib.suppress(CacheError, OSError):
+                self._collect_garbage(hold)
+
+    def take_back(self, tier: str, blob: str) -> None:
+        """Removes a blob this process published but could not index (its index write failed),
+        unless a reader has it open or an entry names it: another process may have found it as its
+        identical twin and indexed it. (Such a process indexing it a moment after this check
+        finds the file gone on open and reads through; `rq cache verify` names it.)"""
+        path = self.layout.blob_path(tier, blob)
+        fd = lock_exclusive(path)
+        if fd is None:
+            return
+        try:
+            with self.index.read() as db:
+                live = db.execute(
+                    "SELECT 1 FROM entries WHERE blob = ? AND tier = ?", (blob, tier)
+                ).fetchone()
+            if not live:
+                unlink_quiet(path)
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def remove(self, entry: Entry) -> bool:
         """Evicts one entry now (rq cache evict, corrupt entries). False if a reader has it open."""

@@ -7,6 +7,7 @@ import os
 import re
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 import xxhash
@@ -170,3 +171,61 @@ def test_write_behind_reuses_a_bounded_set_of_buffers(tmp_path: Path) -> None:
         os.close(dfd)
     assert path.read_bytes() == b"".join(blocks)
     assert wb._made <= directio._BUFFERS
+
+
+def _piece_landing(tmp_path: Path, size: int) -> Any:
+    from cache.landing import Landing, ObjectInfo
+    from cache.layout import Layout
+
+    layout = Layout(tmp_path / "c", tmp_path / "r")
+    (tmp_path / "c" / "tmp").mkdir(parents=True)
+    info = ObjectInfo("s3://b/k", "k", size, "etag:x;size:1", "x")
+    return Landing(layout, "disk", info, "bl/ob", hold_id=1, pieces=2, piece_size=size // 2)
+
+
+def test_a_failed_write_behind_is_raised_only_after_every_write_of_the_piece_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One slice fails; piece_done must still wait for the others (none may run after its
+    descriptor closed, which a reused fd number would turn into bytes in another file)."""
+    import threading
+
+    from cache import directio
+
+    landing = _piece_landing(tmp_path, 4 * directio.CHUNK)
+    if landing._dfd < 0:
+        pytest.skip("this file system refuses O_DIRECT")
+    release = threading.Event()
+    calls: list[int] = []
+    real = directio.WriteBehind._write
+
+    def slow_or_failing(self: Any, buf: Any, dfd: int, fd: int, whole: int, length: int, offset: int) -> None:
+        calls.append(offset)
+        if offset == 0:
+            self._free.put(buf)
+            raise OSError(5, "injected I/O error")
+        release.wait(5)
+        real(self, buf, dfd, fd, whole, length, offset)
+
+    monkeypatch.setattr(directio.WriteBehind, "_write", slow_or_failing)
+    landing.write(memoryview(bytes(2 * directio.CHUNK)), 0)  # piece 0, two slices
+    threading.Timer(0.3, release.set).start()
+    with pytest.raises(OSError, match="injected"):
+        landing.piece_done(0)
+    assert release.is_set(), "piece_done returned before the slow slice finished"
+    landing.abort()
+
+
+def test_a_late_callback_after_close_writes_nothing(tmp_path: Path) -> None:
+    """A cancelled request's last on_body may arrive after the landing was given up: it must not
+    reopen (O_TRUNC) the partial file that a later run resumes from."""
+    from cache import directio
+
+    landing = _piece_landing(tmp_path, 4 * directio.CHUNK)
+    landing.write(memoryview(b"\x01" * directio.CHUNK), 0)
+    landing.piece_done(0)
+    size_before = landing.tmp.stat().st_size
+    landing.keep_for_resume()
+    landing.write(memoryview(b"\x02" * 4096), directio.CHUNK)
+    assert landing.tmp.stat().st_size == size_before
+    assert landing.tmp.read_bytes()[:16] == b"\x01" * 16
