@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import orjson
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TaskProgressColumn,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -33,13 +28,21 @@ def safe_text(text: str) -> str:
     return text.translate(_CONTROL)
 
 
-class _Console(Console):
-    """Rich exits 1 when the reader of its output leaves; for rq, `| head` is success on every
-    command, so hand the BrokenPipeError to the `rq` group, which ends the command with exit 0."""
+@functools.cache
+def _console_class() -> type[Console]:
+    """rich is imported only when something is drawn: it costs every rq command ~35 ms at start-up,
+    and scripts and training jobs (no terminal, --json, -q) never draw anything."""
+    from rich.console import Console
 
-    def on_broken_pipe(self) -> None:
-        self.quiet = True
-        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+    class _Console(Console):
+        """Rich exits 1 when the reader of its output leaves; for rq, `| head` is success on every
+        command, so hand the BrokenPipeError to the `rq` group, which ends the command with exit 0."""
+
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+    return _Console
 
 
 @dataclass
@@ -80,7 +83,7 @@ class Output:
             click.echo(f"rq: {text}", file=self.stderr)
 
     def console(self) -> Console:
-        return _Console(file=self.stdout, highlight=False, soft_wrap=False)
+        return _console_class()(file=self.stdout, highlight=False, soft_wrap=False)
 
     @contextlib.contextmanager
     def progress(self, transfer: bool = True) -> Iterator[Progress | None]:
@@ -88,6 +91,17 @@ class Output:
         if not self.interactive:
             yield None
             return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TaskProgressColumn,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
         columns: list[Any] = [TextColumn("{task.description}"), BarColumn(), TaskProgressColumn()]
         if transfer:
             columns += [DownloadColumn(), TransferSpeedColumn()]
