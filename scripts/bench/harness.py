@@ -25,6 +25,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -51,6 +52,7 @@ class Case:
     run: Runner
     setup: Callable[[], Any] | None = None
     env: dict[str, str] | None = None
+    parse: Callable[[bytes], dict[str, Any]] | None = None  # the tool's own stdout -> Sample.extra
     samples: list[Sample] = field(default_factory=list)
 
     def stats(self, nbytes: int | None, nitems: int | None) -> dict[str, Any]:
@@ -79,20 +81,31 @@ class BenchError(RuntimeError):
     pass
 
 
-def _run_command(cmd: Sequence[str], env: dict[str, str] | None) -> Sample:
+def _run_command(
+    cmd: Sequence[str], env: dict[str, str] | None, parse: Callable[[bytes], dict[str, Any]] | None = None
+) -> Sample:
     full_env = {**os.environ, **(env or {})}
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        list(cmd), env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
-    assert proc.stderr is not None
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        raise BenchError(f"{' '.join(cmd)} exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}")
-    return Sample(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
+    with tempfile.TemporaryFile() as out:  # a file, not a pipe: wait4 below must reap the process itself
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            list(cmd),
+            env=full_env,
+            stdout=out if parse else subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            raise BenchError(
+                f"{' '.join(cmd)} exited {proc.returncode}: {err.decode(errors='replace')[-2000:]}"
+            )
+        out.seek(0)
+        extra = parse(out.read()) if parse else {}
+    return Sample(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, extra)
 
 
 def _run_callable(fn: Callable[[], Any]) -> Sample:
@@ -127,8 +140,9 @@ class Bench:
         run: Runner,
         setup: Callable[[], Any] | None = None,
         env: dict[str, str] | None = None,
+        parse: Callable[[bytes], dict[str, Any]] | None = None,
     ) -> None:
-        self.cases.append(Case(name, run, setup, env))
+        self.cases.append(Case(name, run, setup, env, parse))
 
     def run(self, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> BenchResult:
         if not self.cases:
@@ -140,7 +154,7 @@ class Bench:
                 if callable(case.run):
                     sample = _run_callable(case.run)
                 else:
-                    sample = _run_command(case.run, case.env)
+                    sample = _run_command(case.run, case.env, case.parse)
                 case.samples.append(sample)
                 log(f"  [{self.name}] round {rnd}/{self.rounds} {case.name}: {sample.wall_s:.3f} s")
         return BenchResult(self)
