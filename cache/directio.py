@@ -9,6 +9,8 @@ writer threads so the event loop goes straight back to its sockets.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import mmap
 import os
 import queue
@@ -39,16 +41,23 @@ def open_direct(path: Path, mode: int = os.O_WRONLY) -> int:
 def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while len(data):
         n = os.pwrite(fd, data, offset)
+        if n == 0:  # never for a regular file with room; do not spin if it happens
+            raise OSError(errno.EIO, "write made no progress")
         data = data[n:]
         offset += n
 
 
 def _aligned_buffer() -> memoryview:
     buf = mmap.mmap(-1, CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_DONTFORK"):
-        # a forked DataLoader worker must not turn 96 MiB of warm buffers copy-on-write for the parent
-        buf.madvise(mmap.MADV_DONTFORK)
+    # A forked DataLoader worker must not turn 96 MiB of warm buffers copy-on-write for the parent.
+    # WIPEONFORK, not DONTFORK: the child still owns valid (zeroed) pages there, so the mmap objects it
+    # inherited can be freed safely (with DONTFORK their munmap could hit a new mapping in the gap).
+    with contextlib.suppress(OSError, ValueError):
+        buf.madvise(_MADV_WIPEONFORK)
     return memoryview(buf)
+
+
+_MADV_WIPEONFORK = 18  # Linux >= 4.14; Python's mmap module does not name it
 
 
 class WriteBehind:
@@ -91,7 +100,7 @@ class WriteBehind:
             while done < whole:
                 n = os.pwrite(dfd, buf[done:whole], offset + done)
                 done += n
-                if n % ALIGN:  # a short, unaligned O_DIRECT write: the rest goes buffered, where a
+                if n == 0 or n % ALIGN:  # a short, unaligned O_DIRECT write: the rest goes buffered, where a
                     break  # full disk says ENOSPC instead of EINVAL
             if length > done:
                 pwrite_all(fd, buf[done:length], offset + done)

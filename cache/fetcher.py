@@ -249,7 +249,13 @@ class Fetcher:
                 if kind == "published":
                     publishing = False
                     self.starved = False
-                    self._book(payload, result)
+                    try:
+                        self._book(payload, result)
+                    except Exception as exc:  # stop the run, but keep its first error
+                        fatal = fatal or exc
+                        self._drop_unstarted(requests)
+                        for j in jobs:
+                            self._cancel(j)
                 elif kind:
                     self.starved = False
                     inflight -= 1
@@ -287,8 +293,14 @@ class Fetcher:
                         publishing = True
                         self._publisher.submit(self._publish_async, landing_now)
                     else:
-                        self._land(landing_now, result)
                         self.starved = False
+                        try:
+                            self._land(landing_now, result)
+                        except Exception as exc:  # stop the run, but keep its first error
+                            fatal = fatal or exc
+                            self._drop_unstarted(requests)
+                            for j in jobs:
+                                self._cancel(j)
                 if now - last_progress > 0.2:
                     self.on_event(ev.Progress(self._bytes))
                     last_progress = now
@@ -607,8 +619,10 @@ class Fetcher:
         file, descriptors and hold all go."""
         landing = job.landing
         if landing is not None:
+            landing.release_kept()  # our own shared lock would make take_back see "a reader has it"
             if landing.placed:
-                self.store.take_back(self.tier, landing.blob)
+                with contextlib.suppress(Exception):  # (then it waits, unindexed, for the next run)
+                    self.store.take_back(self.tier, landing.blob)
             landing.abort()
         job.landing = None
         self._release(job, keep=False)

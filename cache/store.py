@@ -279,8 +279,9 @@ class Store:
     def take_back(self, tier: str, blob: str) -> None:
         """Removes a blob this process published but could not index (its index write failed),
         unless a reader has it open or an entry names it: another process may have found it as its
-        identical twin and indexed it. (Such a process indexing it a moment after this check
-        finds the file gone on open and reads through; `rq cache verify` names it.)"""
+        identical twin and indexed it. (Such a process indexing it after this check — its window is
+        its own syncfs and index write — finds the file gone on open and reads through; `rq cache
+        verify` names it.)"""
         path = self.layout.blob_path(tier, blob)
         fd = lock_exclusive(path)
         if fd is None:
@@ -371,15 +372,17 @@ class Store:
         fd = lock_exclusive(path)
         if fd is None:
             return  # still open by a reader; a later collect() takes it
-        with self.index.write() as db:
-            live = db.execute(
-                "SELECT 1 FROM entries WHERE blob = ? AND tier = ?", (hold.blob, hold.tier)
-            ).fetchone()
-            if not live:
-                unlink_quiet(path)
-            Index.drop_hold(db, hold.id)
-        if fd >= 0:
-            os.close(fd)
+        try:
+            with self.index.write() as db:
+                live = db.execute(
+                    "SELECT 1 FROM entries WHERE blob = ? AND tier = ?", (hold.blob, hold.tier)
+                ).fetchone()
+                if not live:
+                    unlink_quiet(path)
+                Index.drop_hold(db, hold.id)
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def _journal(self, hold: Hold) -> Path:
         return self.layout.tmp_path(hold.tier, hold.blob, ".journal")

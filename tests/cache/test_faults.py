@@ -364,6 +364,9 @@ def test_an_index_that_cannot_record_a_batch_takes_its_files_back(
     try:
         with pytest.raises(CacheFullError):
             c.preload([f"s3://{bucket}/ix/"], tier="disk")
+        # a read-through miss lands its file already locked for its reader: taken back all the same
+        with pytest.raises(CacheFullError):
+            c.open(f"s3://{bucket}/ix/00003.bin")
     finally:
         c.close()
     monkeypatch.undo()

@@ -229,3 +229,52 @@ def test_a_late_callback_after_close_writes_nothing(tmp_path: Path) -> None:
     landing.write(memoryview(b"\x02" * 4096), directio.CHUNK)
     assert landing.tmp.stat().st_size == size_before
     assert landing.tmp.read_bytes()[:16] == b"\x01" * 16
+
+
+def test_write_behind_buffers_are_safe_to_drop_in_a_forked_child(tmp_path: Path) -> None:
+    """A DataLoader worker forked after the parent used the pool maps new memory, then frees the
+    buffers it inherited. With MADV_DONTFORK the buffers' ranges were holes in the child, a new
+    mapping could land there, and freeing an inherited buffer unmapped it (SIGSEGV on the next
+    touch). The child maps exactly into a buffer's range when it is a hole, to make that happen."""
+    import ctypes
+    import gc
+
+    from cache import directio
+
+    wb = directio.write_behind()
+    path = tmp_path / "f.part"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        wb.submit(fd, fd, memoryview(b"x" * 8192), 0).result()
+    finally:
+        os.close(fd)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            buf = wb._free.queue[0]
+            view = ctypes.c_char.from_buffer(buf)
+            addr = ctypes.addressof(view)
+            del view
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = [
+                ctypes.c_void_p,
+                ctypes.c_size_t,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_long,
+            ]
+            # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_FIXED_NOREPLACE: only into a hole
+            got = libc.mmap(addr, directio.CHUNK, 3, 0x02 | 0x20 | 0x100000, -1, 0)
+            del buf
+            wb._free = None  # type: ignore[assignment]
+            gc.collect()  # every inherited buffer is freed (munmap) here
+            if got == addr:
+                ctypes.memset(got, 0x79, directio.CHUNK)  # our own new mapping must still be there
+            code = 0 if directio.write_behind() is not wb else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
