@@ -11,6 +11,8 @@ Cases (each alternated A B A B in one run, median of --rounds):
   compress  `--compress none` vs `auto` on real MiniLM weights cast to bf16 + synthetic normal bf16
   auto      `--compress none` vs `auto` on random data (auto must cost ≤ 5%)
   resume    receiver killed at ~50%, then the same `rq send` again: bytes moved, time to first new chunk
+  rdma      `rq send --transport rdma` beside ib_write_bw (perftest) as the limit, and rq over TCP for
+            scale: only where a device exists (scripts/bench/transfer_rdma.py; elsewhere it says why)
 Files live in /dev/shm (source and destination), so the disk is not what is measured; rq still hashes
 every chunk, fsyncs and journals (fsync is cheap on tmpfs).
 """
@@ -669,12 +671,26 @@ def bench_resume(rounds: int, size: int) -> None:
         recv.stop()
 
 
+def rdma_bench() -> Any:
+    """scripts/bench/transfer_rdma.py, loaded like harness (this folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "transfer_rdma", Path(__file__).with_name("transfer_rdma.py")
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1].startswith("raw-"):
         raw_main(sys.argv[1:])
         return
     parser = bench_args(__doc__ or "")
-    parser.add_argument("--only", default="tcp,quic,compress,auto,resume")
+    parser.add_argument("--only", default="tcp,quic,compress,auto,resume,rdma")
+    parser.add_argument("--rdma-size", default="4G", help="RDMA file size (runs only where a device exists)")
+    parser.add_argument("--rdma-device", help="RDMA device (default: the first)")
+    parser.add_argument("--rdma-gid-index", type=int, help="GID index (RoCE)")
     parser.add_argument("--size", default="4G", help="TCP and resume file size")
     parser.add_argument(
         "--tcp-streams", default="", help="also time rq over TCP with these --streams counts (e.g. 2,3)"
@@ -705,6 +721,10 @@ def main() -> None:
             )
         if "resume" in only:
             bench_resume(args.rounds, parse_size(args.size))
+        if "rdma" in only:  # beside ib_write_bw where a device exists; says why not elsewhere
+            rdma_bench().run_rdma(
+                args.rounds, parse_size(args.rdma_size), args.rdma_device, gid_index=args.rdma_gid_index
+            )
     except Exception:
         log = WORK / "recv.log"
         if log.exists():

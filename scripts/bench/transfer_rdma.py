@@ -121,32 +121,51 @@ def main() -> None:
         help="no device here: run only the rq tcp case to check this script's machinery (writes no results)",
     )
     args = parser.parse_args()
+    run_rdma(
+        args.rounds,
+        parse_size(args.size),
+        args.device,
+        args.port,
+        args.gid_index,
+        args.tmp,
+        args.check_without_device,
+    )
 
-    device, reason = device_or_reason(args.device)
-    if device is None and not args.check_without_device:
+
+def run_rdma(
+    rounds: int,
+    size: int,
+    device_name: str | None = None,
+    port: int = 1,
+    gid_index: int | None = None,
+    tmp: str = "/dev/shm",
+    check_without_device: bool = False,
+) -> None:
+    """The RDMA bench; also run by scripts/bench/transfer.py (`--only rdma`, in its default set)."""
+    device, reason = device_or_reason(device_name)
+    if device is None and not check_without_device:
         print(f"transfer_rdma: skipped, {reason}", file=sys.stderr)
         return
-    size = parse_size(args.size)
     ib_write_bw = shutil.which("ib_write_bw")
-    work = Path(tempfile.mkdtemp(prefix="rq-bench-rdma-", dir=args.tmp))
+    work = Path(tempfile.mkdtemp(prefix="rq-bench-rdma-", dir=tmp))
     env: dict[str, Any] = {**os.environ, "RQ_TOKEN": "rq-bench-rdma", "CI": "1"}
     try:
         src = make_source(work, size)
         addr = work / "addr"
-        rdma_extra = ["--rdma-device", str(device), "--rdma-port", str(args.port)]
-        if args.gid_index is not None:
-            rdma_extra += ["--gid-index", str(args.gid_index)]
+        rdma_extra = ["--rdma-device", str(device), "--rdma-port", str(port)]
+        if gid_index is not None:
+            rdma_extra += ["--gid-index", str(gid_index)]
         bench = Bench(
             "transfer-rdma",
-            rounds=args.rounds,
+            rounds=rounds,
             nbytes=size,
             description=f"{size} B incompressible, one host, {device}; dest on tmpfs; hashing on, compression off",
         )
         if ib_write_bw and device is not None:
             iters = max(1, size // MiB)
-            perf = ["-d", device, "-i", str(args.port), "-s", str(MiB), "-n", str(iters), "-F"]
-            if args.gid_index is not None:
-                perf += ["-x", str(args.gid_index)]
+            perf = ["-d", device, "-i", str(port), "-s", str(MiB), "-n", str(iters), "-F"]
+            if gid_index is not None:
+                perf += ["-x", str(gid_index)]
             server = PerftestServer([ib_write_bw, *perf])
             bench.add("ib_write_bw", [ib_write_bw, *perf, "127.0.0.1"], setup=server.start)
         elif device is not None:
