@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import base64
 import os
-import zlib
 from dataclasses import dataclass, field
 
 import xxhash
+
+try:  # ISA-L's CRC32 (PCLMULQDQ): 18 GB/s here against zlib's 2 GB/s, same values, GIL released
+    from isal.isal_zlib import crc32
+except ImportError:  # a platform without an isal wheel: zlib's is correct, only slower
+    from zlib import crc32
 
 MIB = 1 << 20
 PIECE_SIZE = 32 * MIB  # resumable unit of a big object
@@ -45,7 +49,7 @@ class PieceHash:
         pos = 0
         while pos < len(view):
             take = view[pos : pos + MIB - self._fill]
-            self._crc = zlib.crc32(take, self._crc)
+            self._crc = crc32(take, self._crc)
             self._fill += len(take)
             pos += len(take)
             if self._fill == MIB:
@@ -129,6 +133,6 @@ def composite_crc32_matches(blocks: list[int], size: int, expected: str) -> bool
             combine(blocks[i : i + part_mib], sizes[i : i + part_mib]).to_bytes(4, "big")
             for i in range(0, len(blocks), part_mib)
         )
-        if b64_crc(zlib.crc32(crcs)) == value:
+        if b64_crc(crc32(crcs)) == value:
             return True
     return False

@@ -13,7 +13,6 @@ import itertools
 import os
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from concurrent import futures
 from concurrent.futures import Future
@@ -27,6 +26,7 @@ from cache.digests import (
     PieceHash,
     b64_crc,
     composite_crc32_matches,
+    crc32,
     file_digest,
     hash_range,
     tree_digest,
@@ -259,7 +259,7 @@ class Landing:
         run.next += len(view)
         run.xxh.update(view)
         if self._crc_kind == "crc32":
-            self._crc = zlib.crc32(view, self._crc)
+            self._crc = crc32(view, self._crc)
         elif self._crc_kind == "crc32c":
             self._crc = _crc32c(view, self._crc)
         elif self._md5 is not None:
