@@ -11,6 +11,7 @@ grows back by one request per window of successes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import heapq
 import itertools
 import os
@@ -19,6 +20,7 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -248,14 +250,9 @@ class Fetcher:
                     kind = ""
                 if kind == "published":
                     publishing = False
-                    self.starved = False
-                    try:
-                        self._book(payload, result)
-                    except Exception as exc:  # stop the run, but keep its first error
-                        fatal = fatal or exc
-                        self._drop_unstarted(requests)
-                        for j in jobs:
-                            self._cancel(j)
+                    fatal = self._settle(
+                        functools.partial(self._book, payload, result), fatal, requests, jobs
+                    )
                 elif kind:
                     self.starved = False
                     inflight -= 1
@@ -278,9 +275,7 @@ class Fetcher:
                         elif isinstance(payload, UnreachableError | CacheFullError | AuthError):
                             self._cancel(job)
                     if fatal is not None and requests:
-                        self._drop_unstarted(requests)
-                        for j in jobs:
-                            self._cancel(j)
+                        self._halt(requests, jobs)
                 now = time.monotonic()
                 if (
                     to_land
@@ -293,14 +288,8 @@ class Fetcher:
                         publishing = True
                         self._publisher.submit(self._publish_async, landing_now)
                     else:
-                        self.starved = False
-                        try:
-                            self._land(landing_now, result)
-                        except Exception as exc:  # stop the run, but keep its first error
-                            fatal = fatal or exc
-                            self._drop_unstarted(requests)
-                            for j in jobs:
-                                self._cancel(j)
+                        step = functools.partial(self._land, landing_now, result)
+                        fatal = self._settle(step, fatal, requests, jobs)
                 if now - last_progress > 0.2:
                     self.on_event(ev.Progress(self._bytes))
                     last_progress = now
@@ -455,6 +444,28 @@ class Fetcher:
                 req.cancel()
             except Exception:
                 pass
+
+    def _settle(
+        self,
+        step: Callable[[], None],
+        fatal: BaseException | None,
+        requests: deque[tuple[Job, int | None, tuple[int, int] | None]],
+        jobs: list[Job],
+    ) -> BaseException | None:
+        """Runs one landing step; a failure halts the run but never replaces its first error."""
+        self.starved = False
+        try:
+            step()
+        except Exception as exc:
+            self._halt(requests, jobs)
+            return fatal or exc
+        return fatal
+
+    def _halt(self, requests: deque[tuple[Job, int | None, tuple[int, int] | None]], jobs: list[Job]) -> None:
+        """The run is failing: start nothing more, cancel what is in flight (results still come back)."""
+        self._drop_unstarted(requests)
+        for j in jobs:
+            self._cancel(j)
 
     @staticmethod
     def _drop_unstarted(requests: deque[tuple[Job, int | None, tuple[int, int] | None]]) -> None:
