@@ -278,3 +278,14 @@ def test_write_behind_buffers_are_safe_to_drop_in_a_forked_child(tmp_path: Path)
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@given(st.binary(max_size=70_000), st.integers(min_value=0, max_value=2**32 - 1))
+@settings(max_examples=200, deadline=None)
+def test_the_fast_crc32_is_zlibs_crc32(data: bytes, start: int) -> None:
+    """Downloads are verified against S3's CRC32 with ISA-L's implementation (zlib's where isal is
+    missing): it must agree with zlib, running values included."""
+    from cache.digests import crc32
+
+    assert crc32(data, start) == zlib.crc32(data, start)
+    assert crc32(memoryview(data)) == zlib.crc32(data)
