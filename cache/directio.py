@@ -100,8 +100,10 @@ class WriteBehind:
             while done < whole:
                 n = os.pwrite(dfd, buf[done:whole], offset + done)
                 done += n
-                if n == 0 or n % ALIGN:  # a short, unaligned O_DIRECT write: the rest goes buffered, where a
-                    break  # full disk says ENOSPC instead of EINVAL
+                # a short, unaligned O_DIRECT write: the rest goes buffered, where a full disk says
+                # ENOSPC instead of EINVAL
+                if n == 0 or n % ALIGN:
+                    break
             if length > done:
                 pwrite_all(fd, buf[done:length], offset + done)
         finally:
@@ -114,8 +116,8 @@ _instance_lock = threading.Lock()
 
 
 def _forget_after_fork() -> None:
-    # the parent's writer threads and (MADV_DONTFORK) buffers do not exist in the child, and the
-    # lock may have been held by one of its threads at the moment of the fork
+    # the parent's writer threads do not exist in the child (its buffers are there, wiped to zero),
+    # and the lock may have been held by one of the parent's threads at the moment of the fork
     global _instance, _instance_lock
     _instance = None
     _instance_lock = threading.Lock()

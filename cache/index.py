@@ -291,6 +291,12 @@ class Index:
         return cur.lastrowid
 
     @staticmethod
+    def names_blob(db: sqlite3.Connection, tier: str, blob: str) -> bool:
+        """Whether an entry still points at this blob (so its file must stay)."""
+        row = db.execute("SELECT 1 FROM entries WHERE blob = ? AND tier = ?", (blob, tier)).fetchone()
+        return row is not None
+
+    @staticmethod
     def drop_hold(db: sqlite3.Connection, hold_id: int) -> None:
         db.execute("DELETE FROM holds WHERE id = ?", (hold_id,))
 

@@ -2,7 +2,8 @@
 
 Nothing is ever visible under a final name before it is complete, verified and durable.
 Big objects arrive as ranged pieces written at their offsets; a journal next to the partial file
-records each piece only after its bytes are fsynced, so a killed preload resumes from the journal.
+records each piece only after its bytes reached the file (and its xxh3, re-checked on resume, so a
+piece torn by a power cut is fetched again), so a killed preload resumes from the journal.
 """
 
 from __future__ import annotations
@@ -147,6 +148,8 @@ class Landing:
         self.placed = False  # our file became the final name (not a twin another process landed)
         self._writes: dict[int, list[Future[None]]] = {}  # piece -> its writes still on their way
         self._closed = False  # a late CRT callback after _close must not reopen (truncate) the file
+        self._active = 0  # write() calls in progress: _close waits for them before closing fds
+        self._idle = threading.Condition(self._lock)
         if self.pieces == 1:
             return  # the file is created by the first write(), or by the origin (external_file)
         try:
@@ -212,25 +215,33 @@ class Landing:
                 self._crc_kind = "crc32c"
 
     def write(self, chunk: memoryview | bytes, offset: int) -> None:
-        view = memoryview(chunk)
-        if self._closed:
-            return  # a cancelled request's last callback, after the landing was given up
+        with self._lock:
+            if self._closed:
+                return  # a cancelled request's last callback, after the landing was given up
+            self._active += 1  # _close now waits for this call before it closes any descriptor
+        try:
+            self._write(memoryview(chunk), offset)
+        finally:
+            with self._lock:
+                self._active -= 1
+                if self._active == 0:
+                    self._idle.notify_all()
+
+    def _write(self, view: memoryview, offset: int) -> None:
         if self.fd < 0:
             if self.pieces > 1:
-                return  # (closed meanwhile) never reopen a shared partial: O_TRUNC would wipe it
+                return  # never reopen a shared partial: O_TRUNC would wipe it
             self._open_stream()  # whole objects: bytes come from one thread, in order
         try:
             if self._dfd >= 0 and offset % ALIGN == 0:
                 # around the page cache, on writer threads, a pooled buffer at a time; piece_done
-                # waits for them. Submitted under the lock so _close sees every one it must wait for.
+                # (and _close) wait for them
+                writes = [
+                    write_behind().submit(self._dfd, self.fd, view[pos : pos + CHUNK], offset + pos)
+                    for pos in range(0, len(view), CHUNK)
+                ]
                 with self._lock:
-                    if self._closed:
-                        return
-                    pending = self._writes.setdefault(offset // self.piece_size, [])
-                    for pos in range(0, len(view), CHUNK):
-                        pending.append(
-                            write_behind().submit(self._dfd, self.fd, view[pos : pos + CHUNK], offset + pos)
-                        )
+                    self._writes.setdefault(offset // self.piece_size, []).extend(writes)
             else:
                 pwrite_all(self.fd, view, offset)
         except OSError as exc:
@@ -469,6 +480,8 @@ class Landing:
     def _close(self) -> None:
         with self._lock:
             self._closed = True
+            while self._active:  # a write() still running may be about to use a descriptor
+                self._idle.wait()
             writes = [w for ws in self._writes.values() for w in ws]
             self._writes.clear()
         futures.wait(writes)  # never close a descriptor a writer thread is still using

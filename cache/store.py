@@ -288,9 +288,7 @@ class Store:
             return
         try:
             with self.index.read() as db:
-                live = db.execute(
-                    "SELECT 1 FROM entries WHERE blob = ? AND tier = ?", (blob, tier)
-                ).fetchone()
+                live = Index.names_blob(db, tier, blob)
             if not live:
                 unlink_quiet(path)
         finally:
@@ -343,10 +341,7 @@ class Store:
                     continue
                 if hold.kind == "landing":
                     self._remove_partial(hold)
-                covered = db.execute(
-                    "SELECT 1 FROM entries WHERE blob = ? AND tier = ?", (hold.blob, hold.tier)
-                ).fetchone()
-                if not covered:
+                if not Index.names_blob(db, hold.tier, hold.blob):
                     unlink_quiet(self.layout.blob_path(hold.tier, hold.blob))
                 Index.drop_hold(db, hold.id)
             held = {(h.tier, h.blob) for h in Index.holds(db)}
@@ -374,10 +369,7 @@ class Store:
             return  # still open by a reader; a later collect() takes it
         try:
             with self.index.write() as db:
-                live = db.execute(
-                    "SELECT 1 FROM entries WHERE blob = ? AND tier = ?", (hold.blob, hold.tier)
-                ).fetchone()
-                if not live:
+                if not Index.names_blob(db, hold.tier, hold.blob):
                     unlink_quiet(path)
                 Index.drop_hold(db, hold.id)
         finally:

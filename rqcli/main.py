@@ -75,7 +75,7 @@ class LazyGroup(click.Group):
 EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {int(code):>3}  {text}" for code, text in EXIT_CODE_HELP.items())
 
 
-def _print_version(ctx: click.Context, value: bool) -> None:
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     # resolved only here: importlib.metadata costs every other rq command ~35 ms at start-up
     if not value or ctx.resilient_parsing:
         return
@@ -101,7 +101,7 @@ def _print_version(ctx: click.Context, value: bool) -> None:
     is_flag=True,
     expose_value=False,
     is_eager=True,
-    callback=lambda ctx, _param, value: _print_version(ctx, value),
+    callback=_print_version,
     help="Show the version and exit.",
 )
 @click.pass_context

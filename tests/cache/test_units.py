@@ -289,3 +289,38 @@ def test_the_fast_crc32_is_zlibs_crc32(data: bytes, start: int) -> None:
 
     assert crc32(data, start) == zlib.crc32(data, start)
     assert crc32(memoryview(data)) == zlib.crc32(data)
+
+
+def test_close_waits_for_a_write_in_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A landing given up while a CRT callback is still inside write(): its descriptors must stay
+    open until that write returns (a closed, reused fd number would take the bytes elsewhere)."""
+    import threading
+
+    from cache import directio
+    from cache import landing as landing_mod
+
+    landing = _piece_landing(tmp_path, 4 * directio.CHUNK)
+    entered, release = threading.Event(), threading.Event()
+    real = landing_mod.pwrite_all
+    used: list[int] = []
+
+    def slow(fd: int, data: memoryview, offset: int) -> None:
+        entered.set()
+        release.wait(5)
+        used.append(os.fstat(fd).st_ino)  # raises EBADF had the fd been closed under us
+        real(fd, data, offset)
+
+    monkeypatch.setattr(landing_mod, "pwrite_all", slow)
+    writer = threading.Thread(target=landing.write, args=(memoryview(b"z" * 100), 1))  # unaligned: buffered
+    writer.start()
+    assert entered.wait(5)
+    closer = threading.Thread(target=landing.keep_for_resume)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive(), "the landing closed its descriptors under a write in progress"
+    release.set()
+    writer.join(5)
+    closer.join(5)
+    assert not closer.is_alive()
+    assert used == [landing.tmp.stat().st_ino]
+    assert landing.tmp.read_bytes()[1:101] == b"z" * 100
