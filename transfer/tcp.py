@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import socket
 import ssl
 import tempfile
@@ -17,10 +18,17 @@ from pathlib import Path
 
 from transfer.credentials import fingerprint, normalise_pin
 from transfer.errors import AuthError, PeerUnreachableError
-from transfer.frames import HEADER, Frame, parse_header
+from transfer.frames import CHUNK, HEADER, Frame, parse_header
 from transfer.transport import Channel, ConnectOptions, ListenOptions
 
-_BUF = 4 * 1024 * 1024
+_PAGE = max(4096, mmap.PAGESIZE)
+
+
+def _body_buffer(size: int) -> memoryview:
+    """A frame body buffer laid out so a CHUNK's payload (after its chunk header) starts on a page:
+    the receiver's store can then write it with O_DIRECT straight from here."""
+    lead = -CHUNK.size % _PAGE
+    return memoryview(mmap.mmap(-1, lead + size))[lead:]
 
 
 class TcpChannel:
@@ -28,7 +36,7 @@ class TcpChannel:
         self.sock = sock
         self._max = max_frame
         self._head = bytearray(HEADER.size)
-        self._body = bytearray(64 * 1024)
+        self._body = _body_buffer(64 * 1024)
         self._send_lock = threading.Lock()
         self.frame_limit: int | None = None  # set by the receiver until the peer authenticated
 
@@ -66,8 +74,8 @@ class TcpChannel:
         self.sock.settimeout(None)  # once a frame has started, wait for the rest of it
         kind, length = parse_header(self._head, self._max, self.frame_limit)
         if length > len(self._body):
-            self._body = bytearray(max(length, min(2 * len(self._body), self._max)))
-        body = memoryview(self._body)[:length]
+            self._body = _body_buffer(max(length, min(2 * len(self._body), self._max)))
+        body = self._body[:length]
         if not self._read_exact(body):
             raise PeerUnreachableError("connection closed in the middle of a frame")
         return Frame(kind, body)

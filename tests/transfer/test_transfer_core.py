@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import zlib
 
 import numpy as np
@@ -310,3 +311,28 @@ def test_accept_carries_data_ports_and_rejects_bad_ones() -> None:
     _pump(snd.outbox, rcv)
     with pytest.raises(ProtocolError):
         _pump([control(FrameType.ACCEPT, {"have": {}, "data_ports": [0, "x"]})], snd)
+
+
+def test_tcp_channel_lands_chunk_payloads_on_a_page_boundary() -> None:
+    """The receiver's store can write them with O_DIRECT only from an aligned buffer."""
+    import socket
+
+    from transfer.frames import parse_chunk
+    from transfer.store import is_aligned
+    from transfer.tcp import TcpChannel
+
+    a, b = socket.socketpair()
+    tx, rx = TcpChannel(a, 8 << 20), TcpChannel(b, 8 << 20)
+    try:
+        for size in (1000, 3 << 20):  # the second outgrows the first buffer
+            payload = os.urandom(size)
+            head = ChunkHeader(0, 0, size, 0, codec.digest(payload))
+            threading.Thread(target=tx.send, args=(chunk_frame_header(head, size), payload)).start()
+            frame = rx.recv(timeout=5)
+            assert frame is not None
+            got_head, got = parse_chunk(frame.body)
+            assert got_head == head and bytes(got) == payload
+            assert is_aligned(got)
+    finally:
+        tx.close()
+        rx.close()
