@@ -89,6 +89,8 @@ def _big_buffers(sock: socket.socket) -> None:
 class QuicChannel:
     """One bidirectional QUIC stream as a channel."""
 
+    body_lifetime = 2  # every frame body is its own buffer (FrameDecoder): the receiver may overlap
+
     def __init__(self, proto: Any, stream_id: int, loop: asyncio.AbstractEventLoop, max_frame: int):
         self._proto = proto
         self.stream_id = stream_id

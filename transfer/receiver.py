@@ -10,6 +10,7 @@ import contextlib
 import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,8 @@ from transfer.store import Plan, Store
 from transfer.transport import Channel
 
 IDLE_TIMEOUT = 300.0  # a channel that sends nothing for this long is dropped
-LINGER = 5.0  # after DONE, how long to wait for the sender to close the channel
+LINGER = 5.0
+DEFAULT_ACK_EVERY = 2  # verified chunks made durable (fdatasync + journal) and ACKed at once  # after DONE, how long to wait for the sender to close the channel
 
 
 @dataclass
@@ -52,6 +54,53 @@ class _Shared:
     resent: int = 0
 
 
+class _ChunkWriter:
+    """Writes a channel's verified chunks, one in flight, so the disk works on chunk n while chunk
+    n+1 arrives. Only where the driver keeps a body valid past the next recv (body_lifetime >= 2);
+    otherwise it writes in the caller's thread, as before.
+
+    A chunk joins `done` (the caller's list of chunks awaiting fdatasync + journal) only once its
+    write returned: a failed write is never journalled."""
+
+    def __init__(self, ch: Channel, done: list[tuple[int, int, bytes]]):
+        overlap = getattr(ch, "body_lifetime", 1) >= 2
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="rq-recv-write") if overlap else None
+        self._done = done
+        self._flight: tuple[Future[None], tuple[int, int, bytes]] | None = None
+        self._recvs = 0  # recv() calls since the write in flight was handed over
+
+    def write(self, plan: Plan, f: int, k: int, data: bytes | memoryview, digest: bytes) -> None:
+        self.wait()
+        if self._pool is None:
+            plan.write(f, k, data)
+            self._done.append((f, k, digest))
+            return
+        self._flight = (self._pool.submit(plan.write, f, k, data), (f, k, digest))
+        self._recvs = 0
+
+    def before_recv(self) -> None:
+        """The next recv may reuse the buffer of the frame before last: its write must be over."""
+        if self._flight is not None and self._recvs >= 1:
+            self.wait()
+        self._recvs += 1
+
+    def wait(self) -> None:
+        if self._flight is None:
+            return
+        fut, item = self._flight
+        self._flight = None
+        fut.result()
+        self._done.append(item)
+
+    def close(self) -> None:
+        """Waits for the write in flight (the caller may still journal it) and stops the thread."""
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+
+
 class Receiver:
     def __init__(
         self,
@@ -60,14 +109,14 @@ class Receiver:
         limits: Limits | None = None,
         overwrite: bool = False,
         on_event: EventCallback = ignore,
-        flush_every: int = 2,
+        flush_every: int | None = None,
     ):
         self.limits = limits or Limits()
         self.store = Store(dest, overwrite=overwrite, limits=self.limits)
         self.token = token
         self.overwrite = overwrite
         self.on_event = on_event
-        self.flush_every = max(1, flush_every)
+        self.flush_every = flush_every  # None: the channel's ack_every, else DEFAULT_ACK_EVERY
         self._lock = threading.Lock()
         self._plans: dict[str, _Shared] = {}
         self.completed = threading.Event()  # set after each committed transfer
@@ -112,10 +161,13 @@ class Receiver:
         core = ReceiverChannel(self.token, os.urandom(16), self.limits)
         shared: _Shared | None = None
         pending: list[tuple[int, int, bytes]] = []
+        writer = _ChunkWriter(ch, pending)
+        ack_every = max(1, self.flush_every or getattr(ch, "ack_every", DEFAULT_ACK_EVERY))
         committed = False
         _set_frame_limit(ch, PRE_AUTH_LIMIT)  # drivers that support it refuse big frames before AUTH
         try:
             while True:
+                writer.before_recv()
                 # After DONE, wait (briefly) for the sender to hang up: that is how we know DONE
                 # arrived, before `rq recv --once` may exit and take the connection down with it.
                 frame = ch.recv(timeout=LINGER if committed else IDLE_TIMEOUT)
@@ -127,15 +179,15 @@ class Receiver:
                         if shared.plan.has(ev.file, ev.index):
                             core.durable([(ev.file, ev.index)])  # a resend after a lost ACK
                             continue
-                        shared.plan.write(ev.file, ev.index, ev.data)
-                        pending.append((ev.file, ev.index, ev.digest))
+                        writer.write(shared.plan, ev.file, ev.index, ev.data, ev.digest)
                         shared.raw += len(ev.data)
                         shared.wire += ev.wire_bytes
                         self.on_event(ChunkMoved(len(ev.data), ev.wire_bytes))
-                        if len(pending) >= self.flush_every:
+                        if len(pending) >= ack_every:
                             self._flush(shared, core, pending)
                     elif isinstance(ev, FlushRequested):
                         assert shared is not None
+                        writer.wait()
                         self._flush(shared, core, pending)
                     elif isinstance(ev, ChunkRejected):
                         if shared is not None:
@@ -168,6 +220,7 @@ class Receiver:
                         )
                     elif isinstance(ev, CommitRequested):
                         assert shared is not None
+                        writer.wait()
                         self._flush(shared, core, pending)
                         total = shared.plan.finalize(ev.roots, self.overwrite)
                         summary = {
@@ -193,6 +246,8 @@ class Receiver:
         except (TimeoutError, OSError):
             pass  # the sender went away; what is durable stays, the sender resumes
         finally:
+            with contextlib.suppress(TransferError, OSError):
+                writer.close()  # a write that failed is not journalled; the error was or will be seen
             if committed:
                 self.completed.set()
             if shared is not None:

@@ -12,7 +12,7 @@ import contextlib
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ Pair = tuple[int, int]
 # Errors worth reconnecting for; anything else (auth, limits, names, exists, verify) is final.
 TRANSIENT: tuple[type[BaseException], ...] = (PeerUnreachableError, ConnectionError, TimeoutError, OSError)
 MAX_RESENDS_PER_CHUNK = 8
+DEFAULT_WINDOW = 8  # unacknowledged chunks per channel where the transport names none
 FIRST_CONNECT_GRACE = 10.0  # seconds to keep trying a receiver that has never answered
 
 
@@ -46,7 +47,7 @@ class SendOptions:
     streams: int = 2
     chunk_size: int = DEFAULT_CHUNK
     compress: codec.CompressMode = "auto"
-    window: int = 8  # unacknowledged chunks per channel
+    window: int | None = None  # unacknowledged chunks per channel; None: the transport's send_window
     retry_for: float = 60.0  # give up after this long without progress
 
 
@@ -153,6 +154,7 @@ class ChannelSender:
         self.digests, self.stats, self.on_event, self.elem = digests, stats, on_event, elem
         self.inflight: set[Pair] = set()
         self.error: BaseException | None = None
+        self.window = opts.window or DEFAULT_WINDOW
 
     def _read_replies(self) -> None:
         try:
@@ -182,14 +184,15 @@ class ChannelSender:
         replies.start()
         flushed = True
         m = self.core.manifest
+        window = self.window
         try:
             while True:
+                if not flushed and len(self.inflight) >= window:
+                    # about to wait for ACKs: ask for them now, not at the receiver's own cadence
+                    self.ch.send(header(FrameType.FLUSH, 0))
+                    flushed = True
                 with self.work.cond:
-                    while (
-                        len(self.inflight) >= self.opts.window
-                        and self.error is None
-                        and self.work.failure is None
-                    ):
+                    while len(self.inflight) >= window and self.error is None and self.work.failure is None:
                         self.work.cond.wait(0.5)
                     if self.error is not None:
                         raise self.error
@@ -295,6 +298,8 @@ def send(
 ) -> dict[str, Any]:
     """Sends `sources` to the receiver; retries transient failures; returns the --json summary."""
     opts = opts or SendOptions()
+    if opts.window is None:
+        opts = replace(opts, window=getattr(transport, "send_window", DEFAULT_WINDOW))
     manifest, files = scan(sources, opts.chunk_size)
     stats = Stats()
     started = time.monotonic()

@@ -336,3 +336,56 @@ def test_tcp_channel_lands_chunk_payloads_on_a_page_boundary() -> None:
     finally:
         tx.close()
         rx.close()
+
+
+class _SlowPlan:
+    """Stands in for Plan.write: each write blocks until released, or fails when told to."""
+
+    def __init__(self) -> None:
+        self.started: list[int] = []
+        self.release = threading.Event()
+        self.fail_on: int | None = None
+
+    def write(self, f: int, k: int, data: bytes) -> None:
+        self.started.append(k)
+        assert self.release.wait(5)
+        if k == self.fail_on:
+            raise OSError(28, "No space left on device")
+
+
+class _Overlapping:
+    body_lifetime = 2
+
+
+def test_chunk_writer_keeps_one_write_in_flight_and_never_journals_a_failed_one() -> None:
+    from transfer.receiver import _ChunkWriter
+
+    plan, done = _SlowPlan(), []
+    w = _ChunkWriter(_Overlapping(), done)  # type: ignore[arg-type]
+    w.before_recv()  # frame 0 arrives
+    w.write(plan, 0, 0, b"a", b"d0")  # type: ignore[arg-type]
+    w.before_recv()  # frame 1 may arrive while chunk 0 is written: no waiting
+    assert done == [] and plan.started == [0]
+    waiter = threading.Thread(target=w.before_recv)  # frame 2 reuses frame 0's buffer: must wait
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive(), "recv of the frame after next went ahead of the write using its buffer"
+    plan.release.set()
+    waiter.join(5)
+    assert done == [(0, 0, b"d0")]
+    plan.fail_on = 1
+    w.write(plan, 0, 1, b"b", b"d1")  # type: ignore[arg-type]
+    with pytest.raises(OSError):
+        w.close()
+    assert done == [(0, 0, b"d0")]  # chunk 1's write failed: it must not reach the journal
+
+
+def test_chunk_writer_writes_inline_where_the_driver_reuses_bodies_at_once() -> None:
+    from transfer.receiver import _ChunkWriter
+
+    plan, done = _SlowPlan(), []
+    plan.release.set()
+    w = _ChunkWriter(object(), done)  # type: ignore[arg-type]  # no body_lifetime: 1, like RDMA
+    w.write(plan, 0, 3, b"c", b"d3")  # type: ignore[arg-type]
+    assert done == [(0, 3, b"d3")]  # written before write() returned
+    w.close()
