@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from transfer import aligned, cachestat
 from transfer.errors import SourceChangedError, TransferError
 from transfer.manifest import FileEntry, Manifest, file_key, make_manifest
 from transfer.names import validate_name
@@ -85,31 +87,79 @@ MAX_OPEN = 8  # source descriptors one Reader keeps open
 
 
 class Reader:
-    """Reads chunks with pread into a buffer it reuses (fresh memory is slow to touch here)."""
+    """Reads chunks into a page-aligned buffer it reuses (fresh memory is slow to touch here).
+
+    A chunk the page cache holds (a checkpoint just written) is copied from there; one it does not
+    is read with O_DIRECT instead, at the disk's speed: reading an uncached 4 GiB file through the
+    page cache took 5.1 s here, 4.1 s of it system time, against 2.3 s around it (docs/transfer.md).
+    cachestat(2) tells the two apart (RWF_NOWAIT cannot: it starts readahead into the very pages we
+    mean to avoid); where the kernel lacks it (before 6.5), everything goes through the page cache."""
 
     def __init__(self, files: list[SourceFile], chunk_size: int):
         self._files = files
         self._chunk = chunk_size
-        self._fds: dict[int, int] = {}
-        self._buf = bytearray(chunk_size)
+        self._fds: dict[int, tuple[int, int]] = {}  # file index → (buffered fd, O_DIRECT fd or -1)
+        self._buf = aligned.buffer(chunk_size)
+        self._direct = chunk_size % aligned.ALIGN == 0 and cachestat.available()
+
+    def _open(self, f: int) -> tuple[int, int]:
+        fds = self._fds.pop(f, None)
+        if fds is None:
+            if len(self._fds) >= MAX_OPEN:  # hundreds of shards must not mean hundreds of descriptors
+                _close(self._fds.pop(next(iter(self._fds))))
+            path = self._files[f].path
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            dfd = -1
+            if self._direct:
+                try:
+                    dfd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | aligned.O_DIRECT)
+                except OSError:
+                    dfd = -1  # a file system without O_DIRECT: the page cache it is
+            fds = (fd, dfd)
+        self._fds[f] = fds  # most recently used last
+        return fds
 
     def read(self, f: int, k: int, length: int) -> memoryview:
-        fd = self._fds.pop(f, None)
-        if fd is None:
-            if len(self._fds) >= MAX_OPEN:  # hundreds of shards must not mean hundreds of descriptors
-                os.close(self._fds.pop(next(iter(self._fds))))
-            fd = os.open(self._files[f].path, os.O_RDONLY | os.O_CLOEXEC)
-        self._fds[f] = fd  # most recently used last
-        view = memoryview(self._buf)[:length]
+        fd, dfd = self._open(f)
+        view = self._buf[:length]
+        off = k * self._chunk
         got = 0
+        if dfd >= 0 and not cachestat.all_cached(fd, off, length):
+            got = self._read_direct(dfd, view, off)
         while got < length:
-            n = os.preadv(fd, [view[got:]], k * self._chunk + got)
+            n = os.preadv(fd, [view[got:]], off + got)
             if n == 0:
                 raise SourceChangedError(f"{self._files[f].path} shrank while it was being sent")
             got += n
         return view
 
+    @staticmethod
+    def _read_direct(dfd: int, view: memoryview, off: int) -> int:
+        """Reads whole blocks with O_DIRECT; returns where the buffered read goes on (the unaligned
+        tail of a file, or all of it where O_DIRECT refuses)."""
+        got = 0
+        whole = len(view) // aligned.ALIGN * aligned.ALIGN
+        while got < whole:
+            try:
+                n = os.preadv(dfd, [view[got:whole]], off + got)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                break  # a stricter alignment than ours: buffered from here
+            if n == 0:
+                break  # end of file (it shrank): the buffered read says so
+            got += n
+            if n % aligned.ALIGN:
+                break
+        return got
+
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
+        for fds in self._fds.values():
+            _close(fds)
         self._fds.clear()
+
+
+def _close(fds: tuple[int, int]) -> None:
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)

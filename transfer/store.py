@@ -14,9 +14,7 @@ names by link() (refuses to replace) or, with overwrite, rename(); then the dire
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
-import mmap
 import os
 import stat
 import threading
@@ -26,6 +24,7 @@ from pathlib import Path
 
 import orjson
 
+from transfer.aligned import ALIGN, O_DIRECT, is_aligned
 from transfer.codec import root_digest
 from transfer.errors import (
     ExistsError,
@@ -41,23 +40,8 @@ from transfer.names import STATE_DIR_NAME, display_name, validate_name
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
-# O_DIRECT wants block-aligned offsets, lengths and buffers; a whole page covers common disks.
-ALIGN = max(4096, mmap.PAGESIZE)
 # Below this a second open() costs more than the page-cache copy it saves.
 _DIRECT_MIN = 256 * 1024
-
-
-def is_aligned(view: memoryview) -> bool:
-    """True if the buffer starts on an ALIGN boundary (read-only buffers report False: ctypes can
-    only take the address of a writable one, and those come from decoders, never aligned)."""
-    try:
-        c = ctypes.c_char.from_buffer(view)
-    except (TypeError, ValueError):
-        return False
-    try:
-        return ctypes.addressof(c) % ALIGN == 0
-    finally:
-        del c  # releases the export, so the owner may resize its buffer again
 
 
 @contextlib.contextmanager
@@ -170,7 +154,7 @@ class Store:
         self.dest = dest
         self.overwrite = overwrite
         self.limits = limits or Limits()
-        self._direct = hasattr(os, "O_DIRECT")
+        self._direct = bool(O_DIRECT)
         dest.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         with contextlib.suppress(FileExistsError):
@@ -337,7 +321,7 @@ class Store:
         whole = len(view) // ALIGN * ALIGN
         if not self._direct or whole < _DIRECT_MIN or off % ALIGN or not is_aligned(view):
             return 0
-        flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_DIRECT", 0)
+        flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | O_DIRECT
         try:
             fd = os.open(f"{key}.part", flags, dir_fd=self.state_fd)
         except OSError as exc:

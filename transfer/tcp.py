@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import mmap
 import socket
 import ssl
 import tempfile
@@ -16,19 +15,17 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from transfer import aligned
 from transfer.credentials import fingerprint, normalise_pin
 from transfer.errors import AuthError, PeerUnreachableError
 from transfer.frames import CHUNK, HEADER, Frame, parse_header
 from transfer.transport import Channel, ConnectOptions, ListenOptions
 
-_PAGE = max(4096, mmap.PAGESIZE)
-
 
 def _body_buffer(size: int) -> memoryview:
     """A frame body buffer laid out so a CHUNK's payload (after its chunk header) starts on a page:
     the receiver's store can then write it with O_DIRECT straight from here."""
-    lead = -CHUNK.size % _PAGE
-    return memoryview(mmap.mmap(-1, lead + size))[lead:]
+    return aligned.buffer(size, lead=CHUNK.size)
 
 
 class TcpChannel:

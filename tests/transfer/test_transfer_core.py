@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -317,8 +318,8 @@ def test_tcp_channel_lands_chunk_payloads_on_a_page_boundary() -> None:
     """The receiver's store can write them with O_DIRECT only from an aligned buffer."""
     import socket
 
+    from transfer.aligned import is_aligned
     from transfer.frames import parse_chunk
-    from transfer.store import is_aligned
     from transfer.tcp import TcpChannel
 
     a, b = socket.socketpair()
@@ -389,3 +390,34 @@ def test_chunk_writer_writes_inline_where_the_driver_reuses_bodies_at_once() -> 
     w.write(plan, 0, 3, b"c", b"d3")  # type: ignore[arg-type]
     assert done == [(0, 3, b"d3")]  # written before write() returned
     w.close()
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_reader_reads_cached_and_uncached_chunks_alike(tmp_path: Path, cached: bool) -> None:
+    """An uncached source is read around the page cache (O_DIRECT) and leaves it empty; a cached one
+    is copied from it; the unaligned tail of the file comes through the page cache either way."""
+    from xfer_kit import resident_pages
+
+    from transfer.source import Reader, SourceFile
+
+    cs = 1 << 20
+    data = os.urandom(3 * cs + 5000)
+    path = tmp_path / "src.bin"
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+        if not cached:
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    if not cached and resident_pages(path) > 0:
+        pytest.skip("this file system keeps the file cached (tmpfs?)")
+    st = path.stat()
+    reader = Reader([SourceFile(path, st.st_size, st.st_mtime_ns, st.st_ino)], cs)
+    try:
+        for k in (2, 0, 3, 1):  # any order, as the sender's channels take them
+            length = min(cs, len(data) - k * cs)
+            assert bytes(reader.read(0, k, length)) == data[k * cs : k * cs + length]
+    finally:
+        reader.close()
+    if not cached:
+        assert resident_pages(path) <= 2  # only the tail's page: the rest went around the cache

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from xfer_kit import resident_pages
 
 from transfer import codec
 from transfer.errors import ExistsError, TransferError, UnsafeNameError
@@ -136,40 +137,10 @@ def test_any_name_either_refused_or_lands_inside_dest(tmp_path: Path, parts: lis
         shutil.rmtree(root)
 
 
-def _resident_pages(path: Path) -> int:
-    """How many of the file's pages sit in the page cache (mincore on a shared mapping)."""
-    import ctypes
-    import mmap
-
-    size = path.stat().st_size
-    pages = -(-size // mmap.PAGESIZE)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_long,
-    ]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-    with open(path, "rb") as fh:
-        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fh.fileno(), 0)
-        assert addr not in (None, ctypes.c_void_p(-1).value)
-        try:
-            vec = ctypes.create_string_buffer(pages)
-            assert libc.mincore(addr, size, vec) == 0
-            return sum(b & 1 for b in vec.raw)
-        finally:
-            libc.munmap(addr, size)
-
-
 def test_aligned_chunks_bypass_the_page_cache_and_the_tail_does_not(tmp_path: Path) -> None:
     import mmap
 
-    from transfer.store import ALIGN, is_aligned
+    from transfer.aligned import ALIGN, is_aligned
 
     probe = tmp_path / "probe"
     try:
@@ -197,7 +168,7 @@ def test_aligned_chunks_bypass_the_page_cache_and_the_tail_does_not(tmp_path: Pa
             plan.write(0, k, buf[: len(piece)])
     plan.make_durable([(0, k, digests[k]) for k in range(3)])
     part = tmp_path / ".rq-partial" / f"{m.files[0].key}.part"
-    resident = _resident_pages(part)
+    resident = resident_pages(part)
     # chunk 1 (buffered, 256 pages) and the tail's page are cached; chunks 0 and 2's whole blocks are not
     assert cs // mmap.PAGESIZE <= resident <= cs // mmap.PAGESIZE + 2
     assert plan.finalize([codec.root_digest(digests).hex()], overwrite=False) == size

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
+import mmap
 import os
 import signal
 import socket
@@ -183,3 +185,30 @@ def wait_for(pred: Any, timeout: float, step: float = 0.02) -> bool:
             return True
         time.sleep(step)
     return False
+
+
+def resident_pages(path: Path) -> int:
+    """How many of the file's pages sit in the page cache (mincore on a shared mapping)."""
+    size = path.stat().st_size
+    pages = -(-size // mmap.PAGESIZE)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    with open(path, "rb") as fh:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fh.fileno(), 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value)
+        try:
+            vec = ctypes.create_string_buffer(pages)
+            assert libc.mincore(addr, size, vec) == 0
+            return sum(b & 1 for b in vec.raw)
+        finally:
+            libc.munmap(addr, size)
