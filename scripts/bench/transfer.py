@@ -14,7 +14,8 @@ Cases (each alternated A B A B in one run, median of --rounds):
   rdma      `rq send --transport rdma` beside ib_write_bw (perftest) as the limit, and rq over TCP for
             scale: only where a device exists (scripts/bench/transfer_rdma.py; elsewhere it says why)
 Files live in /dev/shm (source and destination), so the disk is not what is measured; rq still hashes
-every chunk, fsyncs and journals (fsync is cheap on tmpfs).
+every chunk, fsyncs and journals (fsync is cheap on tmpfs). The tcp case also sends onto the local disk
+(.rq-bench-transfer/ beside the checkout), the usual destination, beside `dd oflag=direct` there.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ REPO, Bench, bench_args, tool = harness.REPO, harness.Bench, harness.bench_args,
 sys.path.insert(0, str(REPO))
 
 WORK = Path("/dev/shm/rq-bench-transfer")
+DISK = REPO / ".rq-bench-transfer"  # on the local disk, beside the checkout
 CACHE = REPO / ".rq-bench-cache"
 TOKEN = "bench-token"
 ENV = {"RQ_TOKEN": TOKEN, "CI": "1"}
@@ -162,6 +164,7 @@ def rq_rate(out: bytes) -> dict[str, Any]:
 
 
 def bench_tcp(rounds: int, size: int, extra_streams: list[int]) -> None:
+    DISK.mkdir(parents=True, exist_ok=True)
     src = make_random(WORK / "tcp.bin", size)
     port = free_port(socket.SOCK_STREAM)
     iperf: list[subprocess.Popen[bytes]] = []
@@ -177,12 +180,14 @@ def bench_tcp(rounds: int, size: int, extra_streams: list[int]) -> None:
         time.sleep(0.3)
 
     recv = Receiver("tcp", "--once")
+    disk = DISK / "dst"
     b = Bench(
         "transfer-tcp-vs-iperf3",
         rounds=rounds,
         nbytes=size,
         description=f"one {size >> 20} MiB incompressible file over loopback TCP; rq hashes every chunk "
-        "(xxh3-128), compression off; source and destination on /dev/shm",
+        "(xxh3-128), compression off; source on /dev/shm, destination on /dev/shm (and on disk, "
+        "the usual case, for comparison)",
     )
     b.add(
         "iperf3 (1 stream)",
@@ -207,6 +212,29 @@ def bench_tcp(rounds: int, size: int, extra_streams: list[int]) -> None:
         ["dd", "if=/dev/zero", f"of={floor}", "bs=4M", f"count={size >> 22}", "status=none"],
         setup=lambda: floor.unlink(missing_ok=True),
     )
+    # The same send onto the local disk, where a checkpoint usually goes: rq's receiver writes it
+    # around the page cache (O_DIRECT), so the disk's own speed is the floor there.
+    b.add(
+        "rq send tcp, dest on disk",
+        recv.send_cmd(src, "--compress", "none"),
+        setup=lambda: recv.start(disk),
+        env=ENV,
+        parse=rq_rate,
+    )
+    disk_floor = DISK / "floor.bin"
+    b.add(
+        "floor: dd oflag=direct, disk",
+        [
+            "dd",
+            "if=/dev/zero",
+            f"of={disk_floor}",
+            "bs=4M",
+            f"count={size >> 22}",
+            "oflag=direct",
+            "status=none",
+        ],
+        setup=lambda: disk_floor.unlink(missing_ok=True),
+    )
     for n in extra_streams:  # the same, with other channel counts than the default, for comparison
         b.add(
             f"rq send --transport tcp --streams {n}",
@@ -224,6 +252,9 @@ def bench_tcp(rounds: int, size: int, extra_streams: list[int]) -> None:
         result = b.run()
         peer = statistics.median(s.extra["mb_per_s"] for s in b.cases[0].samples)
         ours = statistics.median(s.extra["mb_per_s"] for s in b.cases[1].samples)
+        on_disk = statistics.median(s.extra["mb_per_s"] for s in b.cases[3].samples)
+        disk_wall = statistics.median(s.wall_s for s in b.cases[3].samples)
+        peer_wall = statistics.median(s.wall_s for s in b.cases[0].samples)
         result.report(
             baseline="iperf3 (1 stream)",
             subject="rq send --transport tcp",
@@ -233,15 +264,22 @@ def bench_tcp(rounds: int, size: int, extra_streams: list[int]) -> None:
             f"Throughput as each tool reports it (iperf3 -J received; rq's --json summary, connect to "
             f"verified): iperf3 {peer:.0f} MB/s, rq {ours:.0f} MB/s, ratio {ours / peer:.2f}. "
             "`floor: dd into /dev/shm` is not a peer: it only writes the same number of bytes into fresh "
-            "tmpfs pages, which rq's receiver must do and iperf3 does not.",
+            "tmpfs pages, which rq's receiver must do and iperf3 does not. "
+            f"Onto disk (the usual destination): rq {on_disk:.0f} MB/s as reported, ratio {on_disk / peer:.2f}; "
+            f"by wall time {peer_wall / disk_wall:.2f}; `floor: dd oflag=direct, disk` is the disk alone.",
         )
         print(f"throughput as reported: iperf3 {peer:.0f} MB/s, rq {ours:.0f} MB/s, ratio {ours / peer:.2f}")
+        print(
+            f"onto disk: rq {on_disk:.0f} MB/s as reported, ratio {on_disk / peer:.2f}; "
+            f"by wall time {peer_wall / disk_wall:.2f}"
+        )
     finally:
         recv.stop()
         for p in iperf:
             p.kill()
-        subprocess.run(["rm", "-rf", str(WORK / "dst")], check=False)
+        subprocess.run(["rm", "-rf", str(WORK / "dst"), str(disk)], check=False)
         floor.unlink(missing_ok=True)
+        disk_floor.unlink(missing_ok=True)
 
 
 # -- QUIC vs a minimal raw sender/receiver -------------------------------------------------------
