@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from rqcli import teardown
 from rqcli.config import check_command_table, load_config
 from rqcli.errors import CliError
 from rqcli.exitcodes import EXIT_CODE_HELP, ExitCode
@@ -146,6 +147,7 @@ _SHOW_HELP: type[click.ClickException] = getattr(click.exceptions, "NoArgsIsHelp
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: runs `rq` and turns every failure into one stderr line and an exit code."""
+    console = argv is None
     verbose = any(
         a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"})
         for a in (argv or sys.argv[1:])
@@ -190,4 +192,4 @@ def main(argv: list[str] | None = None) -> None:
         err = CliError(f"unexpected {type(exc).__name__}: {exc} (run with -v for the traceback)")
         click.echo(f"rq: error: {err.one_line()}", err=True)
         code = int(ExitCode.FAILURE)
-    sys.exit(code)
+    teardown.leave(code, console)

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from rqcli import teardown
 from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
 from rqcli.output import get_output, output_options, safe_text
@@ -169,6 +170,8 @@ def preload(
             raise cache_error_to_cli(exc) from None
         finally:
             c.close()
+    # everything landed is fsynced and the index is closed: the interpreter's teardown can go
+    teardown.skip_teardown()
     if dry_run:
         for info in result.planned:
             out.emit({"event": "plan", "url": info.url, "size": info.size})

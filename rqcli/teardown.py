@@ -1,0 +1,33 @@
+"""Leaving the process without the interpreter's teardown, for a command that closed everything.
+
+After a preload of 2,000 objects the interpreter spent ~0.1 s freeing what it had imported and built
+(strace: no system calls, 100 ms of one thread's CPU between the last output and exit_group) — ~4%
+of the run. A command that made everything durable and closed its files itself may skip that.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import NoReturn
+
+_skip = False
+
+
+def skip_teardown() -> None:
+    """Called by a command once all it wrote is durable and closed: nothing at exit matters then."""
+    global _skip
+    _skip = True
+
+
+def leave(code: int, console: bool) -> NoReturn:
+    """Exits with `code`; without teardown only from the console entry point (never under a caller
+    that imported rqcli and expects its process to go on, like a test runner)."""
+    if _skip and console:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass  # a closed pipe: what could not be written is lost either way
+        os._exit(code)
+    sys.exit(code)
