@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from rqtest import run_rq
 
 from rqcli import teardown
 from rqcli.main import main
-from rqtest import run_rq
 
 
 def test_in_process_caller_keeps_its_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

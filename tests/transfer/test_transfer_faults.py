@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -13,7 +14,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -272,28 +273,64 @@ def test_link_that_corrupts_everything_fails_with_verify_exit_code(tmp_path: Pat
 # -- disk full -----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
+@dataclasses.dataclass
+class SmallDisk:
+    """A small file system that fills up, and a way to free space on it afterwards."""
+
+    path: Path
+    free: Callable[[], None]
+
+
+def _mount_tmpfs(mnt: Path) -> SmallDisk | None:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mnt)], capture_output=True
+    ).returncode:
+        return None
+
+    def grow() -> None:
+        subprocess.run(["mount", "-o", "remount,size=40m", str(mnt)], check=True)
+
+    return SmallDisk(mnt, grow)
+
+
+def _mount_ext4(mnt: Path, image: Path) -> SmallDisk | None:
+    """ext4 on a loop device: the receiver writes there with O_DIRECT, where ENOSPC comes from a
+    direct write, not from the page cache."""
+    with open(image, "wb") as fh:
+        fh.truncate(48 << 20)
+    made = subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", str(image)], capture_output=True)
     if (
-        os.geteuid() != 0
-        or subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mnt)], capture_output=True, check=False
-        ).returncode
-        != 0
+        made.returncode
+        or subprocess.run(["mount", "-o", "loop", str(image), str(mnt)], capture_output=True).returncode
     ):
-        pytest.skip("cannot mount a tmpfs here (needs root)")
+        return None
+    filler = mnt / "filler"
+    left = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
+    with open(filler, "wb") as fh:  # leave ~5 MiB, like the tmpfs
+        fh.write(b"\0" * max(0, left - (5 << 20)))
+        os.fsync(fh.fileno())
+    return SmallDisk(mnt, lambda: filler.unlink())
+
+
+@pytest.fixture(params=["tmpfs", "ext4"])
+def small_disk(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SmallDisk]:
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root")
+    disk = _mount_tmpfs(mnt) if request.param == "tmpfs" else _mount_ext4(mnt, tmp_path / "ext4.img")
+    if disk is None:
+        pytest.skip(f"cannot mount a small {request.param} here")
     try:
-        yield mnt
+        yield disk
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
 
 
-def test_disk_full_then_resume_after_space_is_freed(tmp_path: Path, small_tmpfs: Path) -> None:
+def test_disk_full_then_resume_after_space_is_freed(tmp_path: Path, small_disk: SmallDisk) -> None:
     src = tmp_path / "model.bin"
     src.write_bytes(os.urandom(8 << 20))
-    dest = small_tmpfs / "dst"
+    dest = small_disk.path / "dst"
     recv = Recv(dest, tmp_path / "cert", "tcp").start()
     try:
         proc = send([src], recv, "--compress", "none", "--chunk-size", "256KiB")
@@ -304,7 +341,7 @@ def test_disk_full_then_resume_after_space_is_freed(tmp_path: Path, small_tmpfs:
         (jfile,) = (dest / ".rq-partial").glob("*.journal")
         have = journal.parse(jfile.read_bytes(), jfile.stem, 8 << 20, 256 << 10, 32)
         assert have, "the journal keeps what was verified before the disk filled"
-        subprocess.run(["mount", "-o", "remount,size=40m", str(small_tmpfs)], check=True)
+        small_disk.free()
         proc = send([src], recv, "--compress", "none", "--chunk-size", "256KiB")
         assert proc.returncode == 0, proc.stderr.decode()
         assert summary(proc)["bytes_raw"] <= (8 << 20) - len(have) * (256 << 10) + 4 * (256 << 10)
