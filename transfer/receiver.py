@@ -40,8 +40,8 @@ from transfer.store import Plan, Store
 from transfer.transport import Channel
 
 IDLE_TIMEOUT = 300.0  # a channel that sends nothing for this long is dropped
-LINGER = 5.0
-DEFAULT_ACK_EVERY = 2  # verified chunks made durable (fdatasync + journal) and ACKed at once  # after DONE, how long to wait for the sender to close the channel
+LINGER = 5.0  # after DONE, how long to wait for the sender to close the channel
+DEFAULT_ACK_EVERY = 2  # verified chunks made durable (fdatasync + journal) and ACKed at once
 
 
 @dataclass

@@ -38,6 +38,10 @@ Pair = tuple[int, int]
 TRANSIENT: tuple[type[BaseException], ...] = (PeerUnreachableError, ConnectionError, TimeoutError, OSError)
 MAX_RESENDS_PER_CHUNK = 8
 DEFAULT_WINDOW = 8  # unacknowledged chunks per channel where the transport names none
+# A full window this long without an ACK makes the sender send FLUSH. Not at once: on QUIC, where
+# ACKs come every 2 chunks against a window of 8, an immediate FLUSH meant an extra fdatasync for
+# nearly every chunk on a receiver already CPU-bound.
+STALL_S = 0.05
 FIRST_CONNECT_GRACE = 10.0  # seconds to keep trying a receiver that has never answered
 
 
@@ -179,6 +183,16 @@ class ChannelSender:
                     self.inflight.difference_update(ev.pairs)
                 self.work.again(ev.pairs, count=True)  # counted as resent when they go out again
 
+    def _stalled(self, window: int) -> bool:
+        """Waits up to STALL_S for an ACK to open the window; True if none came."""
+        with self.work.cond:
+            return not self.work.cond.wait_for(
+                lambda: (
+                    len(self.inflight) < window or self.error is not None or self.work.failure is not None
+                ),
+                timeout=STALL_S,
+            )
+
     def run(self) -> None:
         replies = threading.Thread(target=self._read_replies, daemon=True)
         replies.start()
@@ -187,8 +201,9 @@ class ChannelSender:
         window = self.window
         try:
             while True:
-                if not flushed and len(self.inflight) >= window:
-                    # about to wait for ACKs: ask for them now, not at the receiver's own cadence
+                if not flushed and len(self.inflight) >= window and self._stalled(window):
+                    # the window stayed full: ask for ACKs rather than wait for a receiver whose
+                    # cadence (ack_every) may be longer than this window
                     self.ch.send(header(FrameType.FLUSH, 0))
                     flushed = True
                 with self.work.cond:
