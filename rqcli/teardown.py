@@ -28,6 +28,6 @@ def leave(code: int, console: bool) -> NoReturn:
             try:
                 stream.flush()
             except (OSError, ValueError):
-                pass  # a closed pipe: what could not be written is lost either way
+                code = code or 120  # output was lost: say so, as the interpreter's own exit would
         os._exit(code)
     sys.exit(code)

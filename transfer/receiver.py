@@ -78,6 +78,10 @@ class _ChunkWriter:
         self._flight = (self._pool.submit(plan.write, f, k, data), (f, k, digest))
         self._recvs = 0
 
+    @property
+    def in_flight(self) -> int:
+        return 1 if self._flight is not None else 0
+
     def before_recv(self) -> None:
         """The next recv may reuse the buffer of the frame before last: its write must be over."""
         if self._flight is not None and self._recvs >= 1:
@@ -162,7 +166,10 @@ class Receiver:
         shared: _Shared | None = None
         pending: list[tuple[int, int, bytes]] = []
         writer = _ChunkWriter(ch, pending)
-        ack_every = max(1, self.flush_every or getattr(ch, "ack_every", DEFAULT_ACK_EVERY))
+        every = (
+            self.flush_every if self.flush_every is not None else getattr(ch, "ack_every", DEFAULT_ACK_EVERY)
+        )
+        ack_every = max(1, every)
         committed = False
         _set_frame_limit(ch, PRE_AUTH_LIMIT)  # drivers that support it refuse big frames before AUTH
         try:
@@ -183,7 +190,10 @@ class Receiver:
                         shared.raw += len(ev.data)
                         shared.wire += ev.wire_bytes
                         self.on_event(ChunkMoved(len(ev.data), ev.wire_bytes))
-                        if len(pending) >= ack_every:
+                        # the write in flight counts: a sender whose window equals ack_every
+                        # (an older rq's 8) must get its ACKs without a ninth chunk arriving
+                        if len(pending) + writer.in_flight >= ack_every:
+                            writer.wait()
                             self._flush(shared, core, pending)
                     elif isinstance(ev, FlushRequested):
                         assert shared is not None
@@ -246,7 +256,7 @@ class Receiver:
         except (TimeoutError, OSError):
             pass  # the sender went away; what is durable stays, the sender resumes
         finally:
-            with contextlib.suppress(TransferError, OSError):
+            with contextlib.suppress(Exception):
                 writer.close()  # a write that failed is not journalled; the error was or will be seen
             if committed:
                 self.completed.set()

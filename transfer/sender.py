@@ -38,10 +38,12 @@ Pair = tuple[int, int]
 TRANSIENT: tuple[type[BaseException], ...] = (PeerUnreachableError, ConnectionError, TimeoutError, OSError)
 MAX_RESENDS_PER_CHUNK = 8
 DEFAULT_WINDOW = 8  # unacknowledged chunks per channel where the transport names none
-# A full window this long without an ACK makes the sender send FLUSH. Not at once: on QUIC, where
-# ACKs come every 2 chunks against a window of 8, an immediate FLUSH meant an extra fdatasync for
-# nearly every chunk on a receiver already CPU-bound.
-STALL_S = 0.05
+# A full window this long without an ACK makes the sender send FLUSH: a rescue for a receiver whose
+# ACK cadence is longer than this window (a library caller's small window), not a pace-setter. Not at
+# once: on QUIC, where ACKs come every 2 chunks against a window of 8, an immediate FLUSH meant an
+# extra fdatasync for nearly every chunk; and not after 50 ms either, which a disk slower than
+# ~640 MB/s takes for TCP's 32 MiB ACK batches, so FLUSHes would double its fdatasyncs.
+STALL_S = 0.25
 FIRST_CONNECT_GRACE = 10.0  # seconds to keep trying a receiver that has never answered
 
 

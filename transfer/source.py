@@ -124,7 +124,7 @@ class Reader:
         view = self._buf[:length]
         off = k * self._chunk
         got = 0
-        if dfd >= 0 and not cachestat.all_cached(fd, off, length):
+        if dfd >= 0 and self._direct and not cachestat.all_cached(fd, off, length):
             got = self._read_direct(dfd, view, off)
         while got < length:
             n = os.preadv(fd, [view[got:]], off + got)
@@ -133,8 +133,7 @@ class Reader:
             got += n
         return view
 
-    @staticmethod
-    def _read_direct(dfd: int, view: memoryview, off: int) -> int:
+    def _read_direct(self, dfd: int, view: memoryview, off: int) -> int:
         """Reads whole blocks with O_DIRECT; returns where the buffered read goes on (the unaligned
         tail of a file, or all of it where O_DIRECT refuses)."""
         got = 0
@@ -145,7 +144,8 @@ class Reader:
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise
-                break  # a stricter alignment than ours: buffered from here
+                self._direct = False  # a stricter alignment than ours: buffered from now on
+                break
             if n == 0:
                 break  # end of file (it shrank): the buffered read says so
             got += n

@@ -337,7 +337,8 @@ class Store:
                 except OSError as exc:
                     if exc.errno != errno.EINVAL:
                         raise
-                    break  # a stricter alignment than ours: the buffered path writes the rest
+                    self._direct = False  # a stricter alignment than ours: buffered from now on
+                    break
                 done += n
                 if n == 0 or n % ALIGN:  # short and unaligned (a full disk): buffered says ENOSPC
                     break

@@ -398,8 +398,18 @@ def test_reader_reads_cached_and_uncached_chunks_alike(tmp_path: Path, cached: b
     is copied from it; the unaligned tail of the file comes through the page cache either way."""
     from xfer_kit import resident_pages
 
+    from transfer import cachestat
     from transfer.source import Reader, SourceFile
 
+    if not cached and not cachestat.available():
+        pytest.skip("no cachestat(2) here (Linux < 6.5): every read goes through the page cache")
+    if not cached:
+        probe = tmp_path / "probe"
+        probe.write_bytes(b"")
+        try:
+            os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+        except OSError:
+            pytest.skip("this file system refuses O_DIRECT: every read goes through the page cache")
     cs = 1 << 20
     data = os.urandom(3 * cs + 5000)
     path = tmp_path / "src.bin"
@@ -421,3 +431,47 @@ def test_reader_reads_cached_and_uncached_chunks_alike(tmp_path: Path, cached: b
         reader.close()
     if not cached:
         assert resident_pages(path) <= 2  # only the tail's page: the rest went around the cache
+
+
+@pytest.mark.parametrize("window", [4, 8, 9])
+def test_tcp_sender_with_a_window_near_the_ack_cadence_never_stalls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, window: int
+) -> None:
+    """An older rq sends with a window of 8 and no FLUSH until the end; the receiver ACKs every 8 on
+    TCP and has one write in flight, which must count toward those 8. A window below the cadence
+    (a library caller's choice) is rescued by the sender's FLUSH after a stall."""
+    import time
+
+    from transfer import sender as sender_mod
+    from transfer.receiver import Receiver
+    from transfer.sender import SendOptions, send
+    from transfer.tcp import TcpTransport
+    from transfer.transport import ConnectOptions, Identity, ListenOptions
+
+    if window >= 8:
+        monkeypatch.setattr(sender_mod, "STALL_S", 1000.0)  # no rescue: as an older sender
+    src = tmp_path / "src.bin"
+    data = os.urandom(24 << 20)
+    src.write_bytes(data)
+    token = b"t" * 32
+    receiver = Receiver(tmp_path / "dst", token)
+    transport = TcpTransport()
+    listener = transport.listen(
+        ListenOptions("127.0.0.1", 0, Identity(b"", b"", ""), tls=False), receiver.handle_channel
+    )
+    threading.Thread(target=listener.serve_forever, daemon=True).start()
+    result: dict[str, float] = {}
+
+    def run() -> None:
+        started = time.monotonic()
+        opts = SendOptions(streams=1, chunk_size=1 << 20, compress="none", window=window)
+        send([src], transport, ConnectOptions("127.0.0.1", listener.address[1], None, tls=False), token, opts)
+        result["seconds"] = time.monotonic() - started
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(30)
+    listener.close()
+    receiver.close()
+    assert "seconds" in result, f"window {window}: the transfer stalled"
+    assert (tmp_path / "dst" / "src.bin").read_bytes() == data
