@@ -4,6 +4,7 @@ because tests/conftest.py lives there; `from conftest import` breaks where a fol
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import subprocess
@@ -76,3 +77,21 @@ def netns_usable() -> bool:
 
 # Older spelling, kept for tests written before the rename.
 _rdma_device_present = rdma_device_present
+
+
+def libc_with_mmap() -> ctypes.CDLL:
+    """libc through ctypes with mmap/munmap/mincore prototyped (pointer-sized returns and arguments),
+    for tests that look at mappings and the page cache directly."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    return libc

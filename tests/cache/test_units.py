@@ -13,6 +13,7 @@ import pytest
 import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rqtest import libc_with_mmap
 
 from cache.digests import (
     MIB,
@@ -256,16 +257,7 @@ def test_write_behind_buffers_are_safe_to_drop_in_a_forked_child(tmp_path: Path)
             view = ctypes.c_char.from_buffer(buf)
             addr = ctypes.addressof(view)
             del view
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.mmap.restype = ctypes.c_void_p
-            libc.mmap.argtypes = [
-                ctypes.c_void_p,
-                ctypes.c_size_t,
-                ctypes.c_int,
-                ctypes.c_int,
-                ctypes.c_int,
-                ctypes.c_long,
-            ]
+            libc = libc_with_mmap()
             # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS|MAP_FIXED_NOREPLACE: only into a hole
             got = libc.mmap(addr, directio.CHUNK, 3, 0x02 | 0x20 | 0x100000, -1, 0)
             del buf

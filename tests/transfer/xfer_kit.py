@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rqtest import libc_with_mmap
 
 TOKEN = "test-token-7f3a"
 REPO = Path(__file__).resolve().parents[2]
@@ -191,18 +192,7 @@ def resident_pages(path: Path) -> int:
     """How many of the file's pages sit in the page cache (mincore on a shared mapping)."""
     size = path.stat().st_size
     pages = -(-size // mmap.PAGESIZE)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_int,
-        ctypes.c_long,
-    ]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc = libc_with_mmap()
     with open(path, "rb") as fh:
         addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fh.fileno(), 0)
         assert addr not in (None, ctypes.c_void_p(-1).value)
