@@ -6,6 +6,7 @@
 
 Cases (each alternated A B A B in one run, median of --rounds):
   tcp       iperf3 -c (one stream) vs `rq send --transport tcp --compress none`, one --size file
+  uncached  the same file on the local disk, evicted from the page cache: iperf3 -F vs rq, disk to disk
   quic      a minimal raw aioquic (and qh3) stream sender/receiver vs `rq send --transport quic`
             at the same datagram size, for 1 and 2 connections
   compress  `--compress none` vs `auto` on real MiniLM weights cast to bf16 + synthetic normal bf16
@@ -280,6 +281,85 @@ def bench_tcp(rounds: int, size: int, extra_streams: list[int]) -> None:
         subprocess.run(["rm", "-rf", str(WORK / "dst"), str(disk)], check=False)
         floor.unlink(missing_ok=True)
         disk_floor.unlink(missing_ok=True)
+
+
+def drop_cached(path: Path) -> None:
+    """Evicts a file's pages from the page cache (written back first), without root."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def bench_tcp_uncached(rounds: int, size: int) -> None:
+    """A checkpoint that is on disk but no longer in the page cache, sent onto disk. The peer is
+    iperf3 reading the same file (`-F`), which then goes through the page cache."""
+    DISK.mkdir(parents=True, exist_ok=True)
+    src = make_random(DISK / "uncached.bin", size)
+    disk = DISK / "dst"
+    port = free_port(socket.SOCK_STREAM)
+    iperf: list[subprocess.Popen[bytes]] = []
+
+    def start_iperf() -> None:
+        drop_cached(src)
+        iperf.append(
+            subprocess.Popen(
+                ["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", str(port)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        time.sleep(0.3)
+
+    recv = Receiver("tcp", "--once")
+
+    def start_rq() -> None:
+        recv.start(disk)
+        drop_cached(src)
+
+    b = Bench(
+        "transfer-tcp-uncached-vs-iperf3",
+        rounds=rounds,
+        nbytes=size,
+        description=f"one {size >> 20} MiB file on the local disk, evicted from the page cache before each "
+        "round, over loopback TCP; rq hashes every chunk and stores it on the local disk, iperf3 -F "
+        "reads the file and discards what it receives",
+    )
+    b.add(
+        "iperf3 -F (file, 1 stream)",
+        ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-n", str(size), "-F", str(src), "-J"],
+        setup=start_iperf,
+        parse=iperf3_rate,
+    )
+    b.add(
+        "rq send tcp, disk to disk",
+        recv.send_cmd(src, "--compress", "none"),
+        setup=start_rq,
+        env=ENV,
+        parse=rq_rate,
+    )
+    try:
+        result = b.run()
+        peer = statistics.median(x.extra["mb_per_s"] for x in b.cases[0].samples)
+        ours = statistics.median(x.extra["mb_per_s"] for x in b.cases[1].samples)
+        result.report(
+            baseline="iperf3 -F (file, 1 stream)",
+            subject="rq send tcp, disk to disk",
+            notes="Not an issue target: shows the sender reading what the page cache does not hold with "
+            "O_DIRECT (cachestat tells) and the receiver writing with O_DIRECT. "
+            f"Throughput as each tool reports it: iperf3 {peer:.0f} MB/s, rq {ours:.0f} MB/s, "
+            f"ratio {ours / peer:.2f}.",
+        )
+        print(
+            f"throughput as reported: iperf3 -F {peer:.0f} MB/s, rq {ours:.0f} MB/s, ratio {ours / peer:.2f}"
+        )
+    finally:
+        recv.stop()
+        for p in iperf:
+            p.kill()
+        subprocess.run(["rm", "-rf", str(disk)], check=False)
 
 
 # -- QUIC vs a minimal raw sender/receiver -------------------------------------------------------
@@ -725,7 +805,7 @@ def main() -> None:
         raw_main(sys.argv[1:])
         return
     parser = bench_args(__doc__ or "")
-    parser.add_argument("--only", default="tcp,quic,compress,auto,resume,rdma")
+    parser.add_argument("--only", default="tcp,uncached,quic,compress,auto,resume,rdma")
     parser.add_argument("--rdma-size", default="4G", help="RDMA file size (runs only where a device exists)")
     parser.add_argument("--rdma-device", help="RDMA device (default: the first)")
     parser.add_argument("--rdma-gid-index", type=int, help="GID index (RoCE)")
@@ -746,6 +826,8 @@ def main() -> None:
     try:
         if "tcp" in only:
             bench_tcp(args.rounds, parse_size(args.size), [int(n) for n in args.tcp_streams.split(",") if n])
+        if "uncached" in only:
+            bench_tcp_uncached(args.rounds, parse_size(args.size))
         if "auto" in only:
             bench_auto(args.rounds, parse_size(args.auto_size))
         if "compress" in only:
