@@ -164,6 +164,17 @@ def rq_rate(out: bytes) -> dict[str, Any]:
     return {"mb_per_s": summary["bytes_raw"] / summary["seconds"] / 1e6}
 
 
+def iperf_server(port: int) -> subprocess.Popen[bytes]:
+    """`iperf3 -s` for one test on 127.0.0.1:port, given a moment to listen."""
+    proc = subprocess.Popen(
+        ["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.3)
+    return proc
+
+
 def bench_tcp(rounds: int, size: int, extra_streams: list[int]) -> None:
     DISK.mkdir(parents=True, exist_ok=True)
     src = make_random(WORK / "tcp.bin", size)
@@ -171,14 +182,7 @@ def bench_tcp(rounds: int, size: int, extra_streams: list[int]) -> None:
     iperf: list[subprocess.Popen[bytes]] = []
 
     def start_iperf() -> None:
-        iperf.append(
-            subprocess.Popen(
-                ["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", str(port)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        time.sleep(0.3)
+        iperf.append(iperf_server(port))
 
     recv = Receiver("tcp", "--once")
     disk = DISK / "dst"
@@ -304,14 +308,7 @@ def bench_tcp_uncached(rounds: int, size: int) -> None:
 
     def start_iperf() -> None:
         drop_cached(src)
-        iperf.append(
-            subprocess.Popen(
-                ["iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", str(port)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        time.sleep(0.3)
+        iperf.append(iperf_server(port))
 
     recv = Receiver("tcp", "--once")
 
