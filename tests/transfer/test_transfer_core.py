@@ -14,7 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transfer import codec, journal
-from transfer.errors import AuthError, LimitError, ProtocolError, TransferError, UnsafeNameError, VerifyError
+from transfer.errors import (
+    AuthError,
+    LimitError,
+    PeerUnreachableError,
+    ProtocolError,
+    TransferError,
+    UnsafeNameError,
+    VerifyError,
+)
 from transfer.frames import ChunkHeader, FrameDecoder, FrameType, chunk_frame_header, control, header
 from transfer.manifest import FileEntry, Limits, Manifest, file_key, make_manifest, parse_manifest
 from transfer.names import display_name, validate_name
@@ -475,3 +483,59 @@ def test_tcp_sender_with_a_window_near_the_ack_cadence_never_stalls(
     receiver.close()
     assert "seconds" in result, f"window {window}: the transfer stalled"
     assert (tmp_path / "dst" / "src.bin").read_bytes() == data
+
+
+class _FakeQuic:
+    """Just enough of aioquic for QuicChannel.send: a stream whose send buffer is a bytearray."""
+
+    def __init__(self, backlog: int) -> None:
+        sender = type("Sender", (), {"_buffer": bytearray(backlog)})()
+        self._streams = {0: type("Stream", (), {"sender": sender})()}
+        self.sent: list[bytes] = []
+
+    def send_stream_data(self, sid: int, data: bytes, end: bool) -> None:
+        self.sent.append(data)
+
+
+def test_quic_send_waits_for_aioquic_buffer_room_and_gives_up_on_a_stalled_peer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+    import time
+
+    from transfer import quic
+
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    try:
+        fake = _FakeQuic(quic.SEND_BACKLOG + 1)
+        proto = type("Proto", (), {"_quic": fake, "transmit": lambda self: None})()
+        ch = quic.QuicChannel(proto, 0, loop, 1 << 20)
+
+        def drain() -> None:
+            time.sleep(0.2)
+            fake._streams[0].sender._buffer = bytearray(10)  # the peer acknowledged
+
+        threading.Thread(target=drain).start()
+        started = time.monotonic()
+        ch.send(b"chunk")
+        assert time.monotonic() - started >= 0.15  # it waited for room
+        deadline = time.monotonic() + 2
+        while not fake.sent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fake.sent == [b"chunk"]
+
+        monkeypatch.setattr(quic, "STALL_TIMEOUT", 0.2)
+        fake._streams[0].sender._buffer = bytearray(quic.SEND_BACKLOG + 1)  # and now it never drains
+        with pytest.raises(PeerUnreachableError, match="no progress"):
+            ch.send(b"more")
+
+        ch2 = quic.QuicChannel(proto, 0, loop, 1 << 20)
+        threading.Timer(0.1, ch2.fail, args=(PeerUnreachableError("gone"),)).start()
+        with pytest.raises(PeerUnreachableError):  # a failed connection ends the wait at once
+            ch2.send(b"x")
+            ch2.send(b"y")
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(2)
