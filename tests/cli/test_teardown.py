@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,24 +15,38 @@ from rqcli import teardown
 from rqcli.main import main
 
 
-def test_in_process_caller_keeps_its_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Iterator[Path]:
+    """A cache dir whose RAM tier is a private /dev/shm dir, removed afterwards (the default RAM
+    root, derived from the cache dir, would outlive the test)."""
+    from cache import Cache
+
+    ram = Path("/dev/shm") / f"rqtest-{uuid.uuid4().hex[:10]}"
+    Cache(tmp_path / "c", ram_dir=ram).close()
+    yield tmp_path / "c"
+    shutil.rmtree(ram, ignore_errors=True)
+
+
+def test_in_process_caller_keeps_its_process(
+    tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     src = tmp_path / "data"
     src.mkdir()
     (src / "a.bin").write_bytes(b"x" * 1000)
     monkeypatch.setattr(teardown, "_skip", False)
     with pytest.raises(SystemExit) as exc:  # os._exit here would end the test run itself
-        main(["preload", str(src), "--cache-dir", str(tmp_path / "c"), "--json", "-q"])
+        main(["preload", str(src), "--cache-dir", str(cache_dir), "--json", "-q"])
     assert exc.value.code == 0
     assert teardown._skip  # preload asked for it; main() declined because it was called in-process
     monkeypatch.setattr(teardown, "_skip", False)
 
 
-def test_console_preload_still_prints_its_summary_through_a_pipe(tmp_path: Path) -> None:
+def test_console_preload_still_prints_its_summary_through_a_pipe(tmp_path: Path, cache_dir: Path) -> None:
     src = tmp_path / "data"
     src.mkdir()
     for i in range(50):
         (src / f"{i}.bin").write_bytes(bytes([i]) * 4096)
-    proc = run_rq("preload", str(src), "--cache-dir", str(tmp_path / "c"), "--json")
+    proc = run_rq("preload", str(src), "--cache-dir", str(cache_dir), "--json")
     assert proc.returncode == 0, proc.stderr
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert last["event"] == "summary" and last["objects"] == 50
