@@ -170,7 +170,8 @@ def preload(
             raise cache_error_to_cli(exc) from None
         finally:
             c.close()
-    # everything landed is fsynced and the index is closed: the interpreter's teardown can go
+    # every byte is written (and fsynced, unless --no-fsync) and the index is closed: what the
+    # interpreter's teardown would do (free objects, join idle threads) no longer matters
     teardown.skip_teardown()
     if dry_run:
         for info in result.planned:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,3 +52,22 @@ def test_console_preload_still_prints_its_summary_through_a_pipe(tmp_path: Path,
     assert proc.returncode == 0, proc.stderr
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert last["event"] == "summary" and last["objects"] == 50
+
+
+_LEAVE = (  # stdout block-buffered whatever it is, so the text is still in the buffer at leave()
+    "import io, sys; from rqcli import teardown; "
+    "sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, 'w', closefd=False), 1 << 16)); "
+    "sys.stdout.write('buffered, not flushed'); teardown.skip_teardown(); teardown.leave(0, True)"
+)
+
+
+def test_fast_exit_flushes_what_was_still_buffered() -> None:
+    proc = subprocess.run([sys.executable, "-c", _LEAVE], capture_output=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"buffered, not flushed"  # os._exit alone would have dropped it
+
+
+def test_fast_exit_reports_output_it_could_not_write() -> None:
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run([sys.executable, "-c", _LEAVE], stdout=full, stderr=subprocess.PIPE, timeout=60)
+    assert proc.returncode == 120  # as the interpreter's own exit does when stdout cannot be flushed
