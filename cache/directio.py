@@ -47,8 +47,9 @@ def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         offset += n
 
 
-def _aligned_buffer() -> memoryview:
-    buf = mmap.mmap(-1, CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+def aligned_buffer(size: int = CHUNK) -> memoryview:
+    """A page-aligned anonymous buffer, zeroed (not copied) in a forked child."""
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     # A forked DataLoader worker must not turn 96 MiB of warm buffers copy-on-write for the parent.
     # WIPEONFORK, not DONTFORK: the child still owns valid (zeroed) pages there, so the mmap objects it
     # inherited can be freed safely (with DONTFORK their munmap could hit a new mapping in the gap).
@@ -80,34 +81,40 @@ class WriteBehind:
             with self._lock:
                 if self._made < _BUFFERS:
                     self._made += 1
-                    return _aligned_buffer()
+                    return aligned_buffer()
             return self._free.get()
 
     def submit(self, dfd: int, fd: int, data: memoryview, offset: int) -> Future[None]:
         """Caller guarantees: offset is ALIGN-aligned and len(data) <= CHUNK."""
         buf = self._take()
-        whole = len(data) // ALIGN * ALIGN
         buf[: len(data)] = data
         try:
-            return self._pool.submit(self._write, buf, dfd, fd, whole, len(data), offset)
+            return self._pool.submit(self._write, buf, dfd, fd, len(data), offset)
         except BaseException:  # (interpreter shutdown): the buffer must not be lost to the pool
             self._free.put(buf)
             raise
 
-    def _write(self, buf: memoryview, dfd: int, fd: int, whole: int, length: int, offset: int) -> None:
+    def _write(self, buf: memoryview, dfd: int, fd: int, length: int, offset: int) -> None:
         try:
-            done = 0
-            while done < whole:
-                n = os.pwrite(dfd, buf[done:whole], offset + done)
-                done += n
-                # a short, unaligned O_DIRECT write: the rest goes buffered, where a full disk says
-                # ENOSPC instead of EINVAL
-                if n == 0 or n % ALIGN:
-                    break
-            if length > done:
-                pwrite_all(fd, buf[done:length], offset + done)
+            write_aligned(dfd, fd, buf[:length], offset)
         finally:
             self._free.put(buf)
+
+
+def write_aligned(dfd: int, fd: int, data: memoryview, offset: int) -> None:
+    """Writes `data` (in a page-aligned buffer, at an ALIGN-aligned offset): its whole blocks through
+    the O_DIRECT fd `dfd`, an unaligned tail through the buffered `fd`."""
+    whole = len(data) // ALIGN * ALIGN
+    done = 0
+    while done < whole:
+        n = os.pwrite(dfd, data[done:whole], offset + done)
+        done += n
+        # a short, unaligned O_DIRECT write: the rest goes buffered, where a full disk says
+        # ENOSPC instead of EINVAL
+        if n == 0 or n % ALIGN:
+            break
+    if len(data) > done:
+        pwrite_all(fd, data[done:], offset + done)
 
 
 _instance: WriteBehind | None = None

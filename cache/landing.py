@@ -33,7 +33,7 @@ from cache.digests import (
     tree_digest,
     whole_crc32,
 )
-from cache.directio import ALIGN, CHUNK, open_direct, pwrite_all, write_behind
+from cache.directio import ALIGN, CHUNK, open_direct, pwrite_all, write_aligned, write_behind
 from cache.errors import BusyError, CacheFullError, ChangedError, VerifyError
 from cache.index import Entry
 from cache.layout import Layout
@@ -214,26 +214,31 @@ class Landing:
             elif self.checksums.crc32c and not self.checksums.composite:
                 self._crc_kind = "crc32c"
 
-    def write(self, chunk: memoryview | bytes, offset: int) -> None:
+    def write(self, chunk: memoryview | bytes, offset: int, inline: bool = False) -> None:
+        """`inline`: the chunk sits in a page-aligned buffer the caller reuses once this returns,
+        and the caller is a worker thread that may block on the disk: write it here, around the page
+        cache, rather than copy it for a writer thread."""
         with self._lock:
             if self._closed:
                 return  # a cancelled request's last callback, after the landing was given up
             self._active += 1  # _close now waits for this call before it closes any descriptor
         try:
-            self._write(memoryview(chunk), offset)
+            self._write(memoryview(chunk), offset, inline)
         finally:
             with self._lock:
                 self._active -= 1
                 if self._active == 0:
                     self._idle.notify_all()
 
-    def _write(self, view: memoryview, offset: int) -> None:
+    def _write(self, view: memoryview, offset: int, inline: bool) -> None:
         if self.fd < 0:
             if self.pieces > 1:
                 return  # never reopen a shared partial: O_TRUNC would wipe it
             self._open_stream()  # whole objects: bytes come from one thread, in order
         try:
-            if self._dfd >= 0 and offset % ALIGN == 0:
+            if self._dfd >= 0 and offset % ALIGN == 0 and inline:
+                write_aligned(self._dfd, self.fd, view, offset)
+            elif self._dfd >= 0 and offset % ALIGN == 0:
                 # around the page cache, on writer threads, a pooled buffer at a time; piece_done
                 # (and _close) wait for them
                 writes = [

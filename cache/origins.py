@@ -77,10 +77,6 @@ class S3Origin:
 
     def fetch(self, info: ObjectInfo, landing: Landing, on_done: Done, piece: tuple[int, int] | None) -> Any:
         bucket, key = split_s3_url(info.url)
-
-        def on_body(chunk: memoryview, offset: int) -> None:
-            landing.write(chunk, offset)  # the CRT reports offsets within the object, ranged or not
-
         if piece is None:
             # a whole object: the CRT writes the file itself (no Python per chunk, no GIL traffic);
             # Landing.finish hashes and verifies it by reading it back from the page cache
@@ -93,15 +89,12 @@ class S3Origin:
                 recv_filepath=landing.external_file(),
                 on_progress=landing.on_bytes,
             )
-        return self.client.get(
-            bucket,
-            key,
-            on_headers=landing.on_headers,
-            on_body=on_body,
-            on_done=on_done,
-            byte_range=piece,
-            if_match=info.etag,
-        )
+
+        # a big object's piece: read into an aligned buffer and written from it (cache.ranged)
+        def sink(view: memoryview, offset: int) -> None:
+            landing.write(view, offset, inline=True)
+
+        return self.client.ranged.start(bucket, key, piece, info.etag, sink, on_done)
 
 
 def local_version(st: os.stat_result) -> str:

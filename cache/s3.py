@@ -17,7 +17,7 @@ import urllib.parse
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cache.errors import (
     AuthError,
@@ -28,6 +28,9 @@ from cache.errors import (
     OriginError,
     UnreachableError,
 )
+
+if TYPE_CHECKING:
+    from cache.ranged import RangedGets
 
 PART_SIZE = 8 << 20
 
@@ -157,6 +160,7 @@ class S3:
             self.creds.access_key, self.creds.secret_key, self.creds.token
         )
         signing = s3.create_default_s3_signing_config(region=self.creds.region, credential_provider=provider)
+        self.signing = signing  # also signs the ranged GETs of cache.ranged
         retry = s3.S3RetryConfig(
             max_retries=settings.max_retries,
             backoff_scale_factor_ms=50,
@@ -184,6 +188,18 @@ class S3:
             connect_timeout_ms=3000,
         )
         self.pid = os.getpid()
+        self._ranged: RangedGets | None = None
+        self._ranged_lock = threading.Lock()
+
+    @property
+    def ranged(self) -> RangedGets:
+        """Big objects' pieces (cache.ranged), started on first use."""
+        with self._ranged_lock:
+            if self._ranged is None:
+                from cache.ranged import RangedGets
+
+                self._ranged = RangedGets(self)
+            return self._ranged
 
     # --- request plumbing ----------------------------------------------------------------------
 

@@ -12,6 +12,11 @@ Each round runs every case once, in turn (A B A B ...), so drift in a noisy shar
 alike. A case is a command (timed as a child process: wall, user+sys CPU and peak RSS from wait4, which
 include the processes it waited for) or a Python callable (wall and this process's CPU; no RSS).
 The ratio is median(baseline) / median(subject): above 1.0 means the subject (rq) was faster.
+
+Between cases the runner calls sync(2), untimed: a tool that leaves its writes to the kernel (plain
+`s5cmd cp`, rclone) would otherwise have them written back to disk during the next case's timed run,
+and that case, not the tool that wrote them, would pay for it (measured: rq's large-set run took
+1.7-1.8 s right after s5cmd and 1.23 s after a sync, s5cmd 1.08-1.10 s either way).
 """
 
 from __future__ import annotations
@@ -151,6 +156,7 @@ class Bench:
             for case in self.cases:
                 if case.setup is not None:
                     case.setup()
+                os.sync()  # start from a quiet disk: nothing dirty left by the case before
                 if callable(case.run):
                     sample = _run_callable(case.run)
                 else:

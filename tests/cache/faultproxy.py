@@ -37,6 +37,7 @@ class Stats:
     resets: int = 0
     forwarded: int = 0
     paths: list[str] = field(default_factory=list)
+    ranges: list[str] = field(default_factory=list)  # the Range header of each GET that had one
 
 
 class FaultProxy:
@@ -48,12 +49,14 @@ class FaultProxy:
         rate_bytes_per_s: float | None = None,
         seed: int = 1,
         only_get: bool = True,
+        only_ranges: bool = False,
         missing: tuple[str, ...] = (),
     ):
         self.upstream_port = upstream_port
         self.p_slowdown, self.p_reset = p_slowdown, p_reset
         self.rate = rate_bytes_per_s
         self.only_get = only_get
+        self.only_ranges = only_ranges  # fault only GETs with a Range header (big objects' pieces)
         self.missing = missing  # GETs of paths ending with these answer 404 NoSuchKey
         self.rng = random.Random(seed)
         self.stats = Stats()
@@ -105,8 +108,10 @@ class FaultProxy:
                 method = head.split(b" ", 1)[0]
                 self.stats.requests += 1
                 body = await reader.readexactly(_content_length(head)) if _content_length(head) else b""
-                faultable = method == b"GET" or not self.only_get
                 path = head.split(b" ", 2)[1].split(b"?", 1)[0].decode()
+                ranged = _header(head, b"range")[:1]
+                self.stats.ranges.extend(ranged)
+                faultable = (method == b"GET" or not self.only_get) and (bool(ranged) or not self.only_ranges)
                 if method == b"GET" and any(path.endswith(m) for m in self.missing):
                     writer.write(NO_SUCH_KEY % (len(NO_SUCH_KEY_BODY), NO_SUCH_KEY_BODY))
                     await writer.drain()
@@ -177,6 +182,15 @@ class FaultProxy:
             await writer.drain()
             if self.rate:
                 await asyncio.sleep(len(chunk) / self.rate)
+
+
+def _header(head: bytes, name: bytes) -> list[str]:
+    prefix = name.lower() + b":"
+    return [
+        line.split(b":", 1)[1].strip().decode()
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(prefix)
+    ]
 
 
 def _content_length(head: bytes) -> int:

@@ -200,13 +200,13 @@ def test_a_failed_write_behind_is_raised_only_after_every_write_of_the_piece_end
     calls: list[int] = []
     real = directio.WriteBehind._write
 
-    def slow_or_failing(self: Any, buf: Any, dfd: int, fd: int, whole: int, length: int, offset: int) -> None:
+    def slow_or_failing(self: Any, buf: Any, dfd: int, fd: int, length: int, offset: int) -> None:
         calls.append(offset)
         if offset == 0:
             self._free.put(buf)
             raise OSError(5, "injected I/O error")
         release.wait(5)
-        real(self, buf, dfd, fd, whole, length, offset)
+        real(self, buf, dfd, fd, length, offset)
 
     monkeypatch.setattr(directio.WriteBehind, "_write", slow_or_failing)
     landing.write(memoryview(bytes(2 * directio.CHUNK)), 0)  # piece 0, two slices

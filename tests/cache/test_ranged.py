@@ -1,0 +1,197 @@
+"""Big objects' ranged GETs (cache.ranged) against the real SeaweedFS, with faults from the proxy."""
+
+from __future__ import annotations
+
+import http.server
+import io
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cachekit import payload, summary
+from rqtest import run_rq
+
+from cache.directio import ALIGN, CHUNK
+from cache.errors import AuthError, ChangedError, OriginError, UnreachableError
+from cache.ranged import Cancelled
+from cache.s3 import S3, S3Settings
+
+SIZE = 2 * CHUNK + 5 * ALIGN + 123  # three buffers, the last one short and unaligned
+
+
+class Collector:
+    """A sink that records every hand-over and rebuilds the bytes from them."""
+
+    def __init__(self, size: int):
+        self.data = bytearray(size)
+        self.writes: list[tuple[int, int]] = []
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.calls = 0
+
+    def sink(self, view: memoryview, offset: int) -> None:
+        self.data[offset : offset + len(view)] = view
+        self.writes.append((offset, len(view)))
+
+    def on_done(self, error: BaseException | None) -> None:
+        self.calls += 1
+        self.error = error
+        self.done.set()
+
+    def wait(self) -> None:
+        assert self.done.wait(60), "on_done never came"
+        time.sleep(0.05)
+        assert self.calls == 1
+
+
+@pytest.fixture
+def big(s3_client: Any, bucket: str) -> tuple[str, str, bytes, str]:
+    body = payload(7, SIZE)
+    s3_client.upload_fileobj(io.BytesIO(body), bucket, "r/obj.bin")
+    etag = s3_client.head_object(Bucket=bucket, Key="r/obj.bin")["ETag"].strip('"')
+    return bucket, "r/obj.bin", body, etag
+
+
+def client(endpoint: str, retries: int = 6) -> S3:
+    return S3(S3Settings(endpoint_url=endpoint, max_retries=retries))
+
+
+def test_a_piece_lands_whole_in_order_and_handed_on_once(big: Any, services: Any, aws_env: Any) -> None:
+    bucket, key, body, etag = big
+    got = Collector(SIZE)
+    client(services.s3_endpoint).ranged.start(bucket, key, (0, SIZE - 1), etag, got.sink, got.on_done)
+    got.wait()
+    assert got.error is None
+    assert bytes(got.data) == body
+    assert [w[0] for w in got.writes] == [0, CHUNK, 2 * CHUNK]
+    assert all(off % ALIGN == 0 for off, _ in got.writes)
+
+
+def test_resets_mid_body_resume_at_the_first_byte_not_handed_on(
+    big: Any, proxy_factory: Any, aws_env: Any
+) -> None:
+    bucket, key, body, etag = big
+    flaky = proxy_factory(p_reset=0.6, seed=11)
+    got = Collector(SIZE)
+    client(flaky.endpoint, retries=20).ranged.start(bucket, key, (0, SIZE - 1), etag, got.sink, got.on_done)
+    got.wait()
+    assert got.error is None, got.error
+    assert flaky.stats.resets > 0
+    assert bytes(got.data) == body
+    # nothing was fetched twice: every byte was handed on exactly once, in order
+    assert sum(n for _, n in got.writes) == SIZE
+    assert [off for off, _ in got.writes] == sorted(off for off, _ in got.writes)
+    # each retry asked only for what had not been handed on yet
+    starts = [int(r.split("=")[1].split("-")[0]) for r in flaky.stats.ranges]
+    assert starts == sorted(starts) and starts[0] == 0 and len(starts) > 1
+    assert all(s % ALIGN == 0 for s in starts)
+
+
+def test_slowdown_is_retried_then_reported_as_throttling(big: Any, proxy_factory: Any, aws_env: Any) -> None:
+    bucket, key, _, etag = big
+    always = proxy_factory(p_slowdown=1.0)
+    got = Collector(SIZE)
+    client(always.endpoint, retries=2).ranged.start(bucket, key, (0, 1023), etag, got.sink, got.on_done)
+    got.wait()
+    assert isinstance(got.error, OriginError) and getattr(got.error, "throttled", False)
+    assert always.stats.slowdowns == 3  # the first try and two retries
+    assert got.writes == []
+
+
+def test_a_store_that_went_away_is_unreachable(aws_env: Any) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again at once: nothing listens there
+    got = Collector(16)
+    client(f"http://127.0.0.1:{port}", retries=1).ranged.start("b", "k", (0, 15), None, got.sink, got.on_done)
+    got.wait()
+    assert isinstance(got.error, UnreachableError) and "cannot reach" in str(got.error)
+
+
+def test_a_changed_object_is_a_changed_error_at_once(big: Any, proxy_factory: Any, aws_env: Any) -> None:
+    bucket, key, _, _ = big
+    counting = proxy_factory()
+    got = Collector(SIZE)
+    client(counting.endpoint).ranged.start(bucket, key, (0, 1023), "0" * 32, got.sink, got.on_done)
+    got.wait()
+    assert isinstance(got.error, ChangedError)
+    assert counting.stats.requests == 1 and got.writes == []
+
+
+def test_wrong_credentials_are_an_auth_error(
+    big: Any, services: Any, aws_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bucket, key, _, etag = big
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
+    got = Collector(SIZE)
+    client(services.s3_endpoint).ranged.start(bucket, key, (0, 1023), etag, got.sink, got.on_done)
+    got.wait()
+    assert isinstance(got.error, AuthError)
+
+
+def test_cancel_ends_the_request_and_reports_it_once(big: Any, proxy_factory: Any, aws_env: Any) -> None:
+    bucket, key, _, etag = big
+    slow = proxy_factory(rate_bytes_per_s=1 << 20)
+    got = Collector(SIZE)
+    request = client(slow.endpoint).ranged.start(bucket, key, (0, SIZE - 1), etag, got.sink, got.on_done)
+    time.sleep(0.5)
+    request.cancel()
+    got.wait()
+    assert isinstance(got.error, Cancelled)
+    assert sum(n for _, n in got.writes) < SIZE
+
+
+class _IgnoresRange(http.server.BaseHTTPRequestHandler):
+    body = b"x" * 8192
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def ignores_range() -> Iterator[str]:
+    """Not S3: a server that answers every GET with the whole body, as a store ignoring Range would."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _IgnoresRange)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_reply_for_another_span_is_refused(ignores_range: str, aws_env: Any) -> None:
+    got = Collector(8192)
+    client(ignores_range).ranged.start("b", "k", (4096, 8191), None, got.sink, got.on_done)
+    got.wait()
+    assert isinstance(got.error, OriginError) and "asked for bytes 4096-8191" in str(got.error)
+    assert got.writes == []
+
+
+@pytest.mark.slow
+def test_preload_of_a_big_object_through_slowdowns_and_resets(
+    s3_client: Any, bucket: str, cache_env: dict[str, str], proxy_factory: Any
+) -> None:
+    from cache.digests import BIG_OBJECT
+
+    body = payload(5, BIG_OBJECT + 12345)
+    s3_client.upload_fileobj(io.BytesIO(body), bucket, "big/one.bin")
+    flaky = proxy_factory(p_slowdown=0.3, p_reset=0.4, seed=3, only_ranges=True)
+    proc = run_rq("preload", f"s3://{bucket}/big/", "--json", "--endpoint-url", flaky.endpoint, env=cache_env)
+    assert proc.returncode == 0, proc.stderr
+    assert summary(proc)["objects"] == 1
+    assert flaky.stats.resets > 0 and flaky.stats.slowdowns > 0
+    check = run_rq("cache", "verify", env=cache_env)
+    assert check.returncode == 0, check.stdout + check.stderr
+    from cache import Cache
+
+    with Cache(Path(cache_env["RQ_CACHE_DIR"])) as c:
+        assert c.read_bytes(f"s3://{bucket}/big/one.bin") == body
