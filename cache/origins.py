@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from cache.directio import aligned_buffer
 from cache.errors import BadSourceError, ChangedError, NotFoundError, UnreachableError
 from cache.landing import Checksums, Landing, ObjectInfo
 from cache.s3 import S3, S3Settings, shared_client
@@ -169,10 +170,10 @@ class LocalOrigin:
         self.pool(self.workers).submit(run)
 
     def _copy(self, info: ObjectInfo, landing: Landing, piece: tuple[int, int] | None) -> None:
-        buf = getattr(self._tls, "buf", None)
-        if buf is None:
-            buf = self._tls.buf = bytearray(self.CHUNK)
-        view = memoryview(buf)
+        view: memoryview | None = getattr(self._tls, "buf", None)
+        if view is None:
+            # page-aligned and reused: a big file's pieces go to disk from this very buffer
+            view = self._tls.buf = aligned_buffer(self.CHUNK)
         try:
             fd = os.open(info.url, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -188,7 +189,7 @@ class LocalOrigin:
                 n = os.preadv(fd, [view[: min(self.CHUNK, end + 1 - offset)]], offset)
                 if n == 0:
                     break
-                landing.write(view[:n], offset)
+                landing.write(view[:n], offset, inline=True)
                 offset += n
             if local_version(os.fstat(fd)) != info.version:
                 raise ChangedError(f"{info.url} changed while it was copied")
