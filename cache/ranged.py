@@ -119,6 +119,11 @@ class RangedGets:
                 if failures > self.max_retries:
                     raise retry.error from None
                 time.sleep(random.uniform(0, min(BACKOFF_MAX_S, BACKOFF_SCALE_S * 2**failures)))
+            except BaseException:
+                # an error reply, a full disk in the sink, a cancel: the connection may still hold
+                # unread body bytes, so the next piece on this thread must not reuse it
+                self._drop_connection()
+                raise
 
     def _attempt(
         self,

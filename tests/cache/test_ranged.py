@@ -145,6 +145,30 @@ def test_cancel_ends_the_request_and_reports_it_once(big: Any, proxy_factory: An
     assert sum(n for _, n in got.writes) < SIZE
 
 
+def test_a_piece_that_failed_midway_leaves_no_bytes_for_the_next_one(
+    big: Any, services: Any, aws_env: Any
+) -> None:
+    """A sink that fails mid-body (a full disk) leaves most of the body unread on the connection:
+    the worker's next piece must not be sent on it (with no retries allowed, it would fail)."""
+    from cache.ranged import RangedGets
+
+    bucket, key, body, etag = big
+    one_thread = RangedGets(client(services.s3_endpoint, retries=0), workers=1)
+
+    def full_disk(view: memoryview, offset: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    failed = Collector(SIZE)
+    one_thread.start(bucket, key, (0, SIZE - 1), etag, full_disk, failed.on_done)
+    failed.wait()
+    assert isinstance(failed.error, OSError) and failed.error.errno == 28
+    got = Collector(SIZE)
+    one_thread.start(bucket, key, (0, SIZE - 1), etag, got.sink, got.on_done)
+    got.wait()
+    assert got.error is None, got.error
+    assert bytes(got.data) == body
+
+
 class _IgnoresRange(http.server.BaseHTTPRequestHandler):
     body = b"x" * 8192
 
