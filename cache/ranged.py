@@ -15,9 +15,11 @@ not yet handed on, so nothing is fetched twice.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import random
+import socket
 import ssl
 import threading
 import time
@@ -40,6 +42,8 @@ READ_TIMEOUT_S = 30.0  # a store that goes silent mid-body is a lost connection,
 BACKOFF_SCALE_S = 0.05
 BACKOFF_MAX_S = 4.0
 _ERROR_BODY_MAX = 64 << 10
+SLICE = 1 << 20  # one readinto: what a reset can cost (BufferedReader drops a call's bytes on error)
+RETRY_CODES = {"RequestTimeout", "InternalError", "ServiceUnavailable"}
 
 
 class Cancelled(OriginError):
@@ -51,9 +55,15 @@ class RangedRequest:
 
     def __init__(self) -> None:
         self.cancelled = False
+        self.sock: socket.socket | None = None  # the connection's socket while a body is read
 
     def cancel(self) -> None:
         self.cancelled = True
+        sock = self.sock
+        if sock is not None:
+            # wakes a worker blocked in recv on a slow store at once (it then sees `cancelled`)
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
 
 @dataclass
@@ -77,7 +87,7 @@ class RangedGets:
         self.pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="rq-range")
         self._local = threading.local()
         self.max_retries = client.settings.max_retries
-        self.pid = os.getpid()
+        self._contexts: dict[str, ssl.SSLContext] = {}
 
     def start(
         self, bucket: str, key: str, rng: tuple[int, int], if_match: str | None, sink: Sink, on_done: Done
@@ -145,47 +155,86 @@ class RangedGets:
         if if_match:
             headers.append(("If-Match", f'"{if_match}"'))
         try:
+            signed = self._sign(host, path, headers)
+        except Exception as exc:  # the CRT signer refused (bad credentials in the provider, …)
+            raise OriginError(f"{what}: could not sign the request ({exc})") from None
+        try:
             conn = self._connection(host)
             conn.putrequest("GET", path, skip_host=True, skip_accept_encoding=True)
-            for name, value in self._sign(host, path, headers):
+            for name, value in signed:
                 conn.putheader(name, value)
             conn.endheaders()
             resp = conn.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             raise _Retry(self._unreachable(exc)) from None
         if resp.status not in (200, 206):
-            from cache.s3 import map_error
+            from cache.s3 import _error_code, map_error
 
-            error = map_error(what, None, resp.status, _read_bounded(resp), self.client.endpoint_text)
-            if resp.status >= 500 or getattr(error, "throttled", False):
+            body = _read_bounded(resp)
+            error = map_error(what, None, resp.status, body, self.client.endpoint_text)
+            if (
+                resp.status >= 500
+                or getattr(error, "throttled", False)
+                or _error_code(body)[0] in RETRY_CODES
+            ):
                 raise _Retry(error)
             raise error
-        length = end - cursor.offset + 1
-        declared = resp.getheader("Content-Length")
-        if declared is None or int(declared) != length or (resp.status == 200 and cursor.offset != 0):
-            # a store that ignored the Range header, or sent another span: never write it as ours
-            self._drop_connection()
-            raise OriginError(f"{what}: asked for bytes {cursor.offset}-{end}, the store sent {declared}")
+        self._check_span(what, resp, cursor.offset, end)
         view = self._buffer()
+        req.sock = conn.sock
+        try:
+            self._read_body(what, resp, view, cursor, end, sink, req)
+        finally:
+            req.sock = None
+
+    @staticmethod
+    def _check_span(what: str, resp: http.client.HTTPResponse, offset: int, end: int) -> None:
+        """A store that ignored the Range header, or sent another span: never write it as ours."""
+        length = end - offset + 1
+        declared = resp.getheader("Content-Length") or ""
+        span = (resp.getheader("Content-Range") or "").partition("/")[0].strip()
+        if resp.status == 206:
+            ok = declared == str(length) and span == f"bytes {offset}-{end}"
+        else:  # 200: only right when the range asked for was the whole object from byte 0
+            ok = offset == 0 and declared == str(length)
+        if not ok:
+            raise OriginError(
+                f"{what}: asked for bytes {offset}-{end}, the store sent {span or 'a whole body'} ({declared or '?'} bytes)"
+            )
+
+    @staticmethod
+    def _read_body(
+        what: str,
+        resp: http.client.HTTPResponse,
+        view: memoryview,
+        cursor: _Cursor,
+        end: int,
+        sink: Sink,
+        req: RangedRequest,
+    ) -> None:
+        """Fills the buffer a slice at a time and hands each full buffer on; after a lost connection
+        hands on the whole pages that did arrive, so the retry starts after them, still aligned."""
         while cursor.offset <= end:
             want = min(len(view), end + 1 - cursor.offset)
             got = 0
             try:
                 while got < want:
                     if req.cancelled:
-                        self._drop_connection()
                         raise Cancelled(f"{what}: cancelled")
-                    n = resp.readinto(view[got:want])
+                    n = resp.readinto(view[got : min(want, got + SLICE)])
                     if not n:
                         raise http.client.IncompleteRead(b"", want - got)
                     got += n
             except (OSError, http.client.HTTPException) as exc:
-                # keep the whole pages that did arrive: the retry starts after them, still aligned
+                if req.cancelled:
+                    raise Cancelled(f"{what}: cancelled") from None
                 kept = got // ALIGN * ALIGN
                 if kept:
                     sink(view[:kept], cursor.offset)
                     cursor.offset += kept
-                raise _Retry(self._unreachable(exc)) from None
+                raise _Retry(
+                    UnreachableError(f"{what}: connection lost mid-body ({type(exc).__name__})")
+                ) from None
             sink(view[:got], cursor.offset)
             cursor.offset += got
 
@@ -194,14 +243,14 @@ class RangedGets:
     def _connection(self, host: str) -> http.client.HTTPConnection:
         """This thread's keep-alive connection to `host` (virtual-hosted buckets differ in host)."""
         conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is not None and getattr(self._local, "host", None) != host:
+        if conn is not None and (getattr(self._local, "host", None) != host or conn.sock is None):
+            # another host, or the store closed it (`Connection: close`): http.client would reconnect
+            # by itself, but with the connect timeout as the read timeout
             self._drop_connection()
             conn = None
         if conn is None:
             if self.client.scheme == "https":
-                # AWS_CA_BUNDLE as botocore reads it (a private CA in front of the store)
-                context = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
-                conn = http.client.HTTPSConnection(host, timeout=CONNECT_TIMEOUT_S, context=context)
+                conn = http.client.HTTPSConnection(host, timeout=CONNECT_TIMEOUT_S, context=self._tls())
             else:
                 conn = http.client.HTTPConnection(host, timeout=CONNECT_TIMEOUT_S)
             conn.connect()
@@ -209,6 +258,14 @@ class RangedGets:
             conn.sock.settimeout(READ_TIMEOUT_S)
             self._local.conn, self._local.host = conn, host
         return conn
+
+    def _tls(self) -> ssl.SSLContext:
+        # AWS_CA_BUNDLE as botocore reads it (a private CA in front of the store); built once
+        bundle = os.environ.get("AWS_CA_BUNDLE") or ""
+        context = self._contexts.get(bundle)
+        if context is None:
+            context = self._contexts[bundle] = ssl.create_default_context(cafile=bundle or None)
+        return context
 
     def _drop_connection(self) -> None:
         conn = getattr(self._local, "conn", None)

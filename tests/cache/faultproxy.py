@@ -38,6 +38,8 @@ class Stats:
     forwarded: int = 0
     paths: list[str] = field(default_factory=list)
     ranges: list[str] = field(default_factory=list)  # the Range header of each GET that had one
+    connections: int = 0
+    cuts: int = 0
 
 
 class FaultProxy:
@@ -46,6 +48,7 @@ class FaultProxy:
         upstream_port: int,
         p_slowdown: float = 0.0,
         p_reset: float = 0.0,
+        p_cut: float = 0.0,
         rate_bytes_per_s: float | None = None,
         seed: int = 1,
         only_get: bool = True,
@@ -54,6 +57,7 @@ class FaultProxy:
     ):
         self.upstream_port = upstream_port
         self.p_slowdown, self.p_reset = p_slowdown, p_reset
+        self.p_cut = p_cut  # close cleanly (FIN) mid-body at an unaligned byte: a short response
         self.rate = rate_bytes_per_s
         self.only_get = only_get
         self.only_ranges = only_ranges  # fault only GETs with a Range header (big objects' pieces)
@@ -100,6 +104,7 @@ class FaultProxy:
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        self.stats.connections += 1
         up_r: asyncio.StreamReader | None = None
         up_w: asyncio.StreamWriter | None = None
         try:
@@ -124,14 +129,17 @@ class FaultProxy:
                     writer.close()
                     return
                 reset_midway = faultable and roll < self.p_slowdown + self.p_reset
+                cut_midway = (
+                    faultable and not reset_midway and roll < self.p_slowdown + self.p_reset + self.p_cut
+                )
                 if up_w is None:
                     up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
                 assert up_r is not None
                 up_w.write(head + body)
                 await up_w.drain()
                 self.stats.forwarded += 1
-                await self._relay_response(up_r, writer, method == b"HEAD", reset_midway)
-                if reset_midway:
+                await self._relay_response(up_r, writer, method == b"HEAD", reset_midway, cut_midway)
+                if reset_midway or cut_midway:
                     return
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError, OSError):
             pass
@@ -145,7 +153,12 @@ class FaultProxy:
                 writer.close()
 
     async def _relay_response(
-        self, up: asyncio.StreamReader, writer: asyncio.StreamWriter, head_only: bool, reset_midway: bool
+        self,
+        up: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        head_only: bool,
+        reset_midway: bool,
+        cut_midway: bool = False,
     ) -> None:
         head = await up.readuntil(b"\r\n\r\n")
         writer.write(head)
@@ -163,6 +176,16 @@ class FaultProxy:
             await writer.drain()
             return
         left = _content_length(head)
+        if cut_midway:
+            cut = left // 2 + 777
+            while cut > 0:
+                chunk = await up.read(min(cut, 65536))
+                cut -= len(chunk)
+                writer.write(chunk)
+            await writer.drain()
+            self.stats.cuts += 1
+            writer.close()  # FIN after a short body
+            return
         if reset_midway:
             cut = left // 2
             while cut > 0:

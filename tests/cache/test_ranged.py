@@ -17,7 +17,7 @@ from rqtest import run_rq
 
 from cache.directio import ALIGN, CHUNK
 from cache.errors import AuthError, ChangedError, OriginError, UnreachableError
-from cache.ranged import Cancelled
+from cache.ranged import SLICE, Cancelled
 from cache.s3 import S3, S3Settings
 
 SIZE = 2 * CHUNK + 5 * ALIGN + 123  # three buffers, the last one short and unaligned
@@ -75,20 +75,38 @@ def test_resets_mid_body_resume_at_the_first_byte_not_handed_on(
     big: Any, proxy_factory: Any, aws_env: Any
 ) -> None:
     bucket, key, body, etag = big
-    flaky = proxy_factory(p_reset=0.6, seed=11)
+    # resets (RST) and clean closes after a short body, at unaligned bytes
+    flaky = proxy_factory(p_reset=0.3, p_cut=0.4, seed=3)
     got = Collector(SIZE)
     client(flaky.endpoint, retries=20).ranged.start(bucket, key, (0, SIZE - 1), etag, got.sink, got.on_done)
     got.wait()
     assert got.error is None, got.error
-    assert flaky.stats.resets > 0
+    assert flaky.stats.resets > 0 and flaky.stats.cuts > 0
     assert bytes(got.data) == body
-    # nothing was fetched twice: every byte was handed on exactly once, in order
+    # every byte was handed on exactly once, in order
     assert sum(n for _, n in got.writes) == SIZE
     assert [off for off, _ in got.writes] == sorted(off for off, _ in got.writes)
-    # each retry asked only for what had not been handed on yet
+    # each retry asked only for what had not been handed on yet: its start moved past what arrived
     starts = [int(r.split("=")[1].split("-")[0]) for r in flaky.stats.ranges]
-    assert starts == sorted(starts) and starts[0] == 0 and len(starts) > 1
+    assert starts == sorted(starts) and starts[0] == 0 and len(set(starts)) > 1
+    # whole pages of a cut-short buffer were kept (a start inside a read slice), and stayed aligned
+    assert any(s % SLICE for s in starts)
     assert all(s % ALIGN == 0 for s in starts)
+
+
+def test_pieces_in_a_row_share_one_keep_alive_connection(big: Any, proxy_factory: Any, aws_env: Any) -> None:
+    from cache.ranged import RangedGets
+
+    bucket, key, body, etag = big
+    counting = proxy_factory()
+    one_thread = RangedGets(client(counting.endpoint), workers=1)
+    for rng in ((0, CHUNK - 1), (CHUNK, SIZE - 1)):
+        got = Collector(SIZE)
+        one_thread.start(bucket, key, rng, etag, got.sink, got.on_done)
+        got.wait()
+        assert got.error is None, got.error
+        assert bytes(got.data[rng[0] : rng[1] + 1]) == body[rng[0] : rng[1] + 1]
+    assert counting.stats.requests == 2 and counting.stats.connections == 1
 
 
 def test_slowdown_is_retried_then_reported_as_throttling(big: Any, proxy_factory: Any, aws_env: Any) -> None:
@@ -122,15 +140,17 @@ def test_a_changed_object_is_a_changed_error_at_once(big: Any, proxy_factory: An
     assert counting.stats.requests == 1 and got.writes == []
 
 
-def test_wrong_credentials_are_an_auth_error(
-    big: Any, services: Any, aws_env: Any, monkeypatch: pytest.MonkeyPatch
+def test_wrong_credentials_are_an_auth_error_at_once(
+    big: Any, proxy_factory: Any, aws_env: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     bucket, key, _, etag = big
+    counting = proxy_factory()
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
     got = Collector(SIZE)
-    client(services.s3_endpoint).ranged.start(bucket, key, (0, 1023), etag, got.sink, got.on_done)
+    client(counting.endpoint).ranged.start(bucket, key, (0, 1023), etag, got.sink, got.on_done)
     got.wait()
     assert isinstance(got.error, AuthError)
+    assert counting.stats.requests == 1  # not retried
 
 
 def test_cancel_ends_the_request_and_reports_it_once(big: Any, proxy_factory: Any, aws_env: Any) -> None:
@@ -139,8 +159,10 @@ def test_cancel_ends_the_request_and_reports_it_once(big: Any, proxy_factory: An
     got = Collector(SIZE)
     request = client(slow.endpoint).ranged.start(bucket, key, (0, SIZE - 1), etag, got.sink, got.on_done)
     time.sleep(0.5)
+    cancelled_at = time.monotonic()
     request.cancel()
     got.wait()
+    assert time.monotonic() - cancelled_at < 2  # not after the rest of a slow 8 MiB buffer
     assert isinstance(got.error, Cancelled)
     assert sum(n for _, n in got.writes) < SIZE
 
