@@ -176,23 +176,12 @@ class FaultProxy:
             await writer.drain()
             return
         left = _content_length(head)
-        if cut_midway:
-            cut = left // 2 + 777
-            while cut > 0:
-                chunk = await up.read(min(cut, 65536))
-                cut -= len(chunk)
-                writer.write(chunk)
-            await writer.drain()
-            self.stats.cuts += 1
-            writer.close()  # FIN after a short body
-            return
-        if reset_midway:
-            cut = left // 2
-            while cut > 0:
-                chunk = await up.read(min(cut, 65536))
-                cut -= len(chunk)
-                writer.write(chunk)
-            await writer.drain()
+        if cut_midway or reset_midway:
+            await _relay_part(up, writer, left // 2 + (777 if cut_midway else 0))
+            if cut_midway:
+                self.stats.cuts += 1
+                writer.close()  # FIN after a short body
+                return
             self.stats.resets += 1
             _reset(writer)
             raise ConnectionResetError
@@ -205,6 +194,17 @@ class FaultProxy:
             await writer.drain()
             if self.rate:
                 await asyncio.sleep(len(chunk) / self.rate)
+
+
+async def _relay_part(up: asyncio.StreamReader, writer: asyncio.StreamWriter, nbytes: int) -> None:
+    """Relays the first `nbytes` of a body, before a fault ends the response."""
+    while nbytes > 0:
+        chunk = await up.read(min(nbytes, 65536))
+        if not chunk:
+            break
+        nbytes -= len(chunk)
+        writer.write(chunk)
+    await writer.drain()
 
 
 def _header(head: bytes, name: bytes) -> list[str]:
