@@ -85,7 +85,6 @@ class S3Origin:
                 bucket,
                 key,
                 on_headers=landing.on_headers,
-                on_body=None,
                 on_done=on_done,
                 recv_filepath=landing.external_file(),
                 on_progress=landing.on_bytes,

@@ -10,7 +10,8 @@ Small objects stay on the CRT, which writes them in C without Python per chunk.
 
 Retries mirror the CRT's STANDARD mode: exponential backoff with full jitter on 5xx, throttling and
 lost connections, a bounded number of attempts without progress. A retry resumes at the first byte
-not yet handed on, so nothing is fetched twice.
+not yet handed on: the body is read in 1 MiB slices, so a lost connection costs at most the slice
+that was on its way.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""S3 through the AWS Common Runtime (awscrt): listing, HEAD and GET on one pooled C client.
+"""S3 through the AWS Common Runtime (awscrt): listing, HEAD and whole-object GETs on one pooled C client.
 
 Why awscrt and not boto3 for data: botocore spends milliseconds of Python CPU per request, and on a
 2-core box that, not the network, bounds small-object throughput (see docs/cache.md for numbers).
-The CRT does HTTP, SigV4 signing, retries (exponential backoff, full jitter) and client-side rate
-limiting (ADAPTIVE retry mode: it slows down when the store says SlowDown and speeds up after) in C
-threads. Credentials and endpoint still come from boto3's standard chain: the environment first
+The CRT does HTTP, SigV4 signing and retries (STANDARD mode: exponential backoff, full jitter) in C
+threads; the preloader's own AIMD window backs concurrency off when the store throttles. Big objects'
+ranged pieces go through cache.ranged, signed by this client's signing config. Credentials and endpoint still come from boto3's standard chain: the environment first
 (exactly as botocore reads it), else botocore itself resolves profile/SSO/IMDS/… and hands us a
 static snapshot (refreshable credentials are re-read per client).
 """
@@ -291,25 +291,16 @@ class S3:
         key: str,
         *,
         on_headers: Callable[[list[tuple[str, str]]], None],
-        on_body: Callable[[memoryview, int], None] | None,
         on_done: Callable[[BaseException | None], None],
-        byte_range: tuple[int, int] | None = None,
-        if_match: str | None = None,
-        recv_filepath: str | None = None,
+        recv_filepath: str,
         on_progress: Callable[[int], None] | None = None,
     ) -> Any:
-        """Starts a GET; callbacks run on CRT threads. A whole small object goes as one plain GET
-        (the response then carries the object's checksum headers); a range goes through the CRT's
-        parallel ranged GET. `on_done` gets None or a mapped CacheError."""
+        """Starts a plain GET of a whole object that the CRT writes into `recv_filepath` (the
+        response carries the object's checksum headers); callbacks run on CRT threads. `on_done`
+        gets None or a mapped CacheError. Big objects' ranged pieces go through cache.ranged."""
         from awscrt import s3
 
         host, path = self._target(bucket, key)
-        headers = [("x-amz-checksum-mode", "ENABLED")] if byte_range is None else []
-        if byte_range is not None:
-            headers.append(("Range", f"bytes={byte_range[0]}-{byte_range[1]}"))
-        if if_match:
-            headers.append(("If-Match", f'"{if_match}"'))
-        base = byte_range[0] if byte_range else 0
         what = f"s3://{bucket}/{key}"
         endpoint = self.endpoint_text
 
@@ -317,24 +308,17 @@ class S3:
             if status_code < 300:
                 on_headers(headers)
 
-        def _body(chunk: memoryview, offset: int, **_: Any) -> None:
-            assert on_body is not None
-            on_body(chunk, offset)
-
         def _done(error: BaseException | None = None, status_code: int | None = None, **kw: Any) -> None:
             if error is None:
                 on_done(None)
             else:
                 on_done(map_error(what, error, status_code, kw.get("error_body"), endpoint))
 
-        kind = s3.S3RequestType.GET_OBJECT if byte_range is not None else s3.S3RequestType.DEFAULT
-        del base
         return self.client.make_request(
-            type=kind,
+            type=s3.S3RequestType.DEFAULT,
             operation_name="GetObject",
-            request=self._request("GET", host, path, headers),
+            request=self._request("GET", host, path, [("x-amz-checksum-mode", "ENABLED")]),
             on_headers=_headers,
-            on_body=None if recv_filepath else _body,
             recv_filepath=recv_filepath,
             on_done=_done,
             on_progress=(lambda progress, **_: on_progress(progress)) if on_progress else None,
