@@ -101,6 +101,9 @@ def _error_code(body: bytes | None) -> tuple[str, str]:
     return (root.findtext("Code") or ""), (root.findtext("Message") or "")
 
 
+# CRT error names of a connection that was up and then went away (not refused, not timed out)
+LOST_CONNECTION = ("AWS_IO_SOCKET_CLOSED", "AWS_ERROR_HTTP_CONNECTION_CLOSED")
+
 THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests"}
 
 
@@ -128,6 +131,13 @@ def map_error(
     if "SLOW_DOWN" in name or "THROTTL" in name:
         err = OriginError(f"{what}: throttled by the store ({name})")
         err.throttled = True  # type: ignore[attr-defined]
+        return err
+    if any(s in name for s in LOST_CONNECTION):
+        # the store answered, then a connection dropped (a reset, a proxy recycling it) after the
+        # CRT's own retries: one object's trouble, retried by the fetcher; only a store that then
+        # refuses or never answers stops the run as unreachable
+        err = OriginError(f"{what}: connection lost ({name})")
+        err.throttled = False  # type: ignore[attr-defined]
         return err
     if any(s in name for s in ("SOCKET", "DNS", "CONNECTION", "TIMEOUT", "HOST", "CLOSED", "TLS")):
         return UnreachableError(f"cannot reach {endpoint} ({name})")

@@ -13,6 +13,7 @@ import random
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 
 SLOWDOWN = (
@@ -54,6 +55,7 @@ class FaultProxy:
         only_get: bool = True,
         only_ranges: bool = False,
         missing: tuple[str, ...] = (),
+        storm_s: float = 0.0,
     ):
         self.upstream_port = upstream_port
         self.p_slowdown, self.p_reset = p_slowdown, p_reset
@@ -62,6 +64,10 @@ class FaultProxy:
         self.only_get = only_get
         self.only_ranges = only_ranges  # fault only GETs with a Range header (big objects' pieces)
         self.missing = missing  # GETs of paths ending with these answer 404 NoSuchKey
+        # a throttling storm: every faultable GET of an object answers SlowDown for this long after
+        # the first one (how a hot partition behaves), long enough to outlast the client's retries
+        self.storm_s = storm_s
+        self._storm_until: float | None = None
         self.rng = random.Random(seed)
         self.stats = Stats()
         self.loop = asyncio.new_event_loop()
@@ -102,6 +108,14 @@ class FaultProxy:
             self._thread.join(10)
             self.loop.close()
 
+    def _in_storm(self) -> bool:
+        if not self.storm_s:
+            return False
+        now = time.monotonic()
+        if self._storm_until is None:
+            self._storm_until = now + self.storm_s
+        return now < self._storm_until
+
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
         self.stats.connections += 1
@@ -122,7 +136,8 @@ class FaultProxy:
                     await writer.drain()
                     continue
                 roll = self.rng.random()
-                if faultable and roll < self.p_slowdown:
+                storm = faultable and "/" in path.strip("/") and self._in_storm()  # objects, not listings
+                if faultable and (roll < self.p_slowdown or storm):
                     self.stats.slowdowns += 1
                     writer.write(SLOWDOWN % (len(SLOWDOWN_BODY), SLOWDOWN_BODY))
                     await writer.drain()

@@ -119,6 +119,28 @@ def test_window_halves_on_throttle_and_grows_back() -> None:
     assert w.value == 64
 
 
+@pytest.mark.parametrize(
+    ("crt_error", "retried"),
+    [
+        ("AWS_IO_SOCKET_CLOSED", True),  # a reset or a dropped keep-alive: this object's trouble
+        ("AWS_ERROR_HTTP_CONNECTION_CLOSED", True),
+        ("AWS_IO_SOCKET_CONNECTION_REFUSED", False),  # nobody listens: the run stops
+        ("AWS_IO_SOCKET_TIMEOUT", False),
+        ("AWS_IO_DNS_INVALID_NAME", False),
+    ],
+)
+def test_a_lost_connection_is_retried_an_unreachable_store_is_not(crt_error: str, retried: bool) -> None:
+    from awscrt.exceptions import AwsCrtError
+
+    from cache.errors import OriginError, UnreachableError
+    from cache.s3 import map_error
+
+    err = map_error("s3://b/k", AwsCrtError(1, crt_error, "test"), None, None, "http://127.0.0.1:1")
+    assert isinstance(err, UnreachableError) is not retried
+    assert isinstance(err, OriginError) is retried
+    assert not getattr(err, "throttled", False)
+
+
 def test_include_exclude() -> None:
     assert matches("a/b.tar", ["*.tar"], [])
     assert not matches("a/b.json", ["*.tar"], [])
