@@ -347,7 +347,8 @@ class Landing:
                 if not self._external and self.info.size == 0:
                     self._open_stream()  # an empty object: no write() ever came
                 else:
-                    self.fd = os.open(self.tmp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                    # the origin wrote the file: one read fd serves the size check and the read-back
+                    self.fd = self.fd_read()
             size = os.fstat(self.fd).st_size
             if size != self.info.size:
                 raise VerifyError(f"{self.info.url}: got {size} bytes, expected {self.info.size}")
@@ -387,7 +388,6 @@ class Landing:
                 self.kept_fd = os.open(self.tmp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
                 fcntl.flock(self.kept_fd, fcntl.LOCK_SH)
             # rename while the partial's lock is still held, so no other writer can pick it up
-            self.final.parent.mkdir(exist_ok=True)
             self._publish(digest)
             if self.durable and not self.batch_dir_sync:
                 fsync_dir(self.final.parent)
@@ -395,7 +395,8 @@ class Landing:
             self.abort()
             self._no_space_or_raise(exc)
             raise
-        unlink_quiet(self.journal)
+        if self.pieces > 1:
+            unlink_quiet(self.journal)
         self._close()
 
     def _publish(self, digest: str) -> None:
@@ -404,7 +405,7 @@ class Landing:
         link() fails if the name exists; then an identical file is kept and ours dropped, and only
         a damaged one is replaced."""
         try:
-            os.link(self.tmp, self.final)
+            _link(self.tmp, self.final)
         except FileExistsError:
             if _digest_of(self.final, self.info.size) == digest:
                 unlink_quiet(self.tmp)
@@ -493,9 +494,9 @@ class Landing:
         if self._dfd >= 0:
             os.close(self._dfd)
             self._dfd = -1
-        if self._rfd >= 0:
+        if self._rfd >= 0 and self._rfd != self.fd:
             os.close(self._rfd)
-            self._rfd = -1
+        self._rfd = -1
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -530,9 +531,10 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
     global _sync_file_range
     if _sync_file_range is None:
         import ctypes
-        import ctypes.util
 
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # the symbols already loaded in this process (libc among them): find_library would fork
+        # /sbin/ldconfig to look for a file we have mapped anyway
+        libc = ctypes.CDLL(None, use_errno=True)
         func = getattr(libc, "sync_file_range", None)
         if func is not None:
             func.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
@@ -542,6 +544,16 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
 
 
 _sync_file_range: Any = None
+
+
+def _link(src: Path, dst: Path) -> None:
+    """link(2), making the parent (objects/xx/) only when it is missing: asking first would cost a
+    mkdir and a stat per object, and another process may clear the cache under us at any time."""
+    try:
+        os.link(src, dst)
+    except FileNotFoundError:
+        dst.parent.mkdir(exist_ok=True)
+        os.link(src, dst)
 
 
 def _digest_of(path: Path, size: int) -> str | None:

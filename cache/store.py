@@ -68,9 +68,10 @@ def syncfs(path: Path) -> bool:
     global _syncfs
     if _syncfs is None:
         import ctypes
-        import ctypes.util
 
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # the symbols already loaded in this process (libc among them): find_library would fork
+        # /sbin/ldconfig to look for a file we have mapped anyway
+        libc = ctypes.CDLL(None, use_errno=True)
         func = getattr(libc, "syncfs", None)
         if func is not None:
             func.argtypes = [ctypes.c_int]
