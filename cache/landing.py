@@ -149,7 +149,9 @@ class Landing:
         self._writes: dict[int, list[Future[None]]] = {}  # piece -> its writes still on their way
         self._closed = False  # a late CRT callback after _close must not reopen (truncate) the file
         self._active = 0  # write() calls in progress: _close waits for them before closing fds
-        self._idle = threading.Condition(self._lock)
+        # made only when _close must wait for a write() in progress (rare): a Condition per object
+        # was a measurable part of a small-object preload's main thread
+        self._idle: threading.Condition | None = None
         if self.pieces == 1:
             return  # the file is created by the first write(), or by the origin (external_file)
         try:
@@ -227,7 +229,7 @@ class Landing:
         finally:
             with self._lock:
                 self._active -= 1
-                if self._active == 0:
+                if self._active == 0 and self._idle is not None:
                     self._idle.notify_all()
 
     def _write(self, view: memoryview, offset: int, inline: bool) -> None:
@@ -487,6 +489,8 @@ class Landing:
         with self._lock:
             self._closed = True
             while self._active:  # a write() still running may be about to use a descriptor
+                if self._idle is None:
+                    self._idle = threading.Condition(self._lock)
                 self._idle.wait()
             writes = [w for ws in self._writes.values() for w in ws]
             self._writes.clear()

@@ -50,10 +50,16 @@ def split_s3_url(url: str) -> tuple[str, str]:
 class S3Origin:
     def __init__(self, bucket: str, prefix: str, settings: S3Settings):
         self.bucket, self.prefix, self.settings = bucket, prefix, settings
+        self._client: S3 | None = None
 
     @property
     def client(self) -> S3:
-        return shared_client(self.settings)
+        # asked once per object: hashing the settings for the shared table each time cost ~5% of
+        # a small-object preload's Python time (py-spy); a forked child still gets its own client
+        client = self._client
+        if client is None or client.pid != os.getpid():
+            client = self._client = shared_client(self.settings)
+        return client
 
     def list(self) -> Iterator[ObjectInfo]:
         found = False

@@ -141,6 +141,33 @@ def test_a_lost_connection_is_retried_an_unreachable_store_is_not(crt_error: str
     assert not getattr(err, "throttled", False)
 
 
+def test_workers_run_everything_submitted_before_shutdown_on_at_most_count_threads() -> None:
+    import threading
+
+    from cache.fetcher import Workers
+
+    done: list[int] = []
+    names: set[str] = set()
+    lock = threading.Lock()
+
+    def task(i: int) -> None:
+        with lock:
+            names.add(threading.current_thread().name)
+        if i % 7 == 0:
+            raise RuntimeError("a task's own error must not stop its worker")
+        with lock:
+            done.append(i)
+
+    pool = Workers(3, "t")
+    for i in range(200):
+        pool.submit(task, i)
+    pool.shutdown()
+    pool.shutdown()  # twice is harmless
+    assert sorted(done) == [i for i in range(200) if i % 7]
+    assert 1 <= len(names) <= 3 and all(n.startswith("t_") for n in names)
+    assert not any(t.name.startswith("t_") and t.is_alive() for t in threading.enumerate())
+
+
 def test_include_exclude() -> None:
     assert matches("a/b.tar", ["*.tar"], [])
     assert not matches("a/b.json", ["*.tar"], [])
