@@ -46,6 +46,10 @@ from cache.store import HoldSpec, Store, fsync_dir, is_no_space, syncfs
 
 LAND_BATCH = 64
 MAX_ATTEMPTS = 5
+# a store whose connections all drop (a proxy or port-forward whose backend died) is unreachable,
+# even though it still accepts them: this many lost connections in a row, with no object landing
+# in between, stop the run (exit 6) instead of retrying every object of a big prefix
+LOST_IN_A_ROW = 16
 
 
 def error_kind(exc: BaseException) -> str:
@@ -202,6 +206,7 @@ class Fetcher:
         self._seq = itertools.count()
         self.resumed_bytes = 0
         self.throttled = 0
+        self._lost_in_a_row = 0  # objects failed on a dropped connection since one last landed
         self._held_bytes = 0  # bytes reserved by this run for work not yet landed
         self.starved = False  # the tier budget is spent by our own work in flight
 
@@ -308,6 +313,7 @@ class Fetcher:
                             fatal = self._failed(job, job.error, ready, delayed, result, fatal)  # type: ignore[arg-type]
                     elif kind == "landed":
                         self.window.success()
+                        self._lost_in_a_row = 0
                         to_land.append((job.hold, payload, job))
                     else:
                         job.error = job.error or payload
@@ -533,6 +539,12 @@ class Fetcher:
                 landing.keep_for_resume()
             else:
                 landing.abort()
+        if getattr(err, "lost_connection", False):
+            self._lost_in_a_row += 1
+            if self._lost_in_a_row >= LOST_IN_A_ROW:
+                err = UnreachableError(
+                    f"{err}; {self._lost_in_a_row} connections in a row dropped with nothing landing"
+                )
         if isinstance(err, UnreachableError | CacheFullError | AuthError) or fatal is not None:
             self._release(job, keep=resumable)
             return fatal or err

@@ -134,10 +134,12 @@ def map_error(
         return err
     if any(s in name for s in LOST_CONNECTION):
         # the store answered, then a connection dropped (a reset, a proxy recycling it) after the
-        # CRT's own retries: one object's trouble, retried by the fetcher; only a store that then
-        # refuses or never answers stops the run as unreachable
+        # CRT's own retries: one object's trouble, retried by the fetcher; a store that refuses or
+        # never answers, or whose connections keep dropping (fetcher.LOST_IN_A_ROW), stops the run
         err = OriginError(f"{what}: connection lost ({name})")
         err.throttled = False  # type: ignore[attr-defined]
+        # (the fetcher counts these in a row)
+        err.lost_connection = True  # type: ignore[attr-defined]
         return err
     if any(s in name for s in ("SOCKET", "DNS", "CONNECTION", "TIMEOUT", "HOST", "CLOSED", "TLS")):
         return UnreachableError(f"cannot reach {endpoint} ({name})")

@@ -54,6 +54,7 @@ class FaultProxy:
         seed: int = 1,
         only_get: bool = True,
         only_ranges: bool = False,
+        only_objects: bool = False,
         missing: tuple[str, ...] = (),
         storm_s: float = 0.0,
     ):
@@ -63,6 +64,7 @@ class FaultProxy:
         self.rate = rate_bytes_per_s
         self.only_get = only_get
         self.only_ranges = only_ranges  # fault only GETs with a Range header (big objects' pieces)
+        self.only_objects = only_objects  # fault only requests for an object (not listings)
         self.missing = missing  # GETs of paths ending with these answer 404 NoSuchKey
         # a throttling storm: every faultable GET of an object answers SlowDown for this long after
         # the first one (how a hot partition behaves), long enough to outlast the client's retries
@@ -130,13 +132,18 @@ class FaultProxy:
                 path = head.split(b" ", 2)[1].split(b"?", 1)[0].decode()
                 ranged = _header(head, b"range")[:1]
                 self.stats.ranges.extend(ranged)
-                faultable = (method == b"GET" or not self.only_get) and (bool(ranged) or not self.only_ranges)
+                is_object = "/" in path.strip("/")  # path-style: /bucket/key
+                faultable = (
+                    (method == b"GET" or not self.only_get)
+                    and (bool(ranged) or not self.only_ranges)
+                    and (is_object or not self.only_objects)
+                )
                 if method == b"GET" and any(path.endswith(m) for m in self.missing):
                     writer.write(NO_SUCH_KEY % (len(NO_SUCH_KEY_BODY), NO_SUCH_KEY_BODY))
                     await writer.drain()
                     continue
                 roll = self.rng.random()
-                storm = faultable and "/" in path.strip("/") and self._in_storm()  # objects, not listings
+                storm = faultable and is_object and self._in_storm()  # objects, not listings
                 if faultable and (roll < self.p_slowdown or storm):
                     self.stats.slowdowns += 1
                     writer.write(SLOWDOWN % (len(SLOWDOWN_BODY), SLOWDOWN_BODY))

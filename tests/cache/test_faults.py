@@ -172,8 +172,10 @@ def test_a_throttling_storm_backs_concurrency_off_and_the_run_recovers(
 ) -> None:
     n = 80
     seed_objects(s3_client, bucket, "f/", n, 48 * 1024)
-    # every GET answers SlowDown for the first second: longer than the CRT's own retries last
-    storm = proxy_factory(storm_s=1.0)
+    # Every object GET answers SlowDown for the first 2 s. With 80 objects at once that drains the
+    # CRT's shared retry budget within ~0.2 s, so objects fail past the CRT's retries and reach the
+    # fetcher's window; 2 s is still shorter than the fetcher's own 5 attempts take (>= 3 s).
+    storm = proxy_factory(storm_s=2.0)
     proc = run_rq("preload", f"s3://{bucket}/f/", "--json", "--endpoint-url", storm.endpoint, env=cache_env)
     assert proc.returncode == 0, proc.stderr
     s = summary(proc)
@@ -181,6 +183,22 @@ def test_a_throttling_storm_backs_concurrency_off_and_the_run_recovers(
     # objects the store kept throttling past the client's retries halved the AIMD window; the run
     # then finished, so it grew back and fetched everything
     assert s["throttled"] > 0 and s["smallest_window"] < 256
+    assert_consistent(cache_env)
+
+
+def test_a_store_whose_connections_all_drop_is_unreachable_not_retried_forever(
+    s3_client: Any, bucket: str, cache_env: dict[str, str], proxy_factory: Any
+) -> None:
+    # a port-forward or proxy whose backend died: it accepts, lists, then drops every object GET
+    n = 100
+    seed_objects(s3_client, bucket, "f/", n, 16 * 1024)
+    dead = proxy_factory(p_reset=1.0, only_objects=True)
+    proc = run_rq("preload", f"s3://{bucket}/f/", "--json", "--endpoint-url", dead.endpoint, env=cache_env)
+    # one lost connection is one object's trouble (retried); a run of them with nothing landing
+    # means the store is gone: exit 6 and "re-run", not 5 attempts of every object and exit 1
+    assert proc.returncode == 6, proc.stderr
+    assert b"in a row" in proc.stderr and b"re-run" in proc.stderr
+    assert dead.stats.resets > 0
     assert_consistent(cache_env)
 
 
