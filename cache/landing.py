@@ -37,7 +37,7 @@ from cache.directio import ALIGN, CHUNK, open_direct, pwrite_all, write_aligned,
 from cache.errors import BusyError, CacheFullError, ChangedError, VerifyError
 from cache.index import Entry
 from cache.layout import Layout
-from cache.store import fsync_dir, is_no_space, unlink_quiet
+from cache.store import fsync_dir, is_no_space, libc_function, unlink_quiet
 
 _serial = itertools.count()
 _buffers = threading.local()  # per-thread reusable buffers: fresh memory is slow to touch here
@@ -536,13 +536,9 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
     if _sync_file_range is None:
         import ctypes
 
-        # the symbols already loaded in this process (libc among them): find_library would fork
-        # /sbin/ldconfig to look for a file we have mapped anyway
-        libc = ctypes.CDLL(None, use_errno=True)
-        func = getattr(libc, "sync_file_range", None)
-        if func is not None:
-            func.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
-        _sync_file_range = func or False
+        _sync_file_range = libc_function(
+            "sync_file_range", ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint
+        )
     if _sync_file_range:
         _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 

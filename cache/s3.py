@@ -4,9 +4,10 @@ Why awscrt and not boto3 for data: botocore spends milliseconds of Python CPU pe
 2-core box that, not the network, bounds small-object throughput (see docs/cache.md for numbers).
 The CRT does HTTP, SigV4 signing and retries (STANDARD mode: exponential backoff, full jitter) in C
 threads; the preloader's own AIMD window backs concurrency off when the store throttles. Big objects'
-ranged pieces go through cache.ranged, signed by this client's signing config. Credentials and endpoint still come from boto3's standard chain: the environment first
-(exactly as botocore reads it), else botocore itself resolves profile/SSO/IMDS/… and hands us a
-static snapshot (refreshable credentials are re-read per client).
+ranged pieces go through cache.ranged, signed by this client's signing config. Credentials and
+endpoint still come from boto3's standard chain: the environment first (exactly as botocore reads
+it), else botocore itself resolves profile/SSO/IMDS/… and hands us a static snapshot (refreshable
+credentials are re-read per client).
 """
 
 from __future__ import annotations

@@ -58,6 +58,19 @@ def unlink_quiet(path: Path) -> None:
         os.unlink(path)
 
 
+def libc_function(name: str, *argtypes: Any) -> Any:
+    """A libc call Python's os module lacks, or False where this libc has none. Looked up among the
+    symbols already loaded in this process: ctypes.util.find_library would fork /sbin/ldconfig to
+    find a file we have mapped anyway."""
+    import ctypes
+
+    func = getattr(ctypes.CDLL(None, use_errno=True), name, None)
+    if func is None:
+        return False
+    func.argtypes = list(argtypes)
+    return func
+
+
 _syncfs: Any = None
 
 
@@ -69,13 +82,7 @@ def syncfs(path: Path) -> bool:
     if _syncfs is None:
         import ctypes
 
-        # the symbols already loaded in this process (libc among them): find_library would fork
-        # /sbin/ldconfig to look for a file we have mapped anyway
-        libc = ctypes.CDLL(None, use_errno=True)
-        func = getattr(libc, "syncfs", None)
-        if func is not None:
-            func.argtypes = [ctypes.c_int]
-        _syncfs = func or False
+        _syncfs = libc_function("syncfs", ctypes.c_int)
     if not _syncfs:
         return False
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

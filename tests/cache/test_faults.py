@@ -148,13 +148,18 @@ def test_server_stopped_midway_fails_clearly_and_rerun_completes(
     assert_consistent(cache_env)
 
 
+def preload_through(proxy: Any, bucket: str, cache_env: dict[str, str]) -> Any:
+    """`rq preload --json` of s3://bucket/f/ with the fault proxy as its endpoint."""
+    return run_rq("preload", f"s3://{bucket}/f/", "--json", "--endpoint-url", proxy.endpoint, env=cache_env)
+
+
 def test_slowdown_and_connection_resets_are_retried(
     s3_client: Any, bucket: str, cache_env: dict[str, str], proxy_factory: Any
 ) -> None:
     n = 80
     data = seed_objects(s3_client, bucket, "f/", n, 48 * 1024)
     flaky = proxy_factory(p_slowdown=0.25, p_reset=0.1, seed=7)
-    proc = run_rq("preload", f"s3://{bucket}/f/", "--json", "--endpoint-url", flaky.endpoint, env=cache_env)
+    proc = preload_through(flaky, bucket, cache_env)
     assert proc.returncode == 0, proc.stderr
     s = summary(proc)
     assert s["objects"] == n and s["failed"] == 0
@@ -176,7 +181,7 @@ def test_a_throttling_storm_backs_concurrency_off_and_the_run_recovers(
     # CRT's shared retry budget within ~0.2 s, so objects fail past the CRT's retries and reach the
     # fetcher's window; 2 s is still shorter than the fetcher's own 5 attempts take (>= 3 s).
     storm = proxy_factory(storm_s=2.0)
-    proc = run_rq("preload", f"s3://{bucket}/f/", "--json", "--endpoint-url", storm.endpoint, env=cache_env)
+    proc = preload_through(storm, bucket, cache_env)
     assert proc.returncode == 0, proc.stderr
     s = summary(proc)
     assert s["objects"] == n and s["failed"] == 0
@@ -193,7 +198,7 @@ def test_a_store_whose_connections_all_drop_is_unreachable_not_retried_forever(
     n = 100
     seed_objects(s3_client, bucket, "f/", n, 16 * 1024)
     dead = proxy_factory(p_reset=1.0, only_objects=True)
-    proc = run_rq("preload", f"s3://{bucket}/f/", "--json", "--endpoint-url", dead.endpoint, env=cache_env)
+    proc = preload_through(dead, bucket, cache_env)
     # one lost connection is one object's trouble (retried); a run of them with nothing landing
     # means the store is gone: exit 6 and "re-run", not 5 attempts of every object and exit 1
     assert proc.returncode == 6, proc.stderr
