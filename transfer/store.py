@@ -131,12 +131,11 @@ class Plan:
             got = root_digest([have[k] for k in range(fs.chunks)])
             if got.hex() != root:
                 raise VerifyError(f"{display_name(fs.entry.name)}: root digest does not match the sender's")
-        for fs in self.files:
-            self.store.place(fs, overwrite)
-        # Remember the transfer finished: a sender killed between our DONE and reading it re-runs
-        # the same command and must hear "complete", not "exists".
-        marker = [[f.name, f.size] for f in self.manifest.files]
-        self.store._write_state_file(f"{self.manifest.transfer_id}.done.json", orjson.dumps(marker))
+        # Placing files is a redo log: once the commit marker is durable, every .part is verified
+        # and only waits to be moved, so a receiver killed halfway finishes the job when the sender
+        # re-runs (Store.completed) instead of trusting journals whose .part files already moved.
+        self.store._write_state_file(f"{self.manifest.transfer_id}.commit.json", b"{}")
+        self.store.place_all(self.manifest, overwrite)
         self.store.forget(self)
         return self.manifest.total_bytes
 
@@ -182,16 +181,27 @@ class Store:
             return self._open(manifest, restarted)
 
     def completed(self, manifest: Manifest) -> bool:
-        """True if this exact transfer finished here before and its files are still in place."""
-        name = f"{manifest.transfer_id}.done.json"
-        try:
-            os.stat(name, dir_fd=self.state_fd, follow_symlinks=False)
-        except FileNotFoundError:
+        """True if this exact transfer finished here before and its files are still in place.
+
+        A commit that a crash interrupted (marker written, files partly placed) is finished now."""
+        tid = manifest.transfer_id
+        name = f"{tid}.done.json"
+        if self._exists(f"{tid}.commit.json"):
+            with _disk_errors():
+                self.place_all(manifest, self.overwrite)
+        if not self._exists(name):
             return False
         for entry in manifest.files:
             if self._final_size(entry.name) != entry.size:
                 os.unlink(name, dir_fd=self.state_fd)  # moved or deleted since: send it again
                 return False
+        return True
+
+    def _exists(self, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=self.state_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
         return True
 
     def _final_size(self, name: str) -> int | None:
@@ -221,14 +231,23 @@ class Store:
             raise UnknownTransferError(f"no transfer {tid} is in progress here") from None
         with os.fdopen(fd, "rb") as fh:
             manifest = parse_manifest(fh.read(), self.limits)
-        return self._open(manifest, [])
+        return self._open(manifest, [], joining=True)
 
-    def _open(self, manifest: Manifest, restarted: list[str]) -> Plan:
+    def _open(self, manifest: Manifest, restarted: list[str], joining: bool = False) -> Plan:
         files = []
         for entry in manifest.files:
             chunks = entry.chunks(manifest.chunk_size)
-            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            os.close(os.open(f"{entry.key}.part", flags, 0o600, dir_fd=self.state_fd))
+            part, flags = f"{entry.key}.part", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                os.close(os.open(part, flags, dir_fd=self.state_fd))
+            except FileNotFoundError:
+                if joining:  # placed by a commit a moment ago: this channel is a straggler
+                    raise UnknownTransferError("transfer already finished") from None
+                # A journal describes the bytes of one .part file; without that file its records
+                # claim data nobody has, so they go with it.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{entry.key}.journal", dir_fd=self.state_fd)
+                os.close(os.open(part, flags | os.O_CREAT, 0o600, dir_fd=self.state_fd))
             journal = Journal(
                 self.state_fd, f"{entry.key}.journal", entry.key, entry.size, manifest.chunk_size, chunks
             )
@@ -356,13 +375,34 @@ class Store:
         finally:
             os.close(fd)
 
-    def place(self, fs: FileState, overwrite: bool) -> None:
-        """Moves a complete, verified .part file to its final name without following any link."""
-        parts = validate_name(fs.entry.name)
-        with self.part(fs.entry.key) as fd:
-            os.ftruncate(fd, fs.entry.size)  # a zero-chunk or sparse tail still gets its size
-            os.fchmod(fd, fs.entry.mode & 0o777 & ~0o022 | 0o600)  # never setuid/setgid/sticky
-            os.fsync(fd)
+    def place_all(self, manifest: Manifest, overwrite: bool) -> None:
+        """Moves every verified .part of a committing transfer into place, then records it done.
+
+        Idempotent, so a commit a crash cut short is finished by running it again: a .part that is
+        gone was placed already (or by another process of this receiver a moment ago)."""
+        for entry in manifest.files:
+            self.place(entry, overwrite)
+        # Remember the transfer finished: a sender killed between our DONE and reading it re-runs
+        # the same command and must hear "complete", not "exists".
+        marker = [[f.name, f.size] for f in manifest.files]
+        self._write_state_file(f"{manifest.transfer_id}.done.json", orjson.dumps(marker))
+        self._forget_state(manifest)
+
+    def place(self, entry: FileEntry, overwrite: bool) -> None:
+        """Moves a complete, verified .part file to its final name without following any link;
+        a .part that is not there was placed already."""
+        parts = validate_name(entry.name)
+        src = f"{entry.key}.part"
+        try:
+            part = os.open(src, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
+        except FileNotFoundError:
+            return
+        try:
+            os.ftruncate(part, entry.size)  # a zero-chunk or sparse tail still gets its size
+            os.fchmod(part, entry.mode & 0o777 & ~0o022 | 0o600)  # never setuid/setgid/sticky
+            os.fsync(part)
+        finally:
+            os.close(part)
         parent = os.dup(self.fd)
         try:
             for comp in parts[:-1]:
@@ -372,34 +412,43 @@ class Store:
                     nfd = os.open(comp, _DIR_FLAGS, dir_fd=parent)
                 except OSError as exc:
                     raise UnsafeNameError(
-                        f"{display_name(fs.entry.name)}: {display_name(comp)} is not a plain directory"
+                        f"{display_name(entry.name)}: {display_name(comp)} is not a plain directory"
                     ) from exc
                 os.close(parent)
                 parent = nfd
-            src = f"{fs.entry.key}.part"
-            if overwrite:
-                os.rename(src, parts[-1], src_dir_fd=self.state_fd, dst_dir_fd=parent)
-            else:
-                try:
-                    os.link(
-                        src, parts[-1], src_dir_fd=self.state_fd, dst_dir_fd=parent, follow_symlinks=False
-                    )
-                except FileExistsError:
-                    st = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
-                    if not self._is_our_link(st, fs.entry.key):
-                        raise ExistsError(
-                            f"{display_name(fs.entry.name)} appeared in the destination meanwhile"
-                        ) from None
-                os.unlink(src, dir_fd=self.state_fd)
+            try:
+                if overwrite:
+                    os.rename(src, parts[-1], src_dir_fd=self.state_fd, dst_dir_fd=parent)
+                else:
+                    self._link_new(entry, src, parts[-1], parent)
+            except FileNotFoundError:
+                if self._exists(src):
+                    raise
+                return  # another process of this receiver placed it meanwhile
             os.fsync(parent)
         finally:
             os.close(parent)
 
+    def _link_new(self, entry: FileEntry, src: str, final: str, parent: int) -> None:
+        try:
+            os.link(src, final, src_dir_fd=self.state_fd, dst_dir_fd=parent, follow_symlinks=False)
+        except FileExistsError:
+            st = os.stat(final, dir_fd=parent, follow_symlinks=False)
+            if not self._is_our_link(st, entry.key):
+                raise ExistsError(
+                    f"{display_name(entry.name)} appeared in the destination meanwhile"
+                ) from None
+        os.unlink(src, dir_fd=self.state_fd)
+
     def forget(self, plan: Plan) -> None:
-        for fs in plan.files:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(fs.journal.name, dir_fd=self.state_fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"{plan.manifest.transfer_id}.manifest.json", dir_fd=self.state_fd)
-        os.fsync(self.state_fd)
+        self._forget_state(plan.manifest)
         plan.close()
+
+    def _forget_state(self, manifest: Manifest) -> None:
+        """Drops a finished transfer's journals, manifest and commit marker (its done marker stays)."""
+        tid = manifest.transfer_id
+        names = [f"{f.key}.journal" for f in manifest.files]
+        for name in [*names, f"{tid}.manifest.json", f"{tid}.commit.json"]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=self.state_fd)
+        os.fsync(self.state_fd)

@@ -66,6 +66,73 @@ def test_crash_between_link_and_unlink_is_not_a_conflict(tmp_path: Path) -> None
     assert not (tmp_path / ".rq-partial" / f"{key}.part").exists()
 
 
+class _Killed(Exception):
+    """Stands for kill -9 of the receiver at one point of a commit."""
+
+
+def _two_files(tmp_path: Path) -> tuple[Store, Manifest, list[bytes], list[str]]:
+    datas = [os.urandom(2 * CS + 7), os.urandom(CS + 3)]
+    entries = [
+        FileEntry(name=n, size=len(d), mode=0o644, key=file_key(n, len(d), 1, i, CS))
+        for i, (n, d) in enumerate(zip(["ck/a.bin", "ck/b.bin"], datas, strict=True))
+    ]
+    m = make_manifest(CS, entries)
+    store = Store(tmp_path, overwrite=True)
+    plan = store.plan(m)
+    roots = []
+    for f, data in enumerate(datas):
+        digests = [codec.digest(data[k * CS : (k + 1) * CS]) for k in range(m.files[f].chunks(CS))]
+        for k, dig in enumerate(digests):
+            plan.write(f, k, data[k * CS : (k + 1) * CS])
+            plan.make_durable([(f, k, dig)])
+        roots.append(codec.root_digest(digests).hex())
+    plan.close()
+    return store, m, datas, roots
+
+
+@pytest.mark.parametrize("overwrite", [True, False])
+def test_commit_cut_short_by_a_crash_is_finished_not_redone_from_empty_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overwrite: bool
+) -> None:
+    """A receiver killed after placing the first of two files: its journals still claim every
+    chunk while the first .part is gone. Re-running must finish the commit, not publish zeros
+    over the placed file (which an independent review reproduced) nor refuse it as "exists"."""
+    store, m, datas, roots = _two_files(tmp_path)
+    store.overwrite = overwrite
+    place = Store.place
+
+    def place_then_die(self: Store, entry: FileEntry, overwrite: bool) -> None:
+        place(self, entry, overwrite)
+        raise _Killed
+
+    monkeypatch.setattr(Store, "place", place_then_die)
+    with pytest.raises(_Killed):
+        store.plan(m).finalize(roots, overwrite)
+    monkeypatch.setattr(Store, "place", place)
+    store.close()
+
+    store = Store(tmp_path, overwrite=overwrite)  # the re-run: the sender sends the same manifest
+    assert store.completed(m)
+    for f, data in zip(m.files, datas, strict=True):
+        assert (tmp_path / f.name).read_bytes() == data
+    assert sorted(p.name for p in (tmp_path / ".rq-partial").iterdir()) == [f"{m.transfer_id}.done.json"]
+
+
+def test_journal_without_its_part_file_is_dropped(tmp_path: Path) -> None:
+    m, data = _manifest("model.bin")
+    store = Store(tmp_path)
+    _receive(store, m, data, range(3))
+    os.unlink(tmp_path / ".rq-partial" / f"{m.files[0].key}.part")  # e.g. lost, or removed by hand
+    with pytest.raises(TransferError):
+        store.join(m.transfer_id)  # a straggling channel does not recreate it
+    plan = store.plan(m)
+    assert plan.files[0].have == {}  # its records claimed bytes nobody has: everything is resent
+    plan.close()
+    roots = _receive(store, m, data, range(4))
+    store.plan(m).finalize(roots, overwrite=False)
+    assert (tmp_path / "model.bin").read_bytes() == data
+
+
 def test_existing_file_and_symlinked_parent_refused(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
