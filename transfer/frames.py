@@ -62,6 +62,13 @@ class Frame:
         except orjson.JSONDecodeError:
             raise ProtocolError(f"{self.type.name} body is not JSON") from None
 
+    def json_object(self) -> dict[str, Any]:
+        """The body as a JSON object: anything else from a peer is a protocol error, not a crash."""
+        obj = self.json()
+        if not isinstance(obj, dict):
+            raise ProtocolError(f"{self.type.name} body is not a JSON object")
+        return obj
+
 
 def header(ftype: FrameType, body_len: int) -> bytes:
     return HEADER.pack(MAGIC, WIRE_VERSION, ftype, body_len)

@@ -44,10 +44,13 @@ def auth_mac(token: bytes, server_nonce: bytes, client_nonce: bytes, role: str, 
     return hmac.new(token, msg, hashlib.sha256).hexdigest()
 
 
-def _nonce(obj: Any) -> bytes:
+def _nonce(obj: dict[str, Any]) -> bytes:
+    value = obj.get("nonce")
+    if not isinstance(value, str):
+        raise ProtocolError("bad nonce")
     try:
-        raw = base64.b64decode(obj.get("nonce", ""), validate=True)
-    except (ValueError, AttributeError):
+        raw = base64.b64decode(value, validate=True)
+    except ValueError:
         raise ProtocolError("bad nonce") from None
     if len(raw) != 16:
         raise ProtocolError("nonce must be 16 bytes")
@@ -116,7 +119,7 @@ class ReceiverChannel:
 
     def handle(self, frame: Frame) -> list[ReceiverEvent]:
         if frame.type is FrameType.ERROR:
-            info = frame.json()
+            info = frame.json_object()
             raise error_from_code(str(info.get("code")), f"sender: {info.get('message')}")
         handler = getattr(self, f"_on_{self.state}")
         result: list[ReceiverEvent] = handler(frame)
@@ -128,8 +131,8 @@ class ReceiverChannel:
 
     def _on_hello(self, frame: Frame) -> list[ReceiverEvent]:
         self._expect(frame, FrameType.HELLO)
-        obj = frame.json()
-        if not isinstance(obj, dict) or obj.get("role") not in (CONTROL, DATA):
+        obj = frame.json_object()
+        if obj.get("role") not in (CONTROL, DATA):
             raise ProtocolError("HELLO needs a role of 'control' or 'data'")
         self.role = obj["role"]
         self.transfer_id = str(obj.get("transfer_id", ""))[:64]
@@ -140,9 +143,10 @@ class ReceiverChannel:
 
     def _on_auth(self, frame: Frame) -> list[ReceiverEvent]:
         self._expect(frame, FrameType.AUTH)
-        obj = frame.json()
+        mac = frame.json_object().get("mac")
         want = auth_mac(self._token, self._nonce, self._client_nonce, self.role, self.transfer_id)
-        if not isinstance(obj, dict) or not hmac.compare_digest(str(obj.get("mac", "")), want):
+        # bytes, not str: compare_digest refuses non-ASCII strings with a TypeError
+        if not isinstance(mac, str) or not hmac.compare_digest(mac.encode(), want.encode()):
             raise AuthError("wrong token")
         self.state = "manifest" if self.role == CONTROL else "joining"
         return [Authenticated(self.role, self.transfer_id)]
@@ -314,13 +318,13 @@ class SenderChannel:
 
     def handle(self, frame: Frame) -> list[SenderEvent]:
         if frame.type is FrameType.ERROR:
-            info = frame.json()
+            info = frame.json_object()
             raise error_from_code(str(info.get("code")), f"receiver refused: {info.get('message')}")
         if self.state == "challenge":
             if frame.type is not FrameType.CHALLENGE:
                 raise ProtocolError(f"expected CHALLENGE, got {frame.type.name}")
             mac = auth_mac(
-                self._token, _nonce(frame.json()), self._nonce, self.role, self.manifest.transfer_id
+                self._token, _nonce(frame.json_object()), self._nonce, self.role, self.manifest.transfer_id
             )
             self.outbox.append(control(FrameType.AUTH, {"mac": mac}))
             if self.role == CONTROL:
@@ -331,13 +335,13 @@ class SenderChannel:
         if self.state == "accept":
             if self.role == CONTROL and frame.type is FrameType.ACCEPT:
                 self.state = "running"
-                body = frame.json()
-                ports = body.get("data_ports") or []
+                accept = frame.json_object()
+                ports = accept.get("data_ports") or []
                 if not isinstance(ports, list) or not all(
                     isinstance(p, int) and 0 < p < 65536 for p in ports
                 ):
                     raise ProtocolError("bad data_ports in ACCEPT")
-                return [Accepted(self._parse_have(body), bool(body.get("complete")), tuple(ports))]
+                return [Accepted(self._parse_have(accept), bool(accept.get("complete")), tuple(ports))]
             if self.role == DATA and frame.type is FrameType.READY:
                 self.state = "running"
                 return [Ready()]
@@ -347,7 +351,7 @@ class SenderChannel:
         if frame.type is FrameType.NACK:
             return [Nacked(parse_pairs(frame.body))]
         if frame.type is FrameType.DONE:
-            return [Done(frame.json())]
+            return [Done(frame.json_object())]
         raise ProtocolError(f"unexpected {frame.type.name} from the receiver")
 
     def _parse_have(self, obj: Any) -> list[dict[int, bytes]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import threading
 import zlib
@@ -23,7 +24,14 @@ from transfer.errors import (
     UnsafeNameError,
     VerifyError,
 )
-from transfer.frames import ChunkHeader, FrameDecoder, FrameType, chunk_frame_header, control, header
+from transfer.frames import (
+    ChunkHeader,
+    FrameDecoder,
+    FrameType,
+    chunk_frame_header,
+    control,
+    header,
+)
 from transfer.manifest import FileEntry, Limits, Manifest, file_key, make_manifest, parse_manifest
 from transfer.names import display_name, validate_name
 from transfer.session import (
@@ -37,6 +45,7 @@ from transfer.session import (
     Nacked,
     ReceiverChannel,
     SenderChannel,
+    control_raw,
 )
 
 # -- names ------------------------------------------------------------------------------------
@@ -263,6 +272,64 @@ def test_session_wrong_token_refused() -> None:
     _, snd, rcv = _open_control(token_s=b"wrong")
     with pytest.raises(AuthError):
         _pump(snd.outbox, rcv)
+
+
+def _hello(**fields: object) -> bytes:
+    return control(FrameType.HELLO, {"role": "control", "transfer_id": "t", **fields})
+
+
+_NONCE = base64.b64encode(b"n" * 16).decode()
+
+
+@pytest.mark.parametrize(
+    "frames",
+    [
+        [_hello(nonce=5)],
+        [_hello(nonce=None)],
+        [control_raw(FrameType.HELLO, b"[1, 2]")],
+        [_hello(nonce=_NONCE), control(FrameType.AUTH, {"mac": "\u00e9" * 64})],
+        [_hello(nonce=_NONCE), control(FrameType.AUTH, {"mac": 7})],
+        [_hello(nonce=_NONCE), control_raw(FrameType.AUTH, b'"mac"')],
+        [control_raw(FrameType.ERROR, b'["code", "x"]')],
+    ],
+    ids=["int-nonce", "null-nonce", "list-hello", "non-ascii-mac", "int-mac", "string-auth", "list-error"],
+)
+def test_hostile_handshake_frames_are_transfer_errors_not_crashes(frames: list[bytes]) -> None:
+    """Found by an independent review: each of these escaped as TypeError/AttributeError, so the
+    peer got no ERROR frame and the receiver printed a traceback."""
+    rcv = ReceiverChannel(b"tok", os.urandom(16), Limits())
+    with pytest.raises(TransferError):
+        _pump(frames, rcv)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        control_raw(FrameType.CHALLENGE, b"[]"),
+        control(FrameType.CHALLENGE, {"nonce": 5}),
+        control_raw(FrameType.ERROR, b"3"),
+    ],
+    ids=["list-challenge", "int-nonce", "number-error"],
+)
+def test_hostile_receiver_replies_are_transfer_errors_not_crashes(reply: bytes) -> None:
+    snd = SenderChannel(b"tok", "control", make_manifest(1 << 16, [_entry("a")]), os.urandom(16))
+    snd.start()
+    with pytest.raises(TransferError):
+        _pump([reply], snd)
+
+
+def test_hostile_accept_and_done_bodies_are_transfer_errors() -> None:
+    for body in (b"[]", b"null"):
+        m, snd, rcv = _open_control()
+        _pump(snd.outbox, rcv)
+        with pytest.raises(ProtocolError):
+            _pump([control_raw(FrameType.ACCEPT, body)], snd)
+    m, snd, rcv = _open_control()
+    _pump(snd.outbox, rcv)
+    rcv.accept(m, [{}])
+    _pump(rcv.outbox, snd)
+    with pytest.raises(ProtocolError):
+        _pump([control_raw(FrameType.DONE, b"[]")], snd)
 
 
 def test_corrupt_chunk_is_nacked_not_delivered() -> None:
