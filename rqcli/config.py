@@ -12,11 +12,14 @@ Precedence is Click's own: command-line flag > RQ_* environment variable > confi
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+import click
 from platformdirs import user_config_path
 
 from rqcli.errors import CliError
@@ -43,15 +46,94 @@ def load_config(path: Path | None) -> dict[str, Any]:
     return _normalise(data)
 
 
-def check_command_table(config: dict[str, Any], command: str | None, path: Path | None) -> None:
-    """`tail = 5` instead of a `[tail]` table would reach Click's default_map and fail inside it."""
-    if command is not None and command in config and not isinstance(config[command], dict):
-        where = path or default_config_path()
+def check_config(
+    config: dict[str, Any],
+    root: click.Group,
+    ctx: click.Context,
+    commands: Collection[str],
+    path: Path | None,
+) -> None:
+    """Refuses what Click's default_map would misread: a key naming no option (a typo silently
+    ignored) or a value of the wrong type (a TypeError deep inside Click). Only the invoked command's
+    table is checked key by key, so `rq tail` does not import the modules of every other command."""
+    where = path or default_config_path()
+    for key, value in config.items():
+        if key in commands:
+            if not isinstance(value, dict):
+                raise CliError(
+                    f"config file {where}: {key!r} must be a table of options, not a value",
+                    ExitCode.USAGE,
+                    hint=f"write [{key}] on its own line, then the options under it",
+                )
+            if key == ctx.invoked_subcommand:
+                command = root.get_command(ctx, key)
+                if command is not None:
+                    _check_table(value, command, click.Context(command, parent=ctx), key, where)
+        else:
+            _check_key(config, key, root, ctx, "", where, sorted(commands))
+
+
+def _check_table(
+    table: dict[str, Any], command: click.Command, ctx: click.Context, name: str, where: Path
+) -> None:
+    subcommands = command.commands if isinstance(command, click.Group) else {}
+    for key, value in table.items():
+        if _dashed_twin(table, key):
+            continue
+        sub = subcommands.get(key) or subcommands.get(key.replace("_", "-"))
+        if sub is not None:
+            if not isinstance(value, dict):
+                raise CliError(
+                    f"config file {where}: [{name}] {key!r} must be a table of options, not a value",
+                    ExitCode.USAGE,
+                    hint=f"write [{name}.{key}] on its own line, then the options under it",
+                )
+            _check_table(value, sub, click.Context(sub, parent=ctx), f"{name}.{key}", where)
+        else:
+            _check_key(table, key, command, ctx, name, where, sorted(subcommands))
+
+
+def _check_key(
+    table: dict[str, Any],
+    key: str,
+    command: click.Command,
+    ctx: click.Context,
+    name: str,
+    where: Path,
+    subcommands: list[str],
+) -> None:
+    """One `key = value` of a command's table: an option of that command, of a type it accepts."""
+    params = {p.name: p for p in command.params if p.name and p.name != "help"}
+    label = f"[{name}] {key}" if name else key
+    param = params.get(key)
+    if param is None:
+        known = sorted(params) + subcommands
+        near = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean {near[0]!r}?" if near else f"known here: {', '.join(known) or 'none'}"
+        what = "option" if name else "command or option"
+        raise CliError(f"config file {where}: {label}: no such {what}", ExitCode.USAGE, hint=hint)
+    value = table[key]
+    many = getattr(param, "multiple", False) or param.nargs != 1
+    if many and isinstance(value, str):
+        value = table[key] = [value]  # `include = "*.tar"` means one pattern, not one per character
+    scalars = value if many and isinstance(value, list) else [value]
+    try:
+        if any(isinstance(v, (dict, list)) for v in scalars):
+            raise TypeError("a list or table")
+        param.type_cast_value(ctx, value)
+    except click.BadParameter as exc:
+        raise CliError(f"config file {where}: {label}: {exc.message}", ExitCode.USAGE) from None
+    except (TypeError, ValueError):
+        shown = f"{value!r} ({type(value).__name__})"
         raise CliError(
-            f"config file {where}: {command!r} must be a table of options, not a value",
-            ExitCode.USAGE,
-            hint=f"write [{command}] on its own line, then the options under it",
-        )
+            f"config file {where}: {label}: {shown} is not a valid {param.type.name}", ExitCode.USAGE
+        ) from None
+
+
+def _dashed_twin(table: dict[str, Any], key: str) -> bool:
+    """`[cache.foo-bar]` is stored under both spellings (see _normalise); check it once."""
+    dashed = key.replace("_", "-")
+    return dashed != key and table.get(dashed) is table[key] and isinstance(table[key], dict)
 
 
 def _normalise(table: dict[str, Any]) -> dict[str, Any]:

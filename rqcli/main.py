@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from rqcli import teardown
-from rqcli.config import check_command_table, load_config
+from rqcli.config import check_config, load_config
 from rqcli.errors import CliError
 from rqcli.exitcodes import EXIT_CODE_HELP, ExitCode
 from rqcli.output import Output
@@ -117,7 +117,7 @@ def cli(ctx: click.Context, json_: bool, quiet: bool, verbose: int, config_path:
     """
     ctx.obj = Output(json=json_, quiet=quiet, verbose=verbose)
     ctx.default_map = load_config(config_path)
-    check_command_table(ctx.default_map, ctx.invoked_subcommand, config_path)
+    check_config(ctx.default_map, cli, ctx, COMMANDS, config_path)
 
 
 def _from_os_error(exc: OSError) -> CliError:

@@ -175,3 +175,36 @@ def test_odd_config_is_a_one_line_usage_error(tmp_path: Path, body: bytes, text:
     res = run_rq("--config", str(cfg), "doctor")
     assert res.returncode == ExitCode.USAGE, res.stderr
     assert text in res.stderr and res.stderr.count(b"\n") == 1 and b"unexpected" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("body", "args", "text"),
+    [
+        (b"[cache]\nls = 5\n", ["cache", "ls"], b"[cache] 'ls' must be a table"),
+        (b"[cache.du]\ncache-dir = 5\n", ["cache", "du"], b"[cache.du] cache_dir: 5 (int) is not a valid"),
+        (b"[preload]\nworkers = [1]\n", ["preload", "/nonexistent"], b"[preload] workers:"),
+        (b"[preload]\nbogus_option = 1\n", ["preload", "/nonexistent"], b"[preload] bogus_option: no such"),
+        (b"[prelod]\nworkers = 1\n", ["doctor"], b"did you mean 'preload'"),
+    ],
+    ids=["group-key-not-a-table", "wrong-type", "list-for-a-scalar", "unknown-key", "unknown-table"],
+)
+def test_config_keys_and_types_are_checked(tmp_path: Path, body: bytes, args: list[str], text: bytes) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_bytes(body)
+    res = run_rq("--config", str(cfg), *args, env={"RQ_CACHE_DIR": str(tmp_path / "cache")})
+    assert res.returncode == ExitCode.USAGE, res.stderr
+    assert str(cfg).encode() in res.stderr and text in res.stderr, res.stderr
+    assert res.stderr.count(b"\n") == 1 and b"unexpected" not in res.stderr
+
+
+def test_config_string_for_a_repeatable_option_is_one_value(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.tar").write_bytes(b"a")
+    (src / "b.txt").write_bytes(b"b")
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[preload]\ninclude = "*.tar"\ncache-dir = "{tmp_path / "cache"}"\n')
+    res = run_rq("--config", str(cfg), "--json", "preload", str(src), "--dry-run")
+    assert res.returncode == 0, res.stderr
+    plans = [json.loads(x) for x in res.stdout.splitlines() if b'"plan"' in x]
+    assert [p["url"].rsplit("/", 1)[1] for p in plans] == ["a.tar"]
