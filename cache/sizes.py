@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from cache.errors import BadSourceError
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+# The index, JSON readers (orjson, jq, Go) and the kernel all keep sizes in signed 64 bits.
+MAX_SIZE = 2**63 - 1
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 
 def parse_size(text: str | int) -> int:
     """Bytes from `text`; units are binary (K = 1024) whether written `K`, `KB` or `KiB`."""
     if isinstance(text, int):
-        return text
-    match = _SIZE.match(text)
-    if not match:
-        raise BadSourceError(f"not a size: {text!r} (use e.g. 512M, 4G, 1.5T)")
-    number, unit = match.groups()
-    return int(float(number) * _UNITS[unit.upper()])
+        size = text
+    else:
+        match = _SIZE.match(text)
+        if not match:
+            raise BadSourceError(f"not a size: {text!r} (use e.g. 512M, 4G, 1.5T)")
+        number, unit = match.groups()
+        if len(number) > 40:  # far beyond any cap; and int() refuses strings of 4300+ digits
+            raise BadSourceError(f"size out of range: {text[:20]!r}… (must be below 8 EiB)")
+        size = int(Fraction(number) * _UNITS[unit.upper()])  # exact: a float loses the low bits
+    if not 0 <= size <= MAX_SIZE:
+        raise BadSourceError(f"size out of range: {text!r} (must be 0 to {MAX_SIZE} bytes, just under 8 EiB)")
+    return size
 
 
 def format_size(n: float) -> str:

@@ -47,6 +47,19 @@ def open_cache(cache_dir: Path | None, **kwargs: Any) -> Any:
         raise cache_error_to_cli(exc) from None
 
 
+def size_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
+    """Checked before the cache opens, so a bad --disk-limit cannot leave a new --ram-limit stored."""
+    from cache.errors import BadSourceError
+    from cache.sizes import parse_size
+
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except BadSourceError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 EXIT_FOR_KIND = {
     "not_found": ExitCode.NOT_FOUND,
     "auth": ExitCode.AUTH,
@@ -72,9 +85,17 @@ EXIT_FOR_KIND = {
     envvar="RQ_CACHE_DIR",
     help="Cache directory (default: ~/.cache/rq/cache; env RQ_CACHE_DIR).",
 )
-@click.option("--ram-limit", metavar="SIZE", help="Cap of the RAM tier, e.g. 8G (remembered by the cache).")
 @click.option(
-    "--disk-limit", metavar="SIZE", help="Cap of the disk tier, e.g. 500G (remembered by the cache)."
+    "--ram-limit",
+    metavar="SIZE",
+    callback=size_option,
+    help="Cap of the RAM tier, e.g. 8G (remembered by the cache).",
+)
+@click.option(
+    "--disk-limit",
+    metavar="SIZE",
+    callback=size_option,
+    help="Cap of the disk tier, e.g. 500G (remembered by the cache).",
 )
 @click.option(
     "--workers", type=click.IntRange(1, 4096), default=256, show_default=True, help="Requests in flight."
@@ -95,8 +116,8 @@ def preload(
     exclude: tuple[str, ...],
     tier: str,
     cache_dir: Path | None,
-    ram_limit: str | None,
-    disk_limit: str | None,
+    ram_limit: int | None,
+    disk_limit: int | None,
     workers: int,
     endpoint_url: str | None,
     profile: str | None,

@@ -1,0 +1,52 @@
+"""`rq preload` and `rq cache …` at the command line: sizes, counts, exit codes and the JSON contract."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rqtest import run_rq
+
+from rqcli.exitcodes import ExitCode
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Iterator[Path]:
+    """A cache dir whose RAM tier is a private /dev/shm dir, removed afterwards."""
+    from cache import Cache
+
+    ram = Path("/dev/shm") / f"rqtest-{uuid.uuid4().hex[:10]}"
+    Cache(tmp_path / "c", ram_dir=ram).close()
+    yield tmp_path / "c"
+    shutil.rmtree(ram, ignore_errors=True)
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    d = tmp_path / "src"
+    d.mkdir()
+    for i in range(5):
+        (d / f"{i}.bin").write_bytes(bytes([i]) * 1000)
+    return d
+
+
+def json_lines(out: bytes) -> list[dict[str, object]]:
+    return [json.loads(line) for line in out.splitlines()]
+
+
+@pytest.mark.parametrize("flag", ["--ram-limit", "--disk-limit"])
+def test_a_size_beyond_64_bits_is_refused_and_not_stored(cache_dir: Path, src: Path, flag: str) -> None:
+    before = json_lines(run_rq("cache", "du", "--json", "--cache-dir", str(cache_dir)).stdout)[0]
+    res = run_rq(
+        "preload", str(src), "--cache-dir", str(cache_dir), "--ram-limit", "1G", flag, "99999999999999999999P"
+    )
+    assert res.returncode == ExitCode.USAGE and b"out of range" in res.stderr, res.stderr
+    du = run_rq("cache", "du", "--json", "--cache-dir", str(cache_dir))
+    assert du.returncode == 0, du.stderr
+    assert json_lines(du.stdout)[0] == before  # neither limit stored
+    exact = run_rq("preload", str(src), "--cache-dir", str(cache_dir), "--disk-limit", str(2**63 - 1), "-q")
+    assert exact.returncode == 0, exact.stderr
