@@ -37,6 +37,10 @@ class DigestMismatch(TopicError):
     """A saved replay spec's digest or count does not match the data replayed now."""
 
 
+class RecordTooLarge(TopicError):
+    """A record is over what the target stores in one piece (refused before anything is written)."""
+
+
 class WriterBusy(TopicError):
     """Another process holds the topic's writer lock."""
 

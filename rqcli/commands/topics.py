@@ -29,6 +29,7 @@ from topics.errors import (
     CorruptRecord,
     DamagedGroup,
     DigestMismatch,
+    RecordTooLarge,
     SourceUnreachable,
     SpecError,
     TopicError,
@@ -102,6 +103,8 @@ def library_errors() -> Iterator[None]:
         raise CliError(str(exc), ExitCode.VERIFY) from None
     except Unsupported as exc:
         raise CliError(str(exc), ExitCode.UNSUPPORTED) from None
+    except RecordTooLarge as exc:
+        raise CliError(str(exc), ExitCode.USAGE, hint="split it into smaller records") from None
     except WriterBusy as exc:
         raise CliError(
             str(exc), ExitCode.FAILURE, hint="one writer per topic: wait for the other `rq produce`"

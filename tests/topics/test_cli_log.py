@@ -445,3 +445,13 @@ def test_json_lines_stay_one_line_per_record(env: dict[str, str]) -> None:
     got = [json.loads(x) for x in lines]
     assert got[0]["value"] == {"pretty": [1, 2]} and got[1]["value"] == 7 and got[2]["value"] == "str"
     assert got[4]["value_encoding"] == "base64" and all(g["key"] == "k\u00e9" for g in got)
+
+
+def test_a_record_too_large_is_a_usage_error() -> None:
+    from rqcli.commands.topics import library_errors
+    from rqcli.errors import CliError
+    from topics.errors import RecordTooLarge
+
+    with pytest.raises(CliError) as err, library_errors():
+        raise RecordTooLarge("too big")
+    assert err.value.code == 2

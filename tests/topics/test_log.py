@@ -11,7 +11,7 @@ import pytest
 
 from topics.embedded import format as fmt
 from topics.embedded.log import LogWriter, TopicConfig, TopicLog
-from topics.errors import CorruptRecord, TopicNotFound, WriterBusy
+from topics.errors import CorruptRecord, RecordTooLarge, TopicNotFound, WriterBusy
 
 
 def value(i: int) -> bytes:
@@ -233,3 +233,20 @@ def test_index_is_rebuilt_around_a_lost_or_stale_index(tmp_path: Path) -> None:
 def test_unknown_topic(tmp_path: Path) -> None:
     with pytest.raises(TopicNotFound):
         TopicLog(tmp_path / "nope")
+
+
+def test_a_record_over_the_batch_limit_is_refused_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fmt, "MAX_BATCH_PAYLOAD", 1000)  # 256 MiB in real life
+    t = tmp_path / "t"
+    fill(t, 3)
+    seg = t / fmt.segment_name(0)
+    size = seg.stat().st_size
+    with LogWriter(t) as w, pytest.raises(RecordTooLarge):
+        w.append([(None, None, (), b"ok"), (None, None, (), b"x" * 1000)])
+    assert seg.stat().st_size == size
+    with LogWriter(t) as w:  # a batch over the limit made of small records is split, not refused
+        assert w.append([(None, None, (), b"%03d" % i + b"y" * 300) for i in range(10)]) == (3, 12)
+    recs = read_all(TopicLog(t))
+    assert [r[0] for r in recs] == list(range(13)) and recs[-1][4] == b"009" + b"y" * 300

@@ -65,6 +65,11 @@ def encode_headers(headers: Headers) -> bytes:
     return b"".join(parts)
 
 
+def record_size(key: bytes | None, headers: Headers, value: bytes) -> int:
+    """Bytes one record takes in a batch payload."""
+    return RECORD_SIZE + (len(key) if key is not None else 0) + len(encode_headers(headers)) + len(value)
+
+
 def decode_headers(buf: bytes | memoryview, pos: int, length: int) -> Headers:
     end = pos + length
     (count,) = HEADER_COUNT.unpack_from(buf, pos)

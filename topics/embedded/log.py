@@ -33,7 +33,14 @@ import orjson
 from topics.embedded import format as fmt
 from topics.embedded.files import fsync_dir, write_atomic
 from topics.embedded.groups import GroupStore
-from topics.errors import CorruptRecord, SpecError, TopicError, TopicNotFound, WriterBusy
+from topics.errors import (
+    CorruptRecord,
+    RecordTooLarge,
+    SpecError,
+    TopicError,
+    TopicNotFound,
+    WriterBusy,
+)
 from topics.record import Record
 
 _SEGMENT = re.compile(r"^(\d{20})\.log$")
@@ -676,6 +683,10 @@ class LogWriter:
             stamps.append(last)
         first = self.next_offset
         data = fmt.encode_batch(first, records, stamps)
+        if len(data) - fmt.BATCH_SIZE > fmt.MAX_BATCH_PAYLOAD:
+            # Readers take a header claiming more for damage: a batch this big would be acknowledged
+            # and then cut off as a torn tail. Split it, or refuse a record too big on its own.
+            return self._append_split(records)
         if self.size and self.size + len(data) > self.config.segment_bytes:
             self._roll()
         pos = self.size
@@ -691,6 +702,26 @@ class LogWriter:
         self.next_offset = first + len(records)
         self.last_ts = last
         return first, self.next_offset - 1
+
+    def _append_split(self, records: Sequence[fmt.Pending]) -> tuple[int, int]:
+        """A batch over the payload limit: refuse a record too big alone (before writing anything),
+        else append it as several batches."""
+        sizes = [fmt.record_size(key, headers, value) for _, key, headers, value in records]
+        for i, size in enumerate(sizes):
+            if size > fmt.MAX_BATCH_PAYLOAD:
+                raise RecordTooLarge(
+                    f"record {i + 1} of the batch takes {size} bytes (key, headers and value); "
+                    f"the embedded log stores at most {fmt.MAX_BATCH_PAYLOAD} bytes per record"
+                )
+        first, total, start = -1, 0, 0
+        for i, size in enumerate(sizes):
+            if total + size > fmt.MAX_BATCH_PAYLOAD:
+                a, last = self.append(records[start:i])
+                first = a if first < 0 else first
+                start, total = i, 0
+            total += size
+        a, last = self.append(records[start:])
+        return (a if first < 0 else first), last
 
     def _roll(self) -> None:
         os.fsync(self.fd)
