@@ -199,10 +199,13 @@ def preload(
             out.emit({"event": "plan", "url": info.url, "size": info.size})
             if not out.json:
                 out.info(f"would fetch {safe_text(info.url)} ({info.size} bytes)")
+    # a dry run fetches nothing: its counts are what a real run would fetch (big objects included)
+    objects = len(result.planned) if dry_run else result.objects
+    nbytes = sum(info.size for info in result.planned) if dry_run else result.bytes
     summary = {
         "event": "summary",
-        "objects": result.objects,
-        "bytes": result.bytes,
+        "objects": objects,
+        "bytes": nbytes,
         "skipped": result.skipped,
         "skipped_bytes": result.skipped_bytes,
         "resumed_bytes": result.resumed_bytes,
@@ -217,12 +220,15 @@ def preload(
     }
     out.emit(summary)
     if not out.json:
-        verb = "would fetch" if dry_run else "preloaded"
-        count = len(result.planned) if dry_run else result.objects
-        out.info(
-            f"{verb} {count} objects ({result.bytes / 2**20:.1f} MiB) in {result.seconds:.2f} s "
-            f"({result.mb_per_s:.0f} MB/s); {result.skipped} already cached; {len(result.failed)} failed"
-        )
+        if dry_run:
+            out.info(
+                f"would fetch {objects} objects ({nbytes / 2**20:.1f} MiB); {result.skipped} already cached"
+            )
+        else:
+            out.info(
+                f"preloaded {objects} objects ({nbytes / 2**20:.1f} MiB) in {result.seconds:.2f} s "
+                f"({result.mb_per_s:.0f} MB/s); {result.skipped} already cached; {len(result.failed)} failed"
+            )
     if result.failed:
         kinds = {f.kind for f in result.failed}
         code = EXIT_FOR_KIND.get(kinds.pop(), ExitCode.FAILURE) if len(kinds) == 1 else ExitCode.FAILURE

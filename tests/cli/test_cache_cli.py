@@ -50,3 +50,19 @@ def test_a_size_beyond_64_bits_is_refused_and_not_stored(cache_dir: Path, src: P
     assert json_lines(du.stdout)[0] == before  # neither limit stored
     exact = run_rq("preload", str(src), "--cache-dir", str(cache_dir), "--disk-limit", str(2**63 - 1), "-q")
     assert exact.returncode == 0, exact.stderr
+
+
+def test_dry_run_counts_what_it_would_fetch_big_objects_included(tmp_path: Path, cache_dir: Path) -> None:
+    d = tmp_path / "big"
+    d.mkdir()
+    for name in ("a", "b"):
+        with open(d / name, "wb") as fh:
+            fh.truncate(64 << 20)  # sparse: big enough to be fetched in ranged pieces, no real bytes
+    (d / "c").write_bytes(b"abc")
+    res = run_rq("preload", str(d), "--cache-dir", str(cache_dir), "--dry-run", "--json")
+    assert res.returncode == 0, res.stderr
+    summary = json_lines(res.stdout)[-1]
+    assert summary["event"] == "summary" and summary["dry_run"] is True
+    assert (summary["objects"], summary["bytes"]) == (3, 2 * (64 << 20) + 3)
+    human = run_rq("preload", str(d), "--cache-dir", str(cache_dir), "--dry-run")
+    assert b"would fetch 3 objects (128.0 MiB)" in human.stdout, human.stdout
