@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,28 @@ def cache_error_to_cli(exc: Exception) -> CliError:
         (e.BusyError, ExitCode.FAILURE, "another rq is fetching it; try again"),
         (e.OriginError, ExitCode.UNREACHABLE, "the store kept failing; re-run to continue"),
     ]
+    if isinstance(exc, e.CacheFullError) and file_system_full(exc):
+        # the file system ran out before the cap: a higher cap would only make it worse
+        hint = "free space there, lower --ram-limit/--disk-limit below its free space, or use another --cache-dir"
+        return CliError(safe_text(str(exc)), ExitCode.NO_SPACE, hint=hint)
     for cls, code, hint in table:
         if isinstance(exc, cls):
             return CliError(safe_text(str(exc)), code, hint=hint)
     return CliError(safe_text(str(exc)), ExitCode.FAILURE)
+
+
+def file_system_full(exc: BaseException) -> bool:
+    """Whether a CacheFullError is the file system's ENOSPC/EDQUOT (or SQLite's "disk is full"),
+    not a tier cap. The library raises one class for both; the cause chain tells them apart, and
+    its messages for the file system case all begin "no space left"."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if type(seen).__name__ == "OperationalError" and "full" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return str(exc).startswith("no space left")
 
 
 def open_cache(cache_dir: Path | None, **kwargs: Any) -> Any:

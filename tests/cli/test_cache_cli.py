@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,3 +67,32 @@ def test_dry_run_counts_what_it_would_fetch_big_objects_included(tmp_path: Path,
     assert (summary["objects"], summary["bytes"]) == (3, 2 * (64 << 20) + 3)
     human = run_rq("preload", str(d), "--cache-dir", str(cache_dir), "--dry-run")
     assert b"would fetch 3 objects (128.0 MiB)" in human.stdout, human.stdout
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True)
+    if ok.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {ok.stderr.decode().strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_full_file_system_says_free_space_not_raise_the_cap(tmp_path: Path, small_fs: Path) -> None:
+    from cache import Cache
+
+    d = tmp_path / "many"
+    d.mkdir()
+    for i in range(16):
+        (d / f"{i:02}.bin").write_bytes(bytes([i]) * (128 << 10))  # 2 MiB into a 1 MiB file system
+    ram = Path("/dev/shm") / f"rqtest-{uuid.uuid4().hex[:10]}"
+    Cache(small_fs / "c", ram_dir=ram, disk_limit="1G").close()  # a cap the file system cannot honour
+    try:
+        res = run_rq("preload", str(d), "--cache-dir", str(small_fs / "c"))
+    finally:
+        shutil.rmtree(ram, ignore_errors=True)
+    err = res.stderr.decode()
+    assert res.returncode == ExitCode.NO_SPACE, err
+    assert "free space" in err and "raise" not in err and len(err.strip().splitlines()) == 1, err
