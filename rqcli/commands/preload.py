@@ -35,8 +35,8 @@ def cache_error_to_cli(exc: Exception) -> CliError:
     ]
     if isinstance(exc, e.CacheFullError) and file_system_full(exc):
         # the file system ran out before the cap: a higher cap would only make it worse
-        hint = "free space there, lower --ram-limit/--disk-limit below its free space, or use another --cache-dir"
-        return CliError(safe_text(str(exc)), ExitCode.NO_SPACE, hint=hint)
+        full = "free space there, lower --ram-limit/--disk-limit below its free space, or use another --cache-dir"
+        return CliError(safe_text(str(exc)), ExitCode.NO_SPACE, hint=full)
     for cls, code, hint in table:
         if isinstance(exc, cls):
             return CliError(safe_text(str(exc)), code, hint=hint)
