@@ -18,6 +18,7 @@ from cache.errors import (
     NotFoundError,
     OriginError,
     UnreachableError,
+    UnsafeDirError,
     VerifyError,
 )
 from cache.preload import PreloadResult
@@ -35,5 +36,6 @@ __all__ = [
     "Prefetcher",
     "PreloadResult",
     "UnreachableError",
+    "UnsafeDirError",
     "VerifyError",
 ]

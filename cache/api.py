@@ -25,7 +25,7 @@ from cache.errors import CacheError, NotFoundError, VerifyError
 from cache.fetcher import Fetcher, Job
 from cache.index import Entry, Index
 from cache.landing import ObjectInfo
-from cache.layout import TIERS, Layout, default_ram_root
+from cache.layout import TIERS, Layout, check_cache_dir, default_ram_root
 from cache.origins import LocalOrigin, normalise_url, origin_for_url
 from cache.s3 import S3Settings
 from cache.sizes import parse_size
@@ -81,6 +81,7 @@ class Cache:
     ):
         self.durable = durable
         self.root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        check_cache_dir(self.root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.s3_settings = S3Settings(endpoint_url=endpoint_url, profile=profile)
         self.max_age = max_age

@@ -41,3 +41,8 @@ class CacheFullError(CacheError):
 
 class BusyError(CacheError):
     """Another process is fetching the same big object right now; try again shortly."""
+
+
+class UnsafeDirError(CacheError):
+    """A cache or RAM-tier directory rq must not adopt: not a cache yet not empty, another user's,
+    a symlink, or writable by others (its sweeps would delete files that are not rq's)."""

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import xxhash
 
+from cache.errors import UnsafeDirError
+
 TIERS = ("ram", "disk")
+INDEX_NAME = "index.sqlite3"
 _TAIL_OK = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -45,7 +49,7 @@ class Layout:
 
     @property
     def index_path(self) -> Path:
-        return self.root / "index.sqlite3"
+        return self.root / INDEX_NAME
 
     def tier_root(self, tier: str) -> Path:
         return self.ram_root if tier == "ram" else self.root
@@ -59,6 +63,7 @@ class Layout:
         return self.tier_root(tier) / "tmp" / (blob_hash(blob) + suffix)
 
     def create(self) -> None:
+        check_private_dir(self.ram_root)
         for tier in TIERS:
             for sub in ("objects", "tmp"):
                 (self.tier_root(tier) / sub).mkdir(parents=True, exist_ok=True)
@@ -68,3 +73,45 @@ class Layout:
                 os.symlink(self.ram_root, link)
             except OSError:
                 pass  # informational only; a read-only or odd file system is fine without it
+
+
+def check_cache_dir(root: Path) -> None:
+    """Refuses to adopt a directory that holds someone's files: rq sweeps a cache's tmp/ and
+    objects/ of whatever it does not know, so pointing --cache-dir at a project directory by
+    mistake must fail, not delete. A cache is a directory with our index, or an empty one."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise UnsafeDirError(f"{root} is not a directory") from None
+    if names and INDEX_NAME not in names:
+        raise UnsafeDirError(
+            f"{root} is not an rq cache (no {INDEX_NAME}) and is not empty; "
+            "choose a new or empty directory for the cache"
+        )
+
+
+def check_private_dir(path: Path) -> None:
+    """The RAM root sits in /dev/shm under a name anyone can predict: another user could plant it
+    (or symlinks inside it) and have our sweeps delete their choice of files. It must be a real
+    directory owned by us that nobody else can write; a new one is made 0700."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, 0o700)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeDirError(f"RAM tier directory {path} is not a directory (a symlink?); refusing to use it")
+    if st.st_uid != os.geteuid():
+        raise UnsafeDirError(
+            f"RAM tier directory {path} belongs to uid {st.st_uid}, not to you; refusing to use it "
+            "(remove it, or give the cache another ram_dir)"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeDirError(
+            f"RAM tier directory {path} is writable by other users; refusing to use it (chmod go-w it)"
+        )

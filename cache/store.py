@@ -397,10 +397,18 @@ class Store:
 
     @staticmethod
     def _listdir(path: Path) -> list[str]:
+        """Names in one of our directories; a symlink in its place is not followed, because what
+        it points to is not ours to sweep."""
         try:
-            return os.listdir(path)
-        except FileNotFoundError:
-            return []
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                return []
+            raise
+        try:
+            return os.listdir(fd)
+        finally:
+            os.close(fd)
 
     def _walk_objects(self, tier: str) -> list[str]:
         root = self.layout.tier_root(tier) / "objects"

@@ -1,0 +1,109 @@
+"""Directories rq must not adopt: its sweeps delete what they do not know, so adopting someone
+else's directory (or one planted in /dev/shm under the name rq will pick) would delete their files.
+Found by an exploratory test run as another local user; these run as whoever runs the suite."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rqtest import run_rq
+
+from cache import Cache, UnsafeDirError
+from cache.layout import default_ram_root
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    d = tmp_path / "victim"
+    d.mkdir()
+    for name in ("a", "b"):
+        (d / name).write_text("precious")
+    return d
+
+
+@pytest.fixture
+def source(tmp_path: Path) -> Path:
+    d = tmp_path / "src"
+    d.mkdir()
+    (d / "x.bin").write_bytes(os.urandom(1000))
+    return d
+
+
+@pytest.fixture
+def planted(tmp_path: Path) -> Iterator[Path]:
+    """The RAM root rq would choose for tmp_path/cache: where an attacker plants things."""
+    path = default_ram_root(tmp_path / "cache")
+    yield path
+    if path.is_symlink():
+        path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_directory_that_is_not_a_cache_is_refused_and_left_alone(tmp_path: Path, source: Path) -> None:
+    scratch = tmp_path / "scratch"
+    (scratch / "tmp").mkdir(parents=True)
+    (scratch / "objects" / "ab").mkdir(parents=True)
+    (scratch / "tmp" / "notes.txt").write_text("mine")
+    (scratch / "objects" / "ab" / "model.pt").write_text("mine")
+    with pytest.raises(UnsafeDirError, match="not an rq cache"):
+        Cache(scratch)
+    for args in (["preload", str(source)], ["cache", "clear", "--yes"]):
+        r = run_rq(*args, "--cache-dir", str(scratch))
+        assert r.returncode != 0
+        err = r.stderr.decode()
+        assert "not an rq cache" in err and len(err.strip().splitlines()) <= 2, err
+    assert (scratch / "tmp" / "notes.txt").read_text() == "mine"
+    assert (scratch / "objects" / "ab" / "model.pt").read_text() == "mine"
+    assert sorted(os.listdir(scratch)) == ["objects", "tmp"]  # no index was created in it
+
+
+def test_a_planted_symlink_as_ram_root_is_refused(tmp_path: Path, planted: Path, victim: Path) -> None:
+    planted.symlink_to(victim)
+    with pytest.raises(UnsafeDirError, match="not a directory"):
+        Cache(tmp_path / "cache")
+    assert sorted(os.listdir(victim)) == ["a", "b"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a directory another user owns")
+def test_a_ram_root_owned_by_another_user_is_refused(
+    tmp_path: Path, planted: Path, victim: Path, source: Path
+) -> None:
+    (planted / "objects").mkdir(parents=True)
+    (planted / "tmp").symlink_to(victim)
+    os.chown(planted, 65534, 65534)
+    r = run_rq("preload", str(source), "--tier", "disk", "--cache-dir", str(tmp_path / "cache"))
+    assert r.returncode != 0 and "belongs to uid 65534" in r.stderr.decode()
+    assert sorted(os.listdir(victim)) == ["a", "b"]
+
+
+def test_a_ram_root_others_can_write_is_refused(tmp_path: Path, planted: Path) -> None:
+    planted.mkdir()
+    planted.chmod(0o777)
+    with pytest.raises(UnsafeDirError, match="writable by other users"):
+        Cache(tmp_path / "cache")
+
+
+def test_a_new_ram_root_is_private(tmp_path: Path, planted: Path, source: Path) -> None:
+    c = Cache(tmp_path / "cache")
+    assert c.layout.ram_root == planted
+    assert planted.stat().st_mode & 0o777 == 0o700
+    c.close()
+
+
+def test_sweeps_never_follow_a_symlink_inside_the_cache(
+    tmp_path: Path, ram_dir: Path, victim: Path, source: Path
+) -> None:
+    c = Cache(tmp_path / "cache", ram_dir=ram_dir)
+    c.close()
+    shutil.rmtree(ram_dir / "tmp")
+    (ram_dir / "tmp").symlink_to(victim)
+    (ram_dir / "objects" / "zz").symlink_to(victim)
+    for args in (["preload", str(source)], ["cache", "clear", "--yes"]):
+        r = run_rq(*args, "--cache-dir", str(tmp_path / "cache"))
+        assert r.returncode == 0, r.stderr.decode()
+    assert sorted(os.listdir(victim)) == ["a", "b"]
