@@ -38,6 +38,15 @@ def _guard(fn: Callable[[], Any]) -> Any:
         raise cache_error_to_cli(exc) from None
 
 
+def _nothing_matched(pattern: str) -> CliError:
+    """Every command taking a PATTERN exits 3 when it matches no entry, so a typo in a script shows."""
+    return CliError(
+        f"no cached entry matches {safe_text(pattern)}",
+        ExitCode.NOT_FOUND,
+        hint="`rq cache ls` lists what is cached; a prefix ends in /",
+    )
+
+
 @click.group()
 def cache() -> None:
     """Inspect and manage the local cache (see docs/cache.md for the layout).
@@ -77,6 +86,8 @@ def ls(pattern: str | None, cache_dir: Path | None) -> None:
         if not out.json:
             pin = "P" if e.pinned else "-"
             out.info(f"{e.tier:<4} {pin} {e.size:>14}  {safe_text(e.url)}")
+    if pattern is not None and not entries:
+        raise _nothing_matched(pattern)
 
 
 @cache.command("du")
@@ -181,6 +192,8 @@ def verify(pattern: str | None, repair: bool, cache_dir: Path | None) -> None:
     out.emit({"event": "summary", "checked": checked, "corrupt": len(problems), "repaired": repair})
     if not out.json:
         out.info(f"checked {checked} entries: {len(problems)} corrupt")
+    if pattern is not None and checked == 0:
+        raise _nothing_matched(pattern)
     if problems and not repair:
         raise CliError(
             f"{len(problems)} corrupt entries", ExitCode.VERIFY, hint="run `rq cache verify --repair`"
@@ -202,6 +215,8 @@ def evict(pattern: str, cache_dir: Path | None) -> None:
     out.emit({"evicted": done, "kept": skipped})
     if not out.json:
         out.info(f"evicted {done}; kept {skipped} (pinned or open)")
+    if done + skipped == 0:
+        raise _nothing_matched(pattern)
 
 
 def _pin(pattern: str, cache_dir: Path | None, pinned: bool) -> None:
@@ -212,7 +227,7 @@ def _pin(pattern: str, cache_dir: Path | None, pinned: bool) -> None:
     if not out.json:
         out.info(f"{'pinned' if pinned else 'unpinned'} {n} entries")
     if n == 0:
-        raise CliError(f"no cached entry matches {safe_text(pattern)}", ExitCode.NOT_FOUND)
+        raise _nothing_matched(pattern)
 
 
 @cache.command("pin")

@@ -96,3 +96,19 @@ def test_a_full_file_system_says_free_space_not_raise_the_cap(tmp_path: Path, sm
     err = res.stderr.decode()
     assert res.returncode == ExitCode.NO_SPACE, err
     assert "free space" in err and "raise" not in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.fixture
+def filled(cache_dir: Path, src: Path) -> Path:
+    res = run_rq("preload", str(src), "--cache-dir", str(cache_dir), "-q")
+    assert res.returncode == 0, res.stderr
+    return cache_dir
+
+
+@pytest.mark.parametrize("command", ["evict", "pin", "unpin", "ls", "verify"])
+def test_a_pattern_matching_nothing_exits_3_on_every_command(filled: Path, src: Path, command: str) -> None:
+    res = run_rq("cache", command, f"{src}/nope-*", "--cache-dir", str(filled))
+    assert res.returncode == ExitCode.NOT_FOUND, res.stderr
+    assert b"no cached entry matches" in res.stderr and len(res.stderr.splitlines()) == 1
+    hit = run_rq("cache", command, f"{src}/0.bin", "--cache-dir", str(filled))
+    assert hit.returncode == 0, hit.stderr
