@@ -106,22 +106,57 @@ def test_torn_tail_is_truncated_on_open_and_never_served(tmp_path: Path) -> None
         assert seg.stat().st_size == good_size
         assert w.append([(None, None, (), b"after")]) == (300, 300)
     assert read_all(TopicLog(t))[-1][4] == b"after"
-
-
-def test_complete_but_garbled_last_batch_is_a_torn_tail(tmp_path: Path) -> None:
-    t = tmp_path / "t"
-    fill(t, 100)
-    seg = t / fmt.segment_name(0)
-    size = seg.stat().st_size
-    with open(seg, "r+b") as fh:  # a last batch whose pages never reached the disk: zeros
-        fh.seek(size - 50)
-        fh.write(b"\0" * 50)
-    log = TopicLog(t)
-    n = log.end_offset()
-    assert n < 100
-    assert all(r[4] == value(r[0]) for r in read_all(log))
+    with open(seg, "ab") as fh:
+        fh.write(b"\0" * 8192)  # a file extended by a crash before its data reached the disk
+    assert TopicLog(t).end_offset() == 301
     with LogWriter(t) as w:
-        assert w.append([(None, None, (), b"x")])[0] == n
+        assert w.append([(None, None, (), b"again")]) == (301, 301)
+
+
+@pytest.mark.parametrize("damage", ["last record", "batch header", "zeroed end"])
+def test_a_damaged_full_length_last_batch_is_reported_never_truncated(tmp_path: Path, damage: str) -> None:
+    # kill -9 leaves a batch cut short; a full-length batch that fails its CRC is damage to
+    # acknowledged records, even the newest one.
+    t = tmp_path / "t"
+    fill(t, 300)
+    seg = t / fmt.segment_name(0)
+    data = seg.read_bytes()
+    last = data.rindex(fmt.MAGIC)
+    if damage == "last record":
+        _flip(seg, len(data) - 3)
+    elif damage == "batch header":
+        _flip(seg, last + 30)  # max_ts
+    else:
+        with open(seg, "r+b") as fh:
+            fh.seek(len(data) - 50)
+            fh.write(b"\0" * 50)
+    first_bad = 200 if damage == "batch header" else 299
+    log = TopicLog(t)
+    assert log.end_offset() == 300
+    with pytest.raises(CorruptRecord) as err:
+        read_all(log)
+    assert err.value.offset == first_bad
+    assert len(read_all(log, 0, first_bad)) == first_bad
+    with LogWriter(t) as w:
+        assert seg.stat().st_size == len(data)
+        assert w.append([(None, None, (), b"more")]) == (300, 300)
+    recs = read_all(TopicLog(t), skip_corrupt=True)
+    # --skip-corrupt serves every record whose own CRC passes (a damaged header loses none)
+    assert recs[-1][0] == 300 and len(recs) == (301 if damage == "batch header" else 300)
+
+
+def test_unframeable_damage_at_the_end_stops_the_writer(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    fill(t, 300)
+    seg = t / fmt.segment_name(0)
+    with open(seg, "ab") as fh:
+        fh.write(b"\xab" * 100)  # no batch header: not a write cut short
+    assert TopicLog(t).end_offset() == 300
+    with pytest.raises(CorruptRecord) as err:
+        LogWriter(t)
+    assert err.value.offset == 300 and (t / fmt.segment_name(0)).read_bytes().endswith(b"\xab" * 100)
+    with pytest.raises(CorruptRecord):
+        read_all(TopicLog(t), 0, None, follow=True, idle_timeout=0.1)
 
 
 def _flip(path: Path, pos: int) -> None:
@@ -156,20 +191,22 @@ def test_flipped_byte_mid_log_is_reported_with_its_offset(tmp_path: Path) -> Non
         assert w.append([(None, None, (), b"more")])[0] == 1000
 
 
-def test_damaged_batch_header_mid_log_is_reported(tmp_path: Path) -> None:
+@pytest.mark.parametrize("field", [10, 17])  # base_offset (its records still frame it), payload_len
+def test_damaged_batch_header_mid_log_is_reported(tmp_path: Path, field: int) -> None:
     t = tmp_path / "t"
     fill(t, 1000)
     seg = t / fmt.segment_name(0)
     data = seg.read_bytes()
     # the 5th batch header: offsets 400..499
     pos = [i for i in range(len(data)) if data.startswith(fmt.MAGIC, i)][4]
-    _flip(seg, pos + 10)
+    _flip(seg, pos + field)
     log = TopicLog(t)
     with pytest.raises(CorruptRecord) as err:
         read_all(log)
     assert err.value.offset == 400
     recs = read_all(log, skip_corrupt=True)
-    assert [r[0] for r in recs] == [i for i in range(1000) if not 400 <= i < 500]
+    lost = range(400, 500) if field == 17 else range(0)
+    assert [r[0] for r in recs] == [i for i in range(1000) if i not in lost]
 
 
 def test_a_lost_middle_segment_is_reported_not_skipped_silently(tmp_path: Path) -> None:

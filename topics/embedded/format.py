@@ -215,19 +215,3 @@ def check_records(buf: bytes | memoryview, pos: int, end: int) -> tuple[list[Rec
                 bad.append((offset, pos))
         pos = rec_end
     return good, bad
-
-
-def damage_is_tail(buf: bytes | memoryview, pos: int, end: int) -> bool:
-    """For a batch that failed its CRC: True when the damage runs to its end (what a torn write
-    leaves), False when a record after the damage is intact (bit rot in the middle, to report)."""
-    last_ok = False
-    while pos < end:
-        if end - pos < RECORD_SIZE:
-            return True
-        length, crc, *_ = RECORD.unpack_from(buf, pos)
-        rec_end = pos + 4 + length
-        if length < RECORD_SIZE - 4 or rec_end > end:
-            return True
-        last_ok = zlib.crc32(buf[pos + 8 : rec_end]) == crc
-        pos = rec_end
-    return not last_ok

@@ -8,8 +8,9 @@
 
 Durability: a batch is written and fdatasync'ed before `append` returns, and only then is it indexed,
 so an acknowledged batch survives kill -9 and power loss. The writer's open checks the last batches of
-the newest segment and truncates a torn tail; readers verify every batch's CRC and never return a
-record that fails it. Corruption in the middle is raised as CorruptRecord with its offset, or skipped
+the newest segment and truncates a torn tail (a batch cut short: all a crash can leave); readers
+verify every batch's CRC and never return a record that fails it. A full-length batch that fails its
+CRC, even the newest, is corruption, never truncated. Corruption is raised as CorruptRecord with its offset, or skipped
 (and reported through `on_corrupt`) when the reader is asked to.
 """
 
@@ -174,6 +175,47 @@ def _payload_ok(buf: Any, pos: int, hdr: fmt.BatchHeader) -> bool:
         view.release()
 
 
+def _all_zero(buf: Any, start: int, end: int) -> bool:
+    return buf[start:end].count(0) == end - start
+
+
+def _framed_by_records(buf: Any, pos: int, size: int) -> tuple[fmt.BatchHeader, int] | None:
+    """A batch whose header is damaged, framed by its records instead: (a header rebuilt from
+    them, the batch's end) when the records after the header frame exactly, each passing its CRC,
+    up to the header's payload length or the end of the file. None when they do not."""
+    if size - pos < fmt.BATCH_SIZE:
+        return None
+    raw = fmt.BATCH.unpack_from(buf, pos)
+    start = pos + fmt.BATCH_SIZE
+    for end in dict.fromkeys((start + raw[3], size)):
+        if not start < end <= size:
+            continue
+        good, bad = fmt.check_records(buf, start, end)
+        offsets = [r[0] for r in good]
+        if not bad and good and offsets == list(range(offsets[0], offsets[0] + len(offsets))):
+            hdr = fmt.BatchHeader(offsets[0], len(good), end - start, good[0][1], good[-1][1], raw[6])
+            return hdr, end
+    return None
+
+
+def _tail_kind(buf: Any, pos: int, size: int) -> str:
+    """What the bytes from pos to the end of the newest segment are, when no batch frames there
+    and no valid batch follows.
+
+    'torn': a write cut short (the file ends before the batch's declared length, or inside its
+    header: kill -9 or a crash mid-pwrite leaves a prefix of the batch), or zeros (a file extended
+    without its data reaching the disk). Never acknowledged: truncated by the writer, not served.
+    'framed': a full-length batch whose header is damaged; its records frame it.
+    'damaged': anything else. A crash cannot leave a full-length batch with bad contents, so this
+    is damage to acknowledged data: reported, never truncated.
+    """
+    if size - pos < fmt.BATCH_SIZE or _all_zero(buf, pos, size):
+        return "torn"
+    if fmt.read_batch_header(buf, pos) is not None:
+        return "torn"  # a valid header whose batch runs past the end of the file
+    return "framed" if _framed_by_records(buf, pos, size) is not None else "damaged"
+
+
 class TopicLog:
     """Read-side handle of one topic directory. Cheap; create one per command."""
 
@@ -269,22 +311,20 @@ def _scan_end(directory: Path, base: int, view: _View) -> int:
     offsets, positions, _ = _load_index(directory, base, size)
     pos, end = (positions[-1], offsets[-1]) if positions else (0, base)
     buf = view.buf
-    last: tuple[int, fmt.BatchHeader] | None = None
     while pos + fmt.BATCH_SIZE <= size:
         hdr = fmt.read_batch_header(buf, pos)
         if hdr is None or pos + fmt.BATCH_SIZE + hdr.payload_len > size:
             found = _find_next_header(buf, pos + 1, size)
             if found is None:
-                break  # torn or in-flight tail
+                # A torn or in-flight tail ends the log; a damaged last batch is still in it
+                # (readers report it with its offset).
+                framed = _framed_by_records(buf, pos, size) if hdr is None else None
+                if framed is not None:
+                    end = framed[0].end
+                break
             pos, hdr = found
-        last = (pos, hdr)
         end = hdr.end
         pos += fmt.BATCH_SIZE + hdr.payload_len
-    if last is not None and not _payload_ok(buf, *last):
-        lpos, lhdr = last
-        extent = lpos + fmt.BATCH_SIZE + lhdr.payload_len
-        if extent == size and fmt.damage_is_tail(buf, lpos + fmt.BATCH_SIZE, extent):
-            end = lhdr.base  # a complete-looking but torn last batch is not data
     return end
 
 
@@ -313,6 +353,7 @@ class LogReader:
         self.poll_s = poll_s
         self.closed = False
         self.reported_in = -1  # base of the segment whose damage was last reported
+        self.reported_at = (-1, -1)  # (segment, position) of unframed damage at the end, reported
 
     def close(self) -> None:
         self.closed = True
@@ -350,14 +391,20 @@ class LogReader:
                 buf, size = view.buf, view.size
                 hdr = fmt.read_batch_header(buf, pos) if pos + fmt.BATCH_SIZE <= size else None
                 extent = pos + fmt.BATCH_SIZE + hdr.payload_len if hdr is not None else -1
+                damaged_header = False
                 if hdr is None or extent > size:
                     state, where = self._at_gap(base, view, pos)
                     if state == "grown":
                         continue
-                    if state == "skip":
+                    if state == "framed":
+                        framed = _framed_by_records(view.buf, pos, view.size)
+                        assert framed is not None
+                        (hdr, extent), buf, size = framed, view.buf, view.size
+                        damaged_header = True
+                    elif state == "skip":
                         pos = where
                         continue
-                    if state == "next":
+                    elif state == "next":
                         view.close()
                         segs = self.log.segments()
                         later = [s for s in segs if s > base]
@@ -368,26 +415,18 @@ class LogReader:
                         view = _View(self.log.dir / fmt.segment_name(base))
                         pos = 0
                         continue
-                    if not self._wait():
+                    elif not self._wait():
                         return
-                    continue
+                    else:
+                        continue
                 if hdr.end <= self.next_offset:
                     pos = extent  # before the start: skip without checking the payload
                     continue
-                if _payload_ok(buf, pos, hdr):
+                if not damaged_header and _payload_ok(buf, pos, hdr):
                     records = fmt.decode_records(buf, pos + fmt.BATCH_SIZE, extent)
                 else:
-                    if (
-                        extent == size
-                        and self._is_last(base)
-                        and fmt.damage_is_tail(buf, pos + fmt.BATCH_SIZE, extent)
-                    ):
-                        # A complete-looking bad last batch: a torn tail (the writer's next open
-                        # truncates it). Never served; wait for the writer, or end here.
-                        if not self._wait():
-                            return
-                        view.refresh()
-                        continue
+                    # A full-length batch that fails its CRC, even the last one, is damage: a
+                    # crash only ever leaves a batch cut short, which never gets here.
                     records, damage = self._damaged(view, base, pos, hdr, extent)
                     if damage is not None:
                         # Serve the good records before the bad one, then stop there (if the read
@@ -435,9 +474,18 @@ class LogReader:
             return "grown", pos
         if pos >= size:
             return ("next", 0) if sealed else ("end", pos)
+        if hdr is None and _framed_by_records(view.buf, pos, size) is not None:
+            return "framed", pos  # a damaged header; its records say where the batch ends
         found = _find_next_header(view.buf, pos + 1, size)
         if found is None and not sealed:
-            return "end", pos  # a torn or in-flight tail: never served
+            if _tail_kind(view.buf, pos, size) == "torn":
+                return "end", pos  # a torn or in-flight tail: never served
+            # Damage that does not frame at the end of the newest segment: nothing can be read
+            # after it (the writer refuses to append after it either).
+            if (base, pos) != self.reported_at:
+                self._report(base, pos, -1)
+                self.reported_at = (base, pos)
+            return "end", pos
         # Bytes that do not frame, with valid batches after them or in a sealed segment.
         self._report(base, pos, found[1].base - 1 if found else -1)
         return ("skip", found[0]) if found else ("next", 0)
@@ -607,33 +655,39 @@ class LogWriter:
     def _valid_prefix(self, base: int, view: _View) -> tuple[int, int, int]:
         """(bytes to keep, end offset, newest timestamp) of the newest segment.
 
-        Only a damaged *tail* is cut: if a valid batch follows a damaged one, the damage is in the
-        middle (bit rot, not a crash) and stays for readers to report.
+        Only a torn tail is cut (see _tail_kind): a batch cut short, or zeros. A full-length batch
+        that fails its CRC, and damage with valid batches after it, stay for readers to report
+        (and --skip-corrupt to step over); damage at the end that cannot be framed stops the writer.
         """
         size = view.size
         buf = view.buf
         offsets, positions, stamps = _load_index(self.dir, base, size)
         pos, end, last_ts = (positions[-1], offsets[-1], stamps[-1]) if positions else (0, base, 0)
-        while pos + fmt.BATCH_SIZE <= size:
-            hdr = fmt.read_batch_header(buf, pos)
+        while pos < size:
+            hdr = fmt.read_batch_header(buf, pos) if pos + fmt.BATCH_SIZE <= size else None
             extent = pos + fmt.BATCH_SIZE + hdr.payload_len if hdr is not None else size + 1
-            if (
-                hdr is not None
-                and extent <= size
-                and not _payload_ok(buf, pos, hdr)
-                and not fmt.damage_is_tail(buf, pos + fmt.BATCH_SIZE, extent)
-            ):
-                # Bit rot inside a batch whose last record is intact: not a tear. Keep it for
-                # readers to report (and --skip-corrupt to step over).
-                end, last_ts = hdr.end, hdr.max_ts
-                pos = extent
-                continue
-            if hdr is None or extent > size or not _payload_ok(buf, pos, hdr):
+            if hdr is None or extent > size:
                 found = _find_next_header(buf, pos + 1, size)
-                if found is None or not _payload_ok(buf, *found):
-                    return pos, end, last_ts
-                pos, hdr = found
-                extent = pos + fmt.BATCH_SIZE + hdr.payload_len
+                if found is not None and _payload_ok(buf, *found):
+                    pos, hdr = found  # damage in the middle: skipped here, reported by readers
+                    extent = pos + fmt.BATCH_SIZE + hdr.payload_len
+                else:
+                    kind = _tail_kind(buf, pos, size)
+                    if kind == "torn":
+                        return pos, end, last_ts
+                    framed = _framed_by_records(buf, pos, size)
+                    if framed is None:
+                        seg = fmt.segment_name(base)
+                        raise CorruptRecord(
+                            f"corrupt batch at offset {end} (segment {seg}, byte {pos}): the newest "
+                            f"segment ends in {size - pos} damaged bytes that do not frame as a "
+                            "batch; not appending after them (copy the topic with `rq replay "
+                            "--skip-corrupt --to-topic NEW`)",
+                            end,
+                            seg,
+                            pos,
+                        )
+                    hdr, extent = framed
             end, last_ts = hdr.end, hdr.max_ts
             pos = extent
         return pos, end, last_ts
