@@ -40,6 +40,9 @@ from transfer.store import Plan, Store
 from transfer.transport import Channel
 
 IDLE_TIMEOUT = 300.0  # a channel that sends nothing for this long is dropped
+# until it authenticated, a channel gets this long per frame: HELLO and AUTH are one round trip
+# apart, and a peer that stalls there holds a connection (a thread, a descriptor) for nothing
+PRE_AUTH_TIMEOUT = 30.0
 LINGER = 5.0  # after DONE, how long to wait for the sender to close the channel
 DEFAULT_ACK_EVERY = 2  # verified chunks made durable (fdatasync + journal) and ACKed at once
 
@@ -171,13 +174,15 @@ class Receiver:
         )
         ack_every = max(1, every)
         committed = False
+        authenticated = False
         _set_frame_limit(ch, PRE_AUTH_LIMIT)  # drivers that support it refuse big frames before AUTH
         try:
             while True:
                 writer.before_recv()
                 # After DONE, wait (briefly) for the sender to hang up: that is how we know DONE
                 # arrived, before `rq recv --once` may exit and take the connection down with it.
-                frame = ch.recv(timeout=LINGER if committed else IDLE_TIMEOUT)
+                timeout = IDLE_TIMEOUT if authenticated else PRE_AUTH_TIMEOUT
+                frame = ch.recv(timeout=LINGER if committed else timeout)
                 if frame is None:
                     break
                 for ev in core.handle(frame):
@@ -204,8 +209,10 @@ class Receiver:
                             shared.resent += 1
                         self.on_event(ChunkResent(ev.reason))
                     elif isinstance(ev, Authenticated) and ev.role == "control":
+                        authenticated = True
                         _set_frame_limit(ch, None)
                     elif isinstance(ev, Authenticated) and ev.role == "data":
+                        authenticated = True
                         _set_frame_limit(ch, None)
                         shared = self._acquire(ev.transfer_id, None)
                         core.ready(shared.plan.manifest)

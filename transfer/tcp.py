@@ -12,14 +12,28 @@ import socket
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from transfer import aligned
 from transfer.credentials import fingerprint, normalise_pin
-from transfer.errors import AuthError, PeerUnreachableError
-from transfer.frames import CHUNK, HEADER, Frame, parse_header
+from transfer.errors import AuthError, PeerUnreachableError, TransferError
+from transfer.frames import CHUNK, HEADER, PRE_AUTH_LIMIT, Frame, parse_header
 from transfer.transport import Channel, ConnectOptions, ListenOptions
+
+# Connections that have not yet proved they know the token, at once (one thread and one descriptor
+# each); more are closed as soon as they are accepted. ListenOptions.extra["max_unauthenticated"].
+MAX_UNAUTHENTICATED = 64
+# accept() errors that say the process or system is out of something another connection's end will
+# give back: wait and accept again instead of giving up on the listener
+_OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+# accept() errors about the one connection being accepted (it was reset or refused on its way in)
+_CONNECTION_GONE = {errno.ECONNABORTED, errno.ECONNRESET, errno.EPROTO, errno.EPERM, errno.EINTR}
+_MAX_BACKOFF = 1.0
+# a deadline is checked after every recv; the socket timeout is refreshed when it would overshoot
+# the deadline by more than this, so a long frame costs a timeout update a second, not one per recv
+_DEADLINE_SLACK = 1.0
 
 
 def _body_buffer(size: int) -> memoryview:
@@ -29,16 +43,26 @@ def _body_buffer(size: int) -> memoryview:
 
 
 class TcpChannel:
-    def __init__(self, sock: socket.socket, max_frame: int):
+    def __init__(
+        self,
+        sock: socket.socket,
+        max_frame: int,
+        frame_limit: int | None = None,
+        on_authenticated: Callable[[], None] | None = None,
+    ):
         self.sock = sock
         self._max = max_frame
+        self._timeout: float | None = sock.gettimeout()  # what the socket is set to now
         self._head = bytearray(HEADER.size)
         # two body buffers, alternating: a body stays valid until the second recv after it, so the
         # receiver can write one chunk to disk while the next arrives (body_lifetime below)
         self._bodies = [_body_buffer(64 * 1024), _body_buffer(64 * 1024)]
         self._turn = 0
         self._send_lock = threading.Lock()
-        self.frame_limit: int | None = None  # set by the receiver until the peer authenticated
+        # set by the receiver until the peer authenticated; lifting it (None) tells the listener
+        # this connection no longer counts against MAX_UNAUTHENTICATED
+        self._frame_limit = frame_limit
+        self._on_authenticated = on_authenticated
         self.body_lifetime = 2
         # chunks the receiver makes durable (one fdatasync, one journal append) and ACKs at once:
         # each fdatasync here commits ext4's journal, ~2.5 ms; the sender's window (send_window) is
@@ -56,9 +80,37 @@ class TcpChannel:
         except (ssl.SSLError, OSError) as exc:
             raise PeerUnreachableError(f"connection lost while sending: {exc}") from None
 
-    def _read_exact(self, view: memoryview) -> bool:
+    @property
+    def frame_limit(self) -> int | None:
+        return self._frame_limit
+
+    @frame_limit.setter
+    def frame_limit(self, value: int | None) -> None:
+        self._frame_limit = value
+        if value is None:
+            self.release_slot()
+
+    def release_slot(self) -> None:
+        """This connection stops counting as unauthenticated (idempotent)."""
+        callback, self._on_authenticated = self._on_authenticated, None
+        if callback is not None:
+            callback()
+
+    def _set_timeout(self, timeout: float | None) -> None:
+        if timeout != self._timeout:
+            self.sock.settimeout(timeout)
+            self._timeout = timeout
+
+    def _read_exact(self, view: memoryview, deadline: float | None) -> bool:
         got = 0
         while got < len(view):
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the frame did not arrive within the timeout")
+                # a recv may block for the socket's timeout: never much past the deadline
+                if self._timeout is None or self._timeout > left + _DEADLINE_SLACK:
+                    self._set_timeout(left)
             try:
                 n = self.sock.recv_into(view[got:])
             except TimeoutError:
@@ -73,17 +125,19 @@ class TcpChannel:
         return True
 
     def recv(self, timeout: float | None = None) -> Frame | None:
-        self.sock.settimeout(timeout)
-        if not self._read_exact(memoryview(self._head)):
+        """The next frame. `timeout` bounds the whole frame, body included: a peer that sends a
+        header and then stalls is dropped like one that sends nothing."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._set_timeout(timeout)
+        if not self._read_exact(memoryview(self._head), deadline):
             return None
-        self.sock.settimeout(None)  # once a frame has started, wait for the rest of it
-        kind, length = parse_header(self._head, self._max, self.frame_limit)
+        kind, length = parse_header(self._head, self._max, self._frame_limit)
         self._turn ^= 1
         buf = self._bodies[self._turn]
         if length > len(buf):
             buf = self._bodies[self._turn] = _body_buffer(max(length, min(2 * len(buf), self._max)))
         body = buf[:length]
-        if not self._read_exact(body):
+        if not self._read_exact(body, deadline):
             raise PeerUnreachableError("connection closed in the middle of a frame")
         return Frame(kind, body)
 
@@ -91,10 +145,16 @@ class TcpChannel:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+        self.release_slot()
 
 
 def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def _drop(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.close()
 
 
 class TcpConnection:
@@ -147,6 +207,9 @@ class TcpListener:
         self.sock = socket.create_server((opts.host, opts.port), backlog=64, reuse_port=False)
         self.address: tuple[str, int] = self.sock.getsockname()[:2]
         self._closed = threading.Event()
+        self._slots = threading.BoundedSemaphore(
+            int(opts.extra.get("max_unauthenticated", MAX_UNAUTHENTICATED))
+        )
         self._ctx: ssl.SSLContext | None = None
         if opts.tls:
             self._ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -158,7 +221,11 @@ class TcpListener:
                 self._ctx.load_cert_chain(cert, key)
 
     def serve_forever(self) -> None:
+        """Accepts until close(). Running out of descriptors, threads or memory is waited out (the
+        listener backs off and accepts again); only a listening socket that is broken raises, as
+        TransferError."""
         self.sock.settimeout(0.2)
+        backoff = 0.0
         while not self._closed.is_set():
             try:
                 conn, _ = self.sock.accept()
@@ -167,21 +234,47 @@ class TcpListener:
             except OSError as exc:
                 if self._closed.is_set() or exc.errno == errno.EBADF:
                     return
-                raise
-            threading.Thread(target=self._serve_one, args=(conn,), daemon=True).start()
+                if exc.errno in _CONNECTION_GONE:
+                    continue
+                if exc.errno not in _OUT_OF_RESOURCES:
+                    raise TransferError(
+                        f"cannot accept connections on {self.address[0]}:{self.address[1]}: "
+                        f"{exc.strerror or exc}"
+                    ) from None
+                backoff = min(max(2 * backoff, 0.05), _MAX_BACKOFF)
+                self._closed.wait(backoff)
+                continue
+            backoff = 0.0
+            if not self._slots.acquire(blocking=False):
+                _drop(conn)  # too many connections that have not authenticated: refuse this one
+                continue
+            try:
+                threading.Thread(target=self._serve_one, args=(conn,), daemon=True).start()
+            except RuntimeError:  # "can't start new thread": as out of resources as EMFILE
+                self._slots.release()
+                _drop(conn)
+                self._closed.wait(_MAX_BACKOFF)
 
     def _serve_one(self, conn: socket.socket) -> None:
-        conn.settimeout(None)
-        _tune(conn)
-        if self._ctx is not None:
-            try:
+        """Runs in its own thread holding one of the unauthenticated slots until the receiver lifts
+        the channel's frame limit (the peer proved the token) or the channel ends."""
+        ch: TcpChannel | None = None
+        try:
+            conn.settimeout(None)
+            _tune(conn)
+            if self._ctx is not None:
                 conn.settimeout(10)
                 conn = self._ctx.wrap_socket(conn, server_side=True)
                 conn.settimeout(None)
-            except (ssl.SSLError, OSError):
-                conn.close()
-                return
-        self.handler(TcpChannel(conn, self.opts.max_frame))
+            ch = TcpChannel(conn, self.opts.max_frame, PRE_AUTH_LIMIT, self._slots.release)
+        except (ssl.SSLError, OSError):
+            _drop(conn)
+            self._slots.release()
+            return
+        try:
+            self.handler(ch)
+        finally:
+            ch.release_slot()
 
     def close(self) -> None:
         self._closed.set()

@@ -328,7 +328,8 @@ def recv(
             f"  (with the token from {_default_token_file()} copied to the same place there, or RQ_TOKEN)"
         )
 
-    server = threading.Thread(target=listener.serve_forever, daemon=True)
+    died: list[BaseException] = []  # why the listener stopped, when it stops on its own
+    server = threading.Thread(target=_serve, args=(listener, died), daemon=True)
     server.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -341,6 +342,10 @@ def recv(
                     break
                 if not once:
                     stop.wait(0.5)
+            if not stop.is_set() and not server.is_alive():
+                # nobody asked it to stop: exiting 0 here would tell a script all went well
+                reason = f": {safe_text(str(died[0]))}" if died else ""
+                raise CliError(f"the listener stopped{reason}", ExitCode.FAILURE)
     except KeyboardInterrupt:
         raise click.exceptions.Abort() from None
     finally:
@@ -353,6 +358,14 @@ def recv(
         for child in children:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=10)
+
+
+def _serve(listener: Any, died: list[BaseException]) -> None:
+    """The listener's loop, keeping what stopped it for the main thread (no thread traceback)."""
+    try:
+        listener.serve_forever()
+    except Exception as exc:
+        died.append(exc)
 
 
 def _die_with_parent() -> None:

@@ -1,0 +1,175 @@
+"""What a peer that never authenticates can cost the receiver: real TCP and QUIC on loopback.
+
+Each test is a hostile or broken peer found by an independent review: a frame header and then
+silence, a flood of idle connections, a process out of descriptors, a QUIC HELLO announcing a huge
+body, and data poured into a QUIC stream the receiver already refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import resource
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from xfer_kit import TOKEN, Recv, make_tree, send, tree_digest, wait_for
+
+from transfer import receiver as receiver_mod
+from transfer.frames import FrameType, control, header
+from transfer.receiver import Receiver
+from transfer.session import auth_mac
+from transfer.tcp import TcpChannel, TcpListener, TcpTransport
+from transfer.transport import Identity, ListenOptions
+
+pytestmark = pytest.mark.integration
+
+NO_TLS = Identity(b"", b"", "")
+
+
+@contextlib.contextmanager
+def tcp_receiver(dest: Path, **extra: int) -> Iterator[TcpListener]:
+    rc = Receiver(dest, TOKEN.encode())
+    lst = TcpTransport().listen(
+        ListenOptions("127.0.0.1", 0, NO_TLS, tls=False, extra=dict(extra)), rc.handle_channel
+    )
+    thread = threading.Thread(target=lst.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield lst
+    finally:
+        lst.close()
+        thread.join(timeout=5)
+        rc.close()
+
+
+def _closed_by_peer(sock: socket.socket, wait: float = 10.0) -> bool:
+    """True when the other end closed (EOF or reset) within `wait` seconds."""
+    sock.settimeout(wait)
+    try:
+        return sock.recv(100) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def _hello(ch: TcpChannel, role: str = "control", tid: str = "t" * 32) -> bytes:
+    nonce = os.urandom(16)
+    body = {"role": role, "transfer_id": tid, "nonce": base64.b64encode(nonce).decode()}
+    ch.send(control(FrameType.HELLO, body))
+    frame = ch.recv(10)
+    assert frame is not None and frame.type is FrameType.CHALLENGE
+    ch.send(
+        control(
+            FrameType.AUTH,
+            {"mac": auth_mac(TOKEN.encode(), base64.b64decode(frame.json()["nonce"]), nonce, role, tid)},
+        )
+    )
+    return nonce
+
+
+# -- TCP -----------------------------------------------------------------------------------------
+
+
+def test_tcp_recv_timeout_covers_the_frame_body() -> None:
+    """A header and then silence: recv(timeout) must time out, not wait for the body for ever."""
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        peer = socket.create_connection(srv.getsockname()[:2])
+        conn, _ = srv.accept()
+        with peer, conn:
+            peer.sendall(header(FrameType.HELLO, 100) + b"x" * 10)
+            ch = TcpChannel(conn, 1 << 20)
+            with pytest.raises(TimeoutError):
+                ch.recv(timeout=0.5)
+
+
+def test_tcp_peer_that_stalls_inside_a_frame_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(receiver_mod, "PRE_AUTH_TIMEOUT", 1.0)
+    with tcp_receiver(tmp_path / "dst") as lst:
+        silent = socket.create_connection(lst.address)
+        stalled = socket.create_connection(lst.address)
+        with silent, stalled:
+            stalled.sendall(header(FrameType.HELLO, 100))  # a header, then nothing
+            assert _closed_by_peer(silent)
+            assert _closed_by_peer(stalled)
+
+
+def test_tcp_unauthenticated_connections_are_capped(tmp_path: Path) -> None:
+    """Past the cap a new connection is closed at once; one that authenticated frees its slot; the
+    listener stays up throughout."""
+    with tcp_receiver(tmp_path / "dst", max_unauthenticated=3) as lst:
+        idle = [TcpChannel(socket.create_connection(lst.address, timeout=10), 1 << 20) for _ in range(3)]
+        try:
+            extra = socket.create_connection(lst.address)
+            with extra:
+                assert _closed_by_peer(extra)
+            _hello(idle[0])  # authenticates: no longer counts
+            # its AUTH is handled in the receiver's thread: wait until the slot is free
+            assert wait_for(lambda: lst._slots._value > 0, 10)  # type: ignore[attr-defined]
+            fresh = TcpChannel(socket.create_connection(lst.address, timeout=10), 1 << 20)
+            try:
+                _hello(fresh)  # served: it gets a CHALLENGE
+            finally:
+                fresh.close()
+        finally:
+            for ch in idle:
+                ch.close()
+
+
+def _few_fds(pid: int) -> None:
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (64, 64))
+
+
+def test_recv_out_of_descriptors_keeps_serving(tmp_path: Path) -> None:
+    """EMFILE in accept() once killed the listener thread and `rq recv` exited 0; now it waits for
+    descriptors to come back and the next transfer goes through."""
+    ckpt = make_tree(tmp_path / "src", random_bytes=200_000, bf16_elems=50_000)
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp").start()
+    assert recv.proc is not None
+    socks: list[socket.socket] = []
+    try:
+        _few_fds(recv.proc.pid)
+        for _ in range(90):  # more than the 64 descriptors; the rest wait in the listen backlog
+            socks.append(socket.create_connection(("127.0.0.1", recv.port), timeout=5))
+        assert not wait_for(lambda: recv.proc is not None and recv.proc.poll() is not None, 2)
+        for s in socks:
+            s.close()
+        proc = send([ckpt], recv, "--retry-for", "20")
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert recv.proc.poll() is None
+    finally:
+        for s in socks:
+            s.close()
+        rc, _, err = recv.stop()
+    assert rc == 0, err  # stopped by SIGTERM, not before
+    assert "Traceback" not in err, err
+    assert tree_digest(tmp_path / "dst" / "ckpt") == tree_digest(ckpt)
+
+
+def test_recv_exits_nonzero_when_its_listener_dies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A listener that cannot go on (here: its accept loop raises) must not look like success."""
+    from click.testing import CliRunner
+
+    from rqcli.errors import CliError
+    from rqcli.exitcodes import ExitCode
+    from rqcli.main import cli
+    from transfer.errors import TransferError
+
+    def broken(_self: TcpListener) -> None:
+        raise TransferError("cannot accept connections on 127.0.0.1:1: Invalid argument")
+
+    monkeypatch.setattr(TcpListener, "serve_forever", broken)
+    monkeypatch.setenv("RQ_TOKEN", TOKEN)
+    args = ["recv", str(tmp_path / "dst"), "--listen", "127.0.0.1:0", "--transport", "tcp"]
+    result = CliRunner().invoke(cli, [*args, "--cert-dir", str(tmp_path / "cert")])
+    # rqcli.main.main turns the CliError into its one line and exit code
+    assert isinstance(result.exception, CliError), result.output
+    assert result.exception.code is ExitCode.FAILURE
+    assert "the listener stopped: cannot accept connections" in result.exception.message
