@@ -14,9 +14,11 @@ written and renamed before the index learns about them.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,29 +122,66 @@ def _entry(row: tuple[object, ...]) -> Entry:
     return e
 
 
+def _index_error(path: Path, exc: sqlite3.Error) -> CacheError:
+    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+        return CacheError(f"cache index {path}: {exc}")
+    return CacheError(
+        f"cache index {path} cannot be used ({exc}); every cached file can be fetched again: "
+        f"remove {path.parent} to start the cache over"
+    )
+
+
+# Every open index of this process. A fork while another thread is inside a transaction leaves the
+# child with SQLite's in-memory lock state of that transaction (SQLite keeps one per process and
+# per file): the child's own new connection then waits out the busy timeout and fails with
+# "database is locked". So a fork waits for transactions to end, holding every index's lock.
+_OPEN: weakref.WeakSet[Index] = weakref.WeakSet()
+_HELD: list[Index] = []
+
+
+def _before_fork() -> None:
+    for index in list(_OPEN):
+        index._lock.acquire()
+        _HELD.append(index)
+
+
+def _after_fork() -> None:
+    while _HELD:
+        _HELD.pop()._lock.release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
+
+
 class Index:
     """A thread-safe handle on the index for one process (reopened after fork by the owner)."""
 
     def __init__(self, path: Path, busy_timeout_s: float = 60.0):
         self.path = path
         self._lock = threading.RLock()
-        self._db = sqlite3.connect(
-            str(path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
-        )
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode: consistent after a power cut, may lose the last commits; every blob is
-        # verified by digest before it is served and orphans are collected, so that loss is harmless.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        with self._lock:
-            try:
+        try:
+            self._db = sqlite3.connect(
+                str(path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
+            )
+        except sqlite3.Error as exc:
+            raise _index_error(path, exc) from exc
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: consistent after a power cut, may lose the last commits; every
+            # blob is verified by digest before it is served and orphans are collected, so that
+            # loss is harmless.
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            with self._lock:
                 if (
                     self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'entries_upd'").fetchone()
                     is None
                 ):
                     # idempotent statements in one IMMEDIATE transaction: safe if two processes race here
                     self._db.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\nCOMMIT;")
-            except sqlite3.OperationalError as exc:
-                raise CacheError(f"cannot open the cache index {self.path}: {exc}") from exc
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise _index_error(path, exc) from exc
+        _OPEN.add(self)
 
     def close(self) -> None:
         with self._lock:
@@ -168,6 +207,8 @@ class Index:
                         f"no space left on the file system of the cache index {self.path}"
                     ) from exc
                 raise CacheError(f"cache index {self.path}: {exc}") from exc
+            except sqlite3.DatabaseError as exc:
+                raise _index_error(self.path, exc) from exc
 
     @contextlib.contextmanager
     def read(self) -> Iterator[sqlite3.Connection]:
