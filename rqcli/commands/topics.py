@@ -203,6 +203,7 @@ class Writer:
 
     def _table(self, records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
         from rich.table import Table
+        from rich.text import Text
 
         from topics.paths import project
         from topics.render import decode
@@ -219,7 +220,9 @@ class Writer:
                 shown = f"(base64) {shown}"
             when = datetime.fromtimestamp(r[1] / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
             key = "" if r[2] is None else r[2].decode("utf-8", "replace")
-            table.add_row(str(r[0]), when, safe_text(key), safe_text(shown[:500]))
+            # Text, not str: rich would read "[link=…]" in a record as markup (a planted hyperlink,
+            # or a MarkupError that ends the read).
+            table.add_row(str(r[0]), when, Text(safe_text(key)), Text(safe_text(shown[:500])))
         self.out.console().print(table)
 
     def close(self) -> None:
@@ -895,6 +898,7 @@ def offsets(
             out.emit({**info, "groups": rows})
             return
         from rich.table import Table
+        from rich.text import Text
 
         console = out.console()
         out.info(f"{safe_text(ref.url)}: first {first}, last {last}, {records} records")
@@ -903,7 +907,7 @@ def offsets(
             for col in ("group", "committed", "lag"):
                 table.add_column(col)
             for row in rows:
-                table.add_row(safe_text(str(row["group"])), str(row["committed"]), str(row["lag"]))
+                table.add_row(Text(safe_text(str(row["group"]))), str(row["committed"]), str(row["lag"]))
             console.print(table)
 
 

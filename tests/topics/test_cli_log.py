@@ -455,3 +455,13 @@ def test_a_record_too_large_is_a_usage_error() -> None:
     with pytest.raises(CliError) as err, library_errors():
         raise RecordTooLarge("too big")
     assert err.value.code == 2
+
+
+def test_table_shows_record_text_literally_never_as_markup(env: dict[str, str]) -> None:
+    link = b"[link=https://evil.example]click me[/link]"
+    r = run_rq("produce", "mk", "--key", "[bold]k[/bold]", env=env, input=link + b"\n[/foo] bad\n")
+    assert r.returncode == 0, r.stderr
+    r = run_rq("tail", "mk", "-n", "2", "--format", "table", env={**env, "COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode()
+    assert link.decode() in out and "[/foo] bad" in out and "[bold]k[/bold]" in out
