@@ -125,12 +125,16 @@ class RawRenderer:
 
 
 _FIELD = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+# Control characters in a record's fields, shown as \xNN: an ESC from a record must not drive the
+# terminal, and a line break must not split a record's line (C1 too: 0x9b is a CSI on some terminals).
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
 
 
 class TemplateRenderer:
     """`'{offset} {key} {value.metadata.source}'`: names in braces, `{{`/`}}` for literal braces.
 
     Names: offset, timestamp, time (RFC 3339), key, value, value_encoding, headers.NAME, value.PATH.
+    Control characters in what they give are escaped (\\x1b), as table and json output do.
     """
 
     def __init__(self, template: str, fields: list[Path] | None):
@@ -142,7 +146,8 @@ class TemplateRenderer:
             if m.group(0) in ("{{", "}}"):
                 self.parts.append(m.group(0)[0])
             else:
-                self.parts.append(self._getter(m.group(1).strip()))
+                get = self._getter(m.group(1).strip())
+                self.parts.append(lambda r, d, get=get: get(r, d).translate(_CONTROL))
             pos = m.end()
         tail = template[pos:]
         if "{" in tail or "}" in tail:

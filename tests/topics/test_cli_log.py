@@ -465,3 +465,11 @@ def test_table_shows_record_text_literally_never_as_markup(env: dict[str, str]) 
     assert r.returncode == 0, r.stderr
     out = r.stdout.decode()
     assert link.decode() in out and "[/foo] bad" in out and "[bold]k[/bold]" in out
+
+
+def test_template_output_escapes_control_characters(env: dict[str, str]) -> None:
+    produce(env, "esc", b'{"x":"\\u001b[31mred"}\nbell\x07\x1b]8;;x\n')
+    r = run_rq("tail", "esc", "-n", "2", "--format", "{offset} {value.x}|{value}", env=env)
+    assert r.returncode == 0, r.stderr
+    assert b"\x1b" not in r.stdout and b"\x07" not in r.stdout
+    assert r.stdout.splitlines() == [b'0 \\x1b[31mred|{"x":"\\u001b[31mred"}', b"1 |bell\\x07\\x1b]8;;x"]
