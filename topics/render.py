@@ -146,8 +146,7 @@ class TemplateRenderer:
             if m.group(0) in ("{{", "}}"):
                 self.parts.append(m.group(0)[0])
             else:
-                get = self._getter(m.group(1).strip())
-                self.parts.append(lambda r, d, get=get: get(r, d).translate(_CONTROL))
+                self.parts.append(_escaped(self._getter(m.group(1).strip())))
             pos = m.end()
         tail = template[pos:]
         if "{" in tail or "}" in tail:
@@ -193,6 +192,10 @@ class TemplateRenderer:
             out.append("".join(p if isinstance(p, str) else p(r, d) for p in self.parts))
         out.append("")
         return "\n".join(out).encode("utf-8", "surrogateescape")
+
+
+def _escaped(get: Callable[[Record, Decoded], str]) -> Callable[[Record, Decoded], str]:
+    return lambda r, d: get(r, d).translate(_CONTROL)
 
 
 def _show(v: Any) -> str:
