@@ -75,6 +75,7 @@ def ls(pattern: str | None, cache_dir: Path | None) -> None:
     for e in entries:
         out.emit(
             {
+                "event": "entry",
                 "url": e.url,
                 "size": e.size,
                 "tier": e.tier,
@@ -101,7 +102,7 @@ def du(cache_dir: Path | None) -> None:
     out = get_output()
     c = open_cache(cache_dir)
     usage = _guard(c.usage)
-    out.emit({"cache_dir": str(c.root), "ram_dir": str(c.layout.ram_root), **usage})
+    out.emit({"event": "summary", "cache_dir": str(c.root), "ram_dir": str(c.layout.ram_root), **usage})
     if not out.json:
         out.info(f"cache {c.root} (RAM tier {c.layout.ram_root})")
         for tier, u in usage.items():
@@ -124,7 +125,7 @@ def stat(url: str, cache_dir: Path | None) -> None:
     c = open_cache(cache_dir)
     e = _guard(lambda: c.stat(url))
     data = {**e.__dict__, "path": str(c.layout.blob_path(e.tier, e.blob))}
-    out.emit(data)
+    out.emit({"event": "summary", **data})
     if not out.json:
         for key, value in data.items():
             if key in ("last_access", "checked_at", "created"):
@@ -144,7 +145,7 @@ def path(url: str, cache_dir: Path | None) -> None:
     out = get_output()
     c = open_cache(cache_dir)
     p = _guard(lambda: c.path(url))
-    out.emit({"url": url, "path": str(p)})
+    out.emit({"event": "summary", "url": url, "path": str(p)})
     if not out.json:
         click.echo(str(p))
 
@@ -160,6 +161,13 @@ def cat(url: str, cache_dir: Path | None, endpoint_url: str | None, profile: str
 
     Example: rq cache cat s3://bucket/meta.json | jq .
     """
+    if get_output().json:
+        # stdout is the object's bytes: mixing JSON lines into them would corrupt both
+        raise CliError(
+            "rq cache cat writes the object's bytes, not JSON",
+            ExitCode.USAGE,
+            hint="drop --json; `rq cache stat URL --json` describes the entry",
+        )
     c = open_cache(cache_dir, endpoint_url=endpoint_url, profile=profile)
     handle = _guard(lambda: c.open(url))
     with handle:
@@ -212,7 +220,7 @@ def evict(pattern: str, cache_dir: Path | None) -> None:
     out = get_output()
     c = open_cache(cache_dir)
     done, skipped = _guard(lambda: c.evict(pattern))
-    out.emit({"evicted": done, "kept": skipped})
+    out.emit({"event": "summary", "matched": done + skipped, "evicted": done, "kept": skipped})
     if not out.json:
         out.info(f"evicted {done}; kept {skipped} (pinned or open)")
     if done + skipped == 0:
@@ -223,7 +231,7 @@ def _pin(pattern: str, cache_dir: Path | None, pinned: bool) -> None:
     out = get_output()
     c = open_cache(cache_dir)
     n = _guard(lambda: c.pin(pattern, pinned))
-    out.emit({"pinned" if pinned else "unpinned": n})
+    out.emit({"event": "summary", "pinned" if pinned else "unpinned": n})
     if not out.json:
         out.info(f"{'pinned' if pinned else 'unpinned'} {n} entries")
     if n == 0:
@@ -268,6 +276,6 @@ def clear(cache_dir: Path | None, yes: bool) -> None:
     if not yes and sys.stdin.isatty() and not click.confirm(f"clear {c.root}?"):
         raise CliError("not cleared", ExitCode.USAGE)
     done, skipped = _guard(c.clear)
-    out.emit({"removed": done, "kept_open": skipped})
+    out.emit({"event": "summary", "removed": done, "kept_open": skipped})
     if not out.json:
         out.info(f"removed {done}; kept {skipped} open by readers")

@@ -310,10 +310,10 @@ def doctor(endpoint_url: str | None, bucket: str | None, nats_url: str | None, c
     findings = run_checks(endpoint_url, bucket, nats_url, Path(cache_dir))
     if out.json:
         for f in findings:
-            out.emit({"type": "finding", **asdict(f)})
+            out.emit({"event": "finding", **asdict(f)})
         out.emit(
             {
-                "type": "summary",
+                "event": "summary",
                 "ok": not any(f.failed for f in findings),
                 "failed": [f.check for f in findings if f.failed],
                 "seconds": round(time.perf_counter() - started, 3),

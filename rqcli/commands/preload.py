@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import gc
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ import click
 from rqcli import teardown
 from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
-from rqcli.output import get_output, output_options, safe_text
+from rqcli.output import Output, get_output, output_options, safe_text
 
 
 def cache_error_to_cli(exc: Exception) -> CliError:
@@ -167,14 +169,14 @@ def preload(
         profile=profile,
         durable=not no_fsync,
     )
-    failures: list[ev.Failed] = []
-    counts = {"total": 0, "landed": 0}
+    tally = Tally()
+    started = time.monotonic()
     with out.progress() as bar:
         task = bar.add_task("preload", total=None) if bar is not None else None
 
         def on_event(event: ev.Event) -> None:
+            tally.add(event)
             if isinstance(event, ev.Failed):
-                failures.append(event)
                 out.emit({"event": "failed", "url": event.url, "kind": event.kind, "message": event.message})
                 if not out.json:
                     out.warn(f"{safe_text(event.url)}: {safe_text(event.message)}")
@@ -184,11 +186,9 @@ def preload(
                 )
             elif bar is not None and task is not None:
                 if isinstance(event, ev.Planned):
-                    counts["total"] = event.objects
                     bar.update(task, total=event.bytes, description=f"0/{event.objects} objects")
                 elif isinstance(event, ev.Landed):
-                    counts["landed"] += 1
-                    bar.update(task, description=f"{counts['landed']}/{counts['total']} objects")
+                    bar.update(task, description=f"{len(tally.landed)}/{tally.planned} objects")
                 elif isinstance(event, ev.Progress):
                     bar.update(task, completed=event.bytes)
 
@@ -207,7 +207,10 @@ def preload(
                 on_event=on_event,
             )
         except CacheError as exc:
-            raise cache_error_to_cli(exc) from None
+            err = cache_error_to_cli(exc)
+            # what was done before the abort still lands in the summary: scripts read it either way
+            report(out, tally.summary(time.monotonic() - started, tier, c.root, err), dry_run=False)
+            raise err from None
         finally:
             c.close()
     # every byte is written (and fsynced, unless --no-fsync) and the index is closed: what the
@@ -219,12 +222,10 @@ def preload(
             if not out.json:
                 out.info(f"would fetch {safe_text(info.url)} ({info.size} bytes)")
     # a dry run fetches nothing: its counts are what a real run would fetch (big objects included)
-    objects = len(result.planned) if dry_run else result.objects
-    nbytes = sum(info.size for info in result.planned) if dry_run else result.bytes
     summary = {
         "event": "summary",
-        "objects": objects,
-        "bytes": nbytes,
+        "objects": len(result.planned) if dry_run else result.objects,
+        "bytes": sum(info.size for info in result.planned) if dry_run else result.bytes,
         "skipped": result.skipped,
         "skipped_bytes": result.skipped_bytes,
         "resumed_bytes": result.resumed_bytes,
@@ -236,19 +237,69 @@ def preload(
         "tier": tier,
         "cache_dir": str(c.root),
         "dry_run": dry_run,
+        "aborted": False,
+        "error": None,
     }
-    out.emit(summary)
-    if not out.json:
-        if dry_run:
-            out.info(
-                f"would fetch {objects} objects ({nbytes / 2**20:.1f} MiB); {result.skipped} already cached"
-            )
-        else:
-            out.info(
-                f"preloaded {objects} objects ({nbytes / 2**20:.1f} MiB) in {result.seconds:.2f} s "
-                f"({result.mb_per_s:.0f} MB/s); {result.skipped} already cached; {len(result.failed)} failed"
-            )
+    report(out, summary, dry_run)
     if result.failed:
         kinds = {f.kind for f in result.failed}
         code = EXIT_FOR_KIND.get(kinds.pop(), ExitCode.FAILURE) if len(kinds) == 1 else ExitCode.FAILURE
         raise CliError(f"{len(result.failed)} of {len(result.failed) + result.objects} objects failed", code)
+
+
+@dataclass
+class Tally:
+    """What the events said so far: the summary of a run the library aborted (it returns no result then)."""
+
+    planned: int = 0
+    skipped: int = 0
+    skipped_bytes: int = 0
+    landed: list[tuple[str, int]] = field(default_factory=list)
+    failed: int = 0
+
+    def add(self, event: Any) -> None:
+        from cache import events as ev
+
+        if isinstance(event, ev.Landed):
+            self.landed.append((event.url, event.size))
+        elif isinstance(event, ev.Failed):
+            self.failed += 1
+        elif isinstance(event, ev.Planned):
+            self.planned, self.skipped, self.skipped_bytes = event.objects, event.skipped, event.skipped_bytes
+
+    def summary(self, seconds: float, tier: str, root: Path, err: CliError) -> dict[str, Any]:
+        nbytes = sum(size for _, size in self.landed)
+        return {
+            "event": "summary",
+            "objects": len(self.landed),
+            "bytes": nbytes,
+            "skipped": self.skipped,
+            "skipped_bytes": self.skipped_bytes,
+            "resumed_bytes": None,  # known only to a run that finished
+            "throttled": None,
+            "smallest_window": None,
+            "failed": self.failed,
+            "seconds": round(seconds, 3),
+            "mb_per_s": round(nbytes / 1e6 / seconds, 1) if seconds > 0 else 0.0,
+            "tier": tier,
+            "cache_dir": str(root),
+            "dry_run": False,
+            "aborted": True,
+            "error": err.one_line(),
+        }
+
+
+def report(out: Output, summary: dict[str, Any], dry_run: bool) -> None:
+    """The summary: one JSON line under --json, else one human line on stdout."""
+    out.emit(summary)
+    if out.json:
+        return
+    objects, mib, skipped = summary["objects"], summary["bytes"] / 2**20, summary["skipped"]
+    if dry_run:
+        out.info(f"would fetch {objects} objects ({mib:.1f} MiB); {skipped} already cached")
+        return
+    verb = "stopped after" if summary["aborted"] else "preloaded"
+    out.info(
+        f"{verb} {objects} objects ({mib:.1f} MiB) in {summary['seconds']:.2f} s "
+        f"({summary['mb_per_s']:.0f} MB/s); {skipped} already cached; {summary['failed']} failed"
+    )

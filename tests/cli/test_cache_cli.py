@@ -80,7 +80,7 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def test_a_full_file_system_says_free_space_not_raise_the_cap(tmp_path: Path, small_fs: Path) -> None:
+def preload_into_full_fs(tmp_path: Path, small_fs: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     from cache import Cache
 
     d = tmp_path / "many"
@@ -90,12 +90,24 @@ def test_a_full_file_system_says_free_space_not_raise_the_cap(tmp_path: Path, sm
     ram = Path("/dev/shm") / f"rqtest-{uuid.uuid4().hex[:10]}"
     Cache(small_fs / "c", ram_dir=ram, disk_limit="1G").close()  # a cap the file system cannot honour
     try:
-        res = run_rq("preload", str(d), "--cache-dir", str(small_fs / "c"))
+        return run_rq("preload", str(d), "--cache-dir", str(small_fs / "c"), *args)
     finally:
         shutil.rmtree(ram, ignore_errors=True)
+
+
+def test_a_full_file_system_says_free_space_not_raise_the_cap(tmp_path: Path, small_fs: Path) -> None:
+    res = preload_into_full_fs(tmp_path, small_fs)
     err = res.stderr.decode()
     assert res.returncode == ExitCode.NO_SPACE, err
     assert "free space" in err and "raise" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_aborted_preload_still_ends_with_its_summary(tmp_path: Path, small_fs: Path) -> None:
+    res = preload_into_full_fs(tmp_path, small_fs, "--json")
+    assert res.returncode == ExitCode.NO_SPACE, res.stderr
+    last = json_lines(res.stdout)[-1]
+    assert last["event"] == "summary" and last["aborted"] is True, last
+    assert "no space" in str(last["error"]) and 0 <= int(str(last["objects"])) < 16
 
 
 @pytest.fixture
@@ -112,3 +124,32 @@ def test_a_pattern_matching_nothing_exits_3_on_every_command(filled: Path, src: 
     assert b"no cached entry matches" in res.stderr and len(res.stderr.splitlines()) == 1
     hit = run_rq("cache", command, f"{src}/0.bin", "--cache-dir", str(filled))
     assert hit.returncode == 0, hit.stderr
+
+
+def test_every_cache_command_ends_its_json_with_one_summary(filled: Path, src: Path) -> None:
+    url = f"{src}/0.bin"
+    for args in (
+        ["du"],
+        ["stat", url],
+        ["path", url],
+        ["verify"],
+        ["pin", url],
+        ["unpin", url],
+        ["evict", url],
+    ):
+        res = run_rq("cache", *args, "--json", "--cache-dir", str(filled))
+        assert res.returncode == 0, (args, res.stderr)
+        lines = json_lines(res.stdout)
+        assert [x["event"] for x in lines].count("summary") == 1 and lines[-1]["event"] == "summary", args
+    ls = json_lines(run_rq("cache", "ls", "--json", "--cache-dir", str(filled)).stdout)
+    assert len(ls) == 4 and all(x["event"] == "entry" for x in ls)  # a listing: one line per entry
+    clear = run_rq("--json", "cache", "clear", "--yes", "--cache-dir", str(filled))
+    assert json_lines(clear.stdout) == [{"event": "summary", "removed": 4, "kept_open": 0}]
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_cache_cat_refuses_json(filled: Path, src: Path, where: str) -> None:
+    args = ["cache", "cat", f"{src}/1.bin", "--cache-dir", str(filled)]
+    res = run_rq(*(["--json", *args] if where == "before" else [*args, "--json"]))
+    assert res.returncode == ExitCode.USAGE and res.stdout == b"", res.stdout[:40]
+    assert b"not JSON" in res.stderr

@@ -57,10 +57,10 @@ def test_doctor_json_against_real_services(services: Services) -> None:
     )
     assert res.returncode == 0, res.stderr
     lines = [json.loads(line) for line in res.stdout.decode().splitlines()]
-    by_check = {o["check"]: o for o in lines if o["type"] == "finding"}
+    by_check = {o["check"]: o for o in lines if o["event"] == "finding"}
     assert by_check["s3"]["status"] == "ok"
     assert by_check["nats"]["status"] == "ok" and "JetStream" in by_check["nats"]["detail"]
-    assert lines[-1]["type"] == "summary" and lines[-1]["ok"] is True
+    assert lines[-1]["event"] == "summary" and lines[-1]["ok"] is True
 
 
 @pytest.mark.integration
