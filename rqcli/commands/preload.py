@@ -206,6 +206,7 @@ def preload(
                 dry_run=dry_run,
                 on_event=on_event,
             )
+            kept = check_kept(c, tally.landed, tier)
         except CacheError as exc:
             err = cache_error_to_cli(exc)
             # what was done before the abort still lands in the summary: scripts read it either way
@@ -237,14 +238,57 @@ def preload(
         "tier": tier,
         "cache_dir": str(c.root),
         "dry_run": dry_run,
+        "evicted_own": kept.evicted,
+        "demoted_own": kept.demoted,
         "aborted": False,
         "error": None,
     }
     report(out, summary, dry_run)
+    if kept.evicted or kept.demoted:
+        from cache.sizes import format_size
+
+        parts = [f"{kept.evicted} evicted"] * bool(kept.evicted) + [f"{kept.demoted} moved to disk"] * bool(
+            kept.demoted
+        )
+        gone = ", ".join(parts)
+        out.warn(
+            f"{kept.evicted + kept.demoted} of the {result.objects} objects fetched did not stay in the "
+            f"{tier} tier ({gone}) to make room for later ones: the data is bigger than the "
+            f"{tier} tier's cap of {format_size(c.caps[tier])}; raise --{tier}-limit or preload less"
+        )
     if result.failed:
         kinds = {f.kind for f in result.failed}
         code = EXIT_FOR_KIND.get(kinds.pop(), ExitCode.FAILURE) if len(kinds) == 1 else ExitCode.FAILURE
         raise CliError(f"{len(result.failed)} of {len(result.failed) + result.objects} objects failed", code)
+
+
+@dataclass
+class Kept:
+    evicted: int = 0  # fetched by this run, then evicted by it again: not cached any more
+    demoted: int = 0  # fetched into RAM by this run, then moved to disk to make room
+
+
+def check_kept(c: Any, landed: list[tuple[str, int]], tier: str) -> Kept:
+    """How many objects this run fetched and then pushed out of `tier` again (the library does not
+    report evictions). LRU evicts this run's entries last, and only just enough of them, so when it
+    did, the tier stays within one object of its cap: below that, skip the per-object look-ups."""
+    from cache import NotFoundError
+
+    kept = Kept()
+    if not landed:
+        return kept
+    usage = c.usage()[tier]
+    if usage["bytes"] + usage["held"] + max(size for _, size in landed) <= usage["limit"]:
+        return kept
+    for url, _ in landed:
+        try:
+            entry = c.stat(url)
+        except NotFoundError:
+            kept.evicted += 1
+            continue
+        if entry.tier != tier:
+            kept.demoted += 1
+    return kept
 
 
 @dataclass
@@ -284,6 +328,8 @@ class Tally:
             "tier": tier,
             "cache_dir": str(root),
             "dry_run": False,
+            "evicted_own": None,  # not checked: the run stopped
+            "demoted_own": None,
             "aborted": True,
             "error": err.one_line(),
         }

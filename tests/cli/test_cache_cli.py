@@ -153,3 +153,26 @@ def test_cache_cat_refuses_json(filled: Path, src: Path, where: str) -> None:
     res = run_rq(*(["--json", *args] if where == "before" else [*args, "--json"]))
     assert res.returncode == ExitCode.USAGE and res.stdout == b"", res.stdout[:40]
     assert b"not JSON" in res.stderr
+
+
+@pytest.mark.parametrize(("tier", "key"), [("disk", "evicted_own"), ("ram", "demoted_own")])
+def test_a_preload_bigger_than_its_tier_says_so(cache_dir: Path, src: Path, tier: str, key: str) -> None:
+    res = run_rq(
+        "preload",
+        str(src),
+        "--json",
+        "--tier",
+        tier,
+        f"--{tier}-limit",
+        "2500",
+        "--cache-dir",
+        str(cache_dir),
+    )
+    assert res.returncode == 0, res.stderr  # what stayed is cached and verified; the warning says the rest
+    summary = json_lines(res.stdout)[-1]
+    assert (summary["objects"], summary[key]) == (5, 3), summary
+    assert b"3 of the 5 objects fetched did not stay in the " + tier.encode() in res.stderr, res.stderr
+    again = run_rq(
+        "preload", str(src), "--json", "--tier", tier, "--cache-dir", str(cache_dir), "--disk-limit", "1M"
+    )
+    assert json_lines(again.stdout)[-1][key] == 0 and b"did not stay" not in again.stderr
