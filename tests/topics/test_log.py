@@ -267,6 +267,35 @@ def test_index_is_rebuilt_around_a_lost_or_stale_index(tmp_path: Path) -> None:
     assert TopicLog(t).end_offset() == 5000
 
 
+@pytest.mark.parametrize("field", ["position", "offset", "timestamp"])
+def test_a_damaged_index_entry_is_never_trusted(tmp_path: Path, field: str) -> None:
+    t = tmp_path / "t"
+    with LogWriter(t) as w:
+        for b in range(50):
+            w.append([(1000 + b, None, (), value(b * 100 + i)) for i in range(100)])
+    seg, idx = t / fmt.segment_name(0), t / fmt.index_name(0)
+    size = seg.stat().st_size
+    data = bytearray(idx.read_bytes())
+    n = len(data) // fmt.INDEX_SIZE
+    assert n > 3
+    off, pos, ts = fmt.INDEX.unpack_from(data, (n - 2) * fmt.INDEX_SIZE)
+    if field == "position":  # an entry for the last batch, pointing 8 bytes into it
+        off, pos, ts = 4900, seg.read_bytes().rindex(fmt.MAGIC), 1049
+        data += fmt.INDEX.pack(off, pos + 8, ts)
+    else:  # offset - 3 / timestamp - 9 would start a seek after its target
+        damaged = (off - 3, pos, ts) if field == "offset" else (off, pos, ts - 9)
+        fmt.INDEX.pack_into(data, (n - 2) * fmt.INDEX_SIZE, *damaged)
+    idx.write_bytes(bytes(data))
+    log = TopicLog(t)
+    assert log.end_offset() == 5000
+    target = off - 3 if field == "offset" else off - 1
+    assert [r[0] for r in read_all(log, target, target + 5)] == list(range(target, target + 5))
+    assert log.offset_for_time(ts - 5) == (ts - 5 - 1000) * 100
+    with LogWriter(t) as w:  # the writer's recovery does not take the entry for the end
+        assert seg.stat().st_size == size
+        assert w.append([(None, None, (), b"x")]) == (5000, 5000)
+
+
 def test_unknown_topic(tmp_path: Path) -> None:
     with pytest.raises(TopicNotFound):
         TopicLog(tmp_path / "nope")

@@ -153,6 +153,34 @@ def _load_index(directory: Path, base: int, size: int) -> tuple[list[int], list[
     return offsets, positions, stamps
 
 
+def _hint(
+    buf: Any,
+    size: int,
+    index: tuple[list[int], list[int], list[int]],
+    j: int,
+    before: tuple[int, int] = (2**64, 2**63),
+) -> tuple[int, int, int] | None:
+    """(offset, position, first timestamp) of index entry j, or of the nearest entry before it that
+    checks out: the index is a hint (not synced, never trusted blindly), so an entry counts only if
+    a whole batch starts at its position with its offset and timestamp, and they are at most /
+    before `before` (offset, timestamp: a damaged entry may have misled the bisection). None: scan
+    from the start."""
+    offsets, positions, stamps = index
+    while j >= 0:
+        off, pos, ts = offsets[j], positions[j], stamps[j]
+        hdr = fmt.read_batch_header(buf, pos)
+        if (
+            off <= before[0]
+            and ts < before[1]
+            and hdr is not None
+            and (hdr.base, hdr.first_ts) == (off, ts)
+            and pos + fmt.BATCH_SIZE + hdr.payload_len <= size
+        ):
+            return off, pos, ts
+        j -= 1
+    return None
+
+
 def _find_next_header(buf: Any, start: int, size: int) -> tuple[int, fmt.BatchHeader] | None:
     """The next valid batch header after a damaged spot (its position and header), if any."""
     pos = start
@@ -273,10 +301,10 @@ class TopicLog:
         view = _View(self.dir / fmt.segment_name(base))
         try:
             size = view.size
-            _, positions, stamps = _load_index(self.dir, base, size)
-            i = bisect.bisect_left(stamps, ts_ms) - 1
-            pos = positions[i] if i >= 0 else 0
+            index = _load_index(self.dir, base, size)
             buf = view.buf
+            hint = _hint(buf, size, index, bisect.bisect_left(index[2], ts_ms) - 1, (2**64, ts_ms))
+            pos = hint[1] if hint is not None else 0
             while pos + fmt.BATCH_SIZE <= size:
                 hdr = fmt.read_batch_header(buf, pos)
                 if hdr is None:
@@ -308,9 +336,10 @@ class TopicLog:
 
 def _scan_end(directory: Path, base: int, view: _View) -> int:
     size = view.size
-    offsets, positions, _ = _load_index(directory, base, size)
-    pos, end = (positions[-1], offsets[-1]) if positions else (0, base)
     buf = view.buf
+    index = _load_index(directory, base, size)
+    hint = _hint(buf, size, index, len(index[0]) - 1)
+    end, pos = hint[:2] if hint is not None else (base, 0)
     while pos + fmt.BATCH_SIZE <= size:
         hdr = fmt.read_batch_header(buf, pos)
         if hdr is None or pos + fmt.BATCH_SIZE + hdr.payload_len > size:
@@ -374,9 +403,10 @@ class LogReader:
         i = max(bisect.bisect_right(segs, offset) - 1, 0)
         base = segs[i]
         view = _View(self.log.dir / fmt.segment_name(base))
-        offsets, positions, _ = _load_index(self.log.dir, base, view.size)
-        j = bisect.bisect_right(offsets, offset) - 1
-        return base, view, positions[j] if j >= 0 else 0
+        index = _load_index(self.log.dir, base, view.size)
+        j = bisect.bisect_right(index[0], offset) - 1
+        hint = _hint(view.buf, view.size, index, j, (offset, 2**63))
+        return base, view, hint[1] if hint is not None else 0
 
     def _run(self) -> Iterator[list[Record]]:
         stop = self.stop
@@ -661,8 +691,10 @@ class LogWriter:
         """
         size = view.size
         buf = view.buf
-        offsets, positions, stamps = _load_index(self.dir, base, size)
-        pos, end, last_ts = (positions[-1], offsets[-1], stamps[-1]) if positions else (0, base, 0)
+        index = _load_index(self.dir, base, size)
+        # Start at the last index entry that checks out: a damaged one must not pass for the end.
+        hint = _hint(buf, size, index, len(index[0]) - 1)
+        end, pos, last_ts = hint if hint is not None else (base, 0, 0)
         while pos < size:
             hdr = fmt.read_batch_header(buf, pos) if pos + fmt.BATCH_SIZE <= size else None
             extent = pos + fmt.BATCH_SIZE + hdr.payload_len if hdr is not None else size + 1
