@@ -164,13 +164,22 @@ class Store:
         (entry, locked fd or -1, hold id). Raises CacheFullError when not enough can be freed."""
         chosen: list[tuple[Entry, int]] = []
         freed = 0
-        # orphaned partial downloads are the cheapest thing to give up
+        # Space nobody will use is the cheapest to give back: orphaned partial downloads, holds of
+        # processes that died (kill -9 in the middle of a read-through), and superseded blobs no
+        # reader holds open any more. Without this a tier could stay "full" of nothing until the
+        # next preload or verify ran collect().
         for hold in Index.holds(db, tier):
             if freed >= to_free:
                 break
             if hold.kind == "landing" and hold.pid == 0:
-                self._remove_partial(hold)
+                if not self._blob_busy(db, hold):
+                    self._remove_partial(hold)
                 Index.drop_hold(db, hold.id)
+                freed += hold.size
+            elif hold.kind == "garbage":
+                freed += self._take_garbage(db, hold)
+            elif hold.pid != 0 and not procs.alive(hold.pid, hold.pid_start):
+                self._drop_dead(db, hold)
                 freed += hold.size
         candidates = list(self.index.lru(db, tier)) if freed < to_free else []
         for entry in candidates:
@@ -347,11 +356,7 @@ class Store:
                 if hold.kind == "landing" and self._journal(hold).exists():
                     Index.adopt_hold(db, hold.id, (0, 0))  # keep for resume
                     continue
-                if hold.kind == "landing":
-                    self._remove_partial(hold)
-                if not Index.names_blob(db, hold.tier, hold.blob):
-                    unlink_quiet(self.layout.blob_path(hold.tier, hold.blob))
-                Index.drop_hold(db, hold.id)
+                self._drop_dead(db, hold)
             held = {(h.tier, h.blob) for h in Index.holds(db)}
             held_tmp = {(h.tier, blob_hash(h.blob)) for h in Index.holds(db)}
             for tier, names in tmp_files.items():
@@ -370,19 +375,46 @@ class Store:
             self._collect_garbage(hold)
         return stats
 
-    def _collect_garbage(self, hold: Hold) -> None:
+    def _blob_busy(self, db: sqlite3.Connection, hold: Hold) -> bool:
+        """Whether another live hold covers the same blob: a process fetching the same URL and
+        version right now, whose tmp files and just-published (not yet indexed) file share the
+        dead hold's names and must not be swept from under it."""
+        return any(
+            other.id != hold.id
+            and other.blob == hold.blob
+            and other.kind == "landing"
+            and (other.pid == 0 or procs.alive(other.pid, other.pid_start))
+            for other in Index.holds(db, hold.tier)
+        )
+
+    def _drop_dead(self, db: sqlite3.Connection, hold: Hold) -> None:
+        """Frees what a dead process's hold kept (inside the caller's transaction)."""
+        if not self._blob_busy(db, hold):
+            if hold.kind == "landing":
+                self._remove_partial(hold)
+            if not Index.names_blob(db, hold.tier, hold.blob):
+                unlink_quiet(self.layout.blob_path(hold.tier, hold.blob))
+        Index.drop_hold(db, hold.id)
+
+    def _take_garbage(self, db: sqlite3.Connection, hold: Hold) -> int:
+        """Removes a superseded blob no reader holds open (inside the caller's transaction);
+        returns the bytes given back (0 while a reader still has it)."""
         path = self.layout.blob_path(hold.tier, hold.blob)
         fd = lock_exclusive(path)
         if fd is None:
-            return  # still open by a reader; a later collect() takes it
+            return 0
         try:
-            with self.index.write() as db:
-                if not Index.names_blob(db, hold.tier, hold.blob):
-                    unlink_quiet(path)
-                Index.drop_hold(db, hold.id)
+            if not Index.names_blob(db, hold.tier, hold.blob) and not self._blob_busy(db, hold):
+                unlink_quiet(path)
+            Index.drop_hold(db, hold.id)
         finally:
             if fd >= 0:
                 os.close(fd)
+        return hold.size
+
+    def _collect_garbage(self, hold: Hold) -> None:
+        with self.index.write() as db:
+            self._take_garbage(db, hold)  # still open by a reader: a later collect() takes it
 
     def _journal(self, hold: Hold) -> Path:
         return self.layout.tmp_path(hold.tier, hold.blob, ".journal")

@@ -1,0 +1,87 @@
+"""Space holds left by processes that died or by superseded blobs: they must come back to the tier
+when it needs room, and recovery must not sweep what a live process is landing. Found by an
+independent review (a read-through killed with -9 left an empty tier refusing every miss)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cache import Cache
+from cache.index import Index
+from cache.layout import blob_name
+
+MIB = 1 << 20
+
+
+def _dead_owner() -> tuple[int, int]:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid, 12345  # exited: no /proc entry, or a reused pid with another start time
+
+
+@pytest.fixture
+def origin(tmp_path: Path) -> Path:
+    d = tmp_path / "origin"
+    d.mkdir()
+    for name in ("f1", "f2"):
+        (d / name).write_bytes(name.encode() * (MIB // 2))
+    return d
+
+
+def _cache(tmp_path: Path, ram_dir: Path) -> Cache:
+    return Cache(tmp_path / "c", ram_dir=ram_dir, disk_limit=3 * MIB, ram_limit=MIB)
+
+
+def test_a_dead_readers_hold_is_given_back_when_the_tier_needs_room(
+    tmp_path: Path, ram_dir: Path, origin: Path
+) -> None:
+    c = _cache(tmp_path, ram_dir)
+    state = c._state()
+    with state.index.write() as db:  # what a read-through killed with -9 mid-fetch leaves
+        Index.add_hold(db, "disk", 3 * MIB, "landing", blob_name("x", "v"), "x", _dead_owner())
+    assert c.usage()["disk"]["held"] == 3 * MIB
+    started = time.monotonic()
+    assert c.open(str(origin / "f1")).read() == b"f1" * (MIB // 2)
+    assert time.monotonic() - started < 5  # it used to wait 10 s, then raise CacheFullError
+    assert c.usage()["disk"]["held"] == 0
+    c.close()
+
+
+def test_a_superseded_blob_nobody_reads_is_given_back_when_the_tier_needs_room(
+    tmp_path: Path, ram_dir: Path, origin: Path
+) -> None:
+    c = _cache(tmp_path, ram_dir)
+    state = c._state()
+    blob = blob_name("old", "v")
+    path = c.layout.blob_path("disk", blob)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"o" * 3 * MIB)
+    with state.index.write() as db:  # a garbage hold whose first collection found a reader
+        Index.add_hold(db, "disk", 3 * MIB, "garbage", blob, "old", state.store.owner)
+    assert c.open(str(origin / "f1")).read() == b"f1" * (MIB // 2)
+    assert not path.exists() and c.usage()["disk"]["held"] == 0
+    c.close()
+
+
+def test_recovery_leaves_a_blob_a_live_process_is_landing(tmp_path: Path, ram_dir: Path) -> None:
+    """A dead process's hold and a live one's for the same URL and version share the blob name:
+    the live one may have published the file and not indexed it yet."""
+    c = _cache(tmp_path, ram_dir)
+    state = c._state()
+    blob = blob_name("same", "v")
+    path = c.layout.blob_path("disk", blob)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"published, not yet indexed")
+    with state.index.write() as db:
+        Index.add_hold(db, "disk", 100, "landing", blob, "same", _dead_owner())
+        Index.add_hold(db, "disk", 100, "landing", blob, "same", state.store.owner)
+    state.store.collect()
+    assert path.exists()
+    holds = [h.pid for h in Index.holds(state.index._db)]
+    assert holds == [os.getpid()]  # the dead one's hold went, the live one's stays
+    c.close()
