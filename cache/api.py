@@ -203,7 +203,10 @@ class Cache:
                 continue
             except VerifyError:
                 state.store.remove(entry)
-                return self._open_fetched(url, tier or entry.tier)
+                handle = self._open_fetched(url, tier or entry.tier)
+                if entry.pinned:  # the refetched copy replaces the corrupt one, pin and all
+                    state.index.set_pinned([url], True)
+                return handle
             self._touch(url)
             return handle
         raise CacheError(f"could not open {url}: it kept changing or being evicted for {OPEN_PATIENCE:.0f} s")
@@ -335,31 +338,33 @@ class Cache:
         problems: list[Problem] = []
         checked = 0
         for entry in self.entries(pattern):
-            path = self.layout.blob_path(entry.tier, entry.blob)
             checked += 1
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            except FileNotFoundError:
-                problems.append(Problem(entry.url, "missing file"))
-                if repair:
-                    with state.index.write() as db:
-                        Index.delete(db, entry.url)
+            found = self._verify_entry(entry)
+            if found is None:
                 continue
-            try:
-                size = os.fstat(fd).st_size
-                if size != entry.size:
-                    problem = f"size {size}, expected {entry.size}"
-                elif file_digest(fd, size) != entry.xxh3:
-                    problem = "digest mismatch (corrupt)"
-                else:
-                    continue
-            finally:
-                os.close(fd)
+            entry, problem = found
             problems.append(Problem(entry.url, problem))
             if repair:
-                state.store.remove(entry)
+                state.store.remove(entry)  # only if the row still names this very file
         state.store.collect(sweep_objects=repair)
         return checked, problems
+
+    def _verify_entry(self, entry: Entry) -> tuple[Entry, str] | None:
+        """(entry, problem), or None if it is sound. Entries move while we look (promoted, demoted,
+        evicted, re-landed by other processes): a problem counts only if the index still names
+        the same file afterwards, else the entry's current file is checked instead."""
+        index = self._state().index
+        for _ in range(3):
+            problem = _check_blob(self.layout.blob_path(entry.tier, entry.blob), entry)
+            if problem is None:
+                return None
+            current = index.get(entry.url)
+            if current is None:
+                return None  # evicted meanwhile: nothing cached, nothing wrong
+            if (current.tier, current.blob, current.xxh3) == (entry.tier, entry.blob, entry.xxh3):
+                return entry, problem
+            entry = current
+        return (entry, problem) if problem is not None else None
 
     def evict(self, pattern: str) -> tuple[int, int]:
         """(evicted, skipped because open or pinned)."""
@@ -453,8 +458,10 @@ class Prefetcher:
                 start = self.position
             try:
                 self._warm(start)
-            except CacheError as exc:
-                self.errors.append(str(exc))
+            except Exception as exc:  # a prefetch thread must not die of one bad item
+                self.errors.append(
+                    str(exc) if isinstance(exc, CacheError) else f"{type(exc).__name__}: {exc}"
+                )
                 time.sleep(0.5)
             done_upto = min(len(self.urls) - 1, start + self.ahead - 1)
             if done_upto >= len(self.urls) - 1:
@@ -476,8 +483,11 @@ class Prefetcher:
                 path = cache.layout.blob_path(entry.tier, entry.blob)
                 jobs.append(Job(ObjectInfo(url, url, entry.size, entry.version), _PromoteOrigin(path, entry)))
             else:
-                origin = origin_for_url(url, cache.s3_settings)
-                jobs.append(Job(origin.stat(url), origin))
+                try:
+                    origin = origin_for_url(url, cache.s3_settings)
+                    jobs.append(Job(origin.stat(url), origin))
+                except CacheError as exc:  # one missing item must not cost the whole window
+                    self.errors.append(str(exc))
         Fetcher(state.store, cache.layout, self.tier, 32, durable=cache.durable).run(jobs)
 
 
@@ -525,6 +535,22 @@ class _PromoteOrigin(LocalOrigin):
 
     def stat(self, url: str) -> ObjectInfo:
         return ObjectInfo(url, url, self.entry.size, self.entry.version)
+
+
+def _check_blob(path: Path, entry: Entry) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return "missing file"
+    try:
+        size = os.fstat(fd).st_size
+        if size != entry.size:
+            return f"size {size}, expected {entry.size}"
+        if file_digest(fd, size) != entry.xxh3:
+            return "digest mismatch (corrupt)"
+        return None
+    finally:
+        os.close(fd)
 
 
 def _read_all(fd: int, size: int) -> bytes:

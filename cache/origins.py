@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cache.directio import aligned_buffer
-from cache.errors import BadSourceError, ChangedError, NotFoundError, UnreachableError
+from cache.errors import (
+    AuthError,
+    BadSourceError,
+    CacheError,
+    ChangedError,
+    NotFoundError,
+    UnreachableError,
+)
 from cache.landing import Checksums, Landing, ObjectInfo
 from cache.s3 import S3, S3Settings, shared_client
 
@@ -157,8 +164,12 @@ class LocalOrigin:
     def stat(self, url: str) -> ObjectInfo:
         try:
             st = os.stat(url)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise NotFoundError(f"not found: {url}") from None
+        except PermissionError as exc:
+            raise AuthError(f"cannot read {url}: {exc.strerror}") from None
+        except OSError as exc:
+            raise CacheError(f"cannot stat {url}: {exc.strerror}") from None
         if not stat.S_ISREG(st.st_mode):
             raise NotFoundError(f"not a regular file: {url}")
         return ObjectInfo(url, os.path.basename(url), st.st_size, local_version(st))
