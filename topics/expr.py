@@ -78,7 +78,10 @@ def tokenize(text: str) -> list[tuple[str, str]]:
 
 
 def _num(text: str) -> int | float:
-    return float(text) if any(c in text for c in ".eE") else int(text)
+    try:
+        return float(text) if any(c in text for c in ".eE") else int(text)
+    except ValueError:  # more digits than Python converts
+        raise SpecError(f"bad number {text[:20]!r}… in --where: too many digits") from None
 
 
 def _same_kind(a: Any, b: Any) -> bool:
@@ -124,14 +127,21 @@ def _fn_len(x: Any) -> Any:
 def _fn_int(x: Any) -> Any:
     try:
         return int(x) if isinstance(x, (int, float, str)) and not isinstance(x, bool) else None
-    except ValueError:
+    except (ValueError, OverflowError):  # "abc", nan, inf (float("1e400")): no number, not a crash
         return None
 
 
 def _fn_float(x: Any) -> Any:
     try:
         return float(x) if isinstance(x, (int, float, str)) and not isinstance(x, bool) else None
-    except ValueError:
+    except (ValueError, OverflowError):  # "abc", an int too big for a float
+        return None
+
+
+def _fn_str(x: Any) -> Any:
+    try:
+        return x if isinstance(x, str) else None if x is None else str(x)
+    except ValueError:  # an int past Python's int-to-str digit limit
         return None
 
 
@@ -143,7 +153,7 @@ _FUNCS: dict[str, tuple[int, Callable[..., Any]]] = {
     "endswith": (2, lambda x, p: isinstance(x, str) and isinstance(p, str) and x.endswith(p)),
     "int": (1, _fn_int),
     "float": (1, _fn_float),
-    "str": (1, lambda x: x if isinstance(x, str) else None if x is None else str(x)),
+    "str": (1, _fn_str),
 }
 
 

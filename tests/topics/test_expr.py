@@ -103,6 +103,15 @@ def test_non_dict_values_do_not_crash() -> None:
         assert f(ctx(value)) is False
 
 
+def test_number_conversions_that_overflow_are_null_not_a_crash() -> None:
+    inf = float("inf")  # what orjson makes of {"s": 1e400}
+    assert compile_where("int(float(s)) > 1")(ctx({"s": "1e400"})) is False
+    assert compile_where("int(s) == null and float(b) == null")(ctx({"s": inf, "b": 10**400})) is True
+    assert compile_where("str(b) == null")(ctx({"b": 10**5000})) is True
+    with pytest.raises(SpecError):
+        compile_where("a == " + "9" * 5000)
+
+
 @given(st.text(max_size=60))
 def test_any_text_compiles_or_raises_spec_error(text: str) -> None:
     try:
