@@ -115,9 +115,9 @@ class Cache:
                 index.set_setting(f"{tier}_limit", str(caps[tier]))
                 continue
             stored = index.setting(f"{tier}_limit")
-            if stored is not None:
+            if stored is not None and stored.isdigit() and int(stored) < 1 << 63:
                 caps[tier] = int(stored)
-                continue
+                continue  # (an unusable stored value, e.g. from an older rq, gets the default)
             fs = os.statvfs(self.layout.tier_root(tier))
             # defaults: a quarter of the RAM file system; 80% of what the disk has free now
             caps[tier] = (

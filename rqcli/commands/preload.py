@@ -23,6 +23,7 @@ def cache_error_to_cli(exc: Exception) -> CliError:
 
     table: list[tuple[type[Exception], ExitCode, str | None]] = [
         (e.BadSourceError, ExitCode.USAGE, None),
+        (e.UnsafeDirError, ExitCode.USAGE, None),
         (e.NotFoundError, ExitCode.NOT_FOUND, "check the bucket, prefix or path"),
         (e.AuthError, ExitCode.AUTH, "check AWS_PROFILE / AWS_ACCESS_KEY_ID and the endpoint"),
         (
@@ -163,8 +164,9 @@ def preload(
     out = get_output()
     c = open_cache(
         cache_dir,
-        ram_limit=ram_limit,
-        disk_limit=disk_limit,
+        # a dry run changes nothing: a limit given with it is not remembered for later runs
+        ram_limit=None if dry_run else ram_limit,
+        disk_limit=None if dry_run else disk_limit,
         endpoint_url=endpoint_url,
         profile=profile,
         durable=not no_fsync,

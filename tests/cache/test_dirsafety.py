@@ -77,7 +77,7 @@ def test_a_ram_root_owned_by_another_user_is_refused(
     (planted / "tmp").symlink_to(victim)
     os.chown(planted, 65534, 65534)
     r = run_rq("preload", str(source), "--tier", "disk", "--cache-dir", str(tmp_path / "cache"))
-    assert r.returncode != 0 and "belongs to uid 65534" in r.stderr.decode()
+    assert r.returncode == 2 and "belongs to uid 65534" in r.stderr.decode()
     assert sorted(os.listdir(victim)) == ["a", "b"]
 
 

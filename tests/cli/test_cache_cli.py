@@ -69,6 +69,17 @@ def test_dry_run_counts_what_it_would_fetch_big_objects_included(tmp_path: Path,
     assert b"would fetch 3 objects (128.0 MiB)" in human.stdout, human.stdout
 
 
+def test_dry_run_does_not_remember_its_limits(tmp_path: Path, cache_dir: Path) -> None:
+    d = tmp_path / "src"
+    d.mkdir()
+    (d / "a").write_bytes(b"a" * 100)
+    before = json_lines(run_rq("cache", "du", "--cache-dir", str(cache_dir), "--json").stdout)[0]
+    dry = run_rq("preload", str(d), "--cache-dir", str(cache_dir), "--dry-run", "--ram-limit", "10", "-q")
+    assert dry.returncode == 0, dry.stderr
+    after = json_lines(run_rq("cache", "du", "--cache-dir", str(cache_dir), "--json").stdout)[0]
+    assert after == before  # the 10-byte RAM cap was stored and broke later runs
+
+
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
     mnt = tmp_path / "tiny"
