@@ -108,6 +108,15 @@ def parse_time_ms(text: str) -> int:
     return int(when.timestamp() * 1000)
 
 
+MAX_OFFSET = 2**63 - 1  # offsets and stream sequences are 64-bit on disk, on the wire, in JSON
+
+
+def _offset(digits: str) -> int:
+    if len(digits) > 19 or int(digits) > MAX_OFFSET:
+        raise SpecError(f"bad SPEC: offset {digits[:30]}{'…' if len(digits) > 30 else ''} is past 2^63-1")
+    return int(digits)
+
+
 def parse_position(text: str) -> Position:
     t = text.strip()
     if t == "start":
@@ -115,9 +124,9 @@ def parse_position(text: str) -> Position:
     if t == "end":
         return END
     if _digits(t):
-        return Position("offset", int(t), t)
+        return Position("offset", _offset(t), t)
     if len(t) > 1 and t[0] in "+-" and _digits(t[1:]):
-        return Position("start+" if t[0] == "+" else "end-", int(t[1:]), t)
+        return Position("start+" if t[0] == "+" else "end-", _offset(t[1:]), t)
     if t.startswith("@"):
         body = t[1:]
         if body == "now":

@@ -723,6 +723,7 @@ def replay(
                 digest=bool(save_spec or saved),
             )
             last_commit = [time.monotonic()]
+            committed_to: list[int] = []  # the offset last stored for the group, if any
             # A bar on stderr only when records are not drawn on the same terminal.
             show_bar = stop is not None and not sys.stdout.isatty()
             bar_cm = out.progress(transfer=False) if show_bar else contextlib.nullcontext(None)
@@ -739,6 +740,7 @@ def replay(
                             bar.update(task, completed=r.next_offset - start)
                         if commit and group and follow and time.monotonic() - last_commit[0] > 1.0:
                             source.commit(group, r.next_offset)
+                            committed_to[:] = [r.next_offset]
                             last_commit[0] = time.monotonic()
 
                     run(source, req, _emitters(writer, sink), res, progress)
@@ -748,6 +750,7 @@ def replay(
             finally:
                 if commit and group and res.next_offset > start and not reader_left:
                     source.commit(group, res.next_offset)
+                    committed_to[:] = [res.next_offset]
             if reader_left:
                 return
         finally:
@@ -790,7 +793,8 @@ def replay(
         if req.digest:
             summary["digest"] = res.digest
         if commit and group:
-            summary["committed"] = {"group": group, "offset": res.next_offset}
+            # null when nothing was read, so nothing was stored (e.g. --from past the end)
+            summary["committed"] = {"group": group, "offset": committed_to[0]} if committed_to else None
         out.emit(summary)
         if saved is not None and not out.json and not out.quiet:
             click.echo(

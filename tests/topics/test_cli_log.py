@@ -250,6 +250,18 @@ def test_groups_offsets_commit_and_reset(env: dict[str, str]) -> None:
     assert run_rq("offsets", "g", "--group", "../evil", env=env).returncode == 2
 
 
+def test_commit_reports_only_what_it_stored_and_huge_offsets_are_usage_errors(env: dict[str, str]) -> None:
+    produce(env, "gc", b"a\nb\n")
+    r = run_rq("replay", "gc", "--from", "999", "--group", "g2", "--commit", "--json", env=env)
+    assert r.returncode == 0 and jlines(r.stdout)[-1]["committed"] is None
+    assert jlines(run_rq("offsets", "gc", "--json", env=env).stdout)[0]["groups"] == []
+    r = run_rq("replay", "gc", "--group", "g2", "--commit", "--json", env=env)
+    assert jlines(r.stdout)[-1]["committed"] == {"group": "g2", "offset": 2}
+    for spec in ("99999999999999999999999", "-99999999999999999999", "1:+99999999999999999999"):
+        r = run_rq("replay", "gc", "--from", spec, "--json", env=env)
+        assert r.returncode == 2 and r.stderr.count(b"\n") == 1, r.stderr
+
+
 def test_save_spec_and_replay_by_spec_detects_changed_data(env: dict[str, str], tmp_path: Path) -> None:
     data = b"".join(json.dumps(s).encode() + b"\n" for s in SAMPLES * 5)
     produce(env, "rep", data)
