@@ -485,3 +485,16 @@ def test_template_output_escapes_control_characters(env: dict[str, str]) -> None
     assert r.returncode == 0, r.stderr
     assert b"\x1b" not in r.stdout and b"\x07" not in r.stdout
     assert r.stdout.splitlines() == [b'0 \\x1b[31mred|{"x":"\\u001b[31mred"}', b"1 |bell\\x07\\x1b]8;;x"]
+
+
+def test_a_saved_spec_keeps_a_relative_topic_path_absolute(env: dict[str, str], tmp_path: Path) -> None:
+    work, other = tmp_path / "work", tmp_path / "other"
+    work.mkdir()
+    other.mkdir()
+    r = run_rq("produce", "./events", input=b"a\nb\n", env=env, cwd=work)
+    assert r.returncode == 0, r.stderr
+    r = run_rq("replay", "./events", "--save-spec", "s.json", "--format", "raw", env=env, cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((work / "s.json").read_text())["source"] == str(work / "events")
+    r = run_rq("replay", "--spec", str(work / "s.json"), "--format", "raw", env=env, cwd=other)
+    assert (r.returncode, r.stdout) == (0, b"a\nb\n"), r.stderr

@@ -42,9 +42,11 @@ def parse_topic(text: str, topics_dir: Path) -> TopicRef:
         return _parse_url(text)
     if "://" in text:
         raise SpecError(f"unknown topic scheme in {text!r}: use a name, a path, nats:// or mqtt://")
+    # Absolute: a path kept in a saved spec (or compared with another) must not depend on the
+    # working directory, nor read back as a topic name ("./events" is not "events").
     if os.sep in text or text.startswith((".", "~")):
-        return TopicRef("embedded", Path(text).expanduser())
-    return TopicRef("embedded", topics_dir / check_topic_name(text))
+        return TopicRef("embedded", Path(text).expanduser().absolute())
+    return TopicRef("embedded", (topics_dir / check_topic_name(text)).expanduser().absolute())
 
 
 def _parse_url(text: str) -> TopicRef:
