@@ -208,6 +208,24 @@ def test_tail_and_end_relative_specs_count_records_on_the_subject(
     assert infos == []  # the counting consumers are gone
 
 
+def test_tail_and_offsets_count_records_around_deleted_sequences(
+    nats_url: str, stream_name: str, env: dict[str, str]
+) -> None:
+    make_stream(nats_url, stream_name)
+    publish(nats_url, f"{stream_name}.a", [b"%d" % i for i in range(1, 11)])
+
+    async def delete(js: Any) -> None:
+        for seq in (9, 10, 4):
+            await js.delete_msg(stream_name, seq)
+
+    js_call(nats_url, delete)
+    base = f"{nats_url}/{stream_name}"
+    r = run_rq("tail", base, "-n", "3", "--format", "raw", env=env)
+    assert (r.returncode, r.stdout) == (0, b"6\n7\n8\n"), r.stderr
+    off = jlines(run_rq("offsets", base, "--json", env=env).stdout)[0]
+    assert (off["first"], off["last"], off["records"]) == (1, 8, 7)
+
+
 def test_unknown_stream(nats_url: str, env: dict[str, str]) -> None:
     r = run_rq("replay", f"{nats_url}/RQ_NO_SUCH_STREAM", "--from", "start", env=env)
     assert r.returncode == 3 and b"does not exist" in r.stderr

@@ -160,11 +160,14 @@ class JetStreamSource:
         return int(self.conn.stream_info().state.last_seq) + 1
 
     def offset_before_end(self, n: int) -> int:
-        """Where the last n records of the topic start. Without a subject filter that is end - n;
-        with one, other subjects' messages sit in between: binary search on how many matching
-        messages a consumer starting at a sequence would see (O(log n) small requests)."""
-        first, end = self.first_offset(), self.end_offset()
-        if not self.subject:
+        """Where the last n records of the topic start. On a stream with no deleted messages and
+        no subject filter that is end - n; otherwise other subjects' messages or deleted sequences
+        sit in between: binary search on how many messages a consumer starting at a sequence would
+        see (O(log n) small requests)."""
+        state = self.conn.stream_info().state
+        first, end = self.first_offset(), int(state.last_seq) + 1
+        dense = int(state.messages) == end - int(state.first_seq) or not state.messages
+        if not self.subject and dense:
             return max(end - n, first)
         if n <= 0:
             return end
@@ -189,7 +192,8 @@ class JetStreamSource:
         return self._pending_from(int(state.first_seq))
 
     def _pending_from(self, seq: int) -> int:
-        """How many messages on the subject have a sequence >= seq (an ephemeral consumer counts)."""
+        """How many messages (on the subject, if one) have a sequence >= seq (an ephemeral consumer
+        counts: deleted sequences are not messages)."""
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         async def count() -> int:
@@ -198,7 +202,7 @@ class JetStreamSource:
                 ConsumerConfig(
                     deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
                     opt_start_seq=seq,
-                    filter_subject=self.subject,
+                    filter_subject=self.subject or None,
                     ack_policy=AckPolicy.NONE,
                     inactive_threshold=30.0,  # gone by itself should the delete below not happen
                     mem_storage=True,
