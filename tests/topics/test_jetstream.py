@@ -226,6 +226,19 @@ def test_tail_and_offsets_count_records_around_deleted_sequences(
     assert (off["first"], off["last"], off["records"]) == (1, 8, 7)
 
 
+def test_a_record_over_max_payload_is_a_usage_error_and_nothing_is_published(
+    nats_url: str, stream_name: str, env: dict[str, str]
+) -> None:
+    make_stream(nats_url, stream_name)
+    url = f"{nats_url}/{stream_name}/{stream_name}.a"
+    big = b"x" * (2 << 20)  # the server's max_payload is 1 MiB by default
+    r = run_rq("produce", url, "--format", "raw", input=big, env=env)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "max_payload" in err and err.count("\n") == 1, err
+    info = js_call(nats_url, lambda js: js.stream_info(stream_name))
+    assert info.state.messages == 0
+
+
 def test_unknown_stream(nats_url: str, env: dict[str, str]) -> None:
     r = run_rq("replay", f"{nats_url}/RQ_NO_SUCH_STREAM", "--from", "start", env=env)
     assert r.returncode == 3 and b"does not exist" in r.stderr

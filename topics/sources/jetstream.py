@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from topics.errors import SourceUnreachable, SpecError, TopicError, TopicNotFound
+from topics.errors import RecordTooLarge, SourceUnreachable, SpecError, TopicError, TopicNotFound
 from topics.record import NO_HEADERS, Headers, Record
 from topics.sources.base import Pending
 from topics.sources.natswire import OrderedReader
@@ -360,6 +360,8 @@ class JetStreamSink:
             )
 
     def append(self, records: Sequence[Pending]) -> tuple[int, int]:
+        self._check_sizes(records)
+
         async def send() -> Any:
             nc = self.conn.nc
             subject = self.subject
@@ -373,12 +375,31 @@ class JetStreamSink:
             hdrs = dict((k, v.decode("utf-8", "replace")) for k, v in headers) or None
             return await self.conn.js.publish(subject, value, headers=hdrs, timeout=10)
 
+        import nats.errors
+
         try:
             ack = self.conn.run(send())
+        except nats.errors.MaxPayloadError:
+            raise RecordTooLarge(f"a record is over the NATS server's max_payload ({self.url})") from None
         except Exception as exc:
             raise SourceUnreachable(f"publishing to {self.url} failed: {exc}") from None
         last = int(ack.seq)
         return last - len(records) + 1, last
+
+    def _check_sizes(self, records: Sequence[Pending]) -> None:
+        """A message over the server's max_payload is refused before anything of the batch goes out
+        (else the batch is half published and the error reads like an outage)."""
+        limit = int(self.conn.nc.max_payload or 0)
+        if not limit:
+            return
+        for i, (_, _, headers, value) in enumerate(records):
+            # NATS/1.0 line, "name: value" lines, blank line: what HPUB adds to the message.
+            size = len(value) + (12 + sum(len(k) + len(v) + 4 for k, v in headers) if headers else 0)
+            if size > limit:
+                raise RecordTooLarge(
+                    f"record {i + 1} of the batch takes {size} bytes; the NATS server at {self.url} "
+                    f"takes at most {limit} bytes per message (its max_payload)"
+                )
 
     def close(self) -> None:
         self.conn.close()
