@@ -26,7 +26,7 @@ from cache.fetcher import Fetcher, Job
 from cache.index import Entry, Index
 from cache.landing import ObjectInfo
 from cache.layout import TIERS, Layout, check_cache_dir, default_ram_root
-from cache.origins import LocalOrigin, normalise_url, origin_for_url
+from cache.origins import LocalOrigin, Origin, normalise_url, origin_for_url
 from cache.s3 import S3Settings
 from cache.sizes import parse_size
 from cache.store import Store
@@ -495,11 +495,19 @@ class _PromoteOrigin(LocalOrigin):
     """Copies a cached blob into another tier (RAM promotion). The blob is checked against its
     recorded digest once (streaming, bounded memory) before any of it is copied."""
 
-    def __init__(self, path: Path, entry: Entry):
+    def __init__(self, path: Path, entry: Entry, fallback: Origin | None = None):
         super().__init__(path.parent, workers=8)
         self.path, self.entry = path, entry
+        self.fallback = fallback  # the real origin, for a cached copy that vanished or is corrupt
         self._checked = threading.Lock()
         self._ok = False
+
+    def _verify_once_or_close(self, fd: int) -> None:
+        try:
+            self._verify_once(fd)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def _verify_once(self, fd: int) -> None:
         with self._checked:
@@ -511,9 +519,17 @@ class _PromoteOrigin(LocalOrigin):
     def fetch(self, info: ObjectInfo, landing: Any, on_done: Any, piece: tuple[int, int] | None) -> None:
         def run() -> None:
             try:
-                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
                 try:
-                    self._verify_once(fd)
+                    fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                    self._verify_once_or_close(fd)
+                except (FileNotFoundError, VerifyError):
+                    if self.fallback is None:
+                        raise
+                    # evicted or damaged since it was planned: nothing is written yet, so the
+                    # real origin can deliver the same bytes (the landing checks them as usual)
+                    self.fallback.fetch(info, landing, on_done, piece)
+                    return
+                try:
                     start, end = piece if piece else (0, self.entry.size - 1)
                     buf = memoryview(bytearray(min(self.CHUNK, max(1, end + 1 - start))))
                     while start <= end:

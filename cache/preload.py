@@ -62,6 +62,14 @@ def plan(
     return out
 
 
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def run_preload(
     cache: object,
     sources: list[str],
@@ -73,20 +81,38 @@ def run_preload(
     dry_run: bool = False,
     on_event: ev.EventSink = ev.ignore,
 ) -> PreloadResult:
-    from cache.api import Cache
+    from cache.api import Cache, _PromoteOrigin
 
     assert isinstance(cache, Cache)
     started = time.monotonic()
     state = cache._state()
     state.store.collect()
-    items = plan(sources, cache.s3_settings, include, exclude, workers)
-    cached = state.index.get_many(info.url for info, _ in items)
+    if not dry_run:
+        state.store.shrink()
     result = PreloadResult()
+    items = []
+    for info, origin in plan(sources, cache.s3_settings, include, exclude, workers):
+        if _utf8(info.url):
+            items.append((info, origin))
+        else:  # the index keys entries by URL text; such a name cannot be one (rename the file)
+            shown = info.url.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            failure = ev.Failed(shown, "bad_name", "file name is not valid UTF-8; rename it to cache it")
+            result.failed.append(failure)
+            on_event(failure)
+    cached = state.index.get_many(info.url for info, _ in items)
+    # Asked for RAM, cached on disk: promote the disk copy (verified, local) when the whole set
+    # fits the RAM cap. A set that does not fit would only trade places with itself on every run.
+    promote = tier == "ram" and sum(info.size for info, _ in items) <= state.store.cap("ram")
     todo: list[Job] = []
     fresh: list[str] = []
     for info, origin in items:
         entry = cached.get(info.url)
         if entry is not None and entry.version == info.version:
+            if promote and entry.tier == "disk":
+                path = cache.layout.blob_path(entry.tier, entry.blob)
+                todo.append(Job(info, _PromoteOrigin(path, entry, fallback=origin)))
+                result.planned.append(info)
+                continue
             result.skipped += 1
             result.skipped_bytes += info.size
             fresh.append(info.url)
@@ -108,7 +134,7 @@ def run_preload(
     fetched = fetcher.run(todo)
     result.objects = len(fetched.landed)
     result.bytes = sum(e.size for e in fetched.landed)
-    result.failed = fetched.failed
+    result.failed += fetched.failed
     result.resumed_bytes = fetched.resumed_bytes
     result.throttled = fetched.throttled
     result.smallest_window = fetched.smallest_window

@@ -120,7 +120,7 @@ class Store:
     def reserve(self, tier: str, specs: list[HoldSpec], patience: float = 10.0) -> list[int]:
         """Holds space for `specs` in `tier`, evicting LRU entries if needed; returns hold ids."""
         need = sum(s.size for s in specs)
-        cap = self.caps[tier]
+        cap = self.cap(tier)
         if need > cap:
             raise CacheFullError(
                 f"{tier} tier cap is {format_size(cap)}; {format_size(need)} cannot fit even in an empty tier"
@@ -128,6 +128,7 @@ class Store:
         deadline = time.monotonic() + patience
         while True:
             with self.index.write() as db:
+                cap = self.cap(tier)
                 used = Index.used(db, tier)
                 if used + need <= cap:
                     return [self._add_or_adopt(db, tier, s) for s in specs]
@@ -146,6 +147,20 @@ class Store:
                 self._retire(tier, victims)
             else:
                 time.sleep(random.uniform(0.002, 0.02))
+
+    def cap(self, tier: str) -> int:
+        """The tier's cap as last set by any process (a lower limit given to a later rq must bind
+        every process using this cache, not only the one that set it)."""
+        stored = self.index.setting(f"{tier}_limit")
+        if stored is not None and stored.isdigit() and int(stored) < 1 << 63:
+            self.caps[tier] = int(stored)
+        return self.caps[tier]
+
+    def shrink(self) -> None:
+        """Evicts (RAM: demotes) LRU entries until each tier is within its cap again: a limit set
+        lower than what the tier holds takes effect at once, not only at the next reservation."""
+        for tier in ("ram", "disk"):
+            self.reserve(tier, [])
 
     def _add_or_adopt(self, db: sqlite3.Connection, tier: str, spec: HoldSpec) -> int:
         """A new hold, or an orphaned landing hold of the same blob (a resumable partial download)."""
