@@ -89,7 +89,8 @@ class Cache:
         self._proc: _ProcState | None = None
         self._lock = threading.RLock()
         self._touched: dict[str, float] = {}
-        self._last_flush = time.monotonic()
+        self._last_flush = 0.0  # a process's first read is recorded at once
+        self._flush_pending_pid = 0  # the process whose deferred flush is scheduled
         self._verified: set[tuple[str, int, int]] = set()
         self._prefetcher: Prefetcher | None = None
         index = Index(self.root / "index.sqlite3")
@@ -141,7 +142,9 @@ class Cache:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_proc=None, _lock=None, _prefetcher=None, _touched={}, _verified=set())
+        state.update(
+            _proc=None, _lock=None, _prefetcher=None, _touched={}, _verified=set(), _flush_pending_pid=0
+        )
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -264,9 +267,21 @@ class Cache:
             raise
 
     def _touch(self, url: str) -> None:
+        """Records a read for LRU. Stamps are batched (one index write per second, not one per
+        open); a batch is written by the next open a second later or, if the process goes
+        quiet, by a timer, so another process's eviction sees recent reads as recent."""
         self._touched[url] = time.time()
         if time.monotonic() - self._last_flush > 1.0:
             self._flush_touches()
+        elif self._flush_pending_pid != os.getpid():
+            self._flush_pending_pid = os.getpid()
+            timer = threading.Timer(1.0, self._deferred_flush)
+            timer.daemon = True
+            timer.start()
+
+    def _deferred_flush(self) -> None:
+        self._flush_pending_pid = 0
+        self._flush_touches()
 
     def _flush_touches(self, force: bool = False) -> None:
         if not self._touched or self._proc is None or self._proc.pid != os.getpid():

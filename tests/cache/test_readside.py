@@ -69,3 +69,21 @@ def test_prefetch_warms_the_rest_of_a_window_around_bad_items(
     assert all(c.stat(u).tier == "ram" for u in good)
     assert len(p.errors) >= 2 and any("missing" in e for e in p.errors)
     c.close()
+
+
+def test_lru_sees_another_processs_recent_read(tmp_path: Path, ram_dir: Path) -> None:
+    """A reader's first open used to wait in a batch until its next open a second later, so an
+    evicting process dropped the entry it had just read."""
+    d = tmp_path / "o"
+    d.mkdir()
+    for name in "ABC":
+        (d / name).write_bytes(name.encode() * 400_000)
+    c2 = Cache(tmp_path / "c", ram_dir=ram_dir, disk_limit=900_000)
+    c2.open(str(d / "A")).read()
+    c2.open(str(d / "B")).read()
+    c1 = Cache(tmp_path / "c", ram_dir=ram_dir)  # e.g. a DataLoader worker
+    c1.open(str(d / "A")).read()  # A is now the most recently used entry
+    c2.open(str(d / "C")).read()  # room for one more: B must go
+    assert sorted(Path(e.url).name for e in c2.entries()) == ["A", "C"]
+    c1.close()
+    c2.close()
