@@ -144,19 +144,31 @@ def run(
 
     where = req.where
     need_decode = req.decode_values or (where is not None and where.uses_value)
-    time_filter = not source.monotonic_time and (req.time_from is not None or req.time_to is not None)
+    timed = req.time_from is not None or req.time_to is not None
+    # A source whose stamps may go backwards needs the time bounds record by record; so does a
+    # follow, whose bounds may lie in the future (nothing stamped at or after t when it resolved).
+    time_filter = timed and (req.follow or not source.monotonic_time)
+    lo = req.time_from if req.time_from is not None else -(2**63)
+    hi = req.time_to if req.time_to is not None else 2**63 - 1
+    stop_on_time = req.follow and req.time_to is not None
     pacer = Pacer(req.rate.speed) if req.rate.speed else None
     remaining = req.count
     if remaining is not None and remaining <= 0:
         return res
     for batch in source.read(req.start, req.stop, req.follow, req.skip_corrupt, on_skip):
         if not batch:
+            if stop_on_time and time.time_ns() // 1_000_000 >= hi:
+                break  # --to @t with --follow: t has passed
             continue
         res.scanned += len(batch)
         read_to = batch[-1][0] + 1  # consumption position, whatever the filters keep
+        past_end = False
         if time_filter:
-            lo = req.time_from if req.time_from is not None else -(2**63)
-            hi = req.time_to if req.time_to is not None else 2**63 - 1
+            if stop_on_time:
+                late = next((i for i, r in enumerate(batch) if r[1] >= hi), None)
+                if late is not None:  # the first record at or after --to @t ends a follow
+                    read_to, past_end = batch[late][0], True
+                    batch = batch[:late]
             batch = [r for r in batch if lo <= r[1] < hi]
         decoded: list[Decoded] | None = [decode(r[4]) for r in batch] if need_decode else None
         if where is not None:
@@ -192,6 +204,6 @@ def run(
         res.next_offset = max(read_to, res.next_offset)
         if on_progress is not None:
             on_progress(res)
-        if remaining is not None and remaining <= 0:
+        if past_end or (remaining is not None and remaining <= 0):
             break
     return res

@@ -58,7 +58,11 @@ def resolve_window(
         end = resolve(stop, source, now_ms)
         if not follow:
             end = min(end, source.end_offset())
-        end = max(end, begin)
+        elif stop.kind in ("time", "ago") and end >= source.end_offset():
+            # No record stamped at or after t yet: the read ends on the first one that is, or when
+            # the clock passes t (the pipeline checks both), not at today's end.
+            end = None
+        end = max(end, begin) if end is not None else None
     else:
         end = None if follow else max(source.end_offset(), begin)
     return Window(

@@ -448,6 +448,7 @@ class LogReader:
                     elif not self._wait():
                         return
                     else:
+                        yield []  # nothing yet: the caller may stop on the clock (--to @t -f)
                         continue
                 if hdr.end <= self.next_offset:
                     pos = extent  # before the start: skip without checking the payload

@@ -309,13 +309,10 @@ class OrderedReader:
                 return
             if restart or self._early:
                 continue
-            if (
-                not self._fill(0.05)
-                and follow
-                and idle_timeout is not None
-                and time.monotonic() - idle_since > idle_timeout
-            ):
-                return
+            if not self._fill(0.05) and follow:
+                if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
+                    return
+                yield []  # nothing yet: the caller may stop on the clock (--to @t -f)
 
     def _take(self, frames: Iterable[tuple[bytes, bytes, bytes, bytes, bytes]]) -> tuple[list[Record], bool]:
         """Records from deliver frames; True as well when a consumer sequence was skipped."""
