@@ -22,8 +22,8 @@ from types import ModuleType
 from typing import Any
 
 from transfer.credentials import fingerprint, normalise_pin
-from transfer.errors import AuthError, PeerUnreachableError, TransferError, UnsupportedError
-from transfer.frames import Frame, FrameDecoder
+from transfer.errors import AuthError, PeerUnreachableError, ProtocolError, TransferError, UnsupportedError
+from transfer.frames import HEADER, PRE_AUTH_LIMIT, Frame, FrameDecoder, FrameType, parse_header
 from transfer.transport import Channel, ConnectOptions, ListenOptions
 
 ALPN = ["rq-transfer/1"]
@@ -33,6 +33,15 @@ SOCKET_BUFFER = 8 * 1024 * 1024
 IDLE_TIMEOUT = 10.0  # a silent peer is gone after this; clients ping every KEEPALIVE to stay alive
 KEEPALIVE = 2.0
 _CLOSED = object()
+# Frames an unauthenticated stream may have waiting for its handler (each at most PRE_AUTH_LIMIT):
+# the handshake needs one at a time. More is a peer pouring data in; its stream is refused.
+PRE_AUTH_QUEUE = 4
+# Bytes held behind an AUTH frame until the handler checked it: a MANIFEST (Limits.max_manifest_bytes,
+# 32 MiB) and its header. Only bytes that really arrived in the moment before the verdict count.
+PRE_AUTH_HOLD = 32 * 1024 * 1024 + 1024
+# Streams that have not authenticated, at once, per listener; more are refused (no thread each).
+MAX_UNAUTHENTICATED = 64
+STOPPED = 0x100  # application error code in STOP_SENDING: the receiver wants no more on this stream
 
 
 class _Backend:
@@ -98,33 +107,139 @@ class QuicChannel:
     # (the receiver writes inline) because a writer thread measured ~4% slower here: the receiving
     # process is CPU-bound on its event loop, and one more thread only competes for the GIL.
 
-    def __init__(self, proto: Any, stream_id: int, loop: asyncio.AbstractEventLoop, max_frame: int):
+    def __init__(
+        self,
+        proto: Any,
+        stream_id: int,
+        loop: asyncio.AbstractEventLoop,
+        max_frame: int,
+        frame_limit: int | None = None,
+        on_authenticated: Callable[[], None] | None = None,
+    ):
         self._proto = proto
         self.stream_id = stream_id
         self._loop = loop
+        self._max = max_frame
         self.decoder = FrameDecoder(max_frame)
         self.frames: queue.Queue[Any] = queue.Queue()
         self._closed = False
         self._error: BaseException | None = None
+        self._dropping = False  # closed or refused: what still arrives is discarded, not queued
+        # Until the peer authenticated (the listener passes frame_limit; the handler lifts it), the
+        # loop thread splits frames itself, one at a time, against that limit: it runs before the
+        # handler thread does, and a header may announce any size. Bytes after an AUTH frame are
+        # held raw until the handler's verdict: the sender pipelines its MANIFEST (up to 32 MiB)
+        # right behind AUTH, which the pre-auth limit must not refuse and nobody may preallocate.
+        self._limit = frame_limit
+        self._pre_auth = frame_limit is not None
+        self._lock = threading.Lock()  # the loop's _deliver against the handler lifting the limit
+        self._pre = bytearray()
+        self._holding = False
+        self._pre_end = False
+        self._on_authenticated = on_authenticated
 
     # called on the loop thread
     def _deliver(self, data: bytes, end: bool) -> None:
+        if self._dropping or self._closed:
+            return
+        if self._pre_auth:
+            with self._lock:
+                if self._pre_auth:
+                    self._deliver_pre_auth(data, end)
+                    return
         try:
             for frame in self.decoder.feed(data):
                 self.frames.put(frame)
         except TransferError as exc:
-            self.frames.put(exc)
+            self._refuse(exc)
             return
         if end:
             self.frames.put(_CLOSED)
 
+    def _deliver_pre_auth(self, data: bytes, end: bool) -> None:
+        self._pre += data
+        self._pre_end = self._pre_end or end
+        if self._holding:
+            if len(self._pre) > PRE_AUTH_HOLD:
+                self._refuse(ProtocolError("peer sent more than a manifest behind its AUTH"))
+            return
+        while len(self._pre) >= HEADER.size:
+            try:
+                kind, length = parse_header(self._pre[: HEADER.size], self._max, self._limit)
+            except TransferError as exc:
+                self._refuse(exc)
+                return
+            if len(self._pre) < HEADER.size + length:
+                break
+            body = bytearray(self._pre[HEADER.size : HEADER.size + length])
+            del self._pre[: HEADER.size + length]
+            self.frames.put(Frame(kind, memoryview(body)))
+            if self.frames.qsize() > PRE_AUTH_QUEUE:
+                self._refuse(ProtocolError("peer sent more frames than the handshake needs"))
+                return
+            if kind is FrameType.AUTH:
+                self._holding = True  # what follows waits for the handler's verdict on it
+                if len(self._pre) > PRE_AUTH_HOLD:
+                    self._refuse(ProtocolError("peer sent more than a manifest behind its AUTH"))
+                return
+        if self._pre_end:
+            self.frames.put(_CLOSED)
+
+    def _refuse(self, exc: TransferError) -> None:
+        """On the loop: the stream's data is unusable from here on. The handler gets `exc` (and
+        may still send an ERROR frame); the peer is asked to stop sending."""
+        self._dropping = True
+        self._pre = bytearray()
+        self.frames.put(exc)
+        self._stop_receiving()
+
+    def _stop_receiving(self) -> None:
+        with contextlib.suppress(Exception):
+            self._proto._quic.stop_stream(self.stream_id, STOPPED)
+            self._proto.transmit()
+
+    def turn_away(self) -> None:
+        """On the loop: a stream the listener will not serve. Both directions are reset, and what
+        the peer still sends on it is dropped."""
+        self._dropping = self._closed = True
+        self._stop_receiving()
+        with contextlib.suppress(Exception):
+            self._proto._quic.reset_stream(self.stream_id, STOPPED)
+            self._proto.transmit()
+
     @property
     def frame_limit(self) -> int | None:
-        return self.decoder.limit
+        return self._limit
 
     @frame_limit.setter
     def frame_limit(self, value: int | None) -> None:
-        self.decoder.limit = value
+        """The handler lifts the limit (None) once the peer authenticated: the bytes held behind
+        AUTH are decoded here, in the handler's thread, and the loop decodes directly from now on."""
+        with self._lock:
+            self._limit = value
+            if value is not None or not self._pre_auth:
+                return
+            held, self._pre = self._pre, bytearray()
+            try:
+                if not self._dropping:
+                    for frame in self.decoder.feed(held):
+                        self.frames.put(frame)
+                    if self._pre_end:
+                        self.frames.put(_CLOSED)
+            except TransferError as exc:
+                self._dropping = True
+                self.frames.put(exc)
+            self._holding = False
+            self._pre_auth = False
+        callback, self._on_authenticated = self._on_authenticated, None
+        if callback is not None:
+            callback()
+
+    def release_slot(self) -> None:
+        """This stream stops counting as unauthenticated (idempotent)."""
+        callback, self._on_authenticated = self._on_authenticated, None
+        if callback is not None:
+            callback()
 
     def _backlog(self) -> int:
         """Bytes aioquic holds for this stream, sent or not, until the peer acknowledges them; 0
@@ -194,9 +309,14 @@ class QuicChannel:
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
+        self._closed = True  # _deliver queues nothing more
+        self._drain()
 
         def _on_loop() -> None:
+            self._dropping = True
+            self._drain()  # what the loop queued before it saw _closed
+            if not self._peer_finished():
+                self._stop_receiving()
             with contextlib.suppress(Exception):
                 self._proto._quic.send_stream_data(self.stream_id, b"", True)
                 self._proto.transmit()
@@ -204,9 +324,20 @@ class QuicChannel:
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(_on_loop)
 
+    def _drain(self) -> None:
+        with self.frames.mutex:
+            self.frames.queue.clear()
+
+    def _peer_finished(self) -> bool:
+        """Whether the peer already ended its side (FIN or reset): then there is nothing to stop."""
+        stream = getattr(self._proto._quic, "_streams", {}).get(self.stream_id)
+        receiver = getattr(stream, "receiver", None)
+        return bool(getattr(receiver, "is_finished", False))
+
     def fail(self, exc: BaseException) -> None:
         self._error = self._error or exc  # a sender waiting for buffer room stops waiting
-        self.frames.put(exc)
+        if not self._closed:  # once closed nobody reads the queue
+            self.frames.put(exc)
 
 
 def _protocol_class(backend: _Backend, on_stream: Callable[[Any, int], QuicChannel | None]) -> type:
@@ -382,6 +513,9 @@ class QuicListener:
         self.backend = pick_backend(str(opts.extra.get("quic_backend", "auto")))
         wanted = opts.extra.get("datagram_size")
         self.datagram = min(int(wanted), self.backend.max_datagram) if wanted else self.backend.max_datagram
+        self._slots = threading.BoundedSemaphore(
+            int(opts.extra.get("max_unauthenticated", MAX_UNAUTHENTICATED))
+        )
         self._lt = _LoopThread("rq-quic-server")
         self._done = threading.Event()
         try:
@@ -413,9 +547,28 @@ class QuicListener:
         return server, sock.getsockname()[:2]
 
     def _on_stream(self, proto: Any, stream_id: int) -> QuicChannel:
-        ch = QuicChannel(proto, stream_id, self._lt.loop, self.opts.max_frame)
-        threading.Thread(target=self.handler, args=(ch,), daemon=True).start()
+        """On the loop, for a stream's first bytes: a channel whose handler runs in a thread of its
+        own, holding one of the unauthenticated slots until the peer authenticated or it ends.
+        Past the cap (or with no thread to be had) the stream is turned away; the channel stays
+        registered so the rest of its bytes are dropped, not taken for a new stream."""
+        o = self.opts
+        if not self._slots.acquire(blocking=False):
+            ch = QuicChannel(proto, stream_id, self._lt.loop, o.max_frame, PRE_AUTH_LIMIT)
+            ch.turn_away()
+            return ch
+        ch = QuicChannel(proto, stream_id, self._lt.loop, o.max_frame, PRE_AUTH_LIMIT, self._slots.release)
+        try:
+            threading.Thread(target=self._serve_one, args=(ch,), daemon=True).start()
+        except RuntimeError:  # "can't start new thread"
+            ch.release_slot()
+            ch.turn_away()
         return ch
+
+    def _serve_one(self, ch: QuicChannel) -> None:
+        try:
+            self.handler(ch)
+        finally:
+            ch.release_slot()
 
     def serve_forever(self) -> None:
         self._done.wait()

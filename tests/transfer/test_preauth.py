@@ -20,11 +20,14 @@ import pytest
 from xfer_kit import TOKEN, Recv, make_tree, send, tree_digest, wait_for
 
 from transfer import receiver as receiver_mod
+from transfer.credentials import load_identity
+from transfer.errors import PeerUnreachableError, ProtocolError
 from transfer.frames import FrameType, control, header
+from transfer.quic import QuicChannel, QuicConnection, QuicListener
 from transfer.receiver import Receiver
 from transfer.session import auth_mac
 from transfer.tcp import TcpChannel, TcpListener, TcpTransport
-from transfer.transport import Identity, ListenOptions
+from transfer.transport import Channel, ConnectOptions, Identity, ListenOptions
 
 pytestmark = pytest.mark.integration
 
@@ -173,3 +176,87 @@ def test_recv_exits_nonzero_when_its_listener_dies(tmp_path: Path, monkeypatch: 
     assert isinstance(result.exception, CliError), result.output
     assert result.exception.code is ExitCode.FAILURE
     assert "the listener stopped: cannot accept connections" in result.exception.message
+
+
+# -- QUIC ----------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def quic_pair(tmp_path: Path, handler: object) -> Iterator[tuple[QuicListener, QuicConnection]]:
+    """A real QUIC listener (aioquic) on loopback with `handler`, and our client connected to it."""
+    ident = load_identity(tmp_path / "cert")
+    extra = {"quic_backend": "aioquic"}
+    lst = QuicListener(ListenOptions("127.0.0.1", 0, ident, extra=extra), handler)  # type: ignore[arg-type]
+    try:
+        host, port = lst.address
+        conn = QuicConnection(ConnectOptions(host, port, ident.fingerprint, extra=extra))
+        try:
+            yield lst, conn
+        finally:
+            conn.close()
+    finally:
+        lst.close()
+
+
+def test_quic_stream_has_the_pre_auth_limit_before_its_handler_runs(tmp_path: Path) -> None:
+    """The loop decodes a stream's first bytes before the handler thread has run: a HELLO header
+    announcing 60 MiB must be refused there, not answered with a 60 MiB buffer."""
+    got: list[QuicChannel] = []
+    hold = threading.Event()
+
+    def slow_handler(ch: Channel) -> None:  # a handler that has not got round to anything yet
+        assert isinstance(ch, QuicChannel)
+        got.append(ch)
+        hold.wait(10)
+
+    with quic_pair(tmp_path, slow_handler) as (_, conn):
+        ch = conn.open_channel()
+        ch.send(header(FrameType.HELLO, 60 << 20), b"x" * 1000)
+        assert wait_for(lambda: bool(got), 10)
+        with pytest.raises(ProtocolError, match="over the"):
+            got[0].recv(timeout=10)
+        assert got[0].decoder.pending == 0
+        hold.set()
+
+
+def test_quic_refused_stream_stops_taking_data(tmp_path: Path) -> None:
+    """After the receiver refused a stream, what the peer still pours into it is dropped (and the
+    peer told to stop), not queued for a handler that is gone."""
+    rc = Receiver(tmp_path / "dst", TOKEN.encode())
+    served: list[QuicChannel] = []
+
+    def handler(ch: Channel) -> None:
+        assert isinstance(ch, QuicChannel)
+        served.append(ch)
+        rc.handle_channel(ch)
+
+    try:
+        with quic_pair(tmp_path, handler) as (_, conn):
+            ch = conn.open_channel()
+            ch.send(control(FrameType.CHALLENGE, {}))  # not a HELLO: refused
+            frame = ch.recv(timeout=10)
+            assert frame is not None and frame.type is FrameType.ERROR
+            small = header(FrameType.HELLO, 1000) + b"y" * 1000
+            with pytest.raises(PeerUnreachableError):  # STOP_SENDING reset our side of the stream
+                for _ in range(2000):
+                    ch.send(small * 16)
+            assert served and served[0].frames.qsize() == 0
+    finally:
+        rc.close()
+
+
+def test_quic_manifest_pipelined_behind_auth_is_not_refused(tmp_path: Path) -> None:
+    """The sender sends MANIFEST right behind AUTH; one over the 64 KiB pre-auth limit (a few
+    hundred files) was refused over QUIC when the loop decoded its header before the handler
+    had checked AUTH."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(300):
+        (src / f"{i:04d}-{'n' * 200}").write_bytes(b"%d" % i)
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "quic", "--once").start()
+    try:
+        proc = send([src], recv)
+        assert proc.returncode == 0, proc.stderr.decode()
+    finally:
+        recv.stop()
+    assert tree_digest(tmp_path / "dst" / "src") == tree_digest(src)
