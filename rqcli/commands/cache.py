@@ -38,6 +38,22 @@ def _guard(fn: Callable[[], Any]) -> Any:
         raise cache_error_to_cli(exc) from None
 
 
+def open_existing(cache_dir: Path | None) -> Any:
+    """The cache these commands inspect or change must exist: a typo in --cache-dir should say
+    so, not show an empty cache it has just created."""
+    from cache.api import default_cache_dir
+    from cache.layout import INDEX_NAME
+
+    root = cache_dir if cache_dir is not None else default_cache_dir()
+    if not (root / INDEX_NAME).is_file():
+        raise CliError(
+            f"no rq cache at {safe_text(str(root))}",
+            ExitCode.NOT_FOUND,
+            hint="check --cache-dir / RQ_CACHE_DIR; `rq preload` creates the cache",
+        )
+    return open_cache(root)
+
+
 def _nothing_matched(pattern: str) -> CliError:
     """Every command taking a PATTERN exits 3 when it matches no entry, so a typo in a script shows."""
     return CliError(
@@ -70,7 +86,7 @@ def ls(pattern: str | None, cache_dir: Path | None) -> None:
     Example: rq cache ls 's3://bucket/train/*.tar'
     """
     out = get_output()
-    c = open_cache(cache_dir)
+    c = open_existing(cache_dir)
     entries = _guard(lambda: c.entries(pattern))
     for e in entries:
         out.emit(
@@ -100,7 +116,7 @@ def du(cache_dir: Path | None) -> None:
     Example: rq cache du --json
     """
     out = get_output()
-    c = open_cache(cache_dir)
+    c = open_existing(cache_dir)
     usage = _guard(c.usage)
     out.emit({"event": "summary", "cache_dir": str(c.root), "ram_dir": str(c.layout.ram_root), **usage})
     if not out.json:
@@ -122,7 +138,7 @@ def stat(url: str, cache_dir: Path | None) -> None:
     Example: rq cache stat s3://bucket/train/000123.tar
     """
     out = get_output()
-    c = open_cache(cache_dir)
+    c = open_existing(cache_dir)
     e = _guard(lambda: c.stat(url))
     data = {**e.__dict__, "path": str(c.layout.blob_path(e.tier, e.blob))}
     out.emit({"event": "summary", **data})
@@ -143,7 +159,7 @@ def path(url: str, cache_dir: Path | None) -> None:
     Example: tar tf "$(rq cache path s3://bucket/shard-0001.tar)"
     """
     out = get_output()
-    c = open_cache(cache_dir)
+    c = open_existing(cache_dir)
     p = _guard(lambda: c.path(url))
     out.emit({"event": "summary", "url": url, "path": str(p)})
     if not out.json:
@@ -191,7 +207,7 @@ def verify(pattern: str | None, repair: bool, cache_dir: Path | None) -> None:
     Example: rq cache verify --repair
     """
     out = get_output()
-    c = open_cache(cache_dir)
+    c = open_existing(cache_dir)
     checked, problems = _guard(lambda: c.verify(pattern, repair=repair))
     for p in problems:
         out.emit({"event": "corrupt", "url": p.url, "problem": p.problem, "repaired": repair})
@@ -218,7 +234,7 @@ def evict(pattern: str, cache_dir: Path | None) -> None:
     Example: rq cache evict 's3://bucket/old/*'
     """
     out = get_output()
-    c = open_cache(cache_dir)
+    c = open_existing(cache_dir)
     done, skipped = _guard(lambda: c.evict(pattern))
     out.emit({"event": "summary", "matched": done + skipped, "evicted": done, "kept": skipped})
     if not out.json:
@@ -229,7 +245,7 @@ def evict(pattern: str, cache_dir: Path | None) -> None:
 
 def _pin(pattern: str, cache_dir: Path | None, pinned: bool) -> None:
     out = get_output()
-    c = open_cache(cache_dir)
+    c = open_existing(cache_dir)
     n = _guard(lambda: c.pin(pattern, pinned))
     out.emit({"event": "summary", "pinned" if pinned else "unpinned": n})
     if not out.json:
@@ -272,7 +288,7 @@ def clear(cache_dir: Path | None, yes: bool) -> None:
     Example: rq cache clear --yes
     """
     out = get_output()
-    c = open_cache(cache_dir)
+    c = open_existing(cache_dir)
     if not yes and sys.stdin.isatty() and not click.confirm(f"clear {c.root}?"):
         raise CliError("not cleared", ExitCode.USAGE)
     done, skipped = _guard(c.clear)

@@ -52,11 +52,12 @@ def test_a_directory_that_is_not_a_cache_is_refused_and_left_alone(tmp_path: Pat
     (scratch / "objects" / "ab" / "model.pt").write_text("mine")
     with pytest.raises(UnsafeDirError, match="not an rq cache"):
         Cache(scratch)
-    for args in (["preload", str(source)], ["cache", "clear", "--yes"]):
-        r = run_rq(*args, "--cache-dir", str(scratch))
-        assert r.returncode != 0
-        err = r.stderr.decode()
-        assert "not an rq cache" in err and len(err.strip().splitlines()) <= 2, err
+    r = run_rq("preload", str(source), "--cache-dir", str(scratch))
+    err = r.stderr.decode()
+    assert r.returncode == 2  # a --cache-dir rq must not use is a bad argument
+    assert "not an rq cache" in err and len(err.strip().splitlines()) <= 2, err
+    r = run_rq("cache", "clear", "--yes", "--cache-dir", str(scratch))
+    assert r.returncode == 3 and b"no rq cache at" in r.stderr, r.stderr
     assert (scratch / "tmp" / "notes.txt").read_text() == "mine"
     assert (scratch / "objects" / "ab" / "model.pt").read_text() == "mine"
     assert sorted(os.listdir(scratch)) == ["objects", "tmp"]  # no index was created in it

@@ -187,3 +187,11 @@ def test_a_preload_bigger_than_its_tier_says_so(cache_dir: Path, src: Path, tier
         "preload", str(src), "--json", "--tier", tier, "--cache-dir", str(cache_dir), "--disk-limit", "1M"
     )
     assert json_lines(again.stdout)[-1][key] == 0 and b"did not stay" not in again.stderr
+
+
+def test_inspecting_a_cache_that_does_not_exist_says_so_and_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "typo"
+    for args in (["ls"], ["du"], ["verify"], ["evict", "x"], ["clear", "--yes"]):
+        r = run_rq("cache", *args, "--cache-dir", str(missing))
+        assert r.returncode == 3 and b"no rq cache at" in r.stderr, (args, r.stderr)
+    assert not missing.exists()  # it used to create an empty cache (and a /dev/shm root) there
