@@ -274,12 +274,15 @@ def _default_format(fmt: str | None) -> str:
     return "table" if sys.stdout.isatty() else "json"
 
 
-def _emitters(writer: Writer | None, sink: Sink | None) -> Any:
+def _emitters(writer: Writer | None, sink: Sink | None, keep_time: bool) -> Any:
+    """keep_time: `tail --record` captures records with their own (arrival) times; `replay
+    --to-topic` republishes them as new traffic, stamped when appended."""
+
     def emit(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
         if writer is not None:
             writer(records, decoded)
         if sink is not None:
-            sink.append([(r[1], r[2], r[3], r[4]) for r in records])
+            sink.append([(r[1] if keep_time else None, r[2], r[3], r[4]) for r in records])
 
     return emit
 
@@ -539,7 +542,7 @@ def tail(
             req.skip_corrupt = skip_corrupt
             req.decode_values = writer.needs_decode
             try:
-                res = run(source, req, _emitters(writer, sink))
+                res = run(source, req, _emitters(writer, sink, keep_time=True))
             except ReaderLeft:
                 return
         finally:
@@ -743,7 +746,7 @@ def replay(
                             committed_to[:] = [r.next_offset]
                             last_commit[0] = time.monotonic()
 
-                    run(source, req, _emitters(writer, sink), res, progress)
+                    run(source, req, _emitters(writer, sink, keep_time=False), res, progress)
             except ReaderLeft:
                 # What the reader never read is not consumed: no commit, no spec, exit 0 (like `| head`).
                 reader_left = True

@@ -316,6 +316,15 @@ def test_rate_original_keeps_spacing_and_to_topic_republishes(env: dict[str, str
     assert r.stdout == b"a\nb\n"
 
 
+def test_to_topic_gives_the_copies_new_timestamps(env: dict[str, str]) -> None:
+    with LogWriter(Path(env["RQ_TOPICS_DIR"]) / "old") as w:
+        w.append([(1_000, b"k", (("h", b"v"),), b"from 1970")])
+    before = int(time.time() * 1000)
+    assert run_rq("replay", "old", "--to-topic", "new", env=env).returncode == 0
+    (rec,) = jlines(run_rq("replay", "new", "--format", "json", env=env).stdout)
+    assert rec["timestamp"] >= before and (rec["key"], rec["value"]) == ("k", "from 1970")
+
+
 def test_flipped_byte_reported_with_offset_and_skip_corrupt(env: dict[str, str]) -> None:
     produce(env, "rot", b"".join(b"record-%05d\n" % i for i in range(3000)))
     seg = next((Path(env["RQ_TOPICS_DIR"]) / "rot").glob("*.log"))
