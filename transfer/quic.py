@@ -40,7 +40,7 @@ PRE_AUTH_QUEUE = 4
 # 32 MiB) and its header. Only bytes that really arrived in the moment before the verdict count.
 PRE_AUTH_HOLD = 32 * 1024 * 1024 + 1024
 # Streams that have not authenticated, at once, per listener; more are refused (no thread each).
-MAX_UNAUTHENTICATED = 64
+MAX_UNAUTHENTICATED = 256
 STOPPED = 0x100  # application error code in STOP_SENDING: the receiver wants no more on this stream
 
 

@@ -24,7 +24,8 @@ from transfer.transport import Channel, ConnectOptions, ListenOptions
 
 # Connections that have not yet proved they know the token, at once (one thread and one descriptor
 # each); more are closed as soon as they are accepted. ListenOptions.extra["max_unauthenticated"].
-MAX_UNAUTHENTICATED = 64
+# Room for a big sender's channels, which all handshake at once (--connections x --streams).
+MAX_UNAUTHENTICATED = 256
 # accept() errors that say the process or system is out of something another connection's end will
 # give back: wait and accept again instead of giving up on the listener
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
