@@ -7,6 +7,7 @@ sender, wrong token, disk full) closes its channels with an ERROR frame and leav
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 import time
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transfer.errors import PeerUnreachableError, TransferError
+from transfer.errors import NoSpaceError, PeerUnreachableError, TransferError
 from transfer.events import (
     ChunkMoved,
     ChunkResent,
@@ -260,8 +261,17 @@ class Receiver:
                 with contextlib.suppress(Exception):
                     self._send(ch, core)
                 self.on_event(TransferFailed(str(exc), exc.code))
-        except (TimeoutError, OSError):
-            pass  # the sender went away; what is durable stays, the sender resumes
+        except TimeoutError:
+            pass  # the sender went quiet; what is durable stays, the sender resumes
+        except OSError as exc:
+            # Drivers report a lost peer as PeerUnreachableError: an OSError here is this side's
+            # disk (a read-only or immutable DEST, EIO, a commit that cannot place a file). Silence
+            # would leave the sender retrying and then blaming the network.
+            err = self._disk_error(exc)
+            core.fail(err)
+            with contextlib.suppress(Exception):
+                self._send(ch, core)
+            self.on_event(TransferFailed(str(err), err.code))
         finally:
             with contextlib.suppress(Exception):
                 writer.close()  # a write that failed is not journalled; the error was or will be seen
@@ -273,6 +283,22 @@ class Receiver:
                 self._release(shared.plan.manifest.transfer_id, shared)
             with contextlib.suppress(Exception):
                 ch.close()
+
+    def _disk_error(self, exc: OSError) -> TransferError:
+        """The receiver's own OSError as what the sender is told: its strerror and the path
+        relative to DEST (the receiver's layout is none of the sender's business)."""
+        where = ""
+        if isinstance(exc.filename, str | bytes):
+            shown = os.fsdecode(exc.filename)
+            if os.path.isabs(shown):  # relative names were opened against DEST's descriptor already
+                dest = os.path.abspath(self.store.dest)
+                inside = shown.startswith(dest + os.sep)
+                shown = os.path.relpath(shown, dest) if inside else os.path.basename(shown)
+            where = f" {shown!r}" if shown.isprintable() else f" {shown!a}"
+        reason = exc.strerror or type(exc).__name__
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return NoSpaceError(f"receiver disk is full writing{where}: {reason}")
+        return TransferError(f"receiver cannot write{where or ' its destination'}: {reason}")
 
     def _completed(self, manifest: Manifest) -> bool:
         with self._lock:

@@ -350,6 +350,55 @@ def test_disk_full_then_resume_after_space_is_freed(tmp_path: Path, small_disk: 
     assert _sha(dest / "model.bin") == _sha(src)
 
 
+@contextlib.contextmanager
+def _immutable(path: Path) -> Iterator[None]:
+    """chattr +i: even root cannot create files in it (a read-only mode bit would not stop root)."""
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False).returncode:
+        pytest.skip("chattr +i is not supported here")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True, check=False)
+
+
+def test_receiver_disk_error_is_reported_not_taken_for_a_lost_peer(tmp_path: Path) -> None:
+    """EPERM writing the manifest on the receiver closed the channel silently: the sender retried
+    and ended with exit 6, "is rq recv running there?". Now the sender gets the receiver's strerror
+    in an ERROR frame (exit 1) and rq recv prints one line about it."""
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(100_000))
+    dest = tmp_path / "dst"
+    (dest / ".rq-partial").mkdir(parents=True)
+    with _immutable(dest / ".rq-partial"):
+        recv = Recv(dest, tmp_path / "cert", "tcp").start()
+        try:
+            proc = send([src], recv, "--retry-for", "5")
+        finally:
+            _, _, recv_err = recv.stop()
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert "Operation not permitted" in err and "is `rq recv` running there" not in err, err
+    assert str(tmp_path) not in err  # the receiver's own paths stay on the receiver
+    refused = [line for line in recv_err.splitlines() if "refused a transfer" in line]
+    assert len(refused) == 1 and "Operation not permitted" in refused[0], recv_err
+
+
+def test_receiver_disk_errors_name_the_kind_and_keep_paths_inside_dest(tmp_path: Path) -> None:
+    import errno
+
+    from transfer.errors import NoSpaceError, TransferError
+    from transfer.receiver import Receiver
+
+    rc = Receiver(tmp_path / "dst", b"t")
+    try:
+        full = rc._disk_error(OSError(errno.EDQUOT, "Disk quota exceeded", str(tmp_path / "dst" / "a" / "b")))
+        assert isinstance(full, NoSpaceError) and "'a/b': Disk quota exceeded" in str(full)
+        ro = rc._disk_error(OSError(errno.EROFS, "Read-only file system", "/elsewhere/x\x1b[2J"))
+        assert type(ro) is TransferError and str(tmp_path) not in str(ro) and "\x1b" not in str(ro)
+    finally:
+        rc.close()
+
+
 # -- a hostile sender ----------------------------------------------------------------------------
 
 
