@@ -274,15 +274,19 @@ def _default_format(fmt: str | None) -> str:
     return "table" if sys.stdout.isatty() else "json"
 
 
-def _emitters(writer: Writer | None, sink: Sink | None, keep_time: bool) -> Any:
+def _emitters(writer: Writer | None, sink: Sink | None, keep_time: bool, stops: _Stops | None = None) -> Any:
     """keep_time: `tail --record` captures records with their own (arrival) times; `replay
-    --to-topic` republishes them as new traffic, stamped when appended."""
+    --to-topic` republishes them as new traffic, stamped when appended. With `stops`, a Ctrl-C or
+    SIGTERM waits for the records being written out, which then count as consumed."""
 
     def emit(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
-        if writer is not None:
-            writer(records, decoded)
-        if sink is not None:
-            sink.append([(r[1] if keep_time else None, r[2], r[3], r[4]) for r in records])
+        with stops.held() if stops is not None else contextlib.nullcontext():
+            if writer is not None:
+                writer(records, decoded)
+            if sink is not None:
+                sink.append([(r[1] if keep_time else None, r[2], r[3], r[4]) for r in records])
+            if stops is not None:
+                stops.emitted_to = max(stops.emitted_to, records[-1][0] + 1)
 
     return emit
 
@@ -670,8 +674,9 @@ def replay(
             check_group_name(group)
         if commit and not group:
             raise CliError("--commit needs --group", ExitCode.USAGE)
-        if commit:
-            _stop_like_ctrl_c_on_sigterm()
+        stops = _Stops() if commit else None
+        if stops is not None:
+            stops.install()
         if save_spec is not None and not save_spec.absolute().parent.is_dir():
             # Found out before replaying (and committing), not after: the spec is the point.
             raise CliError(
@@ -746,14 +751,17 @@ def replay(
                             committed_to[:] = [r.next_offset]
                             last_commit[0] = time.monotonic()
 
-                    run(source, req, _emitters(writer, sink, keep_time=False), res, progress)
+                    run(source, req, _emitters(writer, sink, False, stops), res, progress)
             except ReaderLeft:
                 # What the reader never read is not consumed: no commit, no spec, exit 0 (like `| head`).
                 reader_left = True
             finally:
-                if commit and group and res.next_offset > start and not reader_left:
-                    source.commit(group, res.next_offset)
-                    committed_to[:] = [res.next_offset]
+                # Records written out before a Ctrl-C/SIGTERM count even if the read loop had not
+                # moved its position past them yet.
+                reached = max(res.next_offset, stops.emitted_to if stops is not None else 0)
+                if commit and group and reached > start and not reader_left:
+                    source.commit(group, reached)
+                    committed_to[:] = [reached]
             if reader_left:
                 return
         finally:
@@ -806,15 +814,38 @@ def replay(
             )
 
 
-def _stop_like_ctrl_c_on_sigterm() -> None:
-    """Service managers (systemd, Kubernetes) stop a `replay -f --commit` consumer with SIGTERM: it
-    must store its position then, as on Ctrl-C, not die with up to a second of reads uncommitted
-    (or, when the topic went quiet, everything since the last record)."""
+class _Stops:
+    """Ctrl-C and SIGTERM for `replay --commit`. Service managers (systemd, Kubernetes) stop a
+    consumer with SIGTERM: it must store its position then, as on Ctrl-C, not die with up to a
+    second of reads uncommitted. A signal that lands while records are being written out is held
+    until they are out (then they count as consumed, not re-read or, worse, half-shown and
+    skipped); a second one does not wait (a writer blocked on a stalled pipe)."""
 
-    def interrupt(_signum: int, _frame: object) -> None:
+    def __init__(self) -> None:
+        self.busy = False
+        self.pending = False
+        self.emitted_to = 0  # offset after the last record written out
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._interrupt)
+        signal.signal(signal.SIGINT, self._interrupt)
+
+    def _interrupt(self, _signum: int, _frame: object) -> None:
+        if self.busy and not self.pending:
+            self.pending = True
+            return
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGTERM, interrupt)
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        self.busy = True
+        try:
+            yield
+        finally:
+            self.busy = False
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
 
 
 def _check_saved_range(source: Source, saved: ReplaySpec) -> None:
