@@ -8,6 +8,8 @@ A record is a plain tuple in the hot path (constructing a NamedTuple per record 
 from __future__ import annotations
 
 import base64
+import json
+import re
 from typing import Any
 
 import orjson
@@ -40,3 +42,34 @@ def encode_bytes_field(value: str | None, encoding: str) -> bytes | None:
     if encoding == "base64":
         return base64.b64decode(value, validate=True)
     return value.encode("utf-8")
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+_SCAN = json.JSONDecoder()
+
+
+def json_value_bytes(line: bytes, parsed: Any) -> bytes:
+    """The bytes of the "value" member of a JSON line (already parsed whole, so valid JSON), as
+    written: re-serialising what orjson parsed would turn -0 into 0, 1e2 into 100.0 and an integer
+    past 64 bits into a float. The common case (a value orjson writes back the same, at the end of
+    a line as `rq tail --format json` prints it) costs one dumps; others are cut out of the line."""
+    dumped = orjson.dumps(parsed)
+    if line.rstrip().endswith(b'"value":' + dumped + b',"value_encoding":"json"}'):
+        return dumped
+    text = line.decode("utf-8")
+    raw = None
+    i = _WS.match(text, 0).end() + 1  # type: ignore[union-attr]  # after the '{'
+    while True:
+        i = _WS.match(text, i).end()  # type: ignore[union-attr]
+        if text[i] == "}":
+            break
+        name, i = _SCAN.raw_decode(text, i)
+        i = _WS.match(text, i).end() + 1  # type: ignore[union-attr]  # after the ':'
+        i = _WS.match(text, i).end()  # type: ignore[union-attr]
+        _, end = _SCAN.raw_decode(text, i)
+        if name == "value":
+            raw = text[i:end]  # the last one wins, as in orjson
+        i = _WS.match(text, end).end()  # type: ignore[union-attr]
+        if text[i] == ",":
+            i += 1
+    return dumped if raw is None else raw.encode("utf-8")

@@ -64,7 +64,12 @@ def record_json(rec: Record, decoded: Decoded | None, fields: list[Path] | None)
         if b64:
             obj["key_encoding"] = "base64"
     obj["headers"] = headers_json(headers) if headers else {}
-    obj["value"] = dv
+    if enc == "json" and fields is None:
+        # The value as stored: what orjson parsed may not write back the same (-0, 1e2, integers
+        # past 64 bits become floats). Raw line breaks in JSON can only be whitespace.
+        obj["value"] = orjson.Fragment(bytes(value).replace(b"\n", b" ").replace(b"\r", b" "))
+    else:
+        obj["value"] = dv
     obj["value_encoding"] = enc
     return obj
 

@@ -42,7 +42,7 @@ from topics.paths import Path as FieldPath
 from topics.paths import parse_fields
 from topics.pipeline import Rate, Request, Result, run
 from topics.plan import parse_window, resolve_window
-from topics.record import Headers, Record, encode_bytes_field, encode_value
+from topics.record import Headers, Record, encode_bytes_field, encode_value, json_value_bytes
 from topics.render import Decoded, Renderer, make_renderer
 from topics.savedspec import ReplaySpec
 from topics.sources import Sink, Source, open_sink, open_source, parse_topic
@@ -323,7 +323,12 @@ def _json_record(line: bytes, lineno: int) -> tuple[bytes | None, Headers, bytes
             raise ValueError(
                 'each line must be an object with a "value" (the shape `rq tail --format json` prints)'
             )
-        value = encode_value(obj["value"], obj.get("value_encoding", "json"))
+        encoding = obj.get("value_encoding", "json")
+        value = (
+            json_value_bytes(line, obj["value"])
+            if encoding == "json"
+            else encode_value(obj["value"], encoding)
+        )
         key = encode_bytes_field(obj.get("key"), obj.get("key_encoding", "text"))
         headers: list[tuple[str, bytes]] = []
         for name, v in (obj.get("headers") or {}).items():

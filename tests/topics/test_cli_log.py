@@ -118,8 +118,7 @@ def test_binary_and_non_utf8_roundtrip_json_and_raw(env: dict[str, str]) -> None
     assert [{k: v for k, v in x.items() if k != "timestamp"} for x in copy] == strip
     # raw: the exact bytes, each followed by the separator
     r3 = run_rq("replay", "bin-copy", "--from", "start", "--format", "raw", "-0", env=env)
-    expect = [*payloads[:4], b'{"a":[1,2]}', *payloads[5:]]  # a JSON value comes back compact
-    assert r3.stdout == b"".join(p + b"\0" for p in expect)
+    assert r3.stdout == b"".join(p + b"\0" for p in payloads)  # JSON values too, spaces and all
     r3 = run_rq("replay", "bin", "--from", "start", "--format", "raw", env=env)
     assert r3.stdout == b"".join(p + b"\n" for p in payloads)
     # NUL-separated raw values survive a round trip through produce -0
@@ -507,3 +506,26 @@ def test_a_saved_spec_keeps_a_relative_topic_path_absolute(env: dict[str, str], 
     assert json.loads((work / "s.json").read_text())["source"] == str(work / "events")
     r = run_rq("replay", "--spec", str(work / "s.json"), "--format", "raw", env=env, cwd=other)
     assert (r.returncode, r.stdout) == (0, b"a\nb\n"), r.stderr
+
+
+def test_json_copy_keeps_numbers_as_written(env: dict[str, str]) -> None:
+    values = [b"-0", b"1e2", b'{"a":-0,"b":1.50}', b"123456789012345678901234567890", b'{"value":[-0.0]}']
+    produce(env, "nums", b"\n".join(values) + b"\n")
+    for where in ([], ["--where", "true"]):  # the second re-renders decoded values
+        r = rq_piped(
+            f"tail nums -n 9 --format json {' '.join(where)} | {' '.join(rq_command())} produce c{len(where)} --format json",
+            env,
+        )
+        assert r.returncode == 0, r.stderr
+        r = run_rq("tail", f"c{len(where)}", "-n", "9", "--format", "raw", env=env)
+        assert r.stdout.splitlines() == values
+    r = run_rq(
+        "produce",
+        "ws",
+        "--format",
+        "json",
+        env=env,
+        input=b'{ "headers": {"value": "h"}, "value" : { "a" : 1E5 } }\n',
+    )
+    assert r.returncode == 0, r.stderr
+    assert run_rq("tail", "ws", "--format", "raw", env=env).stdout == b'{ "a" : 1E5 }\n'
