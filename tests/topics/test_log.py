@@ -106,8 +106,8 @@ def test_torn_tail_is_truncated_on_open_and_never_served(tmp_path: Path) -> None
         assert seg.stat().st_size == good_size
         assert w.append([(None, None, (), b"after")]) == (300, 300)
     assert read_all(TopicLog(t))[-1][4] == b"after"
-    with open(seg, "ab") as fh:
-        fh.write(b"\0" * 8192)  # a file extended by a crash before its data reached the disk
+    with open(seg, "ab") as fh:  # a file extended by a crash before its data reached the disk
+        fh.write(fmt.encode_batch(301, [(None, None, (), b"lost")], [1])[:20] + b"\0" * 8192)
     assert TopicLog(t).end_offset() == 301
     with LogWriter(t) as w:
         assert w.append([(None, None, (), b"again")]) == (301, 301)

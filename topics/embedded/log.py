@@ -231,14 +231,15 @@ def _tail_kind(buf: Any, pos: int, size: int) -> str:
     and no valid batch follows.
 
     'torn': a write cut short (the file ends before the batch's declared length, or inside its
-    header: kill -9 or a crash mid-pwrite leaves a prefix of the batch), or zeros (a file extended
-    without its data reaching the disk). Never acknowledged: truncated by the writer, not served.
+    header: kill -9 or a crash mid-pwrite leaves a prefix of the batch), or zeros after at most a
+    header's worth of bytes (a file extended without its data reaching the disk). Never
+    acknowledged: truncated by the writer, not served.
     'framed': a full-length batch whose header is damaged; its records frame it.
     'damaged': anything else. A crash cannot leave a full-length batch with bad contents, so this
     is damage to acknowledged data: reported, never truncated.
     """
-    if size - pos < fmt.BATCH_SIZE or _all_zero(buf, pos, size):
-        return "torn"
+    if size - pos < fmt.BATCH_SIZE or _all_zero(buf, pos + fmt.BATCH_SIZE, size):
+        return "torn"  # a real batch's records (a length field >= 32 each) are never all zeros
     if fmt.read_batch_header(buf, pos) is not None:
         return "torn"  # a valid header whose batch runs past the end of the file
     return "framed" if _framed_by_records(buf, pos, size) is not None else "damaged"
