@@ -44,6 +44,7 @@ def encode_bytes_field(value: str | None, encoding: str) -> bytes | None:
     return value.encode("utf-8")
 
 
+_TAIL_END = b',"value_encoding":"json"}'
 _WS = re.compile(r"[ \t\n\r]*")
 _SCAN = json.JSONDecoder()
 
@@ -54,8 +55,23 @@ def json_value_bytes(line: bytes, parsed: Any) -> bytes:
     past 64 bits into a float. The common case (a value orjson writes back the same, at the end of
     a line as `rq tail --format json` prints it) costs one dumps; others are cut out of the line."""
     dumped = orjson.dumps(parsed)
-    if line.rstrip().endswith(b'"value":' + dumped + b',"value_encoding":"json"}'):
-        return dumped
+    line = line.rstrip()
+    if line.endswith(_TAIL_END):
+        if line.endswith(b'"value":' + dumped + _TAIL_END):
+            return dumped
+        # The value ends where the line's last member begins. It starts after the leftmost
+        # `,"value":` from which the rest parses: such bytes cannot sit inside a string (the quotes
+        # would be escaped), and one inside the headers leaves their closing brace unbalanced.
+        stop = len(line) - len(_TAIL_END)
+        at = line.find(b',"value":')
+        while 0 <= at < stop:
+            cut = line[at + 9 : stop]
+            try:
+                if orjson.loads(cut) == parsed:
+                    return cut
+            except orjson.JSONDecodeError:
+                pass
+            at = line.find(b',"value":', at + 1)
     text = line.decode("utf-8")
     raw = None
     i = _WS.match(text, 0).end() + 1  # type: ignore[union-attr]  # after the '{'
