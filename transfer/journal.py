@@ -42,6 +42,18 @@ def parse(data: bytes, key: str, size: int, chunk_size: int, chunks: int) -> dic
     return have
 
 
+def recorded(dir_fd: int, name: str, key: str, size: int, chunk_size: int, chunks: int) -> dict[int, bytes]:
+    """A journal's records, read without creating or resetting it ({} if absent or another version's)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return {}
+    try:
+        return parse(_read_all(fd), key, size, chunk_size, chunks) or {}
+    finally:
+        os.close(fd)
+
+
 class Journal:
     """One file's journal (relative to the state directory's descriptor). It holds no descriptor open
     between calls, so a transfer of 100,000 files needs no more than a handful at any time."""
@@ -65,14 +77,7 @@ class Journal:
 
     def reload(self) -> dict[int, bytes]:
         """Everything recorded so far, including records other processes appended."""
-        try:
-            fd = os.open(self.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
-        except FileNotFoundError:
-            return {}
-        try:
-            return parse(_read_all(fd), *self._args) or {}
-        finally:
-            os.close(fd)
+        return recorded(self.dir_fd, self.name, *self._args)
 
     def append(self, records: list[tuple[int, bytes]]) -> None:
         if not records:

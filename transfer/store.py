@@ -34,7 +34,7 @@ from transfer.errors import (
     UnsafeNameError,
     VerifyError,
 )
-from transfer.journal import Journal
+from transfer.journal import Journal, recorded
 from transfer.manifest import FileEntry, Limits, Manifest, parse_manifest
 from transfer.names import STATE_DIR_NAME, display_name, validate_name
 
@@ -42,6 +42,11 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # Below this a second open() costs more than the page-cache copy it saves.
 _DIRECT_MIN = 256 * 1024
+
+
+def unlink_quiet_at(name: str, dir_fd: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dir_fd)
 
 
 @contextlib.contextmanager
@@ -134,7 +139,8 @@ class Plan:
         # Placing files is a redo log: once the commit marker is durable, every .part is verified
         # and only waits to be moved, so a receiver killed halfway finishes the job when the sender
         # re-runs (Store.completed) instead of trusting journals whose .part files already moved.
-        self.store._write_state_file(f"{self.manifest.transfer_id}.commit.json", b"{}")
+        marker = orjson.dumps({"roots": roots})
+        self.store._write_state_file(f"{self.manifest.transfer_id}.commit.json", marker)
         self.store.place_all(self.manifest, overwrite)
         self.store.forget(self)
         return self.manifest.total_bytes
@@ -186,9 +192,8 @@ class Store:
         A commit that a crash interrupted (marker written, files partly placed) is finished now."""
         tid = manifest.transfer_id
         name = f"{tid}.done.json"
-        if self._exists(f"{tid}.commit.json"):
-            with _disk_errors():
-                self.place_all(manifest, self.overwrite)
+        with _disk_errors():
+            self._redo_commit(manifest)
         if not self._exists(name):
             return False
         for entry in manifest.files:
@@ -196,6 +201,37 @@ class Store:
                 os.unlink(name, dir_fd=self.state_fd)  # moved or deleted since: send it again
                 return False
         return True
+
+    def _redo_commit(self, manifest: Manifest) -> None:
+        """Finishes a commit a crash cut short, if every file it had not yet placed still waits
+        as the complete .part it verified. A .part is named by its file's key, which another
+        transfer of the same file version shares: if such a transfer recreated and partly wrote
+        it since, this commit cannot be finished any more and is dropped (its files are then
+        planned again like any transfer), never placed half-written."""
+        marker = f"{manifest.transfer_id}.commit.json"
+        try:
+            fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
+        except FileNotFoundError:
+            return
+        with os.fdopen(fd, "rb") as fh:
+            try:
+                roots = orjson.loads(fh.read()).get("roots")
+            except (orjson.JSONDecodeError, AttributeError):
+                roots = None
+        cs = manifest.chunk_size
+        ok = isinstance(roots, list) and len(roots) == len(manifest.files)
+        for entry, root in zip(manifest.files, roots if ok else [], strict=False):
+            if not self._exists(f"{entry.key}.part"):
+                continue  # placed before the crash
+            chunks = entry.chunks(cs)
+            have = recorded(self.state_fd, f"{entry.key}.journal", entry.key, entry.size, cs, chunks)
+            if len(have) != chunks or root_digest([have[k] for k in range(chunks)]).hex() != root:
+                ok = False
+                break
+        if ok:
+            self.place_all(manifest, self.overwrite)
+        else:
+            unlink_quiet_at(marker, self.state_fd)
 
     def _exists(self, name: str) -> bool:
         try:
@@ -312,8 +348,10 @@ class Store:
                     for suffix in (".part", ".journal"):
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(f"{f.key}{suffix}", dir_fd=self.state_fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(entry, dir_fd=self.state_fd)
+            # the older transfer's commit, if a crash cut it short, cannot be finished any more:
+            # this one may rewrite the .part files it would place
+            unlink_quiet_at(f"{old.transfer_id}.commit.json", self.state_fd)
+            unlink_quiet_at(entry, self.state_fd)
         return restarted
 
     def _write_state_file(self, name: str, data: bytes) -> None:
@@ -435,10 +473,12 @@ class Store:
         except FileExistsError:
             st = os.stat(final, dir_fd=parent, follow_symlinks=False)
             if not self._is_our_link(st, entry.key):
+                if not self._exists(src):
+                    return  # another process of this receiver placed it a moment ago
                 raise ExistsError(
-                    f"{display_name(entry.name)} appeared in the destination meanwhile"
+                    f"{display_name(entry.name)} already exists in the destination (pass --overwrite to replace it)"
                 ) from None
-        os.unlink(src, dir_fd=self.state_fd)
+        unlink_quiet_at(src, self.state_fd)
 
     def forget(self, plan: Plan) -> None:
         self._forget_state(plan.manifest)

@@ -240,3 +240,52 @@ def test_aligned_chunks_bypass_the_page_cache_and_the_tail_does_not(tmp_path: Pa
     assert cs // mmap.PAGESIZE <= resident <= cs // mmap.PAGESIZE + 2
     assert plan.finalize([codec.root_digest(digests).hex()], overwrite=False) == size
     assert (tmp_path / "w.bin").read_bytes() == data
+
+
+def test_a_cut_short_commit_never_places_a_part_another_transfer_rewrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by a review of the redo log: T1 = {a, b} dies after placing a; T2 = {a, b, c} (the
+    same a, so the same .part name) starts over a's .part and is interrupted; T1 sent again must
+    not 'finish' its commit by placing T2's half-written .part over the good a."""
+    a, b, c = os.urandom(3 * CS), os.urandom(CS + 5), os.urandom(100)
+    entries = [
+        FileEntry(name=n, size=len(d), mode=0o644, key=file_key(n, len(d), 1, i, CS))
+        for i, (n, d) in enumerate([("a", a), ("b", b), ("c", c)])
+    ]
+    t1, t2 = make_manifest(CS, entries[:2]), make_manifest(CS, entries)
+
+    def send(store: Store, m: Manifest, datas: list[bytes], stop_after_first_of_a: bool = False) -> list[str]:
+        plan, roots = store.plan(m), []
+        for f, data in enumerate(datas):
+            digests = [codec.digest(data[k * CS : (k + 1) * CS]) for k in range(m.files[f].chunks(CS))]
+            for k, dig in enumerate(digests):
+                if stop_after_first_of_a and f == 0 and k > 0:
+                    break
+                if not plan.has(f, k):
+                    plan.write(f, k, data[k * CS : (k + 1) * CS])
+                    plan.make_durable([(f, k, dig)])
+            roots.append(codec.root_digest(digests).hex())
+        plan.close()
+        return roots
+
+    store = Store(tmp_path, overwrite=True)
+    roots = send(store, t1, [a, b])
+    place = Store.place
+
+    def place_then_die(self: Store, entry: FileEntry, overwrite: bool) -> None:
+        place(self, entry, overwrite)
+        raise _Killed
+
+    monkeypatch.setattr(Store, "place", place_then_die)
+    with pytest.raises(_Killed):
+        store.plan(t1).finalize(roots, True)
+    monkeypatch.setattr(Store, "place", place)
+    assert not store.completed(t2)
+    send(store, t2, [a, b, c], stop_after_first_of_a=True)
+    assert (tmp_path / "a").read_bytes() == a
+    assert not store.completed(t1)  # it placed T2's partial .part and answered "complete"
+    assert (tmp_path / "a").read_bytes() == a
+    roots = send(store, t1, [a, b])  # T1 then resumes like any transfer and finishes
+    store.plan(t1).finalize(roots, True)
+    assert (tmp_path / "a").read_bytes() == a and (tmp_path / "b").read_bytes() == b
