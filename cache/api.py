@@ -95,16 +95,33 @@ class Cache:
         self._prefetcher: Prefetcher | None = None
         index = Index(self.root / "index.sqlite3")
         try:
-            ram_root = (
-                Path(ram_dir) if ram_dir else Path(index.setting("ram_root") or default_ram_root(self.root))
-            )
+            known = index.setting("ram_root")
+            ram_root = Path(ram_dir) if ram_dir else Path(known or default_ram_root(self.root))
+            if known != str(ram_root) and ram_dir is not None:
+                check_cache_dir(ram_root, "RAM tier directory")  # a directory given to us: empty
             self.layout = Layout(self.root, ram_root)
-            self.layout.create()
-            if index.setting("ram_root") != str(ram_root):
-                index.set_setting("ram_root", str(ram_root))
+            self.layout.create(tighten=ram_dir is None)
+            if known != str(ram_root):
+                self._adopt_ram_root(index, ram_root)
             self.caps = self._caps(index, ram_limit, disk_limit)
         finally:
             index.close()
+
+    def _adopt_ram_root(self, index: Index, ram_root: Path) -> None:
+        """Records the RAM root. rq's default root is named after the cache dir, so one that has
+        files while this index knows none of them is left by a cache removed with `rm -rf`:
+        those files are nobody's, and would sit on tmpfs outside any cap. The check runs in the
+        index's write lock, so files another process is landing under its holds are never taken."""
+        with index.write() as db:
+            if index.setting("ram_root") == str(ram_root):
+                return  # another process adopted it meanwhile
+            ours = db.execute("SELECT COUNT(*) FROM entries WHERE tier = 'ram'").fetchone()[0]
+            held = db.execute("SELECT COUNT(*) FROM holds WHERE tier = 'ram'").fetchone()[0]
+            if not ours and not held and ram_root == default_ram_root(self.root):
+                Store.sweep_tree(ram_root)
+            db.execute(
+                "INSERT OR REPLACE INTO settings (key, value) VALUES ('ram_root', ?)", (str(ram_root),)
+            )
 
     def _caps(
         self, index: Index, ram_limit: int | str | None, disk_limit: int | str | None

@@ -123,8 +123,8 @@ def _entry(row: tuple[object, ...]) -> Entry:
 
 
 def _index_error(path: Path, exc: sqlite3.Error) -> CacheError:
-    if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-        return CacheError(f"cache index {path}: {exc}")
+    if isinstance(exc, sqlite3.OperationalError):  # locked, read-only, no permission: not damage
+        return CacheError(f"cannot use the cache index {path}: {exc}")
     return CacheError(
         f"cache index {path} cannot be used ({exc}); every cached file can be fetched again: "
         f"remove {path.parent} to start the cache over"

@@ -62,8 +62,8 @@ class Layout:
         in the same file system as objects/ so the final rename is atomic."""
         return self.tier_root(tier) / "tmp" / (blob_hash(blob) + suffix)
 
-    def create(self) -> None:
-        check_private_dir(self.ram_root)
+    def create(self, tighten: bool = False) -> None:
+        check_private_dir(self.ram_root, tighten)
         for tier in TIERS:
             for sub in ("objects", "tmp"):
                 (self.tier_root(tier) / sub).mkdir(parents=True, exist_ok=True)
@@ -75,27 +75,32 @@ class Layout:
                 pass  # informational only; a read-only or odd file system is fine without it
 
 
-def check_cache_dir(root: Path) -> None:
+def check_cache_dir(root: Path, what: str = "") -> None:
     """Refuses to adopt a directory that holds someone's files: rq sweeps a cache's tmp/ and
     objects/ of whatever it does not know, so pointing --cache-dir at a project directory by
-    mistake must fail, not delete. A cache is a directory with our index, or an empty one."""
+    mistake must fail, not delete. A cache is a directory with our index, or an empty one; a RAM
+    directory given to a new cache (`what`) must be empty."""
     try:
         names = os.listdir(root)
     except FileNotFoundError:
         return
     except NotADirectoryError:
         raise UnsafeDirError(f"{root} is not a directory") from None
+    if what and names:
+        raise UnsafeDirError(f"{what} {root} is not empty; give the cache a new or empty one")
     if names and INDEX_NAME not in names:
         raise UnsafeDirError(
-            f"{root} is not an rq cache (no {INDEX_NAME}) and is not empty; "
-            "choose a new or empty directory for the cache"
+            f"{root} is not an rq cache (no {INDEX_NAME}) and is not empty; choose a new or empty "
+            "directory for the cache (an rq cache whose index was lost can be removed)"
         )
 
 
-def check_private_dir(path: Path) -> None:
+def check_private_dir(path: Path, tighten: bool = False) -> None:
     """The RAM root sits in /dev/shm under a name anyone can predict: another user could plant it
     (or symlinks inside it) and have our sweeps delete their choice of files. It must be a real
-    directory owned by us that nobody else can write; a new one is made 0700."""
+    directory owned by us that nobody else can write; a new one is made 0700, and with `tighten`
+    (rq's own default root, which older versions made under the umask) an existing group-writable
+    one of ours is made 0700 rather than refused."""
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -111,7 +116,9 @@ def check_private_dir(path: Path) -> None:
             f"RAM tier directory {path} belongs to uid {st.st_uid}, not to you; refusing to use it "
             "(remove it, or give the cache another ram_dir)"
         )
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if st.st_mode & stat.S_IWGRP and not st.st_mode & stat.S_IWOTH and tighten:
+        os.chmod(path, 0o700)  # 0775 from an older rq under umask 002 (one's own group)
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeDirError(
             f"RAM tier directory {path} is writable by other users; refusing to use it (chmod go-w it)"
         )

@@ -160,7 +160,10 @@ class Store:
         """Evicts (RAM: demotes) LRU entries until each tier is within its cap again: a limit set
         lower than what the tier holds takes effect at once, not only at the next reservation."""
         for tier in ("ram", "disk"):
-            self.reserve(tier, [])
+            # best effort: pinned or open entries over a lowered cap wait for their turn, and a
+            # preload that writes only to the other tier must not fail because of them
+            with contextlib.suppress(CacheFullError):
+                self.reserve(tier, [], patience=0.0)
 
     def _add_or_adopt(self, db: sqlite3.Connection, tier: str, spec: HoldSpec) -> int:
         """A new hold, or an orphaned landing hold of the same blob (a resumable partial download)."""
@@ -441,6 +444,15 @@ class Store:
         for name in self._listdir(tmp):
             if name.startswith(prefix):
                 unlink_quiet(tmp / name)
+
+    @classmethod
+    def sweep_tree(cls, root: Path) -> None:
+        """Removes every file under a tier root's tmp/ and objects/xx/ (never through a symlink)."""
+        for name in cls._listdir(root / "tmp"):
+            unlink_quiet(root / "tmp" / name)
+        for sub in cls._listdir(root / "objects"):
+            for name in cls._listdir(root / "objects" / sub):
+                unlink_quiet(root / "objects" / sub / name)
 
     @staticmethod
     def _listdir(path: Path) -> list[str]:

@@ -108,3 +108,32 @@ def test_sweeps_never_follow_a_symlink_inside_the_cache(
         r = run_rq(*args, "--cache-dir", str(tmp_path / "cache"))
         assert r.returncode == 0, r.stderr.decode()
     assert sorted(os.listdir(victim)) == ["a", "b"]
+
+
+def test_a_ram_dir_given_to_a_new_cache_must_be_empty(tmp_path: Path, victim: Path) -> None:
+    (victim / "tmp").mkdir()
+    (victim / "tmp" / "notes.txt").write_text("mine")
+    with pytest.raises(UnsafeDirError, match="not empty"):
+        Cache(tmp_path / "cache", ram_dir=victim)
+    assert (victim / "tmp" / "notes.txt").read_text() == "mine"
+
+
+def test_rqs_own_group_writable_ram_root_from_an_older_rq_is_tightened(tmp_path: Path, planted: Path) -> None:
+    planted.mkdir()
+    planted.chmod(0o775)  # what an older rq made under umask 002
+    Cache(tmp_path / "cache").close()
+    assert planted.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_cache_removed_with_rm_rf_leaves_no_ram_files_behind(
+    tmp_path: Path, planted: Path, source: Path
+) -> None:
+    c = Cache(tmp_path / "cache")
+    c.preload([str(source)], tier="ram")
+    assert any((planted / "objects").rglob("*-x.bin"))
+    c.close()
+    shutil.rmtree(tmp_path / "cache")  # the index is gone; the RAM root stays in /dev/shm
+    c = Cache(tmp_path / "cache")
+    assert not [p for p in (planted / "objects").rglob("*") if p.is_file()]  # orphans swept
+    assert c.preload([str(source)], tier="ram").objects == 1
+    c.close()

@@ -83,3 +83,18 @@ def test_a_name_that_is_not_utf8_fails_alone(tmp_path: Path, ram_dir: Path, orig
     assert result.objects == 4  # the whole preload used to abort with UnicodeEncodeError
     assert [(f.kind, f.url.endswith("\\xff\\xfe.bin")) for f in result.failed] == [("bad_name", True)]
     c.close()
+
+
+def test_pinned_ram_over_a_lowered_cap_does_not_stop_a_disk_preload(
+    tmp_path: Path, ram_dir: Path, origin: Path
+) -> None:
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    c.preload([str(origin)], tier="ram")
+    c.pin(str(origin) + "/")
+    c.close()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "x").write_bytes(b"x" * 1000)
+    c = Cache(tmp_path / "c", ram_dir=ram_dir, ram_limit=2 * MIB)  # below the 4 MiB pinned
+    assert c.preload([str(other)]).objects == 1  # it failed with exit 7 (ram cap) for a disk preload
+    c.close()
