@@ -20,7 +20,15 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {0x7F: "\\x7f"}
+# C0, DEL and C1 controls (0x9b is a one-byte CSI on some terminals); bidi overrides, which can
+# make a name read backwards; lone surrogates (a file name that is not UTF-8, via surrogateescape),
+# which would stop the output with UnicodeEncodeError: each shown as an escape instead.
+_CONTROL = (
+    {c: f"\\x{c:02x}" for c in [*range(32), *range(0x7F, 0xA0)]}
+    | {c: f"\\u{c:04x}" for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
+    | {c: f"\\x{c - 0xDC00:02x}" for c in range(0xDC80, 0xDD00)}
+    | {c: f"\\u{c:04x}" for c in [*range(0xD800, 0xDC80), *range(0xDD00, 0xE000)]}
+)
 
 
 def safe_text(text: str) -> str:

@@ -208,3 +208,12 @@ def test_config_string_for_a_repeatable_option_is_one_value(tmp_path: Path) -> N
     assert res.returncode == 0, res.stderr
     plans = [json.loads(x) for x in res.stdout.splitlines() if b'"plan"' in x]
     assert [p["url"].rsplit("/", 1)[1] for p in plans] == ["a.tar"]
+
+
+def test_safe_text_escapes_everything_that_could_drive_or_break_a_terminal() -> None:
+    from rqcli.output import safe_text
+
+    raw = "a\x1b[2Jb\x9b31mc\u202ed" + b"\xff.bin".decode("utf-8", "surrogateescape") + "é"
+    shown = safe_text(raw)
+    assert shown == "a\\x1b[2Jb\\x9b31mc\\u202ed\\xff.biné"
+    shown.encode("utf-8")  # printable: a lone surrogate used to stop the output with an error
