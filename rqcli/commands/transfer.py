@@ -42,6 +42,13 @@ def _size_option(_ctx: click.Context, _param: click.Parameter, value: Any) -> in
     return parse_size(value)
 
 
+def _positive_size_option(ctx: click.Context, param: click.Parameter, value: Any) -> int | None:
+    size = parse_size(value)
+    if size is not None and size < 1:
+        raise click.BadParameter(f"{value!r} must be at least 1 byte")
+    return size
+
+
 def _default_token_file() -> Path:
     return user_config_path("rq") / "transfer-token"
 
@@ -65,6 +72,10 @@ def _exit_code(exc: Exception) -> ExitCode:
     return ExitCode.FAILURE
 
 
+# QUIC needs datagrams of at least 1200 bytes (RFC 9000); qh3 takes up to 65000 and aioquic is
+# clamped to 16383 by the driver (transfer/quic.py), whatever is asked for here.
+DATAGRAM_RANGE = click.IntRange(1200, 65000)
+
 _HINTS = {
     ExitCode.AUTH: "check the token file / RQ_TOKEN and the --pin printed by `rq recv`",
     ExitCode.UNREACHABLE: "is `rq recv` running there? re-run the same command to resume",
@@ -74,9 +85,15 @@ _HINTS = {
 }
 
 
+_LIMIT_HINT = "the receiver's limits refuse it: raise --max-files / --max-bytes on `rq recv`"
+
+
 def _cli_error(exc: Exception) -> CliError:
+    from transfer.errors import LimitError
+
     code = _exit_code(exc)
-    return CliError(safe_text(str(exc)), code, hint=_HINTS.get(code))
+    hint = _LIMIT_HINT if isinstance(exc, LimitError) else _HINTS.get(code)
+    return CliError(safe_text(str(exc)), code, hint=hint)
 
 
 def _host_port(text: str, default_port: int = 7420) -> tuple[str, int]:
@@ -155,7 +172,9 @@ def _common(func: Any) -> Any:
             help="TCP only: wrap channels in TLS with the pinned certificate (QUIC always has TLS).",
         ),
         click.option(
-            "--datagram-size", type=int, help="QUIC UDP payload size (default: largest the path allows)."
+            "--datagram-size",
+            type=DATAGRAM_RANGE,
+            help="QUIC UDP payload size, 1200-65000 (aioquic: at most 16383) [default: largest the path allows].",
         ),
         click.option(
             "--quic-backend",
@@ -165,8 +184,8 @@ def _common(func: Any) -> Any:
             help="auto uses qh3 when installed, else aioquic.",
         ),
         click.option("--rdma-device", help="RDMA only: device name (e.g. mlx5_0)."),
-        click.option("--rdma-port", type=int, help="RDMA only: device port."),
-        click.option("--gid-index", type=int, help="RDMA only: GID index (RoCE)."),
+        click.option("--rdma-port", type=click.IntRange(1, 255), help="RDMA only: device port."),
+        click.option("--gid-index", type=click.IntRange(0, 255), help="RDMA only: GID index (RoCE)."),
     ]
     for opt in reversed(options):
         func = opt(func)
@@ -184,9 +203,15 @@ def _common(func: Any) -> Any:
 @_common
 @click.option("--once", is_flag=True, help="Exit after one transfer completes.")
 @click.option("--overwrite", is_flag=True, help="Replace files that already exist in DEST_DIR.")
-@click.option("--max-bytes", callback=_size_option, help="Refuse transfers larger than SIZE (e.g. 500G).")
 @click.option(
-    "--max-files", type=int, default=100_000, show_default=True, help="Refuse manifests with more files."
+    "--max-bytes", callback=_positive_size_option, help="Refuse transfers larger than SIZE (e.g. 500G)."
+)
+@click.option(
+    "--max-files",
+    type=click.IntRange(min=1),
+    default=100_000,
+    show_default=True,
+    help="Refuse manifests with more files.",
 )
 @click.option(
     "--cert-dir",
@@ -499,7 +524,7 @@ def _recv_event(out: Output, ev: Any) -> None:
 )
 @click.option(
     "--retry-for",
-    type=float,
+    type=click.FloatRange(min=0),
     default=60.0,
     show_default=True,
     help="Keep reconnecting for this many seconds without progress.",
@@ -539,7 +564,7 @@ def send(
     _quick_gil_handoff(transport)
     if len(args) < 2:
         raise CliError("give at least one SOURCE and the rq://HOST:PORT destination", ExitCode.USAGE)
-    sources, url = [Path(a) for a in args[:-1]], args[-1]
+    sources, url = _distinct_sources(args[:-1], out), args[-1]
     host, port, url_pin = _parse_url(url)
     pin = pin or url_pin
     use_tls = True if transport in ("quic", "rdma") else bool(tls)  # RDMA sets up over TLS
@@ -550,7 +575,14 @@ def send(
         if use_tls:
             if not pin:
                 raise CliError("no --pin: copy the sha256 fingerprint `rq recv` printed", ExitCode.AUTH)
-            pin = normalise_pin(pin)
+            try:
+                pin = normalise_pin(pin)
+            except TransferError:
+                raise CliError(
+                    f"pin {safe_text(repr(pin))} is not a certificate fingerprint: expected sha256: and "
+                    "64 hex digits, as `rq recv` prints it",
+                    ExitCode.USAGE,
+                ) from None
         token = load_token(
             token_file or (None if os.environ.get("RQ_TOKEN") else _default_token_file()),
             os.environ.get("RQ_TOKEN"),
@@ -583,6 +615,31 @@ def send(
         f"({summary['bytes_on_wire']} on the wire, ratio {summary['ratio']}) in {summary['seconds']}s, "
         f"{summary['mb_per_s']} MB/s, {summary['chunks_resent']} chunk(s) resent, verified"
     )
+
+
+def _distinct_sources(args: tuple[str, ...], out: Output) -> list[Path]:
+    """The same SOURCE twice is sent once (with a warning); two different SOURCEs that would land
+    under one name in DEST_DIR (a/x and b/x both arrive as x) are a usage error, said up front."""
+    sources: list[Path] = []
+    seen: set[tuple[Path, str]] = set()
+    names: dict[str, str] = {}
+    for arg in args:
+        path = Path(arg)
+        real = path.resolve()
+        name = real.name if path.name in ("", ".", "..") else path.name  # as transfer.source names it
+        if (real, name) in seen:
+            out.warn(f"SOURCE {safe_text(arg)} given more than once; sending it once")
+            continue
+        if name in names:
+            raise CliError(
+                f"SOURCEs {safe_text(names[name])} and {safe_text(arg)} would both arrive as "
+                f"{safe_text(repr(name))}; send them separately or rename one",
+                ExitCode.USAGE,
+            )
+        seen.add((real, name))
+        names[name] = arg
+        sources.append(path)
+    return sources
 
 
 def _send_progress(out: Output, bar: Any) -> Any:

@@ -122,6 +122,27 @@ def test_existing_file_needs_overwrite(tmp_path: Path) -> None:
     assert (dst / "model.bin").read_bytes() == src.read_bytes()
 
 
+def test_same_source_twice_is_sent_once_and_limits_get_their_own_hint(tmp_path: Path) -> None:
+    """`rq send f f` ended in exit 1 ("two sources would both be sent as"); it sends f once. A
+    manifest over the receiver's --max-files said "free space on the receiver": it names the flags."""
+    one, two = tmp_path / "one.bin", tmp_path / "two.bin"
+    one.write_bytes(os.urandom(50_000))
+    two.write_bytes(os.urandom(50_000))
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--max-files", "1").start()
+    try:
+        proc = send([one, one], recv)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert "given more than once" in proc.stderr.decode()
+        assert summary(proc)["files"] == 1
+        proc = send([one, two], recv)
+        err = proc.stderr.decode()
+        assert proc.returncode == 7, err
+        assert "--max-files" in err and "free space" not in err, err
+    finally:
+        recv.stop()
+    assert (tmp_path / "dst" / "one.bin").read_bytes() == one.read_bytes()
+
+
 def test_setuid_bits_from_sender_are_dropped(tmp_path: Path) -> None:
     src = tmp_path / "tool"
     src.write_bytes(b"#!/bin/sh\n")
