@@ -98,7 +98,12 @@ class Recv:
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env, cwd=REPO
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            cwd=REPO,
+            preexec_fn=self.preexec,
         )
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
