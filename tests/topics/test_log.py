@@ -113,6 +113,30 @@ def test_torn_tail_is_truncated_on_open_and_never_served(tmp_path: Path) -> None
         assert w.append([(None, None, (), b"again")]) == (301, 301)
 
 
+def test_a_torn_batch_holding_a_batch_like_value_is_still_a_torn_tail(tmp_path: Path) -> None:
+    # A record value may hold bytes laid out like a valid batch (an rq segment produced with
+    # --format raw). When its own batch is cut short, nothing inside that batch's declared length
+    # is a batch: the planted one was taken for the end (offset 1000001), and the writer then
+    # refused every produce after it.
+    t = tmp_path / "t"
+    fill(t, 10, batch=5)
+    seg = t / fmt.segment_name(0)
+    good_size = seg.stat().st_size
+    planted = fmt.encode_batch(1_000_000, [(None, None, (), b"planted")], [1])
+    holder = b"P" * 100 + planted + b"Q" * 5000
+    torn = fmt.encode_batch(10, [(None, None, (), holder)], [2**40])
+    with open(seg, "ab") as fh:
+        fh.write(torn[: fmt.BATCH_SIZE + fmt.RECORD_SIZE + 100 + len(planted) + 100])
+    log = TopicLog(t)
+    assert log.end_offset() == 10
+    assert [r[0] for r in read_all(log)] == list(range(10))
+    assert [r[0] for r in read_all(log, 0, None, follow=True, idle_timeout=0.1)] == list(range(10))
+    with LogWriter(t) as w:
+        assert seg.stat().st_size == good_size
+        assert w.append([(None, None, (), b"next")]) == (10, 10)
+    assert [r[4] for r in read_all(TopicLog(t), 9)] == [value(9), b"next"]
+
+
 @pytest.mark.parametrize("damage", ["last record", "batch header", "zeroed end"])
 def test_a_damaged_full_length_last_batch_is_reported_never_truncated(tmp_path: Path, damage: str) -> None:
     # kill -9 leaves a batch cut short; a full-length batch that fails its CRC is damage to

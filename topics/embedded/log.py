@@ -245,6 +245,50 @@ def _tail_kind(buf: Any, pos: int, size: int) -> str:
     return "framed" if _framed_by_records(buf, pos, size) is not None else "damaged"
 
 
+def _walk(buf: Any, size: int, pos: int, end: int, last_ts: int) -> tuple[int, int, int, str]:
+    """Walks the batches of the newest segment from pos (a batch start) to where the log ends:
+    (that position, the end offset, the newest timestamp, what lies from there to the end of the
+    file: 'end' nothing, 'torn' a torn tail (see _tail_kind), 'damaged' damage that cannot be
+    framed). Damage in the middle is stepped over here; readers report it. The writer and
+    end_offset both walk with this, so they agree on where the log ends."""
+    while pos < size:
+        hdr = fmt.read_batch_header(buf, pos) if pos + fmt.BATCH_SIZE <= size else None
+        if hdr is not None:
+            extent = pos + fmt.BATCH_SIZE + hdr.payload_len
+            if extent > size:
+                # A valid header whose batch runs past the end of the file: a write cut short.
+                # Nothing inside its declared length is searched for headers: a record value may
+                # hold bytes laid out like a batch (an rq segment produced with --format raw).
+                return pos, end, last_ts, "torn"
+        else:
+            # A damaged header is framed by its records before any search for the next header,
+            # which could find a batch-like record value inside this very batch.
+            framed = _framed_by_records(buf, pos, size)
+            found = _find_next_header(buf, pos + 1, size) if framed is None else None
+            if framed is not None:
+                hdr, extent = framed
+            elif found is not None and _payload_ok(buf, *found):
+                pos, hdr = found  # damage in the middle: skipped here, reported by readers
+                extent = pos + fmt.BATCH_SIZE + hdr.payload_len
+            else:
+                return pos, end, last_ts, ("torn" if _tail_kind(buf, pos, size) == "torn" else "damaged")
+        end, last_ts = hdr.end, hdr.max_ts
+        pos = extent
+    return pos, end, last_ts, "end"
+
+
+def _tail_damage(base: int, pos: int, end: int, size: int) -> CorruptRecord:
+    seg = fmt.segment_name(base)
+    return CorruptRecord(
+        f"corrupt batch at offset {end} (segment {seg}, byte {pos}): the newest segment ends in "
+        f"{size - pos} damaged bytes that do not frame as a batch; not appending after them (copy "
+        "the topic with `rq replay --skip-corrupt --to-topic NEW`)",
+        end,
+        seg,
+        pos,
+    )
+
+
 class TopicLog:
     """Read-side handle of one topic directory. Cheap; create one per command."""
 
@@ -343,7 +387,9 @@ def _scan_end(directory: Path, base: int, view: _View) -> int:
     end, pos = hint[:2] if hint is not None else (base, 0)
     while pos + fmt.BATCH_SIZE <= size:
         hdr = fmt.read_batch_header(buf, pos)
-        if hdr is None or pos + fmt.BATCH_SIZE + hdr.payload_len > size:
+        if hdr is not None and pos + fmt.BATCH_SIZE + hdr.payload_len > size:
+            break  # torn or in flight; its payload is never searched (it may hold batch-like bytes)
+        if hdr is None:
             found = _find_next_header(buf, pos + 1, size)
             if found is None:
                 # A torn or in-flight tail ends the log; a damaged last batch is still in it
@@ -506,7 +552,15 @@ class LogReader:
             return "grown", pos
         if pos >= size:
             return ("next", 0) if sealed else ("end", pos)
-        if hdr is None and _framed_by_records(view.buf, pos, size) is not None:
+        if hdr is not None:
+            # A valid header whose batch runs past the end: in flight or torn, never searched
+            # inside (a record value may hold bytes laid out like a batch). A sealed segment
+            # will not grow: the batch was cut, and what it held is lost.
+            if not sealed:
+                return "end", pos
+            self._report(base, pos, hdr.end - 1)
+            return "next", 0
+        if _framed_by_records(view.buf, pos, size) is not None:
             return "framed", pos  # a damaged header; its records say where the batch ends
         found = _find_next_header(view.buf, pos + 1, size)
         if found is None and not sealed:
@@ -697,33 +751,9 @@ class LogWriter:
         # Start at the last index entry that checks out: a damaged one must not pass for the end.
         hint = _hint(buf, size, index, len(index[0]) - 1)
         end, pos, last_ts = hint if hint is not None else (base, 0, 0)
-        while pos < size:
-            hdr = fmt.read_batch_header(buf, pos) if pos + fmt.BATCH_SIZE <= size else None
-            extent = pos + fmt.BATCH_SIZE + hdr.payload_len if hdr is not None else size + 1
-            if hdr is None or extent > size:
-                found = _find_next_header(buf, pos + 1, size)
-                if found is not None and _payload_ok(buf, *found):
-                    pos, hdr = found  # damage in the middle: skipped here, reported by readers
-                    extent = pos + fmt.BATCH_SIZE + hdr.payload_len
-                else:
-                    kind = _tail_kind(buf, pos, size)
-                    if kind == "torn":
-                        return pos, end, last_ts
-                    framed = _framed_by_records(buf, pos, size)
-                    if framed is None:
-                        seg = fmt.segment_name(base)
-                        raise CorruptRecord(
-                            f"corrupt batch at offset {end} (segment {seg}, byte {pos}): the newest "
-                            f"segment ends in {size - pos} damaged bytes that do not frame as a "
-                            "batch; not appending after them (copy the topic with `rq replay "
-                            "--skip-corrupt --to-topic NEW`)",
-                            end,
-                            seg,
-                            pos,
-                        )
-                    hdr, extent = framed
-            end, last_ts = hdr.end, hdr.max_ts
-            pos = extent
+        pos, end, last_ts, state = _walk(buf, size, pos, end, last_ts)
+        if state == "damaged":
+            raise _tail_damage(base, pos, end, size)
         return pos, end, last_ts
 
     def _last_ts_before(self, segs: list[int]) -> int:
