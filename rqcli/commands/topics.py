@@ -914,6 +914,9 @@ def offsets(
             raise Unsupported("MQTT topics have no offsets (live only)")
         source = open_source(ref)
         try:
+            check_end = getattr(source, "check_end", None)  # embedded: lost data at the end
+            if callable(check_end):
+                check_end()
             first, end = source.first_offset(), source.end_offset()
             # On a subject-filtered stream other subjects' messages sit between first and end.
             last = source.offset_before_end(1) if end > first else None

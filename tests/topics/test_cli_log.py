@@ -342,6 +342,45 @@ def test_flipped_byte_reported_with_offset_and_skip_corrupt(env: dict[str, str])
     assert b"offset 1234" in r.stderr
 
 
+def test_lost_data_at_the_end_is_reported_by_every_reader(env: dict[str, str]) -> None:
+    # The page holding the newest batch's header was zeroed (a power cut that kept the size):
+    # produce stopped with exit 5, but replay and tail -n 3 exited 0 and offsets said last 99.
+    t = Path(env["RQ_TOPICS_DIR"]) / "lost"
+    produce(env, "lost", b"".join(b"%d\n" % i for i in range(100)))
+    produce(env, "lost", b"y" * 20_000 + b"\n")
+    seg = next(t.glob("*.log"))
+    data = bytearray(seg.read_bytes())
+    last = data.rindex(b"RQB1")
+    page_end = (last // 4096 + 1) * 4096
+    data[last:page_end] = bytes(page_end - last)
+    seg.write_bytes(bytes(data))
+    for args in (
+        ["offsets", "lost"],
+        ["replay", "lost", "--format", "raw"],
+        ["tail", "lost", "-n", "3", "--format", "raw"],
+        ["replay", "lost", "--from", "100", "--format", "raw"],
+    ):
+        r = run_rq(*args, env=env)
+        assert r.returncode == 5, (args, r.stderr)
+        assert b"offset 100 " in r.stderr, args
+    r = run_rq("replay", "lost", "--from", "0:50", "--format", "raw", env=env)
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == b"49"
+    r = run_rq("produce", "lost", input=b"more\n", env=env)
+    assert r.returncode == 5 and b"offset 100 " in r.stderr
+
+
+def test_a_torn_tail_is_not_reported_by_readers(env: dict[str, str]) -> None:
+    t = Path(env["RQ_TOPICS_DIR"]) / "torn"
+    produce(env, "torn", b"".join(b"%d\n" % i for i in range(100)))
+    with open(next(t.glob("*.log")), "ab") as fh:
+        fh.write(bytes(8192))  # the file extended by a crash before the data reached the disk
+    for args in (["offsets", "torn"], ["replay", "torn", "--format", "raw"], ["tail", "torn", "-n", "3"]):
+        r = run_rq(*args, env=env)
+        assert r.returncode == 0, (args, r.stderr)
+    assert b"last 99, 100 records" in run_rq("offsets", "torn", env=env).stdout
+    assert produce(env, "torn", b"more\n")[0]["first_offset"] == 100
+
+
 def test_follow_sees_new_records_and_idle_timeout_ends_it(env: dict[str, str]) -> None:
     produce(env, "live", b"old\n")
     proc = subprocess.Popen(

@@ -175,12 +175,80 @@ def test_unframeable_damage_at_the_end_stops_the_writer(tmp_path: Path) -> None:
     seg = t / fmt.segment_name(0)
     with open(seg, "ab") as fh:
         fh.write(b"\xab" * 100)  # no batch header: not a write cut short
-    assert TopicLog(t).end_offset() == 300
+    assert TopicLog(t).end_offset() == 301  # the damage counts as a record: a read reaches it
     with pytest.raises(CorruptRecord) as err:
         LogWriter(t)
     assert err.value.offset == 300 and (t / fmt.segment_name(0)).read_bytes().endswith(b"\xab" * 100)
     with pytest.raises(CorruptRecord):
         read_all(TopicLog(t), 0, None, follow=True, idle_timeout=0.1)
+
+
+def _lose_last_header(t: Path) -> None:
+    """A topic whose newest batch (offset 100, one big record) lost the page holding its header:
+    zeros from that header to the page's end, the rest of the batch there (a lost write on a
+    power cut that kept the file's size)."""
+    fill(t, 100)
+    with LogWriter(t) as w:
+        w.append([(None, None, (), b"y" * 20_000)])
+    seg = t / fmt.segment_name(0)
+    data = bytearray(seg.read_bytes())
+    last = data.rindex(fmt.MAGIC)
+    page_end = (last // 4096 + 1) * 4096
+    data[last:page_end] = bytes(page_end - last)
+    seg.write_bytes(bytes(data))
+
+
+def test_lost_data_at_the_end_is_reported_by_bounded_readers(tmp_path: Path) -> None:
+    # The writer refused to append after it, but bounded readers ended quietly one batch short:
+    # replay exited 0, offsets said last 99, replay --from 100 printed nothing.
+    t = tmp_path / "t"
+    _lose_last_header(t)
+    log = TopicLog(t)
+    with pytest.raises(CorruptRecord) as err:
+        log.check_end()
+    assert err.value.offset == 100
+    assert log.end_offset() == 101
+    got: list[int] = []
+    with pytest.raises(CorruptRecord) as err:
+        for batch in log.reader(0, log.end_offset()):
+            got.extend(r[0] for r in batch)
+    assert err.value.offset == 100 and got == list(range(100))
+    with pytest.raises(CorruptRecord) as err:
+        read_all(log, 100, log.end_offset())
+    assert err.value.offset == 100
+    assert [r[0] for r in read_all(log, 0, 50)] == list(range(50))  # a range before it is fine
+    skipped: list[int] = []
+    recs = read_all(log, 0, log.end_offset(), skip_corrupt=True, on_corrupt=lambda c: skipped.append(c.first))
+    assert [r[0] for r in recs] == list(range(100)) and skipped == [100]
+    with pytest.raises(CorruptRecord) as err:
+        LogWriter(t)
+    assert err.value.offset == 100
+
+
+@pytest.mark.parametrize("tail", ["zeros", "cut batch", "header and zeros"])
+def test_a_torn_tail_stays_silent_for_readers(tmp_path: Path, tail: str) -> None:
+    # What a crash can leave after the last good batch: a batch cut short, or zeros (the file
+    # extended before its data reached the disk). Never acknowledged: not counted, not reported.
+    t = tmp_path / "t"
+    fill(t, 100)
+    seg = t / fmt.segment_name(0)
+    good_size = seg.stat().st_size
+    batch = fmt.encode_batch(100, [(None, None, (), b"y" * 20_000)], [1])
+    extra = {
+        "zeros": bytes(8192),
+        "cut batch": batch[:10_000],
+        "header and zeros": batch[: fmt.BATCH_SIZE] + bytes(8192),
+    }[tail]
+    with open(seg, "ab") as fh:
+        fh.write(extra)
+    log = TopicLog(t)
+    log.check_end()
+    assert log.end_offset() == 100
+    assert [r[0] for r in read_all(log, 0, log.end_offset())] == list(range(100))
+    assert read_all(log, 100, log.end_offset()) == []
+    with LogWriter(t) as w:
+        assert seg.stat().st_size == good_size
+        assert w.append([(None, None, (), b"next")]) == (100, 100)
 
 
 def _flip(path: Path, pos: int) -> None:

@@ -306,10 +306,21 @@ class TopicLog:
         return segs[0] if segs else 0
 
     def end_offset(self) -> int:
-        """Last offset + 1 of the complete, CRC-valid records (a torn or in-flight tail is not counted)."""
+        """Last offset + 1 of the complete records (a torn or in-flight tail is not counted;
+        damage at the end counts as one record, see _scan_end)."""
+        return self._end()[0]
+
+    def check_end(self) -> None:
+        """Raises CorruptRecord when the newest segment ends in damage that cannot be framed (lost
+        acknowledged data: the writer refuses to append after it)."""
+        damage = self._end()[1]
+        if damage is not None:
+            raise damage
+
+    def _end(self) -> tuple[int, CorruptRecord | None]:
         segs = self.segments()
         if not segs:
-            return 0
+            return 0, None
         base = segs[-1]
         view = _View(self.dir / fmt.segment_name(base))
         try:
@@ -379,29 +390,20 @@ class TopicLog:
         return LogReader(self, start, stop, follow, skip_corrupt, on_corrupt, poll_s, idle_timeout)
 
 
-def _scan_end(directory: Path, base: int, view: _View) -> int:
+def _scan_end(directory: Path, base: int, view: _View) -> tuple[int, CorruptRecord | None]:
+    """The end offset of the newest segment, walked as the writer walks it, and the damage at its
+    end that stops the writer, if any. Such damage counts as one record at the end offset (the
+    lost batch holds at least one), so a bounded read that gets there reports it instead of
+    ending quietly one short; a torn or in-flight tail is not counted."""
     size = view.size
     buf = view.buf
     index = _load_index(directory, base, size)
     hint = _hint(buf, size, index, len(index[0]) - 1)
     end, pos = hint[:2] if hint is not None else (base, 0)
-    while pos + fmt.BATCH_SIZE <= size:
-        hdr = fmt.read_batch_header(buf, pos)
-        if hdr is not None and pos + fmt.BATCH_SIZE + hdr.payload_len > size:
-            break  # torn or in flight; its payload is never searched (it may hold batch-like bytes)
-        if hdr is None:
-            found = _find_next_header(buf, pos + 1, size)
-            if found is None:
-                # A torn or in-flight tail ends the log; a damaged last batch is still in it
-                # (readers report it with its offset).
-                framed = _framed_by_records(buf, pos, size) if hdr is None else None
-                if framed is not None:
-                    end = framed[0].end
-                break
-            pos, hdr = found
-        end = hdr.end
-        pos += fmt.BATCH_SIZE + hdr.payload_len
-    return end
+    pos, end, _, state = _walk(buf, size, pos, end, 0)
+    if state == "damaged":
+        return end + 1, _tail_damage(base, pos, end, size)
+    return end, None
 
 
 class LogReader:

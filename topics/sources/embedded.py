@@ -26,6 +26,9 @@ class EmbeddedSource:
     def end_offset(self) -> int:
         return self.log.end_offset()
 
+    def check_end(self) -> None:
+        self.log.check_end()
+
     def offset_for_time(self, ts_ms: int) -> int:
         return self.log.offset_for_time(ts_ms)
 
