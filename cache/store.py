@@ -406,23 +406,31 @@ class Store:
         )
 
     def _drop_dead(self, db: sqlite3.Connection, hold: Hold) -> None:
-        """Frees what a dead process's hold kept (inside the caller's transaction)."""
+        """Frees what a dead process's hold kept (inside the caller's transaction). While a live
+        process lands the same blob, only the dead one's own tmp files go (their names carry its
+        pid): the shared names are the live one's, and its hold covers them."""
         if not self._blob_busy(db, hold):
             if hold.kind == "landing":
                 self._remove_partial(hold)
             if not Index.names_blob(db, hold.tier, hold.blob):
                 unlink_quiet(self.layout.blob_path(hold.tier, hold.blob))
+        elif hold.kind == "landing":
+            self._remove_partial(hold, f".{hold.pid}.")
         Index.drop_hold(db, hold.id)
 
     def _take_garbage(self, db: sqlite3.Connection, hold: Hold) -> int:
         """Removes a superseded blob no reader holds open (inside the caller's transaction);
         returns the bytes given back (0 while a reader still has it)."""
+        if self._blob_busy(db, hold):
+            # a live process is landing this very blob: the file may be the twin it will adopt,
+            # and until then this hold is what counts its bytes
+            return 0
         path = self.layout.blob_path(hold.tier, hold.blob)
         fd = lock_exclusive(path)
         if fd is None:
             return 0
         try:
-            if not Index.names_blob(db, hold.tier, hold.blob) and not self._blob_busy(db, hold):
+            if not Index.names_blob(db, hold.tier, hold.blob):
                 unlink_quiet(path)
             Index.drop_hold(db, hold.id)
         finally:
@@ -437,9 +445,10 @@ class Store:
     def _journal(self, hold: Hold) -> Path:
         return self.layout.tmp_path(hold.tier, hold.blob, ".journal")
 
-    def _remove_partial(self, hold: Hold) -> None:
-        """Every tmp file of this blob (whole-object downloads add the writer's pid to the name)."""
-        prefix = blob_hash(hold.blob)
+    def _remove_partial(self, hold: Hold, infix: str = "") -> None:
+        """Every tmp file of this blob (whole-object downloads add the writer's pid to the name:
+        `infix` ".<pid>." keeps to one writer's)."""
+        prefix = blob_hash(hold.blob) + infix
         tmp = self.layout.tier_root(hold.tier) / "tmp"
         for name in self._listdir(tmp):
             if name.startswith(prefix):
