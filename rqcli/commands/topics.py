@@ -178,6 +178,9 @@ class Writer:
         self.live = live
         self.stream: IO[bytes] = sys.stdout.buffer
         self.out = out
+        # With a signal handler that returns (replay --commit), a write interrupted by it returns
+        # a short count and BufferedWriter drops the rest (writelines never looks): write in full.
+        self.exact = False
 
     @property
     def needs_decode(self) -> bool:
@@ -189,7 +192,9 @@ class Writer:
         try:
             if self.renderer is not None:
                 data = self.renderer.render(records, decoded)
-                if isinstance(data, list):
+                if self.exact:
+                    self._write_all(data if isinstance(data, list) else [data])
+                elif isinstance(data, list):
                     self.stream.writelines(data)  # no batch-sized join: fresh memory is slow here
                 else:
                     self.stream.write(data)
@@ -200,6 +205,15 @@ class Writer:
         except BrokenPipeError:
             _stdout_gone()
             raise ReaderLeft from None
+
+    def _write_all(self, pieces: list[bytes]) -> None:
+        write = self.stream.write
+        for piece in pieces:
+            n = write(piece)
+            if n is not None and n < len(piece):
+                view = memoryview(piece)[n:]
+                while view:
+                    view = view[write(view) or 0 :]
 
     def _table(self, records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
         from rich.table import Table
@@ -224,6 +238,13 @@ class Writer:
             # or a MarkupError that ends the read).
             table.add_row(str(r[0]), when, Text(safe_text(key)), Text(safe_text(shown[:500])))
         self.out.console().print(table)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            _stdout_gone()
+            raise ReaderLeft from None
 
     def close(self) -> None:
         try:
@@ -278,11 +299,15 @@ def _emitters(writer: Writer | None, sink: Sink | None, keep_time: bool, stops: 
     """keep_time: `tail --record` captures records with their own (arrival) times; `replay
     --to-topic` republishes them as new traffic, stamped when appended. With `stops`, a Ctrl-C or
     SIGTERM waits for the records being written out, which then count as consumed."""
+    if writer is not None and stops is not None:
+        writer.exact = True
 
     def emit(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
         with stops.held() if stops is not None else contextlib.nullcontext():
             if writer is not None:
                 writer(records, decoded)
+                if stops is not None:
+                    writer.flush()  # out of rq's buffer before the records count as consumed
             if sink is not None:
                 sink.append([(r[1] if keep_time else None, r[2], r[3], r[4]) for r in records])
             if stops is not None:
@@ -824,7 +849,12 @@ class _Stops:
     consumer with SIGTERM: it must store its position then, as on Ctrl-C, not die with up to a
     second of reads uncommitted. A signal that lands while records are being written out is held
     until they are out (then they count as consumed, not re-read or, worse, half-shown and
-    skipped); a second one does not wait (a writer blocked on a stalled pipe)."""
+    skipped), but for GRACE_S at most: a write blocked on a stalled pipe (`| sleep`, a reader
+    that stopped reading) is cut short, the records before it are committed and rq exits 130.
+    A second signal does not wait. A reader that leaves while a stop is pending (the same Ctrl-C
+    reached the whole pipeline) is that stop, exit 130, never a quiet exit 0."""
+
+    GRACE_S = 2.0
 
     def __init__(self) -> None:
         self.busy = False
@@ -834,20 +864,36 @@ class _Stops:
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._interrupt)
         signal.signal(signal.SIGINT, self._interrupt)
+        signal.signal(signal.SIGALRM, self._overdue)
 
     def _interrupt(self, _signum: int, _frame: object) -> None:
         if self.busy and not self.pending:
             self.pending = True
+            signal.setitimer(signal.ITIMER_REAL, self.GRACE_S)
             return
         raise KeyboardInterrupt
+
+    def _overdue(self, _signum: int, _frame: object) -> None:
+        if self.busy and self.pending:
+            raise KeyboardInterrupt  # the write did not finish in time: stop inside it
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
         self.busy = True
         try:
             yield
+        except ReaderLeft:
+            if self.pending:
+                raise KeyboardInterrupt from None
+            raise
+        except KeyboardInterrupt:
+            # Stopped inside a write (a stalled pipe): what is still buffered can never get out,
+            # and flushing it at exit would block again.
+            _stdout_gone()
+            raise
         finally:
             self.busy = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
         if self.pending:
             self.pending = False
             raise KeyboardInterrupt

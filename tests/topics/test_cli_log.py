@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
+import termios
 import threading
 import time
 from datetime import UTC, datetime
@@ -414,6 +416,68 @@ def test_sigterm_stops_a_committing_follower_like_ctrl_c(env: dict[str, str]) ->
     assert proc.wait(30) == 130
     off = jlines(run_rq("offsets", "svc", "--json", env=env).stdout)[0]
     assert off["groups"] == [{"group": "svc", "committed": 50, "lag": 0}]
+
+
+def _replay_into_a_stalled_pipe(env: dict[str, str], group: str, fmt: str = "raw") -> subprocess.Popen[bytes]:
+    """`rq replay -f --commit` whose stdout nobody reads after the first 50 records: returned once
+    the pipe is full, so rq is blocked writing the second batch (2 MB)."""
+    produce(env, "stall", b"".join(b"%d\n" % i for i in range(50)))
+    with LogWriter(Path(env["RQ_TOPICS_DIR"]) / "stall") as writer:  # one batch
+        writer.append([(None, None, (), b"%0100d" % i) for i in range(20_000)])
+    proc = subprocess.Popen(
+        [*rq_command(), "replay", "stall", "-f", "-g", group, "--commit", "--format", fmt],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env},
+    )
+    assert proc.stdout is not None
+    for i in range(50):
+        line = proc.stdout.readline()
+        assert (line if fmt == "raw" else json.loads(line)["value"]) in (b"%d\n" % i, i)
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + 60
+    while int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4), "little") < 60_000:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    return proc
+
+
+def _committed(env: dict[str, str], topic: str) -> dict[str, int | None]:
+    off = jlines(run_rq("offsets", topic, "--json", env=env).stdout)[0]
+    return {g["group"]: g["committed"] for g in off["groups"]}
+
+
+@pytest.mark.parametrize("fmt", ["raw", "json"])
+def test_a_stop_signal_during_a_stalled_write_commits_what_was_written_and_exits_130(
+    env: dict[str, str], fmt: str
+) -> None:
+    # The signal was held until the write finished, which on a stalled pipe (`| sleep 20`) was
+    # never: rq ran on until the reader left, then exited 0 with nothing committed.
+    proc = _replay_into_a_stalled_pipe(env, "st", fmt)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail("rq replay --commit kept running after SIGTERM while its stdout was stalled")
+    assert rc == 130
+    assert proc.stdout is not None
+    delivered = 50 + proc.stdout.read().count(b"\n")
+    # The first batch was written out whole; the second was cut short, and a write interrupted by
+    # the signal must not drop the rest of its bytes and count them as consumed.
+    assert _committed(env, "stall") == {"st": 50} and delivered < 20_050
+
+
+def test_ctrl_c_reaching_rq_and_its_reader_exits_130_and_commits(env: dict[str, str]) -> None:
+    # Ctrl-C goes to the whole pipeline: the reader's exit broke the held write, and the pending
+    # interrupt was dropped: exit 0, nothing committed.
+    proc = _replay_into_a_stalled_pipe(env, "si")
+    assert proc.stdout is not None
+    proc.send_signal(signal.SIGINT)
+    proc.stdout.close()
+    assert proc.wait(60) == 130
+    assert _committed(env, "stall") == {"si": 50}
 
 
 def test_kill_9_during_produce_keeps_every_acknowledged_batch(env: dict[str, str]) -> None:
