@@ -28,6 +28,7 @@ from transfer.events import (
 )
 from transfer.frames import PRE_AUTH_LIMIT
 from transfer.manifest import Limits, Manifest
+from transfer.names import display_name
 from transfer.session import (
     Authenticated,
     ChunkRejected,
@@ -107,6 +108,10 @@ class _ChunkWriter:
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
+
+
+# Out of descriptors or memory: this moment's trouble, which the sender's reconnect outlasts.
+_TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 
 class Receiver:
@@ -266,8 +271,11 @@ class Receiver:
         except OSError as exc:
             # Drivers report a lost peer as PeerUnreachableError: an OSError here is this side's
             # disk (a read-only or immutable DEST, EIO, a commit that cannot place a file). Silence
-            # would leave the sender retrying and then blaming the network.
-            err = self._disk_error(exc)
+            # would leave the sender retrying and then blaming the network. Running out of
+            # descriptors or memory passes, though: the sender's retry is the cure, not a refusal.
+            if exc.errno in _TRANSIENT:
+                return
+            err = self._disk_error(exc, shared)
             core.fail(err)
             with contextlib.suppress(Exception):
                 self._send(ch, core)
@@ -284,12 +292,17 @@ class Receiver:
             with contextlib.suppress(Exception):
                 ch.close()
 
-    def _disk_error(self, exc: OSError) -> TransferError:
+    def _disk_error(self, exc: OSError, shared: _Shared | None) -> TransferError:
         """The receiver's own OSError as what the sender is told: its strerror and the path
-        relative to DEST (the receiver's layout is none of the sender's business)."""
+        relative to DEST, a partial file by the name it is for (the receiver's layout is none of
+        the sender's business)."""
         where = ""
         if isinstance(exc.filename, str | bytes):
             shown = os.fsdecode(exc.filename)
+            key = shown.rsplit(".", 1)[0]
+            if shared is not None and shown.endswith((".part", ".journal")):
+                names = [f.name for f in shared.plan.manifest.files if f.key == key]
+                shown = display_name(names[0]) if names else "its partial files"
             if os.path.isabs(shown):  # relative names were opened against DEST's descriptor already
                 dest = os.path.abspath(self.store.dest)
                 inside = shown.startswith(dest + os.sep)

@@ -281,6 +281,35 @@ def test_many_files_with_few_file_descriptors(tmp_path: Path) -> None:
     assert tree_digest(tmp_path / "dst" / "shards") == tree_digest(src)
 
 
+def _twenty_fds() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (20, 20))
+
+
+def test_a_receiver_out_of_descriptors_is_retried_not_a_refusal(tmp_path: Path) -> None:
+    """Found by a review: EMFILE opening a .part was sent as an ERROR ("receiver cannot write"),
+    and the sender gave up at once; running out of descriptors is a moment's trouble."""
+    src = tmp_path / "shards"
+    src.mkdir()
+    for i in range(300):
+        (src / f"s{i:04d}.bin").write_bytes(os.urandom(50 + i))
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--once", preexec=_twenty_fds).start()
+    try:
+        proc = subprocess.run(
+            rq_cmd("send", str(src), recv.url, *recv.send_args(), "--streams", "8", "--retry-for", "60"),
+            env=rq_env(),
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert recv.wait()[0] == 0
+    finally:
+        recv.stop()
+    assert tree_digest(tmp_path / "dst" / "shards") == tree_digest(src)
+
+
 @pytest.mark.slow
 def test_recv_once_exits_only_after_done_reached_the_sender(tmp_path: Path) -> None:
     """`rq recv --once` used to exit right after sending DONE; over QUIC the DONE could die with it and

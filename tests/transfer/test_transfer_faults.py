@@ -391,9 +391,11 @@ def test_receiver_disk_errors_name_the_kind_and_keep_paths_inside_dest(tmp_path:
 
     rc = Receiver(tmp_path / "dst", b"t")
     try:
-        full = rc._disk_error(OSError(errno.EDQUOT, "Disk quota exceeded", str(tmp_path / "dst" / "a" / "b")))
+        full = rc._disk_error(
+            OSError(errno.EDQUOT, "Disk quota exceeded", str(tmp_path / "dst" / "a" / "b")), None
+        )
         assert isinstance(full, NoSpaceError) and "'a/b': Disk quota exceeded" in str(full)
-        ro = rc._disk_error(OSError(errno.EROFS, "Read-only file system", "/elsewhere/x\x1b[2J"))
+        ro = rc._disk_error(OSError(errno.EROFS, "Read-only file system", "/elsewhere/x\x1b[2J"), None)
         assert type(ro) is TransferError and str(tmp_path) not in str(ro) and "\x1b" not in str(ro)
     finally:
         rc.close()
