@@ -126,9 +126,13 @@ class TcpChannel:
         return True
 
     def recv(self, timeout: float | None = None) -> Frame | None:
-        """The next frame. `timeout` bounds the whole frame, body included: a peer that sends a
-        header and then stalls is dropped like one that sends nothing."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        """The next frame. Until the peer authenticated (a frame limit is set), `timeout` bounds
+        the whole frame, body included: a peer that sends a header and then trickles or stalls is
+        dropped like one that sends nothing. After that it bounds silence only: a 64 MiB chunk
+        over a slow link may take longer than any fixed deadline, and must not be cut while it
+        is still moving (the resend would be cut the same way, for ever)."""
+        pre_auth = self._frame_limit is not None
+        deadline = None if timeout is None or not pre_auth else time.monotonic() + timeout
         self._set_timeout(timeout)
         if not self._read_exact(memoryview(self._head), deadline):
             return None

@@ -13,6 +13,7 @@ import os
 import resource
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,6 +90,39 @@ def test_tcp_recv_timeout_covers_the_frame_body() -> None:
             ch = TcpChannel(conn, 1 << 20)
             with pytest.raises(TimeoutError):
                 ch.recv(timeout=0.5)
+
+
+@pytest.mark.parametrize("authenticated", [True, False])
+def test_tcp_slow_but_moving_frame_is_cut_only_before_auth(authenticated: bool) -> None:
+    """After AUTH the timeout bounds silence, not the frame: a chunk trickling over a slow link
+    (here 2 s for one frame, with recv's timeout at 0.6 s) must arrive whole. Before AUTH the
+    whole frame is bounded (found by a review: a 64 MiB chunk at 200 KiB/s was cut at 300 s, and
+    its resend the same way, for ever)."""
+    body = os.urandom(200_000)
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        peer = socket.create_connection(srv.getsockname()[:2])
+        conn, _ = srv.accept()
+
+        def trickle() -> None:
+            data = header(FrameType.HELLO, len(body)) + body
+            for i in range(0, len(data), 10_000):
+                with contextlib.suppress(OSError):
+                    peer.sendall(data[i : i + 10_000])
+                time.sleep(0.1)
+
+        sender = threading.Thread(target=trickle)
+        with peer, conn:
+            ch = TcpChannel(conn, 1 << 20, frame_limit=None if authenticated else 1 << 20)
+            sender.start()
+            try:
+                if authenticated:
+                    frame = ch.recv(timeout=0.6)
+                    assert frame is not None and bytes(frame.body) == body
+                else:
+                    with pytest.raises(TimeoutError):
+                        ch.recv(timeout=0.6)
+            finally:
+                sender.join()
 
 
 def test_tcp_peer_that_stalls_inside_a_frame_is_dropped(
