@@ -625,7 +625,10 @@ def _distinct_sources(args: tuple[str, ...], out: Output) -> list[Path]:
     names: dict[str, str] = {}
     for arg in args:
         path = Path(arg)
-        real = path.resolve()
+        try:
+            real = path.resolve()
+        except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)
+            raise CliError(f"source not found: {safe_text(arg)}", ExitCode.NOT_FOUND) from None
         name = real.name if path.name in ("", ".", "..") else path.name  # as transfer.source names it
         if (real, name) in seen:
             out.warn(f"SOURCE {safe_text(arg)} given more than once; sending it once")

@@ -57,3 +57,9 @@ def test_aioquic_datagrams_are_clamped_to_what_it_encodes(tmp_path: Path) -> Non
         assert lst.datagram == AIOQUIC_MAX_DATAGRAM == 16383
     finally:
         lst.close()
+
+
+def test_a_symlink_loop_as_source_is_not_found(tmp_path: Path) -> None:
+    (tmp_path / "loop").symlink_to("loop")
+    r = run_rq("send", "loop", "rq://127.0.0.1:9", "--transport", "tcp", cwd=tmp_path, env={"RQ_TOKEN": "t"})
+    assert r.returncode == 3 and r.stderr.decode().strip() == "rq: error: source not found: loop", r.stderr
