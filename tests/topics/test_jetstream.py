@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import run_rq
+from rqtest import rq_command, run_rq
 
 pytestmark = pytest.mark.integration
 
@@ -239,6 +241,39 @@ def test_a_record_over_max_payload_is_a_usage_error_and_nothing_is_published(
     assert info.state.messages == 0
 
 
+@pytest.mark.parametrize("case", ["header bytes not UTF-8", "header name NATS refuses"])
+def test_a_message_nats_would_refuse_is_caught_before_its_batch_goes_out(
+    nats_url: str, stream_name: str, env: dict[str, str], tmp_path: Path, case: str
+) -> None:
+    # Header bytes that are not UTF-8 go out as U+FFFD (3 bytes each): counted raw, a message
+    # passed the check and then broke max_payload on the server (exit 6 "timeout", the records
+    # before it in the batch published); a header name nats-py refuses failed mid-batch the same way.
+    make_stream(nats_url, stream_name)
+    url = f"{nats_url}/{stream_name}/{stream_name}.a"
+    if case == "header bytes not UTF-8":
+        raw = b"\xff" * 250_000  # 250 kB raw, 750 kB as sent; the value adds 400 kB
+        headers = {"h": {"base64": base64.b64encode(raw).decode()}}
+    else:
+        headers = {"bad name": "v"}
+    lines = [{"value": "a"}, {"value": "b"}, {"value": "v" * 400_000, "headers": headers}]
+    src = tmp_path / "in.jsonl"  # a file: one read, so one batch
+    src.write_bytes(b"".join(json.dumps(x).encode() + b"\n" for x in lines))
+    with open(src, "rb") as stdin:
+        r = subprocess.run(
+            [*rq_command(), "produce", url, "--format", "json"],
+            stdin=stdin,
+            capture_output=True,
+            timeout=60,
+            env={**os.environ, **env},
+            check=False,
+        )
+    err = r.stderr.decode()
+    assert r.returncode == 2 and "record 3 of the batch" in err and err.count("\n") == 1, err
+    assert ("max_payload" if case == "header bytes not UTF-8" else "'bad name'") in err
+    info = js_call(nats_url, lambda js: js.stream_info(stream_name))
+    assert info.state.messages == 0
+
+
 def test_unknown_stream(nats_url: str, env: dict[str, str]) -> None:
     r = run_rq("replay", f"{nats_url}/RQ_NO_SUCH_STREAM", "--from", "start", env=env)
     assert r.returncode == 3 and b"does not exist" in r.stderr
@@ -250,9 +285,6 @@ def test_follow_sees_new_messages_and_flow_control_keeps_up(
     """Follow mode on the wire-level reader: a backlog larger than flow-control windows, then live
     messages, then the idle timeout ends it."""
     import os
-    import subprocess
-
-    from rqtest import rq_command
 
     make_stream(nats_url, stream_name)
     publish(nats_url, f"{stream_name}.x", [b"%d" % i for i in range(3000)])

@@ -328,6 +328,26 @@ class JetStreamSource:
         self.conn.close()
 
 
+# What nats-py accepts as a header name, and how it writes a header block (HPUB): "NATS/1.0\r\n",
+# then "name: value\r\n" per header (both trimmed, CR/LF in a value turned into spaces, an empty
+# name dropped), then "\r\n". The server counts that block into max_payload.
+_NATS_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_NEWLINES = str.maketrans({"\r": " ", "\n": " "})
+
+
+def _nats_headers(headers: Headers) -> dict[str, str] | None:
+    # A byte that is not UTF-8 goes out as U+FFFD: three bytes on the wire for one.
+    return dict((k, v.decode("utf-8", "replace")) for k, v in headers) or None
+
+
+def _header_block_size(hdrs: dict[str, str]) -> int:
+    size = len(b"NATS/1.0\r\n\r\n")
+    for name, value in hdrs.items():
+        if name.strip():
+            size += len(name.strip().encode()) + 4 + len(value.strip().translate(_NEWLINES).encode())
+    return size
+
+
 class JetStreamSink:
     """Publishes to the URL's subject (or the stream name); creates the stream if it is missing.
 
@@ -360,19 +380,17 @@ class JetStreamSink:
             )
 
     def append(self, records: Sequence[Pending]) -> tuple[int, int]:
-        self._check_sizes(records)
+        # Header values go to nats-py as str (it sends them UTF-8 encoded): build them once, so
+        # the size check measures exactly what goes out.
+        messages = [(value, _nats_headers(headers)) for _, _, headers, value in records]
+        self._check(messages)
 
         async def send() -> Any:
             nc = self.conn.nc
             subject = self.subject
-            for _, _key, headers, value in records[:-1]:
-                await nc.publish(
-                    subject,
-                    value,
-                    headers=dict((k, v.decode("utf-8", "replace")) for k, v in headers) or None,
-                )
-            _, _, headers, value = records[-1]
-            hdrs = dict((k, v.decode("utf-8", "replace")) for k, v in headers) or None
+            for value, hdrs in messages[:-1]:
+                await nc.publish(subject, value, headers=hdrs)
+            value, hdrs = messages[-1]
             return await self.conn.js.publish(subject, value, headers=hdrs, timeout=10)
 
         import nats.errors
@@ -386,19 +404,24 @@ class JetStreamSink:
         last = int(ack.seq)
         return last - len(records) + 1, last
 
-    def _check_sizes(self, records: Sequence[Pending]) -> None:
-        """A message over the server's max_payload is refused before anything of the batch goes out
-        (else the batch is half published and the error reads like an outage)."""
+    def _check(self, messages: list[tuple[bytes, dict[str, str] | None]]) -> None:
+        """A message the server or nats-py would refuse (over max_payload, a header name NATS cannot
+        carry) is refused before anything of the batch goes out (else the batch is half published
+        and the error reads like an outage)."""
         limit = int(self.conn.nc.max_payload or 0)
-        if not limit:
-            return
-        for i, (_, _, headers, value) in enumerate(records):
-            # NATS/1.0 line, "name: value" lines, blank line: what HPUB adds to the message.
-            size = len(value) + (12 + sum(len(k) + len(v) + 4 for k, v in headers) if headers else 0)
-            if size > limit:
+        for i, (value, hdrs) in enumerate(messages):
+            for name in hdrs or ():
+                if name.strip() and not _NATS_HEADER_NAME.fullmatch(name.strip()):
+                    raise SpecError(
+                        f"record {i + 1} of the batch has a header name NATS cannot carry: {name!r} "
+                        "(letters, digits and !#$%&'*+-.^_`|~ only)"
+                    )
+            size = len(value) + (_header_block_size(hdrs) if hdrs else 0)
+            if limit and size > limit:
                 raise RecordTooLarge(
-                    f"record {i + 1} of the batch takes {size} bytes; the NATS server at {self.url} "
-                    f"takes at most {limit} bytes per message (its max_payload)"
+                    f"record {i + 1} of the batch takes {size} bytes (headers as sent, and value); "
+                    f"the NATS server at {self.url} takes at most {limit} bytes per message (its "
+                    "max_payload)"
                 )
 
     def close(self) -> None:
