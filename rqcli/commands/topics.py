@@ -23,6 +23,7 @@ from platformdirs import user_data_path
 from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
+from topics.embedded.format import MAX_BATCH_PAYLOAD, RECORD_SIZE
 from topics.embedded.groups import check_group_name
 from topics.embedded.log import TopicConfig
 from topics.errors import (
@@ -51,6 +52,9 @@ from topics.spec import parse_duration_ms, parse_position, resolve
 
 BATCH_RECORDS = 8192
 CHUNK = 1 << 20
+# The longest input line that can be a record (the embedded log's limit: 256 MiB with the record's
+# own framing); a longer one is refused while it is read.
+MAX_LINE = MAX_BATCH_PAYLOAD - RECORD_SIZE
 
 
 # -- shared plumbing ----------------------------------------------------------------------------
@@ -325,20 +329,43 @@ def _report_skips(out: Output, res: Result) -> None:
 # -- produce ------------------------------------------------------------------------------------
 
 
-def _split_lines(stream: IO[bytes], sep: bytes) -> Iterator[list[bytes]]:
-    """Records from delimited input, one list per read: batches follow what the pipe delivers."""
+def _split_lines(stream: IO[bytes], sep: bytes, limit: int = MAX_LINE) -> Iterator[list[bytes]]:
+    """Records from delimited input, one list per read: batches follow what the pipe delivers.
+
+    Linear in the input: only the new chunk is searched, and a line spanning reads is kept as a
+    list of pieces joined once (re-joining it on every read made a 32 MB line take 8 s). A line
+    still unfinished past `limit` bytes can never be stored: refused before any of it is (an
+    endless line would otherwise grow memory without bound)."""
     read = getattr(stream, "read1", stream.read)
-    rest = b""
+    pieces: list[bytes] = []  # an unfinished line
+    held = 0
+    lines = 0
     while True:
         chunk = read(CHUNK)
         if not chunk:
             break
-        parts = (rest + chunk).split(sep) if rest else chunk.split(sep)
-        rest = parts.pop()
+        end = chunk.find(sep)
+        if held + (len(chunk) if end < 0 else end) > limit:
+            raise RecordTooLarge(
+                f"input line {lines + 1} is over {limit} bytes; a record holds at most {limit} bytes"
+            )
+        if end < 0:
+            pieces.append(chunk)
+            held += len(chunk)
+            continue
+        parts = chunk.split(sep)
+        if pieces:
+            pieces.append(parts[0])
+            parts[0] = b"".join(pieces)
+            pieces, held = [], 0
+        tail = parts.pop()
+        if tail:
+            pieces, held = [tail], len(tail)
+        lines += len(parts)
         for i in range(0, len(parts), BATCH_RECORDS):
             yield parts[i : i + BATCH_RECORDS]
-    if rest:
-        yield [rest]
+    if pieces:
+        yield [b"".join(pieces)]
 
 
 def _json_record(line: bytes, lineno: int) -> tuple[bytes | None, Headers, bytes]:

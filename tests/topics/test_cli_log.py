@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import itertools
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -578,6 +580,64 @@ def test_a_record_too_large_is_a_usage_error() -> None:
     with pytest.raises(CliError) as err, library_errors():
         raise RecordTooLarge("too big")
     assert err.value.code == 2
+
+
+class _Chunks:
+    """A pipe delivering these chunks, one per read (an empty one ends the input)."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self.chunks = iter(chunks)
+
+    def read1(self, _n: int) -> bytes:
+        return next(self.chunks, b"")
+
+    read = read1
+
+
+def test_lines_spanning_many_reads_come_out_whole_and_an_overlong_one_is_refused() -> None:
+    from rqcli.commands.topics import _split_lines
+    from topics.errors import RecordTooLarge
+
+    chunks = [b"a\nbb", *[b"c" * 10] * 50, b"c\nd", b"", b"e\n\nf"]
+    got = [line for batch in _split_lines(_Chunks(chunks[:-2]), b"\n") for line in batch]
+    assert got == [b"a", b"bb" + b"c" * 501, b"d"]
+    got = [line for batch in _split_lines(_Chunks([b"x\0y", b"y\0", b"z"]), b"\0") for line in batch]
+    assert got == [b"x", b"yy", b"z"]
+    # An unfinished line past the limit is refused while it is read, before it is ever stored.
+    seen: list[bytes] = []
+    with pytest.raises(RecordTooLarge, match="input line 2 "):
+        chunks = itertools.chain([b"ok\n"], itertools.repeat(b"z" * 10))  # endless
+        for batch in _split_lines(_Chunks(chunks), b"\n", limit=100):
+            seen.extend(batch)
+    assert seen == [b"ok"]
+    ok = [line for b in _split_lines(_Chunks([b"z" * 50, b"z" * 50 + b"\n"]), b"\n", limit=100) for line in b]
+    assert ok == [b"z" * 100]
+    with pytest.raises(RecordTooLarge):
+        list(_split_lines(_Chunks([b"z" * 50, b"z" * 51 + b"\n"]), b"\n", limit=100))
+
+
+def test_an_endless_line_is_refused_with_exit_2_and_nothing_of_it_stored(env: dict[str, str]) -> None:
+    # It grew rq's memory without bound (and re-joined the line on every read: quadratic).
+    proc = subprocess.Popen(
+        [*rq_command(), "produce", "endless"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env},
+    )
+    assert proc.stdin is not None
+    block = b"x" * (1 << 20)
+    try:
+        proc.stdin.write(b"first\n")
+        for _ in range(300):  # 300 MiB: past the 256 MiB a record can hold
+            proc.stdin.write(block)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # rq stopped reading: it refused the line
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and b"input line 2 is over" in err and err.count(b"\n") == 1, err
+    r = run_rq("replay", "endless", "--format", "raw", env=env)
+    assert r.returncode == 0 and r.stdout == b"first\n"
 
 
 def test_table_shows_record_text_literally_never_as_markup(env: dict[str, str]) -> None:
