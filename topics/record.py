@@ -45,6 +45,7 @@ def encode_bytes_field(value: str | None, encoding: str) -> bytes | None:
 
 
 _TAIL_END = b',"value_encoding":"json"}'
+_TAIL_LEN = len(_TAIL_END)
 _WS = re.compile(r"[ \t\n\r]*")
 _SCAN = json.JSONDecoder()
 
@@ -55,10 +56,17 @@ def json_value_bytes(line: bytes, parsed: Any) -> bytes:
     past 64 bits into a float. The common case (a value orjson writes back the same, at the end of
     a line as `rq tail --format json` prints it) costs one dumps; others are cut out of the line."""
     dumped = orjson.dumps(parsed)
-    line = line.rstrip()
+    # Compared in place (an end index, not a slice): no copy of the line.
+    if line.endswith(dumped + _TAIL_END) and line.endswith(
+        b'"value":', 0, len(line) - _TAIL_LEN - len(dumped)
+    ):
+        return dumped
+    return _cut_value(line.rstrip(), parsed, dumped)
+
+
+def _cut_value(line: bytes, parsed: Any, dumped: bytes) -> bytes:
+    """The value's bytes cut out of a line where orjson would not write it back the same."""
     if line.endswith(_TAIL_END):
-        if line.endswith(b'"value":' + dumped + _TAIL_END):
-            return dumped
         # The value ends where the line's last member begins. It starts after the leftmost
         # `,"value":` from which the rest parses: such bytes cannot sit inside a string (the quotes
         # would be escaped), and one inside the headers leaves their closing brace unbalanced.

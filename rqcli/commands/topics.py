@@ -43,7 +43,7 @@ from topics.paths import Path as FieldPath
 from topics.paths import parse_fields
 from topics.pipeline import Rate, Request, Result, run
 from topics.plan import parse_window, resolve_window
-from topics.record import Headers, Record, encode_bytes_field, encode_value, json_value_bytes
+from topics.record import NO_HEADERS, Headers, Record, encode_bytes_field, encode_value, json_value_bytes
 from topics.render import Decoded, Renderer, make_renderer
 from topics.savedspec import ReplaySpec
 from topics.sources import Sink, Source, open_sink, open_source, parse_topic
@@ -381,17 +381,25 @@ def _json_record(line: bytes, lineno: int) -> tuple[bytes | None, Headers, bytes
             if encoding == "json"
             else encode_value(obj["value"], encoding)
         )
-        key = encode_bytes_field(obj.get("key"), obj.get("key_encoding", "text"))
-        headers: list[tuple[str, bytes]] = []
-        for name, v in (obj.get("headers") or {}).items():
-            for item in v if isinstance(v, list) else [v]:
-                if isinstance(item, dict) and "base64" in item:
-                    headers.append((name, encode_bytes_field(item["base64"], "base64") or b""))
-                else:
-                    headers.append((name, str(item).encode("utf-8")))
-        return key, tuple(headers), value
+        # The common line (no key, no headers) skips the field decoders: this runs per record.
+        key = obj.get("key")
+        if key is not None:
+            key = encode_bytes_field(key, obj.get("key_encoding", "text"))
+        headers = obj.get("headers")
+        return key, (_json_headers(headers) if headers else NO_HEADERS), value
     except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError) as exc:
         raise CliError(f"input line {lineno} is not a record: {exc}", ExitCode.USAGE) from None
+
+
+def _json_headers(obj: Any) -> Headers:
+    headers: list[tuple[str, bytes]] = []
+    for name, v in obj.items():
+        for item in v if isinstance(v, list) else [v]:
+            if isinstance(item, dict) and "base64" in item:
+                headers.append((name, encode_bytes_field(item["base64"], "base64") or b""))
+            else:
+                headers.append((name, str(item).encode("utf-8")))
+    return tuple(headers)
 
 
 @click.command()
