@@ -70,6 +70,21 @@ class _Killed(Exception):
     """Stands for kill -9 of the receiver at one point of a commit."""
 
 
+def _commit_killed_after_first_placement(
+    store: Store, m: Manifest, roots: list[str], overwrite: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    place = Store.place
+
+    def place_then_die(self: Store, entry: FileEntry, overwrite: bool) -> None:
+        place(self, entry, overwrite)
+        raise _Killed
+
+    monkeypatch.setattr(Store, "place", place_then_die)
+    with pytest.raises(_Killed):
+        store.plan(m).finalize(roots, overwrite)
+    monkeypatch.setattr(Store, "place", place)
+
+
 def _two_files(tmp_path: Path) -> tuple[Store, Manifest, list[bytes], list[str]]:
     datas = [os.urandom(2 * CS + 7), os.urandom(CS + 3)]
     entries = [
@@ -99,16 +114,7 @@ def test_commit_cut_short_by_a_crash_is_finished_not_redone_from_empty_files(
     over the placed file (which an independent review reproduced) nor refuse it as "exists"."""
     store, m, datas, roots = _two_files(tmp_path)
     store.overwrite = overwrite
-    place = Store.place
-
-    def place_then_die(self: Store, entry: FileEntry, overwrite: bool) -> None:
-        place(self, entry, overwrite)
-        raise _Killed
-
-    monkeypatch.setattr(Store, "place", place_then_die)
-    with pytest.raises(_Killed):
-        store.plan(m).finalize(roots, overwrite)
-    monkeypatch.setattr(Store, "place", place)
+    _commit_killed_after_first_placement(store, m, roots, overwrite, monkeypatch)
     store.close()
 
     store = Store(tmp_path, overwrite=overwrite)  # the re-run: the sender sends the same manifest
@@ -271,16 +277,7 @@ def test_a_cut_short_commit_never_places_a_part_another_transfer_rewrote(
 
     store = Store(tmp_path, overwrite=True)
     roots = send(store, t1, [a, b])
-    place = Store.place
-
-    def place_then_die(self: Store, entry: FileEntry, overwrite: bool) -> None:
-        place(self, entry, overwrite)
-        raise _Killed
-
-    monkeypatch.setattr(Store, "place", place_then_die)
-    with pytest.raises(_Killed):
-        store.plan(t1).finalize(roots, True)
-    monkeypatch.setattr(Store, "place", place)
+    _commit_killed_after_first_placement(store, t1, roots, True, monkeypatch)
     assert not store.completed(t2)
     send(store, t2, [a, b, c], stop_after_first_of_a=True)
     assert (tmp_path / "a").read_bytes() == a
