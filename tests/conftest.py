@@ -8,6 +8,7 @@ stops them at the end. Each test gets its own bucket / stream, removed afterward
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -31,6 +32,18 @@ def _read_env_file(path: Path) -> dict[str, str]:
             key, _, value = line[len("export ") :].partition("=")
             env[key] = value
     return env
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_ram_roots_left_behind() -> Iterator[None]:
+    """Caches that tests make under tmp_path get a RAM root in /dev/shm named after that path; the
+    suite removes the ones it made that hold no files (a real cache's root, with blobs, stays)."""
+    shm = Path("/dev/shm")
+    before = set(shm.glob("rq-cache-*"))
+    yield
+    for root in set(shm.glob("rq-cache-*")) - before:
+        if root.is_dir() and not root.is_symlink() and not any(p.is_file() for p in root.rglob("*")):
+            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
