@@ -19,7 +19,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -262,7 +262,7 @@ class Index:
     def delete(db: sqlite3.Connection, url: str) -> None:
         db.execute("DELETE FROM entries WHERE url = ?", (url,))
 
-    def lru(self, db: sqlite3.Connection, tier: str) -> Iterator[Entry]:
+    def lru(self, db: sqlite3.Connection, tier: str) -> Generator[Entry, None, None]:
         """Unpinned entries of a tier, least recently used first."""
         cur = db.execute(
             f"SELECT {ENTRY_COLS} FROM entries WHERE tier = ? AND pinned = 0 ORDER BY last_access",

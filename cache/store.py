@@ -199,15 +199,20 @@ class Store:
             elif hold.pid != 0 and not procs.alive(hold.pid, hold.pid_start):
                 self._drop_dead(db, hold)
                 freed += hold.size
-        candidates = list(self.index.lru(db, tier)) if freed < to_free else []
-        for entry in candidates:
-            if freed >= to_free:
-                break
-            fd = lock_exclusive(self.layout.blob_path(tier, entry.blob))
-            if fd is None:
-                continue  # a reader has it open
-            chosen.append((entry, fd))
-            freed += entry.size
+        # read lazily, oldest first: a cache of millions of entries must not load them all to
+        # free room for one object (the index on (tier, pinned, last_access) serves this order)
+        candidates = self.index.lru(db, tier)
+        try:
+            for entry in candidates:
+                if freed >= to_free:
+                    break
+                fd = lock_exclusive(self.layout.blob_path(tier, entry.blob))
+                if fd is None:
+                    continue  # a reader has it open
+                chosen.append((entry, fd))
+                freed += entry.size
+        finally:
+            candidates.close()  # the cursor ends before this transaction deletes rows
         if freed < to_free:
             for _, fd in chosen:
                 if fd >= 0:

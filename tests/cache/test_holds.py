@@ -110,3 +110,35 @@ def test_a_superseded_blob_a_live_process_is_landing_again_stays_counted(
     assert path.exists()
     assert c.usage()["disk"]["held"] == 4 * MIB  # both holds still count what they cover
     c.close()
+
+
+def test_eviction_reads_only_as_many_lru_entries_as_it_needs(
+    tmp_path: Path, ram_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It loaded every unpinned entry of the tier for each eviction (~0.8 s per reservation with
+    300,000 entries); now it reads oldest first and stops when enough is freed."""
+    from cache.store import HoldSpec
+
+    c = _cache(tmp_path, ram_dir)  # disk cap 3 MiB
+    state = c._state()
+    with state.index.write() as db:
+        db.executemany(
+            "INSERT INTO entries VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            [
+                (f"u{i}", "v", 1000, "disk", blob_name(f"u{i}", "v"), "x", "size", 0, float(i), 0.0, 0.0)
+                for i in range(3144)
+            ],
+        )
+    read = []
+    lru = Index.lru
+
+    def counting(self: Index, db: object, tier: str) -> object:
+        for entry in lru(self, db, tier):  # type: ignore[arg-type]
+            read.append(entry.url)
+            yield entry
+
+    monkeypatch.setattr(Index, "lru", counting)
+    state.store.reserve("disk", [HoldSpec(2500, blob_name("new", "v"), "new")], patience=0.0)
+    # 3,144,000 B held of a 3 MiB cap: room for 2,500 more means evicting one entry, the oldest
+    assert read[0] == "u0" and len(read) <= 2  # (one more is read to see it is enough)
+    c.close()
