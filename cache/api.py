@@ -25,10 +25,10 @@ from cache.errors import CacheError, NotFoundError, VerifyError
 from cache.fetcher import Fetcher, Job
 from cache.index import Entry, Index
 from cache.landing import ObjectInfo
-from cache.layout import TIERS, Layout, check_cache_dir, default_ram_root
+from cache.layout import INDEX_NAME, TIERS, Layout, check_cache_dir, default_ram_root
 from cache.origins import LocalOrigin, Origin, normalise_url, origin_for_url
 from cache.s3 import S3Settings
-from cache.sizes import parse_size
+from cache.sizes import parse_size, stored_size
 from cache.store import Store
 
 SMALL_READ = 16 << 20  # objects up to this size are read into memory on open (no lease kept)
@@ -93,7 +93,7 @@ class Cache:
         self._flush_pending_pid = 0  # the process whose deferred flush is scheduled
         self._verified: set[tuple[str, int, int]] = set()
         self._prefetcher: Prefetcher | None = None
-        index = Index(self.root / "index.sqlite3")
+        index = Index(self.root / INDEX_NAME)
         try:
             known = index.setting("ram_root")
             ram_root = Path(ram_dir) if ram_dir else Path(known or default_ram_root(self.root))
@@ -119,9 +119,7 @@ class Cache:
             held = db.execute("SELECT COUNT(*) FROM holds WHERE tier = 'ram'").fetchone()[0]
             if not ours and not held and ram_root == default_ram_root(self.root):
                 Store.sweep_tree(ram_root)
-            db.execute(
-                "INSERT OR REPLACE INTO settings (key, value) VALUES ('ram_root', ?)", (str(ram_root),)
-            )
+            Index.put_setting(db, "ram_root", str(ram_root))
 
     def _caps(
         self, index: Index, ram_limit: int | str | None, disk_limit: int | str | None
@@ -132,10 +130,10 @@ class Cache:
                 caps[tier] = parse_size(given)
                 index.set_setting(f"{tier}_limit", str(caps[tier]))
                 continue
-            stored = index.setting(f"{tier}_limit")
-            if stored is not None and stored.isdigit() and int(stored) < 1 << 63:
-                caps[tier] = int(stored)
-                continue  # (an unusable stored value, e.g. from an older rq, gets the default)
+            stored = stored_size(index.setting(f"{tier}_limit"))
+            if stored is not None:
+                caps[tier] = stored
+                continue
             fs = os.statvfs(self.layout.tier_root(tier))
             # defaults: a quarter of the RAM file system; 80% of what the disk has free now
             caps[tier] = (

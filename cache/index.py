@@ -362,4 +362,9 @@ class Index:
 
     def set_setting(self, key: str, value: str) -> None:
         with self.write() as db:
-            db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, value))
+            Index.put_setting(db, key, value)
+
+    @staticmethod
+    def put_setting(db: sqlite3.Connection, key: str, value: str) -> None:
+        """Inside the caller's transaction."""
+        db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, value))

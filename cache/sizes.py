@@ -30,6 +30,14 @@ def parse_size(text: str | int) -> int:
     return size
 
 
+def stored_size(text: str | None) -> int | None:
+    """A size the index keeps as text, or None when absent or unusable (e.g. written by an older
+    rq before sizes were bounded): the caller then falls back to its default."""
+    if text is None or not text.isdigit() or int(text) > MAX_SIZE:
+        return None
+    return int(text)
+
+
 def format_size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

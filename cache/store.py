@@ -29,7 +29,7 @@ from cache import procs
 from cache.errors import CacheError, CacheFullError
 from cache.index import Entry, Hold, Index
 from cache.layout import Layout, blob_hash
-from cache.sizes import format_size
+from cache.sizes import format_size, stored_size
 
 
 @dataclass(frozen=True)
@@ -151,9 +151,9 @@ class Store:
     def cap(self, tier: str) -> int:
         """The tier's cap as last set by any process (a lower limit given to a later rq must bind
         every process using this cache, not only the one that set it)."""
-        stored = self.index.setting(f"{tier}_limit")
-        if stored is not None and stored.isdigit() and int(stored) < 1 << 63:
-            self.caps[tier] = int(stored)
+        stored = stored_size(self.index.setting(f"{tier}_limit"))
+        if stored is not None:
+            self.caps[tier] = stored
         return self.caps[tier]
 
     def shrink(self) -> None:
@@ -464,9 +464,8 @@ class Store:
         """Removes every file under a tier root's tmp/ and objects/xx/ (never through a symlink)."""
         for name in cls._listdir(root / "tmp"):
             unlink_quiet(root / "tmp" / name)
-        for sub in cls._listdir(root / "objects"):
-            for name in cls._listdir(root / "objects" / sub):
-                unlink_quiet(root / "objects" / sub / name)
+        for rel in cls._objects_under(root):
+            unlink_quiet(root / "objects" / rel)
 
     @staticmethod
     def _listdir(path: Path) -> list[str]:
@@ -484,10 +483,14 @@ class Store:
             os.close(fd)
 
     def _walk_objects(self, tier: str) -> list[str]:
-        root = self.layout.tier_root(tier) / "objects"
+        return self._objects_under(self.layout.tier_root(tier))
+
+    @classmethod
+    def _objects_under(cls, root: Path) -> list[str]:
+        """`xx/<blob>` of every file under a tier root's objects/."""
         out: list[str] = []
-        for sub in self._listdir(root):
-            out.extend(f"{sub}/{name}" for name in self._listdir(root / sub))
+        for sub in cls._listdir(root / "objects"):
+            out.extend(f"{sub}/{name}" for name in cls._listdir(root / "objects" / sub))
         return out
 
 

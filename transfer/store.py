@@ -281,8 +281,7 @@ class Store:
                     raise UnknownTransferError("transfer already finished") from None
                 # A journal describes the bytes of one .part file; without that file its records
                 # claim data nobody has, so they go with it.
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(f"{entry.key}.journal", dir_fd=self.state_fd)
+                unlink_quiet_at(f"{entry.key}.journal", self.state_fd)
                 os.close(os.open(part, flags | os.O_CREAT, 0o600, dir_fd=self.state_fd))
             journal = Journal(
                 self.state_fd, f"{entry.key}.journal", entry.key, entry.size, manifest.chunk_size, chunks
@@ -346,8 +345,7 @@ class Store:
                 if f.name in ours and ours[f.name] != f.key:
                     restarted.append(f.name)
                     for suffix in (".part", ".journal"):
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(f"{f.key}{suffix}", dir_fd=self.state_fd)
+                        unlink_quiet_at(f"{f.key}{suffix}", self.state_fd)
             # the older transfer's commit, if a crash cut it short, cannot be finished any more:
             # this one may rewrite the .part files it would place
             unlink_quiet_at(f"{old.transfer_id}.commit.json", self.state_fd)
@@ -489,6 +487,5 @@ class Store:
         tid = manifest.transfer_id
         names = [f"{f.key}.journal" for f in manifest.files]
         for name in [*names, f"{tid}.manifest.json", f"{tid}.commit.json"]:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name, dir_fd=self.state_fd)
+            unlink_quiet_at(name, self.state_fd)
         os.fsync(self.state_fd)
