@@ -9,6 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,3 +97,20 @@ def libc_with_mmap() -> ctypes.CDLL:
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
     return libc
+
+
+@contextmanager
+def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` mounted at `mnt` (a full file system on demand); skips without root."""
+    import pytest
+
+    mnt.mkdir()
+    ok = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True
+    )
+    if ok.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {ok.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

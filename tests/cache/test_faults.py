@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from cachekit import payload, seed_objects, summary, tree_bytes, tree_files
-from rqtest import rq_command, run_rq
+from rqtest import rq_command, run_rq, small_tmpfs
 
 pytestmark = pytest.mark.integration
 
@@ -341,13 +341,8 @@ def test_pinned_entries_are_never_evicted_and_a_full_tier_says_so(
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Any:
-    mnt = tmp_path / f"tiny-{uuid.uuid4().hex[:6]}"
-    mnt.mkdir()
-    ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
-    if ok.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {ok.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    with small_tmpfs(tmp_path / f"tiny-{uuid.uuid4().hex[:6]}", "2m") as mnt:
+        yield mnt
 
 
 def test_full_disk_is_a_clear_error_and_the_cache_stays_consistent(

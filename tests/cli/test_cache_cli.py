@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rqtest import run_rq
+from rqtest import run_rq, small_tmpfs
 
 from rqcli.exitcodes import ExitCode
 
@@ -82,13 +82,8 @@ def test_dry_run_does_not_remember_its_limits(tmp_path: Path, cache_dir: Path) -
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True)
-    if ok.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {ok.stderr.decode().strip()}")
-    yield mnt
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    with small_tmpfs(tmp_path / "tiny", "1m") as mnt:
+        yield mnt
 
 
 def preload_into_full_fs(tmp_path: Path, small_fs: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
