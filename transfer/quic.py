@@ -103,6 +103,7 @@ def _big_buffers(sock: socket.socket) -> None:
 
 SEND_BACKLOG = 8 << 20  # most bytes a stream may hold in aioquic's send buffer (see _wait_for_room)
 STALL_TIMEOUT = 60.0  # a backlog that does not move for this long means the peer is gone
+COPY_BELOW = 64 * 1024  # frames up to this size are copied and queued; bigger ones wait for the loop
 
 
 class QuicChannel:
@@ -284,21 +285,40 @@ class QuicChannel:
             raise PeerUnreachableError("QUIC stream is closed")
         if self._error is not None:
             raise PeerUnreachableError(f"QUIC send failed: {self._error}")
-        # One copy here, in the caller's thread, so the caller may reuse its buffers at once and the
-        # event-loop thread (the bottleneck: QUIC is pure Python) only queues it. No waiting for the
-        # loop either, only for aioquic's buffer to drain below SEND_BACKLOG (_wait_for_room).
-        data = b"".join(parts)
         self._wait_for_room()
+        if sum(len(p) for p in parts) <= COPY_BELOW:
+            # a control frame or an ACK: one small copy, and the caller goes on without waiting
+            self._on_loop(self._queue_parts, (b"".join(parts),))
+            return
+        # A chunk: the loop thread copies it straight from the caller's buffers into the library's
+        # send buffer, and the caller waits for that before it reuses them. Joining it here first
+        # was one more copy of every byte, into fresh memory each time: alternated 1 GiB qh3 sends
+        # took 2.17-2.27 s that way and 1.55-1.63 s this way.
+        done = threading.Event()
 
-        def _on_loop() -> None:
-            try:
-                self._proto._quic.send_stream_data(self.stream_id, data, False)
-                self._proto.transmit()
-            except BaseException as exc:
-                self._error = exc
+        def _copy(parts: tuple[bytes | bytearray | memoryview, ...]) -> None:
+            self._queue_parts(parts)
+            done.set()
 
+        self._on_loop(_copy, parts)
+        # A loop that stopped runs nothing more (run_forever has returned, this callback with it):
+        # then the caller's buffers are its own again, and the connection is gone.
+        while not done.wait(0.5):
+            if not self._loop.is_running() and not done.is_set():
+                raise PeerUnreachableError("QUIC connection is closed")
+
+    def _queue_parts(self, parts: tuple[bytes | bytearray | memoryview, ...]) -> None:
+        """On the loop: hands the parts to the QUIC library (which copies them) and transmits."""
         try:
-            self._loop.call_soon_threadsafe(_on_loop)
+            for p in parts:
+                self._proto._quic.send_stream_data(self.stream_id, p, False)
+            self._proto.transmit()
+        except BaseException as exc:
+            self._error = exc
+
+    def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:
             raise PeerUnreachableError("QUIC connection is closed") from None
 
@@ -603,6 +623,10 @@ class QuicConnection:
         return ch
 
     def close(self) -> None:
+        if not self._lt.loop.is_running():
+            self._lt.stop()
+            return
+
         async def _close() -> None:
             self._pinger.cancel()
             self.proto.close()
