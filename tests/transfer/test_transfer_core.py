@@ -471,7 +471,7 @@ def test_chunk_writer_writes_inline_where_the_driver_reuses_bodies_at_once() -> 
 def test_reader_reads_cached_and_uncached_chunks_alike(tmp_path: Path, cached: bool) -> None:
     """An uncached source is read around the page cache (O_DIRECT) and leaves it empty; a cached one
     is copied from it; the unaligned tail of the file comes through the page cache either way."""
-    from xfer_kit import resident_pages
+    from xfer_kit import require_o_direct, resident_pages
 
     from transfer import cachestat
     from transfer.source import Reader, SourceFile
@@ -479,12 +479,7 @@ def test_reader_reads_cached_and_uncached_chunks_alike(tmp_path: Path, cached: b
     if not cached and not cachestat.available():
         pytest.skip("no cachestat(2) here (Linux < 6.5): every read goes through the page cache")
     if not cached:
-        probe = tmp_path / "probe"
-        probe.write_bytes(b"")
-        try:
-            os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
-        except OSError:
-            pytest.skip("this file system refuses O_DIRECT: every read goes through the page cache")
+        require_o_direct(tmp_path, ": every read goes through the page cache")
     cs = 1 << 20
     data = os.urandom(3 * cs + 5000)
     path = tmp_path / "src.bin"

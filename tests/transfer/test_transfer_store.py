@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from xfer_kit import resident_pages
+from xfer_kit import require_o_direct, resident_pages
 
 from transfer import codec
 from transfer.errors import ExistsError, TransferError, UnsafeNameError
@@ -215,11 +215,7 @@ def test_aligned_chunks_bypass_the_page_cache_and_the_tail_does_not(tmp_path: Pa
 
     from transfer.aligned import ALIGN, is_aligned
 
-    probe = tmp_path / "probe"
-    try:
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600))
-    except OSError:
-        pytest.skip("this file system refuses O_DIRECT")
+    require_o_direct(tmp_path)
     cs = 1 << 20
     size = 2 * cs + 1000
     data = os.urandom(size)

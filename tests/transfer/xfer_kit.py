@@ -193,6 +193,19 @@ def wait_for(pred: Any, timeout: float, step: float = 0.02) -> bool:
     return False
 
 
+def require_o_direct(directory: Path, why: str = "") -> None:
+    """Skips the calling test where the file system holding `directory` refuses O_DIRECT."""
+    probe = directory / ".o-direct-probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600))
+    except OSError:
+        import pytest
+
+        pytest.skip(f"this file system refuses O_DIRECT{why}")
+    finally:
+        probe.unlink(missing_ok=True)
+
+
 def resident_pages(path: Path) -> int:
     """How many of the file's pages sit in the page cache (mincore on a shared mapping)."""
     size = path.stat().st_size
