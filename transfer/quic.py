@@ -27,6 +27,7 @@ from typing import Any
 from transfer.credentials import fingerprint, normalise_pin
 from transfer.errors import AuthError, PeerUnreachableError, ProtocolError, TransferError, UnsupportedError
 from transfer.frames import HEADER, PRE_AUTH_LIMIT, BodyPool, Frame, FrameDecoder, FrameType, parse_header
+from transfer.slots import MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_PEER, PreAuthSlots
 from transfer.transport import Channel, ConnectOptions, ListenOptions
 
 _log = logging.getLogger(__name__)  # the library never prints; rq -v may show these
@@ -44,8 +45,8 @@ PRE_AUTH_QUEUE = 4
 # Bytes held behind an AUTH frame until the handler checked it: a MANIFEST (Limits.max_manifest_bytes,
 # 32 MiB) and its header. Only bytes that really arrived in the moment before the verdict count.
 PRE_AUTH_HOLD = 32 * 1024 * 1024 + 1024
-# Streams that have not authenticated, at once, per listener; more are refused (no thread each).
-MAX_UNAUTHENTICATED = 256
+# Streams that have not authenticated, at once, per listener and per address (transfer.slots); more
+# are refused (no thread each).
 STOPPED = 0x100  # application error code in STOP_SENDING: the receiver wants no more on this stream
 
 
@@ -388,6 +389,7 @@ def _protocol_class(
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.channels: dict[int, QuicChannel] = {}
+            self.peer = ""  # the address datagrams come from (validated by the handshake)
             self.terminated: str | None = None
             self.transmit_failures = 0
 
@@ -398,6 +400,7 @@ def _protocol_class(
         # connection that can no longer send ends by idle timeout, failing its channels as before.
 
         def datagram_received(self, data: Any, addr: Any) -> None:
+            self.peer = str(addr[0])
             try:
                 if burst.open:
                     # inside a burst: take the datagram in, transmit once when the burst ends
@@ -659,8 +662,9 @@ class QuicListener:
         self.backend = pick_backend(str(opts.extra.get("quic_backend", "auto")))
         wanted = opts.extra.get("datagram_size")
         self.datagram = min(int(wanted), self.backend.max_datagram) if wanted else self.backend.max_datagram
-        self._slots = threading.BoundedSemaphore(
-            int(opts.extra.get("max_unauthenticated", MAX_UNAUTHENTICATED))
+        self._slots = PreAuthSlots(
+            int(opts.extra.get("max_unauthenticated", MAX_UNAUTHENTICATED)),
+            int(opts.extra.get("max_unauthenticated_per_peer", MAX_UNAUTHENTICATED_PER_PEER)),
         )
         self._lt = _LoopThread("rq-quic-server")
         self._done = threading.Event()
@@ -700,11 +704,12 @@ class QuicListener:
         Past the cap (or with no thread to be had) the stream is turned away; the channel stays
         registered so the rest of its bytes are dropped, not taken for a new stream."""
         o = self.opts
-        if not self._slots.acquire(blocking=False):
+        release = self._slots.acquire(proto.peer)
+        if release is None:
             ch = QuicChannel(proto, stream_id, self._lt.loop, o.max_frame, PRE_AUTH_LIMIT)
             ch.turn_away()
             return ch
-        ch = QuicChannel(proto, stream_id, self._lt.loop, o.max_frame, PRE_AUTH_LIMIT, self._slots.release)
+        ch = QuicChannel(proto, stream_id, self._lt.loop, o.max_frame, PRE_AUTH_LIMIT, release)
         try:
             threading.Thread(target=self._serve_one, args=(ch,), daemon=True).start()
         except RuntimeError:  # "can't start new thread"

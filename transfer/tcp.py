@@ -20,12 +20,12 @@ from transfer import aligned
 from transfer.credentials import fingerprint, normalise_pin
 from transfer.errors import AuthError, PeerUnreachableError, TransferError
 from transfer.frames import CHUNK, HEADER, PRE_AUTH_LIMIT, Frame, parse_header
+from transfer.slots import MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_PEER, PreAuthSlots
 from transfer.transport import Channel, ConnectOptions, ListenOptions
 
-# Connections that have not yet proved they know the token, at once (one thread and one descriptor
-# each); more are closed as soon as they are accepted. ListenOptions.extra["max_unauthenticated"].
-# Room for a big sender's channels, which all handshake at once (--connections x --streams).
-MAX_UNAUTHENTICATED = 256
+# Connections that have not yet proved they know the token, at once, per listener and per address
+# (one thread and one descriptor each: transfer.slots); more are closed as soon as they are accepted.
+# ListenOptions.extra["max_unauthenticated"] and ["max_unauthenticated_per_peer"].
 # accept() errors that say the process or system is out of something another connection's end will
 # give back: wait and accept again instead of giving up on the listener
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
@@ -212,8 +212,9 @@ class TcpListener:
         self.sock = socket.create_server((opts.host, opts.port), backlog=64, reuse_port=False)
         self.address: tuple[str, int] = self.sock.getsockname()[:2]
         self._closed = threading.Event()
-        self._slots = threading.BoundedSemaphore(
-            int(opts.extra.get("max_unauthenticated", MAX_UNAUTHENTICATED))
+        self._slots = PreAuthSlots(
+            int(opts.extra.get("max_unauthenticated", MAX_UNAUTHENTICATED)),
+            int(opts.extra.get("max_unauthenticated_per_peer", MAX_UNAUTHENTICATED_PER_PEER)),
         )
         self._ctx: ssl.SSLContext | None = None
         if opts.tls:
@@ -233,7 +234,7 @@ class TcpListener:
         backoff = 0.0
         while not self._closed.is_set():
             try:
-                conn, _ = self.sock.accept()
+                conn, addr = self.sock.accept()
             except TimeoutError:
                 continue
             except OSError as exc:
@@ -250,17 +251,18 @@ class TcpListener:
                 self._closed.wait(backoff)
                 continue
             backoff = 0.0
-            if not self._slots.acquire(blocking=False):
+            release = self._slots.acquire(str(addr[0]))
+            if release is None:
                 _drop(conn)  # too many connections that have not authenticated: refuse this one
                 continue
             try:
-                threading.Thread(target=self._serve_one, args=(conn,), daemon=True).start()
+                threading.Thread(target=self._serve_one, args=(conn, release), daemon=True).start()
             except RuntimeError:  # "can't start new thread": as out of resources as EMFILE
-                self._slots.release()
+                release()
                 _drop(conn)
                 self._closed.wait(_MAX_BACKOFF)
 
-    def _serve_one(self, conn: socket.socket) -> None:
+    def _serve_one(self, conn: socket.socket, release: Callable[[], None]) -> None:
         """Runs in its own thread holding one of the unauthenticated slots until the receiver lifts
         the channel's frame limit (the peer proved the token) or the channel ends."""
         ch: TcpChannel | None = None
@@ -271,10 +273,10 @@ class TcpListener:
                 conn.settimeout(10)
                 conn = self._ctx.wrap_socket(conn, server_side=True)
                 conn.settimeout(None)
-            ch = TcpChannel(conn, self.opts.max_frame, PRE_AUTH_LIMIT, self._slots.release)
+            ch = TcpChannel(conn, self.opts.max_frame, PRE_AUTH_LIMIT, release)
         except (ssl.SSLError, OSError):
             _drop(conn)
-            self._slots.release()
+            release()
             return
         try:
             self.handler(ch)

@@ -149,7 +149,7 @@ def test_tcp_unauthenticated_connections_are_capped(tmp_path: Path) -> None:
                 assert _closed_by_peer(extra)
             _hello(idle[0])  # authenticates: no longer counts
             # its AUTH is handled in the receiver's thread: wait until the slot is free
-            assert wait_for(lambda: lst._slots._value > 0, 10)  # type: ignore[attr-defined]
+            assert wait_for(lambda: lst._slots.held() < 3, 10)
             fresh = TcpChannel(socket.create_connection(lst.address, timeout=10), 1 << 20)
             try:
                 _hello(fresh)  # served: it gets a CHALLENGE
@@ -158,6 +158,29 @@ def test_tcp_unauthenticated_connections_are_capped(tmp_path: Path) -> None:
         finally:
             for ch in idle:
                 ch.close()
+
+
+def test_tcp_one_address_cannot_take_every_slot(tmp_path: Path) -> None:
+    """A host that opens connections and says nothing fills only its own share of the slots: its
+    next connection is closed at once, while a sender from another address is still served."""
+    with tcp_receiver(tmp_path / "dst", max_unauthenticated=8, max_unauthenticated_per_peer=2) as lst:
+        idle = [
+            socket.create_connection(lst.address, timeout=10, source_address=("127.0.0.2", 0))
+            for _ in range(2)
+        ]
+        try:
+            assert wait_for(lambda: lst._slots.held("127.0.0.2") == 2, 10)
+            extra = socket.create_connection(lst.address, source_address=("127.0.0.2", 0))
+            with extra:
+                assert _closed_by_peer(extra)
+            honest = TcpChannel(socket.create_connection(lst.address, timeout=10), 1 << 20)
+            try:
+                _hello(honest)  # from 127.0.0.1: served, it gets a CHALLENGE
+            finally:
+                honest.close()
+        finally:
+            for s in idle:
+                s.close()
 
 
 def _few_fds(pid: int) -> None:
@@ -216,11 +239,13 @@ def test_recv_exits_nonzero_when_its_listener_dies(tmp_path: Path, monkeypatch: 
 
 
 @contextlib.contextmanager
-def quic_pair(tmp_path: Path, handler: object) -> Iterator[tuple[QuicListener, QuicConnection]]:
+def quic_pair(
+    tmp_path: Path, handler: object, **listen: int
+) -> Iterator[tuple[QuicListener, QuicConnection]]:
     """A real QUIC listener (aioquic) on loopback with `handler`, and our client connected to it."""
     ident = load_identity(tmp_path / "cert")
     extra = {"quic_backend": "aioquic"}
-    lst = QuicListener(ListenOptions("127.0.0.1", 0, ident, extra=extra), handler)  # type: ignore[arg-type]
+    lst = QuicListener(ListenOptions("127.0.0.1", 0, ident, extra={**extra, **listen}), handler)  # type: ignore[arg-type]
     try:
         host, port = lst.address
         conn = QuicConnection(ConnectOptions(host, port, ident.fingerprint, extra=extra))
@@ -319,3 +344,28 @@ def test_quic_library_errors_do_not_print_tracebacks(tmp_path: Path) -> None:
         _, _, err = recv.stop()
     assert err.count("refused a transfer") == 3, err
     assert "Traceback" not in err, err
+
+
+def test_quic_streams_from_one_address_are_capped(tmp_path: Path) -> None:
+    """Past its address's share of the unauthenticated slots a new stream is turned away (reset),
+    not given a handler thread; the streams already served keep theirs."""
+    served: list[QuicChannel] = []
+    hold = threading.Event()
+
+    def handler(ch: Channel) -> None:
+        assert isinstance(ch, QuicChannel)
+        served.append(ch)
+        hold.wait(10)
+
+    with quic_pair(tmp_path, handler, max_unauthenticated=8, max_unauthenticated_per_peer=2) as (lst, conn):
+        try:
+            for _ in range(2):  # a stream id is taken by its first bytes: open one at a time
+                conn.open_channel().send(header(FrameType.HELLO, 10))
+            assert wait_for(lambda: len(served) == 2, 10)
+            third = conn.open_channel()
+            third.send(header(FrameType.HELLO, 10))
+            with pytest.raises(PeerUnreachableError, match="reset"):
+                third.recv(timeout=10)
+            assert len(served) == 2 and lst._slots.held("127.0.0.1") == 2
+        finally:
+            hold.set()
