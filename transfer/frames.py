@@ -146,16 +146,26 @@ class BodyPool:
         self._lock = threading.Lock()
 
     def take(self, length: int) -> memoryview:
+        """The smallest kept buffer that holds `length` bytes (big ones stay for big chunks), or a
+        new one."""
         with self._lock:
-            for i, buf in enumerate(self._free):
-                if len(buf) >= length:
-                    return self._free.pop(i)
+            fits = [i for i, buf in enumerate(self._free) if len(buf) >= length]
+            if fits:
+                return self._free.pop(min(fits, key=lambda i: len(self._free[i])))
         return aligned.buffer(length, lead=CHUNK.size)
 
     def give(self, buf: memoryview) -> None:
+        """Keeps `buf` for a later take; when full, the smallest buffer is the one let go, so a run
+        of short (compressed, last) chunks cannot crowd out the full-size ones."""
         with self._lock:
-            if len(self._free) < self._keep:
-                self._free.append(buf)
+            self._free.append(buf)
+            if len(self._free) > self._keep:
+                self._free.remove(min(self._free, key=len))
+
+    def clear(self) -> None:
+        """Lets every kept buffer go (freed at once unless a frame still holds it)."""
+        with self._lock:
+            self._free.clear()
 
 
 class FrameDecoder:
@@ -208,6 +218,16 @@ class FrameDecoder:
             return bytearray(length)
         self._lease = self._pool.take(length)
         return self._lease[:length]
+
+    def drop_partial(self) -> None:
+        """Forgets a frame half received (the stream is closed: it will never complete)."""
+        self._head, self._need, self._body, self._lease, self._filled = (
+            bytearray(),
+            None,
+            bytearray(),
+            None,
+            0,
+        )
 
     @property
     def pending(self) -> int:

@@ -350,10 +350,12 @@ class QuicChannel:
             return
         self._closed = True  # _deliver queues nothing more
         self._drain()
+        self._release_buffers()
 
         def _on_loop() -> None:
             self._dropping = True
             self._drain()  # what the loop queued before it saw _closed
+            self.decoder.drop_partial()
             if not self._peer_finished():
                 self._stop_receiving()
             with contextlib.suppress(Exception):
@@ -366,6 +368,13 @@ class QuicChannel:
     def _drain(self) -> None:
         with self.frames.mutex:
             self.frames.queue.clear()
+
+    def _release_buffers(self) -> None:
+        """The pool's buffers go with the channel, not whenever the cyclic garbage collector gets
+        to it (a channel and its connection's protocol refer to each other): a long-running
+        `rq recv` would otherwise hold up to 8 chunk-sized buffers per finished stream."""
+        self._lent.clear()
+        self._pool.clear()
 
     def _peer_finished(self) -> bool:
         """Whether the peer already ended its side (FIN or reset): then there is nothing to stop."""
