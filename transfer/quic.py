@@ -581,7 +581,7 @@ class QuicConnection:
         except (TimeoutError, ConnectionError, OSError) as exc:
             self._lt.stop()
             raise PeerUnreachableError(
-                f"cannot reach {opts.host}:{opts.port} over QUIC: {exc or type(exc).__name__}"
+                f"cannot reach {opts.host}:{opts.port} over QUIC: {_why_unreachable(exc, opts.timeout)}"
             ) from None
 
     async def _connect(self) -> Any:
@@ -656,6 +656,18 @@ class QuicConnection:
         with contextlib.suppress(Exception):
             self._lt.run(_close(), timeout=3)
         self._lt.stop()
+
+
+def _why_unreachable(exc: BaseException, timeout: float) -> str:
+    """One phrase for a failed QUIC connect. The libraries raise bare TimeoutError/ConnectionError,
+    whose text is empty."""
+    if str(exc):
+        return str(exc)
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout:g} s"
+    if isinstance(exc, ConnectionError):
+        return "the handshake did not complete (nothing listening, or it closed the connection)"
+    return type(exc).__name__
 
 
 def _der() -> Any:

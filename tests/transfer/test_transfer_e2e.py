@@ -206,6 +206,25 @@ def test_missing_token_and_source_errors(tmp_path: Path) -> None:
     assert proc.returncode == 6, proc.stderr.decode()
 
 
+@pytest.mark.parametrize("backend", ["aioquic", "qh3"])
+def test_quic_to_a_closed_port_says_why(tmp_path: Path, backend: str) -> None:
+    """The QUIC libraries fail a connect with a bare exception: the line once read "over QUIC: —"."""
+    pin = "sha256:" + "a" * 64
+    proc = subprocess.run(
+        rq_cmd("send", "/etc/hostname", "rq://127.0.0.1:9", "--transport", "quic", "--quic-backend", backend,
+               "--pin", pin, "--retry-for", "0"),
+        env=rq_env(),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )  # fmt: skip
+    err = proc.stderr.decode()
+    assert proc.returncode == 6, err
+    assert "over QUIC: —" not in err and ("handshake" in err or "no answer" in err or "unreachable" in err), (
+        err
+    )
+
+
 def test_token_file_created_private(tmp_path: Path) -> None:
     token_file = tmp_path / "tok"
     env = {k: v for k, v in rq_env().items() if k != "RQ_TOKEN"}
