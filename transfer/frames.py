@@ -210,7 +210,7 @@ class FrameDecoder:
             kind, length = self._need
             if self._filled == length:
                 out.append(Frame(kind, memoryview(self._body), self._lease))
-                self._need, self._body, self._lease = None, bytearray(), None
+                self._need, self._body, self._lease, self._filled = None, bytearray(), None, 0
         return out
 
     def _new_body(self, kind: FrameType, length: int) -> bytearray | memoryview:

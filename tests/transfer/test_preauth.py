@@ -138,6 +138,15 @@ def test_tcp_peer_that_stalls_inside_a_frame_is_dropped(
             assert _closed_by_peer(stalled)
 
 
+def _assert_served(address: tuple[str, int]) -> None:
+    """A new connection to `address` is served: its HELLO gets a CHALLENGE (else _hello fails)."""
+    ch = TcpChannel(socket.create_connection(address, timeout=10), 1 << 20)
+    try:
+        _hello(ch)
+    finally:
+        ch.close()
+
+
 def test_tcp_unauthenticated_connections_are_capped(tmp_path: Path) -> None:
     """Past the cap a new connection is closed at once; one that authenticated frees its slot; the
     listener stays up throughout."""
@@ -150,11 +159,7 @@ def test_tcp_unauthenticated_connections_are_capped(tmp_path: Path) -> None:
             _hello(idle[0])  # authenticates: no longer counts
             # its AUTH is handled in the receiver's thread: wait until the slot is free
             assert wait_for(lambda: lst._slots.held() < 3, 10)
-            fresh = TcpChannel(socket.create_connection(lst.address, timeout=10), 1 << 20)
-            try:
-                _hello(fresh)  # served: it gets a CHALLENGE
-            finally:
-                fresh.close()
+            _assert_served(lst.address)
         finally:
             for ch in idle:
                 ch.close()
@@ -173,11 +178,7 @@ def test_tcp_one_address_cannot_take_every_slot(tmp_path: Path) -> None:
             extra = socket.create_connection(lst.address, source_address=("127.0.0.2", 0))
             with extra:
                 assert _closed_by_peer(extra)
-            honest = TcpChannel(socket.create_connection(lst.address, timeout=10), 1 << 20)
-            try:
-                _hello(honest)  # from 127.0.0.1: served, it gets a CHALLENGE
-            finally:
-                honest.close()
+            _assert_served(lst.address)  # from 127.0.0.1
         finally:
             for s in idle:
                 s.close()

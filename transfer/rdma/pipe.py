@@ -2,7 +2,8 @@
 
 The pipe turns `send(parts)` into RDMA WRITE WITH IMMEDIATE into the peer's ring (schedule.py cuts
 the bytes into slot fills, credits.py keeps us inside the peer's free slots) and turns arriving
-writes back into the transfer core's frames (reassembly.Reassembler; the core verifies every
+writes back into the transfer core's frames (transfer.frames.FrameDecoder, each byte copied once
+out of the ring into a reused BodyPool buffer; the core verifies every
 chunk's digest as on any transport). It talks to the adapter through a `Port` — verbs.QueuePair on
 real hardware, a loopback in the unit tests — so flow control, ordering checks, error mapping and
 teardown are tested here without a device.
@@ -23,10 +24,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from transfer.errors import PeerUnreachableError, TransferError
-from transfer.frames import Frame
+from transfer.frames import BodyPool, Frame, FrameDecoder
 from transfer.rdma.credits import ReadCredits, StagingPool, WriteCredits, data_imm
 from transfer.rdma.errors import CreditError, completion_error
-from transfer.rdma.reassembly import Reassembler
 from transfer.rdma.schedule import plan_slots
 
 POLL_BATCH = 32
@@ -108,9 +108,12 @@ class Pipe:
         self.out = WriteCredits(peer_slots)
         self.stage = StagingPool(staging)
         self.inn = ReadCredits(local_slots, credit_batch)
-        self.decoder = Reassembler(max_frame)
-        self.frames: collections.deque[tuple[Frame, bytearray | None]] = collections.deque()
-        self._lent: bytearray | None = None  # the body buffer of the frame recv() returned last
+        # The ring slot is written again as soon as it is read, so frames are copied out of it once,
+        # into pooled body buffers (fresh memory is slow to touch here)
+        self.pool = BodyPool()
+        self.decoder = FrameDecoder(max_frame, self.pool)
+        self.frames: collections.deque[Frame] = collections.deque()
+        self._lent: memoryview | None = None  # the pool buffer of the frame recv() returned last
         self.credits_in_flight = 0
         self.broken: TransferError | None = None
         self.liveness = liveness  # raises when the peer is gone (the bootstrap connection closed)
@@ -158,8 +161,10 @@ class Pipe:
 
     def _hand_out(self) -> Frame:
         # The previous frame's body is the caller's no longer (valid until the next recv): reuse it.
-        self.decoder.recycle(self._lent)
-        frame, self._lent = self.frames.popleft()
+        if self._lent is not None:
+            self.pool.give(self._lent)
+        frame = self.frames.popleft()
+        self._lent = frame.lease
         return frame
 
     def take_ready(self) -> Frame | None:
