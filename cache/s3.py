@@ -12,6 +12,7 @@ credentials are re-read per client).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import urllib.parse
@@ -145,6 +146,25 @@ def map_error(
     if any(s in name for s in ("SOCKET", "DNS", "CONNECTION", "TIMEOUT", "HOST", "CLOSED", "TLS")):
         return UnreachableError(f"cannot reach {endpoint} ({name})")
     return OriginError(f"{what}: {name} {error}")
+
+
+_kept: set[int] = set()  # CRT threads whose Python thread state lives as long as they do
+os.register_at_fork(after_in_child=_kept.clear)
+
+
+def keep_thread_state() -> None:
+    """Called from a CRT callback: keeps this foreign thread's Python thread state for good.
+
+    The CRT calls into Python through PyGILState_Ensure/Release. A thread that holds no state of its
+    own gets a new one for every callback and loses it after, and with it a 16 KiB frame stack that
+    CPython mmaps and munmaps each time: ~5,700 munmaps (3.5% of the CPU) for 2,000 small objects
+    (strace, perf). One extra Ensure, never released, makes the state outlive the callback; it is
+    freed with the interpreter, like a daemon thread's. Shutdown stays safe: awscrt checks
+    Py_IsInitialized() before it calls Ensure, and finalisation clears that flag first."""
+    ident = threading.get_ident()
+    if ident not in _kept:
+        _kept.add(ident)
+        ctypes.pythonapi.PyGILState_Ensure()
 
 
 class S3:
@@ -318,6 +338,7 @@ class S3:
         endpoint = self.endpoint_text
 
         def _headers(status_code: int, headers: list, **_: Any) -> None:
+            keep_thread_state()
             if status_code < 300:
                 on_headers(headers)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from rqcli import teardown
+from rqcli import malloc, teardown
 from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
@@ -198,6 +198,7 @@ def preload(
         # passes over every imported module's objects were ~4% of the run's CPU (perf); freeze them
         gc.freeze()
         gc.set_threshold(20_000, 20, 20)
+        malloc.keep_freed_memory()
         try:
             result = c.preload(
                 list(sources),
