@@ -7,7 +7,8 @@ and read them back verified from any process.
         ...
 """
 
-from cache.api import Cache, Prefetcher
+from typing import TYPE_CHECKING, Any
+
 from cache.errors import (
     AuthError,
     BadSourceError,
@@ -21,7 +22,25 @@ from cache.errors import (
     UnsafeDirError,
     VerifyError,
 )
-from cache.preload import PreloadResult
+
+if TYPE_CHECKING:
+    from cache.api import Cache, Prefetcher
+    from cache.preload import PreloadResult
+
+
+def __getattr__(name: str) -> Any:
+    """The read API and the planner load on first use, so `import cache.s3` stays light: rq preload
+    starts listing with it before it pays for the rest (see cache.s3.start_listings)."""
+    if name in ("Cache", "Prefetcher"):
+        from cache import api
+
+        return getattr(api, name)
+    if name == "PreloadResult":
+        from cache.preload import PreloadResult
+
+        return PreloadResult
+    raise AttributeError(f"module 'cache' has no attribute {name!r}")
+
 
 __all__ = [
     "AuthError",

@@ -24,7 +24,7 @@ from cache.errors import (
     UnreachableError,
 )
 from cache.landing import Checksums, Landing, ObjectInfo
-from cache.s3 import S3, S3Settings, shared_client
+from cache.s3 import S3, S3Settings, shared_client, split_s3_url
 
 Done = Callable[[BaseException | None], None]
 
@@ -44,14 +44,6 @@ class Origin(Protocol):
 
 def s3_version(etag: str, size: int, version_id: str | None) -> str:
     return f"etag:{etag};size:{size}" + (f";vid:{version_id}" if version_id else "")
-
-
-def split_s3_url(url: str) -> tuple[str, str]:
-    rest = url[len("s3://") :]
-    bucket, _, key = rest.partition("/")
-    if not bucket:
-        raise BadSourceError(f"no bucket in {url!r} (use s3://bucket/prefix/)")
-    return bucket, key
 
 
 class S3Origin:

@@ -160,7 +160,10 @@ def preload(
     """
     from cache import CacheError
     from cache import events as ev
+    from cache.s3 import S3Settings, start_listings
 
+    # the listing runs on the CRT's threads while the rest of the cache is imported and opened
+    start_listings(S3Settings(endpoint_url=endpoint_url, profile=profile), list(sources))
     out = get_output()
     c = open_cache(
         cache_dir,

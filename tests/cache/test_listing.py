@@ -1,0 +1,80 @@
+"""cache.s3.Listing: ListObjectsV2 pages chained on the CRT's threads, against the real SeaweedFS."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from cache.errors import AuthError, NotFoundError
+from cache.s3 import S3, Listing, S3Settings, shared_client, start_listings
+
+KEYS = [
+    f"p/{i:03d}-{name}"
+    for i, name in enumerate(["a", "b b", "c+d", "é", "x%y", "z/deep", "k", "l", "m", "n"])
+]
+
+
+@pytest.fixture
+def listed_bucket(s3_client: Any, bucket: str) -> str:
+    for key in KEYS:
+        s3_client.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    s3_client.put_object(Bucket=bucket, Key="other/1", Body=b"no")
+    return bucket
+
+
+@pytest.fixture
+def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Listing, "page_size", 3)  # 10 keys: four pages
+
+
+def client(services: Any) -> S3:
+    return S3(S3Settings(endpoint_url=services.s3_endpoint))
+
+
+def test_every_page_in_order_with_odd_keys(
+    aws_env: dict[str, str], services: Any, listed_bucket: str, small_pages: None, s3_client: Any
+) -> None:
+    got = list(client(services).list_objects(listed_bucket, "p/"))
+    assert [key for key, _, _, _ in got] == KEYS
+    sizes = {key: size for key, size, _, _ in got}
+    assert sizes == {key: len(key.encode()) for key in KEYS}
+    etag = s3_client.head_object(Bucket=listed_bucket, Key=KEYS[0])["ETag"].strip('"')
+    assert got[0][2] == etag
+
+
+def test_a_started_listing_fetches_its_pages_before_anyone_asks(
+    aws_env: dict[str, str], services: Any, listed_bucket: str, small_pages: None
+) -> None:
+    s3 = client(services)
+    s3.start_listing(listed_bucket, "p/")
+    listing = s3._listings[(listed_bucket, "p/")]
+    deadline = time.monotonic() + 10
+    while listing._pages.qsize() < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert listing._pages.qsize() == 4, "the pages did not chain by themselves"
+    assert [key for key, _, _, _ in s3.list_objects(listed_bucket, "p/")] == KEYS
+    assert not s3._listings  # taken over once; the next listing starts afresh
+    assert len(list(s3.list_objects(listed_bucket, "p/"))) == len(KEYS)
+
+
+def test_a_missing_bucket_is_raised_when_the_listing_is_read(aws_env: dict[str, str], services: Any) -> None:
+    s3 = client(services)
+    s3.start_listing("rq-no-such-bucket-4c1d", "")
+    with pytest.raises(NotFoundError):
+        list(s3.list_objects("rq-no-such-bucket-4c1d", ""))
+
+
+def test_start_listings_leaves_errors_to_the_planner(
+    services: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    settings = S3Settings(endpoint_url=services.s3_endpoint, region="us-east-1")
+    start_listings(settings, ["s3://b/p/", "/local/dir"])  # no credentials: nothing raised here
+    with pytest.raises(AuthError):
+        shared_client(settings)
