@@ -20,6 +20,10 @@ ensure_venv() {
     "$REPO/.venv/bin/python" -c "import rqcli, cache, transfer, topics" || { say "install failed"; return 1; }
     touch "$stamp"
   fi
+  # An editable install is never byte-compiled, and where PYTHONDONTWRITEBYTECODE is set Python
+  # would compile rq's modules from source on every run (~30 ms of each `rq` start, measured): do
+  # it once here, as pip does for a wheel. Only stale files are rewritten.
+  "$REPO/.venv/bin/python" -m compileall -q "$REPO/rqcli" "$REPO/cache" "$REPO/transfer" "$REPO/topics" >/dev/null || true
   export PATH="$REPO/.venv/bin:$PATH"
 }
 
