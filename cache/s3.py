@@ -281,7 +281,10 @@ class S3:
         def on_done(error: BaseException | None = None, status_code: int | None = None, **kw: Any) -> None:
             mapped = None
             if error is not None:
-                mapped = map_error(what, error, status_code, kw.get("error_body"), endpoint)
+                try:
+                    mapped = map_error(what, error, status_code, kw.get("error_body"), endpoint)
+                except Exception:  # whoever waits must hear back, whatever the reply held
+                    mapped = OriginError(f"{what}: {operation} failed ({error})")
             on_result(int(status_code or 0), got.get("headers", []), bytes(body), mapped)
 
         self.client.make_request(
@@ -320,7 +323,8 @@ class S3:
         `rq preload` calls this before it imports and opens the cache, which then takes as long as
         the listing itself (~40 ms for 2,000 keys) and so no longer comes on top of it."""
         with self._listings_lock:
-            self._listings.setdefault((bucket, prefix), Listing(self, bucket, prefix))
+            if (bucket, prefix) not in self._listings:
+                self._listings[(bucket, prefix)] = Listing(self, bucket, prefix)
 
     def list_objects(self, bucket: str, prefix: str) -> Iterator[tuple[str, int, str, str | None]]:
         """(key, size, etag, version) for every object under prefix (ListObjectsV2, url-encoded keys)."""
@@ -412,7 +416,7 @@ class Listing:
             return
         try:
             items, token = parse_list_page(body)
-        except (ET.ParseError, ValueError) as exc:
+        except Exception as exc:  # (on a CRT thread: the reader must hear back, not wait forever)
             self._pages.put(([], OriginError(f"s3://{self._bucket}: unreadable listing ({exc})"), True))
             return
         if token:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from cache.errors import AuthError, NotFoundError
+from cache.errors import AuthError, NotFoundError, OriginError
 from cache.s3 import S3, Listing, S3Settings, shared_client, start_listings
 
 KEYS = [
@@ -78,3 +78,28 @@ def test_start_listings_leaves_errors_to_the_planner(
     start_listings(settings, ["s3://b/p/", "/local/dir"])  # no credentials: nothing raised here
     with pytest.raises(AuthError):
         shared_client(settings)
+
+
+def test_starting_the_same_listing_twice_sends_it_once(
+    aws_env: dict[str, str], services: Any, listed_bucket: str
+) -> None:
+    s3 = client(services)
+    s3.start_listing(listed_bucket, "p/")
+    first = s3._listings[(listed_bucket, "p/")]
+    s3.start_listing(listed_bucket, "p/")
+    assert s3._listings[(listed_bucket, "p/")] is first
+    assert len(list(s3.list_objects(listed_bucket, "p/"))) == len(KEYS)
+
+
+@pytest.mark.parametrize(
+    "body", [b"<not xml", b"<ListBucketResult><Contents><Size>x</Size></Contents></ListBucketResult>"]
+)
+def test_an_unreadable_page_is_an_error_for_the_reader_not_a_hang(
+    aws_env: dict[str, str], services: Any, monkeypatch: pytest.MonkeyPatch, body: bytes
+) -> None:
+    s3 = client(services)
+    monkeypatch.setattr(S3, "_send", lambda *a, **k: None)  # the reply is handed in below
+    listing = Listing(s3, "b", "p/")
+    listing._on_page(200, [], body, None)  # what the CRT thread calls with the reply
+    with pytest.raises(OriginError, match="unreadable listing"):
+        list(listing)
