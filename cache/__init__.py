@@ -7,6 +7,8 @@ and read them back verified from any process.
         ...
 """
 
+import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from cache.errors import (
@@ -28,18 +30,24 @@ if TYPE_CHECKING:
     from cache.preload import PreloadResult
 
 
+_LAZY = {"Cache": "cache.api", "Prefetcher": "cache.api", "PreloadResult": "cache.preload"}
+
+
 def __getattr__(name: str) -> Any:
     """The read API and the planner load on first use, so `import cache.s3` stays light: rq preload
-    starts listing with it before it pays for the rest (see cache.s3.start_listings)."""
-    if name in ("Cache", "Prefetcher"):
-        from cache import api
-
-        return getattr(api, name)
-    if name == "PreloadResult":
-        from cache.preload import PreloadResult
-
-        return PreloadResult
+    starts listing with it before it pays for the rest (see cache.s3.start_listings). After a plain
+    `import cache`, `cache.api`, `cache.preload`, … are there on first use too, as they were when
+    this module imported them all."""
+    module = _LAZY.get(name)
+    if module is not None:
+        return getattr(importlib.import_module(module), name)
+    if not name.startswith("_") and importlib.util.find_spec(f"cache.{name}") is not None:
+        return importlib.import_module(f"cache.{name}")
     raise AttributeError(f"module 'cache' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [

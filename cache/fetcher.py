@@ -45,6 +45,11 @@ from cache.origins import Origin
 from cache.store import HoldSpec, Store, fsync_dir, is_no_space, syncfs
 
 LAND_BATCH = 64
+# Whole objects under cache.digests.BIG_OBJECT (64 MiB) come through the CRT, which holds each body
+# in a buffer (grown by doubling: up to twice the size) until it is written. 256 requests in flight
+# of 20-60 MiB objects took rq preload to ~0.9 GiB of RSS (issue #3: <= 512 MiB); the sizes of such
+# requests in flight stay under this budget (one request alone may pass it).
+BODY_BUDGET = 128 << 20
 MAX_ATTEMPTS = 5
 # a store whose connections all drop (a proxy or port-forward whose backend died) is unreachable,
 # even though it still accepts them: this many lost connections in a row, with no object landing
@@ -209,6 +214,7 @@ class Fetcher:
         self._lost_in_a_row = 0  # objects failed on a dropped connection since one last landed
         self._held_bytes = 0  # bytes reserved by this run for work not yet landed
         self.starved = False  # the tier budget is spent by our own work in flight
+        self._body_bytes = 0  # sizes of whole-object requests in flight whose origin holds bodies
 
     # --- callbacks from other threads ----------------------------------------------------------
 
@@ -261,9 +267,10 @@ class Fetcher:
                 while delayed and delayed[0][0] <= now:
                     ready.append(heapq.heappop(delayed)[2])
                 if fatal is None:
-                    while requests and inflight < self.window.value:
+                    while requests and inflight < self.window.value and self._body_fits(*requests[0]):
                         job, piece, rng = requests.popleft()
                         inflight += 1
+                        self._body_bytes += self._body_size(job, piece)
                         self._start(job, piece, rng)
                     # admit in batches (one reservation transaction each), not one object per slot
                     room = self.window.value - inflight
@@ -302,6 +309,7 @@ class Fetcher:
                 elif kind:
                     self.starved = False
                     inflight -= 1
+                    self._body_bytes -= self._body_size(job, piece)
                     job.outstanding -= 1
                     if kind == "piece":
                         if job.outstanding == 0 and job.error is None:
@@ -382,6 +390,17 @@ class Fetcher:
             self._abandon(jobs, keep_partials=True)
             raise fatal
         return result
+
+    @staticmethod
+    def _body_size(job: Job, piece: int | None) -> int:
+        """What one request holds in memory until its object is written (0: streamed to the file)."""
+        if piece is None and not job.big and job.origin.holds_bodies:
+            return job.info.size
+        return 0
+
+    def _body_fits(self, job: Job, piece: int | None, _rng: tuple[int, int] | None) -> bool:
+        size = self._body_size(job, piece)
+        return size == 0 or self._body_bytes == 0 or self._body_bytes + size <= BODY_BUDGET
 
     @staticmethod
     def _take(ready: deque[Job], room: int) -> list[Job]:
@@ -479,9 +498,12 @@ class Fetcher:
             req = job.origin.fetch(
                 job.info, job.landing, lambda err: self._request_done(job, piece, err), rng
             )
-        except BaseException as exc:
+        except Exception as exc:
             self._q.put(("error", job, piece, exc))
             return
+        except BaseException as exc:  # Ctrl-C: the run stops (exit 130), it is not this object's failure
+            self._q.put(("error", job, piece, exc))  # (it was counted in flight: the wind-down books it)
+            raise
         if req is not None:
             job.requests.append(req)
 

@@ -30,6 +30,10 @@ Done = Callable[[BaseException | None], None]
 
 
 class Origin(Protocol):
+    # True where a whole object's body sits in memory until it is written (the CRT's GETs): the
+    # fetcher then bounds the bytes of such requests in flight (cache.fetcher.BODY_BUDGET)
+    holds_bodies: bool
+
     def list(self) -> Iterator[ObjectInfo]: ...
 
     def stat(self, url: str) -> ObjectInfo: ...
@@ -47,6 +51,8 @@ def s3_version(etag: str, size: int, version_id: str | None) -> str:
 
 
 class S3Origin:
+    holds_bodies = True  # the CRT grows a buffer to each whole object's size before writing it
+
     def __init__(self, bucket: str, prefix: str, settings: S3Settings):
         self.bucket, self.prefix, self.settings = bucket, prefix, settings
         self._client: S3 | None = None
@@ -107,6 +113,7 @@ def local_version(st: os.stat_result) -> str:
 
 
 class LocalOrigin:
+    holds_bodies = False  # copied in 4 MiB reads
     """A directory (local disk, NFS, a FUSE mount). Copies run in a thread pool: read/pwrite release
     the GIL, and NFS latency wants several in flight."""
 

@@ -99,7 +99,7 @@ def _error_code(body: bytes | None) -> tuple[str, str]:
         return "", ""
     try:
         root = ET.fromstring(body)
-    except ET.ParseError:
+    except Exception:  # not XML, or XML naming an encoding Python lacks: classify by status alone
         return "", ""
     return (root.findtext("Code") or ""), (root.findtext("Message") or "")
 
@@ -179,8 +179,12 @@ class S3:
         endpoint = self.creds.endpoint_url
         self.custom_endpoint = endpoint is not None
         if endpoint:
-            parts = urllib.parse.urlsplit(endpoint)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
+            try:
+                parts = urllib.parse.urlsplit(endpoint)
+                port_ok = parts.port is None or parts.port > 0
+            except ValueError:  # "http://[bad", a port out of range
+                parts, port_ok = urllib.parse.urlsplit(""), False
+            if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
                 raise BadSourceError(f"endpoint URL must be http(s)://host[:port], got {endpoint!r}")
             self.scheme = parts.scheme
             self.netloc = parts.netloc
@@ -366,8 +370,12 @@ class S3:
         def _done(error: BaseException | None = None, status_code: int | None = None, **kw: Any) -> None:
             if error is None:
                 on_done(None)
-            else:
-                on_done(map_error(what, error, status_code, kw.get("error_body"), endpoint))
+                return
+            try:
+                mapped: CacheError = map_error(what, error, status_code, kw.get("error_body"), endpoint)
+            except Exception:  # the fetcher must hear back, whatever the reply held
+                mapped = OriginError(f"{what}: GetObject failed ({error})")
+            on_done(mapped)
 
         return self.client.make_request(
             type=s3.S3RequestType.DEFAULT,
@@ -391,6 +399,7 @@ class Listing:
 
     def __init__(self, s3: S3, bucket: str, prefix: str):
         self._s3, self._bucket, self._prefix = s3, bucket, prefix
+        self._tokens: set[str] = set()  # a store that hands back a token twice would list forever
         # (items, error, last page)
         self._pages: queue.SimpleQueue[tuple[list[Item], CacheError | None, bool]] = queue.SimpleQueue()
         self._ask(None)
@@ -419,9 +428,18 @@ class Listing:
         except Exception as exc:  # (on a CRT thread: the reader must hear back, not wait forever)
             self._pages.put(([], OriginError(f"s3://{self._bucket}: unreadable listing ({exc})"), True))
             return
-        if token:
-            self._ask(token)
+        if token in self._tokens:
+            error = OriginError(
+                f"s3://{self._bucket}: the listing repeats itself (continuation token seen before)"
+            )
+            self._pages.put((items, error, True))
+            return
+        # this page is queued before the next is asked for, so the pages stay in order whichever
+        # thread the next reply arrives on
         self._pages.put((items, None, token is None))
+        if token:
+            self._tokens.add(token)
+            self._ask(token)
 
     def __iter__(self) -> Iterator[Item]:
         while True:

@@ -16,7 +16,7 @@ import os
 M_TRIM_THRESHOLD = -1  # from glibc's malloc.h
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 8 << 20  # below this, from the heap (reused); above, mmap (given back at free)
-TRIM_THRESHOLD = 64 << 20  # free memory a heap keeps at its top before giving it back
+TRIM_THRESHOLD = 32 << 20  # free memory a heap keeps at its top before giving it back
 
 
 def is_glibc() -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -103,3 +105,18 @@ def test_an_unreadable_page_is_an_error_for_the_reader_not_a_hang(
     listing._on_page(200, [], body, None)  # what the CRT thread calls with the reply
     with pytest.raises(OriginError, match="unreadable listing"):
         list(listing)
+
+
+def test_the_package_still_offers_everything_it_imports_lazily() -> None:
+    # in a fresh interpreter: `import cache` no longer imports the read API up front (so cache.s3
+    # stays light), yet everything a user reached through the package is still there
+    script = (
+        "import sys, cache\n"
+        "assert 'cache.api' not in sys.modules\n"
+        "assert {'Cache', 'Prefetcher', 'PreloadResult', 'CacheError'} <= set(dir(cache))\n"
+        "assert cache.Cache is cache.api.Cache and cache.preload.PreloadResult is cache.PreloadResult\n"
+        "assert cache.fetcher.Fetcher and cache.s3.S3\n"
+        "try:\n    cache.no_such_thing\nexcept AttributeError:\n    print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
