@@ -113,9 +113,10 @@ def local_version(st: os.stat_result) -> str:
 
 
 class LocalOrigin:
-    holds_bodies = False  # copied in 4 MiB reads
     """A directory (local disk, NFS, a FUSE mount). Copies run in a thread pool: read/pwrite release
     the GIL, and NFS latency wants several in flight."""
+
+    holds_bodies = False  # copied in 4 MiB reads
 
     _pool: ThreadPoolExecutor | None = None
     _pool_pid = 0

@@ -149,6 +149,17 @@ def map_error(
     return OriginError(f"{what}: {name} {error}")
 
 
+def map_error_safely(
+    operation: str, what: str, error: BaseException, status: int | None, body: bytes | None, endpoint: str
+) -> CacheError:
+    """map_error for a CRT callback, which must always hand an error on: an exception raised there
+    is swallowed by the CRT and whoever waits for the request would wait for ever."""
+    try:
+        return map_error(what, error, status, body, endpoint)
+    except Exception:
+        return OriginError(f"{what}: {operation} failed ({error})")
+
+
 _kept: set[int] = set()  # CRT threads whose Python thread state lives as long as they do
 os.register_at_fork(after_in_child=_kept.clear)
 
@@ -285,10 +296,7 @@ class S3:
         def on_done(error: BaseException | None = None, status_code: int | None = None, **kw: Any) -> None:
             mapped = None
             if error is not None:
-                try:
-                    mapped = map_error(what, error, status_code, kw.get("error_body"), endpoint)
-                except Exception:  # whoever waits must hear back, whatever the reply held
-                    mapped = OriginError(f"{what}: {operation} failed ({error})")
+                mapped = map_error_safely(operation, what, error, status_code, kw.get("error_body"), endpoint)
             on_result(int(status_code or 0), got.get("headers", []), bytes(body), mapped)
 
         self.client.make_request(
@@ -371,11 +379,7 @@ class S3:
             if error is None:
                 on_done(None)
                 return
-            try:
-                mapped: CacheError = map_error(what, error, status_code, kw.get("error_body"), endpoint)
-            except Exception:  # the fetcher must hear back, whatever the reply held
-                mapped = OriginError(f"{what}: GetObject failed ({error})")
-            on_done(mapped)
+            on_done(map_error_safely("GetObject", what, error, status_code, kw.get("error_body"), endpoint))
 
         return self.client.make_request(
             type=s3.S3RequestType.DEFAULT,
