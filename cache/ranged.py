@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from cache.directio import ALIGN, CHUNK, aligned_buffer
+from cache.directio import ALIGN, aligned_buffer
 from cache.errors import CacheError, OriginError, UnreachableError
 
 if TYPE_CHECKING:
@@ -44,6 +44,10 @@ BACKOFF_SCALE_S = 0.05
 BACKOFF_MAX_S = 4.0
 _ERROR_BODY_MAX = 64 << 10
 SLICE = 1 << 20  # one readinto: what a reset can cost (BufferedReader drops a call's bytes on error)
+# Each worker's buffer. The sink writes it and hashes it (xxh3 and CRC32) right after it arrived, so
+# it should still be in the core's L2: with 1 MiB instead of 8 the 8 x 128 MiB bench took 0.58
+# instead of 0.64 CPU-s and a median 1.06 instead of 1.10 s (12 alternated rounds).
+BUFFER = 1 << 20
 RETRY_CODES = {"RequestTimeout", "InternalError", "ServiceUnavailable"}
 
 
@@ -277,7 +281,7 @@ class RangedGets:
     def _buffer(self) -> memoryview:
         view: memoryview | None = getattr(self._local, "buf", None)
         if view is None:
-            view = self._local.buf = aligned_buffer(CHUNK)
+            view = self._local.buf = aligned_buffer(BUFFER)
         return view
 
     def _sign(self, host: str, path: str, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -15,12 +15,12 @@ import pytest
 from cachekit import payload, summary
 from rqtest import run_rq
 
-from cache.directio import ALIGN, CHUNK
+from cache.directio import ALIGN
 from cache.errors import AuthError, ChangedError, OriginError, UnreachableError
-from cache.ranged import SLICE, Cancelled
+from cache.ranged import BUFFER, SLICE, Cancelled
 from cache.s3 import S3, S3Settings
 
-SIZE = 2 * CHUNK + 5 * ALIGN + 123  # three buffers, the last one short and unaligned
+SIZE = 2 * BUFFER + 5 * ALIGN + 123  # three buffers, the last one short and unaligned
 
 
 class Collector:
@@ -67,7 +67,7 @@ def test_a_piece_lands_whole_in_order_and_handed_on_once(big: Any, services: Any
     got.wait()
     assert got.error is None
     assert bytes(got.data) == body
-    assert [w[0] for w in got.writes] == [0, CHUNK, 2 * CHUNK]
+    assert [w[0] for w in got.writes] == [0, BUFFER, 2 * BUFFER]
     assert all(off % ALIGN == 0 for off, _ in got.writes)
 
 
@@ -100,7 +100,7 @@ def test_pieces_in_a_row_share_one_keep_alive_connection(big: Any, proxy_factory
     bucket, key, body, etag = big
     counting = proxy_factory()
     one_thread = RangedGets(client(counting.endpoint), workers=1)
-    for rng in ((0, CHUNK - 1), (CHUNK, SIZE - 1)):
+    for rng in ((0, BUFFER - 1), (BUFFER, SIZE - 1)):
         got = Collector(SIZE)
         one_thread.start(bucket, key, rng, etag, got.sink, got.on_done)
         got.wait()
