@@ -9,7 +9,6 @@ piece torn by a power cut is fetched again), so a killed preload resumes from th
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import itertools
 import os
 import threading
@@ -41,6 +40,12 @@ from cache.store import fsync_dir, is_no_space, libc_function, unlink_quiet
 
 _serial = itertools.count()
 _buffers = threading.local()  # per-thread reusable buffers: fresh memory is slow to touch here
+
+
+def _md5() -> Any:
+    import hashlib  # plain-MD5 ETags only; its OpenSSL load costs every start ~2 ms
+
+    return hashlib.md5(usedforsecurity=False)
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,7 @@ class Landing:
         self.final = self.layout.blob_path(self.tier, self.blob)
         self._lock = threading.Lock()
         self._whole = PieceHash()
-        self._md5 = hashlib.md5(usedforsecurity=False) if self.info.plain_md5 and self.pieces == 1 else None
+        self._md5 = _md5() if self.info.plain_md5 and self.pieces == 1 else None
         self._running: dict[int, PieceHash] = {}
         self._piece_results: dict[int, tuple[str, list[int]]] = {}
         self._crc_kind: str | None = None
@@ -424,7 +429,7 @@ class Landing:
             # (from the page cache: it was just written)
             self._whole = PieceHash()
             self._crc = 0
-            self._md5 = hashlib.md5(usedforsecurity=False) if self.info.plain_md5 else None
+            self._md5 = _md5() if self.info.plain_md5 else None
             buf = _read_buffer()
             off = 0
             while off < self.info.size:
@@ -466,7 +471,7 @@ class Landing:
                 raise VerifyError(f"{self.info.url}: CRC32 does not match (corrupted in transit)")
             verified = "size+crc32"
         elif self.info.plain_md5:
-            md5 = hashlib.md5(usedforsecurity=False)
+            md5 = _md5()
             buf = memoryview(bytearray(MIB))
             off = 0
             while off < self.info.size:

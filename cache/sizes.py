@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from fractions import Fraction
 
 from cache.errors import BadSourceError
 
@@ -24,6 +23,8 @@ def parse_size(text: str | int) -> int:
         number, unit = match.groups()
         if len(number) > 40:  # far beyond any cap; and int() refuses strings of 4300+ digits
             raise BadSourceError(f"size out of range: {text[:20]!r}… (must be below 8 EiB)")
+        from fractions import Fraction  # parsing a size is rare; importing it costs every start
+
         size = int(Fraction(number) * _UNITS[unit.upper()])  # exact: a float loses the low bits
     if not 0 <= size <= MAX_SIZE:
         raise BadSourceError(f"size out of range: {text!r} (must be 0 to {MAX_SIZE} bytes, just under 8 EiB)")

@@ -1,3 +1,3 @@
-from rqcli.main import main
+from rqcli.console import main
 
 main()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import tomllib
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -36,11 +35,15 @@ def load_config(path: Path | None) -> dict[str, Any]:
     target = path or default_config_path()
     try:
         with open(target, "rb") as fh:
-            data = tomllib.load(fh)
+            raw = fh.read()
     except FileNotFoundError:
         if explicit:
             raise CliError(f"config file {target} does not exist", ExitCode.USAGE) from None
         return {}
+    import tomllib  # only when there is a file: most runs have none, and every run starts here
+
+    try:
+        data = tomllib.loads(raw.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise CliError(f"config file {target} is not valid TOML: {exc}", ExitCode.USAGE) from None
     return _normalise(data)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import errno
+import gc
 import importlib
 import importlib.util
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("rqcli.commands.doctor", "doctor", "rq doctor --endpoint-url http://127.0.0.1:8333"),
 }
 
+# commands that turn the collector back on themselves, once their lazy imports are done
+OWN_GC = {"preload"}
+
 
 class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
@@ -55,6 +58,8 @@ class LazyGroup(click.Group):
             return None
         command = getattr(importlib.import_module(entry[0]), entry[1])
         assert isinstance(command, click.Command)
+        if cmd_name not in OWN_GC:
+            gc.enable()  # off while rq imported (rqcli.console)
         return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -71,6 +76,12 @@ class LazyGroup(click.Group):
             with formatter.section("Examples"):
                 for example in examples:  # written as-is: wrapping would break copy-paste
                     formatter.write(f"{'':>{formatter.current_indent}}{example}\n")
+
+
+def _print_traceback() -> None:
+    import traceback  # -v on an error only: not worth its import on every start
+
+    traceback.print_exc()
 
 
 EPILOG = "\b\nExit codes:\n" + "\n".join(f"  {int(code):>3}  {text}" for code, text in EXIT_CODE_HELP.items())
@@ -157,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         code = int(rv) if isinstance(rv, int) else 0
     except CliError as exc:
         if verbose:
-            traceback.print_exc()
+            _print_traceback()
         click.echo(f"rq: error: {exc.one_line()}", err=True)
         code = int(exc.code)
     except click.exceptions.Exit as exc:
@@ -182,13 +193,13 @@ def main(argv: list[str] | None = None) -> None:
         code = int(ExitCode.INTERRUPTED)
     except OSError as exc:
         if verbose:
-            traceback.print_exc()
+            _print_traceback()
         err = _from_os_error(exc)
         click.echo(f"rq: error: {err.one_line()}", err=True)
         code = int(err.code)
     except Exception as exc:
         if verbose:
-            traceback.print_exc()
+            _print_traceback()
         err = CliError(f"unexpected {type(exc).__name__}: {exc} (run with -v for the traceback)")
         click.echo(f"rq: error: {err.one_line()}", err=True)
         code = int(ExitCode.FAILURE)

@@ -201,6 +201,7 @@ def preload(
         # passes over every imported module's objects were ~4% of the run's CPU (perf); freeze them
         gc.freeze()
         gc.set_threshold(20_000, 20, 20)
+        gc.enable()  # off since start-up (rqcli.console)
         malloc.keep_freed_memory()
         try:
             result = c.preload(

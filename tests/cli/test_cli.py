@@ -217,3 +217,12 @@ def test_safe_text_escapes_everything_that_could_drive_or_break_a_terminal() -> 
     shown = safe_text(raw)
     assert shown == "a\\x1b[2Jb\\x9b31mc\\u202ed\\xff.biné"
     shown.encode("utf-8")  # printable: a lone surrogate used to stop the output with an error
+
+
+def test_the_default_config_file_is_read(tmp_path: Path) -> None:
+    cfg = tmp_path / "xdg" / "rq" / "config.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text("[doctor]\nbogus_option = 1\n")
+    res = run_rq("doctor", env={"XDG_CONFIG_HOME": str(tmp_path / "xdg")})
+    assert res.returncode == ExitCode.USAGE, res.stderr
+    assert str(cfg).encode() in res.stderr and b"bogus_option" in res.stderr
