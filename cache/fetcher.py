@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from cache import events as ev
 from cache.digests import PIECE_SIZE, is_big
@@ -171,6 +171,21 @@ class FetchResult:
 Landed = tuple[int, Entry, Job]  # (hold id, index entry, job) of a verified object waiting to land
 
 
+class Feed(Protocol):
+    """Jobs that arrive while the run goes on: the preloader's listing, a page at a time, so the
+    first objects are fetched while later pages are still being listed."""
+
+    def start(self, deliver: Callable[[object], None]) -> None:
+        """Starts producing on a thread of its own: deliver(page) for each page, then deliver(None)
+        at the end, or deliver(exception) when producing failed (its last call either way)."""
+
+    def jobs(self, page: object) -> list[Job]:
+        """On the run's own thread: the jobs of one delivered page (may be none)."""
+
+    def stop(self) -> None:
+        """The run is over: deliver nothing more."""
+
+
 @dataclass
 class Published:
     """What publishing one batch did, as plain results: the I/O runs on the publisher thread, the
@@ -250,7 +265,9 @@ class Fetcher:
 
     # --- the loop ------------------------------------------------------------------------------
 
-    def run(self, jobs: list[Job]) -> FetchResult:
+    def run(self, jobs: list[Job], feed: Feed | None = None) -> FetchResult:
+        """Fetches `jobs`, and those `feed` delivers meanwhile; a feed that fails stops the run."""
+        jobs = list(jobs)  # grows with what the feed delivers: a failure must reach those jobs too
         result = FetchResult()
         ready: deque[Job] = deque(jobs)
         delayed: list[tuple[float, int, Job]] = []
@@ -261,7 +278,10 @@ class Fetcher:
         publishing = False  # one batch at a time on the publisher thread
         fatal: BaseException | None = None
         last_land = last_progress = time.monotonic()
+        feeding = feed is not None
         try:
+            if feed is not None:
+                feed.start(lambda page: self._q.put(("feed", None, None, page)))
             while True:
                 now = time.monotonic()
                 while delayed and delayed[0][0] <= now:
@@ -293,7 +313,7 @@ class Fetcher:
                     inflight == 0
                     and not requests
                     and not publishing
-                    and (fatal is not None or (not ready and not delayed))
+                    and (fatal is not None or (not ready and not delayed and not feeding))
                 ):
                     break
                 timeout = 0.05 if delayed or to_land else 0.25
@@ -301,7 +321,23 @@ class Fetcher:
                     kind, job, piece, payload = self._q.get(timeout=timeout)
                 except queue.Empty:
                     kind = ""
-                if kind == "published":
+                if kind == "feed":
+                    assert feed is not None
+                    if payload is None or isinstance(payload, BaseException):
+                        feeding = False
+                        if payload is not None and fatal is None:
+                            fatal = payload  # a listing that failed: stop, as when the store goes away
+                            self._halt(requests, jobs)
+                    elif fatal is None:
+                        try:
+                            new = feed.jobs(payload)
+                        except CacheError as exc:
+                            fatal = exc
+                            self._halt(requests, jobs)
+                        else:
+                            ready.extend(new)
+                            jobs.extend(new)
+                elif kind == "published":
                     publishing = False
                     fatal = self._settle(
                         functools.partial(self._book, payload, result), fatal, requests, jobs
@@ -374,6 +410,8 @@ class Fetcher:
             self._abandon(jobs, keep_partials=True)
             raise
         finally:
+            if feed is not None:
+                feed.stop()
             self._finisher.shutdown()
             self._publisher.shutdown(wait=True)
         if to_land:
@@ -691,6 +729,8 @@ class Fetcher:
         first error is the one raised), keeps landed objects for the last landing. Returns how many
         requests in flight it accounts for."""
         kind, job, _, payload = message
+        if kind == "feed":
+            return 0  # more of the listing: the run is stopping, so it is not fetched
         if kind == "published":
             with contextlib.suppress(BaseException):
                 self._book(payload, result)

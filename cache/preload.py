@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import fnmatch
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from cache import events as ev
@@ -33,6 +34,9 @@ class PreloadResult:
         return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
 
 
+PAGE = 1000  # objects handed to the fetcher at once: one ListObjectsV2 page
+
+
 def matches(key: str, include: Iterable[str], exclude: Iterable[str]) -> bool:
     """--include/--exclude globs match the key relative to the source (`*` crosses `/`)."""
     inc = list(include)
@@ -41,25 +45,73 @@ def matches(key: str, include: Iterable[str], exclude: Iterable[str]) -> bool:
     return not any(fnmatch.fnmatchcase(key, g) for g in exclude)
 
 
-def plan(
-    sources: list[str], settings: S3Settings, include: Iterable[str], exclude: Iterable[str], workers: int
-) -> list[tuple[ObjectInfo, Origin]]:
-    out: list[tuple[ObjectInfo, Origin]] = []
+Page = list[tuple[ObjectInfo, Origin]]
+
+
+def pages(
+    sources: list[str],
+    settings: S3Settings,
+    include: Iterable[str],
+    exclude: Iterable[str],
+    workers: int,
+    stopped: Callable[[], bool] = lambda: False,
+) -> Iterator[Page]:
+    """Every source's objects that pass the filters, each once, up to PAGE at a time."""
+    include, exclude = list(include), list(exclude)
     seen: set[str] = set()
     for source in sources:
         origin = parse_source(source, settings)
         if isinstance(origin, LocalOrigin):
             origin.workers = min(workers, 32)
         n = 0
+        page: Page = []
         for info in origin.list():
+            if stopped():
+                return
             n += 1
             if info.url in seen or not matches(info.key, include, exclude):
                 continue
             seen.add(info.url)
-            out.append((info, origin))
+            page.append((info, origin))
+            if len(page) >= PAGE:
+                yield page
+                page = []
+        if page:
+            yield page
         if n == 0 and source.startswith("s3://"):
             raise NotFoundError(f"no objects under {source}")
-    return out
+
+
+class ListingFeed:
+    """The sources listed on a thread of their own and handed to the fetcher a page at a time, so
+    fetching starts with the first page: a prefix of a million objects is a thousand pages, seconds
+    of listing that used to pass before the first byte moved. Pages are planned (checked against
+    the index) on the fetcher's thread, which alone uses the index."""
+
+    def __init__(
+        self, listing: Callable[[Callable[[], bool]], Iterator[Page]], prepare: Callable[[Page], list[Job]]
+    ):
+        self._listing = listing
+        self._prepare = prepare
+        self._stopped = False
+
+    def start(self, deliver: Callable[[object], None]) -> None:
+        def run() -> None:
+            try:
+                for page in self._listing(lambda: self._stopped):
+                    deliver(page)
+            except BaseException as exc:  # reported to the fetcher, which stops the run with it
+                deliver(exc)
+            else:
+                deliver(None)
+
+        threading.Thread(target=run, name="rq-list", daemon=True).start()
+
+    def jobs(self, page: object) -> list[Job]:
+        return self._prepare(page)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self._stopped = True
 
 
 def _utf8(text: str) -> bool:
@@ -90,48 +142,66 @@ def run_preload(
     if not dry_run:
         state.store.shrink()
     result = PreloadResult()
-    items = []
-    for info, origin in plan(sources, cache.s3_settings, include, exclude, workers):
-        if _utf8(info.url):
-            items.append((info, origin))
-        else:  # the index keys entries by URL text; such a name cannot be one (rename the file)
-            shown = info.url.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-            failure = ev.Failed(shown, "bad_name", "file name is not valid UTF-8; rename it to cache it")
-            result.failed.append(failure)
-            on_event(failure)
-    cached = state.index.get_many(info.url for info, _ in items)
-    # Asked for RAM, cached on disk: promote the disk copy (verified, local) when the whole set
-    # fits the RAM cap. A set that does not fit would only trade places with itself on every run.
-    promote = tier == "ram" and sum(info.size for info, _ in items) <= state.store.cap("ram")
-    todo: list[Job] = []
-    fresh: list[str] = []
-    for info, origin in items:
-        entry = cached.get(info.url)
-        if entry is not None and entry.version == info.version:
-            if promote and entry.tier == "disk":
-                path = cache.layout.blob_path(entry.tier, entry.blob)
-                todo.append(Job(info, _PromoteOrigin(path, entry, fallback=origin)))
-                result.planned.append(info)
+    promote = False  # (decided below, once the whole set is known)
+    planned_bytes = 0
+
+    def prepare(page: Page) -> list[Job]:
+        """One page: skip what is cached at the same version, report what is not UTF-8, and return
+        the rest to fetch, small objects first (they fill the pipe while big ones stream)."""
+        nonlocal planned_bytes
+        items = []
+        for info, origin in page:
+            if _utf8(info.url):
+                items.append((info, origin))
+            else:  # the index keys entries by URL text; such a name cannot be one (rename the file)
+                shown = info.url.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                failure = ev.Failed(shown, "bad_name", "file name is not valid UTF-8; rename it to cache it")
+                result.failed.append(failure)
+                on_event(failure)
+        cached = state.index.get_many(info.url for info, _ in items)
+        todo: list[Job] = []
+        fresh: list[str] = []
+        for info, origin in items:
+            entry = cached.get(info.url)
+            if entry is not None and entry.version == info.version:
+                if promote and entry.tier == "disk":
+                    path = cache.layout.blob_path(entry.tier, entry.blob)
+                    todo.append(Job(info, _PromoteOrigin(path, entry, fallback=origin)))
+                    result.planned.append(info)
+                    continue
+                result.skipped += 1
+                result.skipped_bytes += info.size
+                fresh.append(info.url)
                 continue
-            result.skipped += 1
-            result.skipped_bytes += info.size
-            fresh.append(info.url)
-            continue
-        todo.append(Job(info, origin))
-        result.planned.append(info)
-    on_event(ev.Planned(len(todo), sum(j.info.size for j in todo), result.skipped, result.skipped_bytes))
-    if fresh:
-        state.index.mark_checked(fresh, time.time())
-    if dry_run or not todo:
-        result.smallest_window = workers
-        result.seconds = time.monotonic() - started
-        return result
-    # small objects first in listing order, then big ones: small ones fill the pipe while big ones stream
-    todo.sort(key=lambda j: j.big)
+            todo.append(Job(info, origin))
+            result.planned.append(info)
+        planned_bytes += sum(j.info.size for j in todo)
+        on_event(ev.Planned(len(result.planned), planned_bytes, result.skipped, result.skipped_bytes))
+        if fresh:
+            state.index.mark_checked(fresh, time.time())
+        todo.sort(key=lambda j: j.big)
+        return todo
+
+    def listing(stopped: Callable[[], bool] = lambda: False) -> Iterator[Page]:
+        return pages(sources, cache.s3_settings, include, exclude, workers, stopped)
+
     fetcher = Fetcher(
         state.store, cache.layout, tier, workers, on_event, durable=cache.durable, batch_sync=True
     )
-    fetched = fetcher.run(todo)
+    if dry_run or tier == "ram":
+        # the whole listing first: a dry run only reports it, and RAM asks whether the whole set
+        # fits the cap: if it does, disk copies are promoted (verified, local); a set that does not
+        # fit would only trade places with itself on every run
+        whole = [item for page in listing() for item in page]
+        promote = tier == "ram" and sum(info.size for info, _ in whole) <= state.store.cap("ram")
+        todo = prepare(whole)
+        if dry_run or not todo:
+            result.smallest_window = workers
+            result.seconds = time.monotonic() - started
+            return result
+        fetched = fetcher.run(todo)
+    else:
+        fetched = fetcher.run([], feed=ListingFeed(listing, prepare))
     result.objects = len(fetched.landed)
     result.bytes = sum(e.size for e in fetched.landed)
     result.failed += fetched.failed

@@ -191,7 +191,9 @@ def preload(
                 )
             elif bar is not None and task is not None:
                 if isinstance(event, ev.Planned):
-                    bar.update(task, total=event.bytes, description=f"0/{event.objects} objects")
+                    bar.update(
+                        task, total=event.bytes, description=f"{len(tally.landed)}/{event.objects} objects"
+                    )
                 elif isinstance(event, ev.Landed):
                     bar.update(task, description=f"{len(tally.landed)}/{tally.planned} objects")
                 elif isinstance(event, ev.Progress):

@@ -1,0 +1,105 @@
+"""`rq preload` fetches a listing's first pages while later ones are still being listed.
+
+The origin here is a real directory whose listing is made to pause after its first page until an
+object has landed (or 10 s pass): a preloader that waits for the whole listing before fetching
+cannot see one land, and the pause runs out. The same origin then fails after its first page."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cache.preload as preload_module
+from cache import Cache
+from cache import events as ev
+from cache.errors import OriginError
+from cache.landing import ObjectInfo
+from cache.origins import LocalOrigin
+
+PAGE = 5
+
+
+class PausingOrigin(LocalOrigin):
+    """Lists PAGE objects, then waits until `landed` is set (or 10 s); optionally fails there."""
+
+    def __init__(self, root: Path, landed: threading.Event, fail: bool = False):
+        super().__init__(root)
+        self.landed, self.fail = landed, fail
+        self.saw_a_landing: bool | None = None
+
+    def list(self) -> Iterator[ObjectInfo]:
+        for n, info in enumerate(super().list()):
+            if n == PAGE:
+                self.saw_a_landing = self.landed.wait(10)
+                if self.fail:
+                    raise OriginError("the store went away after the first page")
+            yield info
+
+
+@pytest.fixture
+def origin_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "origin"
+    d.mkdir()
+    for i in range(3 * PAGE):
+        (d / f"f{i:02d}").write_bytes(os.urandom(64 << 10))
+    return d
+
+
+def run(
+    tmp_path: Path, ram_dir: Path, origin: PausingOrigin, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Cache, Any, list[ev.Event]]:
+    monkeypatch.setattr(preload_module, "PAGE", PAGE)
+    monkeypatch.setattr(preload_module, "parse_source", lambda source, settings: origin)
+    events: list[ev.Event] = []
+
+    def on_event(event: ev.Event) -> None:
+        events.append(event)
+        if isinstance(event, ev.Landed):
+            origin.landed.set()
+
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    try:
+        return c, c.preload([str(origin.root)], on_event=on_event), events
+    except Exception as exc:
+        return c, exc, events
+
+
+def test_fetching_starts_before_the_listing_ends(
+    tmp_path: Path, ram_dir: Path, origin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    origin = PausingOrigin(origin_dir, threading.Event())
+    c, result, events = run(tmp_path, ram_dir, origin, monkeypatch)
+    assert origin.saw_a_landing is True  # an object of page 1 landed while page 2 was being listed
+    assert result.objects == 3 * PAGE and not result.failed
+    planned = [e for e in events if isinstance(e, ev.Planned)]
+    assert len(planned) == 3 and planned[-1].objects == 3 * PAGE  # totals so far, page by page
+    assert planned[-1].bytes == 3 * PAGE * (64 << 10)
+    checked, problems = c.verify()
+    assert checked == 3 * PAGE and problems == []
+    c.close()
+
+
+def test_a_listing_that_fails_midway_stops_the_run_and_keeps_what_landed(
+    tmp_path: Path, ram_dir: Path, origin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    origin = PausingOrigin(origin_dir, threading.Event(), fail=True)
+    c, result, _ = run(tmp_path, ram_dir, origin, monkeypatch)
+    assert isinstance(result, OriginError) and "after the first page" in str(result)
+    kept = c.entries()
+    assert 1 <= len(kept) < 3 * PAGE  # some of page 1 landed, the unlisted rest never started
+    assert c.verify() == (len(kept), [])
+    c.close()
+    # what landed before the failure is whole and indexed; a rerun fetches only the rest
+    monkeypatch.setattr(preload_module, "parse_source", lambda source, settings: LocalOrigin(origin_dir))
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    again = c.preload([str(origin_dir)])
+    assert (again.skipped, again.objects) == (len(kept), 3 * PAGE - len(kept))
+    for i in range(3 * PAGE):
+        url = str(origin_dir / f"f{i:02d}")
+        assert c.path(url).read_bytes() == (origin_dir / f"f{i:02d}").read_bytes()
+    c.close()
