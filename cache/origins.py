@@ -6,6 +6,7 @@ fetches bytes into a Landing. The preloader and the read API never care which on
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -153,10 +154,19 @@ class LocalOrigin:
             for item in items:
                 if item.is_dir(follow_symlinks=False):
                     stack.append(Path(item.path))
-                elif item.is_file(follow_symlinks=True):
+                    continue
+                try:
+                    if not item.is_file(follow_symlinks=True):
+                        continue
                     st = item.stat(follow_symlinks=True)
-                    rel = os.path.relpath(item.path, self.root).replace(os.sep, "/")
-                    yield ObjectInfo(os.path.abspath(item.path), rel, st.st_size, local_version(st))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # removed since the directory was read: nothing to cache
+                except OSError as exc:
+                    if exc.errno == errno.ELOOP:
+                        continue  # a symlink loop leads nowhere, like a dangling link (skipped too)
+                    raise CacheError(f"cannot read {item.path}: {exc.strerror}") from None
+                rel = os.path.relpath(item.path, self.root).replace(os.sep, "/")
+                yield ObjectInfo(os.path.abspath(item.path), rel, st.st_size, local_version(st))
 
     def checksums(self, info: ObjectInfo) -> Checksums:
         return Checksums()

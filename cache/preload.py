@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from cache import events as ev
-from cache.errors import NotFoundError
+from cache.errors import CacheError, NotFoundError
 from cache.fetcher import Fetcher, Job
 from cache.landing import ObjectInfo
 from cache.origins import LocalOrigin, Origin, parse_source
@@ -56,19 +57,30 @@ def pages(
     workers: int,
     stopped: Callable[[], bool] = lambda: False,
 ) -> Iterator[Page]:
-    """Every source's objects that pass the filters, each once, up to PAGE at a time."""
+    """Every source's objects that pass the filters, each once, up to PAGE at a time.
+
+    Every source is checked before the first page is handed on (a URL it cannot parse, a directory
+    that is not there, a bucket or prefix with no objects): a typo in the last source must stop the
+    run before the first one's objects are fetched, and maybe other entries evicted for them."""
     include, exclude = list(include), list(exclude)
-    seen: set[str] = set()
+    listings = []
     for source in sources:
         origin = parse_source(source, settings)
         if isinstance(origin, LocalOrigin):
             origin.workers = min(workers, 32)
-        n = 0
+        listed = _listed(source, origin)
+        first = next(listed, None)
+        if first is None and source.startswith("s3://"):
+            raise NotFoundError(f"no objects under {source}")
+        listings.append((origin, first, listed))
+    seen: set[str] = set()
+    for origin, first, listed in listings:
+        if first is None:
+            continue
         page: Page = []
-        for info in origin.list():
+        for info in itertools.chain([first], listed):
             if stopped():
                 return
-            n += 1
             if info.url in seen or not matches(info.key, include, exclude):
                 continue
             seen.add(info.url)
@@ -78,8 +90,14 @@ def pages(
                 page = []
         if page:
             yield page
-        if n == 0 and source.startswith("s3://"):
-            raise NotFoundError(f"no objects under {source}")
+
+
+def _listed(source: str, origin: Origin) -> Iterator[ObjectInfo]:
+    """An origin's listing; an OSError from it is the cache's one-line error, not a bare one."""
+    try:
+        yield from origin.list()
+    except OSError as exc:
+        raise CacheError(f"cannot list {source}: {exc.strerror or exc}") from None
 
 
 class ListingFeed:

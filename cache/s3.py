@@ -404,6 +404,7 @@ class Listing:
     def __init__(self, s3: S3, bucket: str, prefix: str):
         self._s3, self._bucket, self._prefix = s3, bucket, prefix
         self._tokens: set[str] = set()  # a store that hands back a token twice would list forever
+        self._closed = False  # the reader left: ask for no more pages
         # (items, error, last page)
         self._pages: queue.SimpleQueue[tuple[list[Item], CacheError | None, bool]] = queue.SimpleQueue()
         self._ask(None)
@@ -441,18 +442,23 @@ class Listing:
         # this page is queued before the next is asked for, so the pages stay in order whichever
         # thread the next reply arrives on
         self._pages.put((items, None, token is None))
-        if token:
+        if token and not self._closed:
             self._tokens.add(token)
             self._ask(token)
 
     def __iter__(self) -> Iterator[Item]:
-        while True:
-            items, error, last = self._pages.get()
-            if error is not None:
-                raise error
-            yield from items
-            if last:
-                return
+        try:
+            while True:
+                items, error, last = self._pages.get()
+                if error is not None:
+                    raise error
+                yield from items
+                if last:
+                    return
+        finally:
+            # a reader that stops early (a preload that failed, a caller that broke off) ends the
+            # chain: a long-lived process must not go on listing a huge prefix into memory
+            self._closed = True
 
 
 def parse_list_page(body: bytes) -> tuple[list[Item], str | None]:

@@ -40,6 +40,8 @@ def load_config(path: Path | None) -> dict[str, Any]:
         if explicit:
             raise CliError(f"config file {target} does not exist", ExitCode.USAGE) from None
         return {}
+    except OSError as exc:  # a directory, no permission: the default path is checked nowhere else
+        raise CliError(f"config file {target} cannot be read: {exc.strerror}", ExitCode.USAGE) from None
     import tomllib  # only when there is a file: most runs have none, and every run starts here
 
     try:

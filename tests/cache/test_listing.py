@@ -61,6 +61,19 @@ def test_a_started_listing_fetches_its_pages_before_anyone_asks(
     assert len(list(s3.list_objects(listed_bucket, "p/"))) == len(KEYS)
 
 
+def test_a_reader_that_stops_early_ends_the_chain(
+    aws_env: dict[str, str], services: Any, listed_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Listing, "page_size", 1)  # 10 keys: ten pages
+    s3 = client(services)
+    listing = Listing(s3, listed_bucket, "p/")
+    reader = iter(listing)
+    next(reader)
+    reader.close()  # what a preload that failed does to its listing (generator close)
+    time.sleep(1.0)  # ten pages take a few tens of ms when nothing stops them
+    assert listing._pages.qsize() <= 2, "the listing went on without its reader"
+
+
 def test_a_missing_bucket_is_raised_when_the_listing_is_read(aws_env: dict[str, str], services: Any) -> None:
     s3 = client(services)
     s3.start_listing("rq-no-such-bucket-4c1d", "")

@@ -6,6 +6,7 @@ cannot see one land, and the pause runs out. The same origin then fails after it
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ import pytest
 import cache.preload as preload_module
 from cache import Cache
 from cache import events as ev
-from cache.errors import OriginError
+from cache.errors import CacheError, OriginError
 from cache.landing import ObjectInfo
 from cache.origins import LocalOrigin
 
@@ -102,4 +103,51 @@ def test_a_listing_that_fails_midway_stops_the_run_and_keeps_what_landed(
     for i in range(3 * PAGE):
         url = str(origin_dir / f"f{i:02d}")
         assert c.path(url).read_bytes() == (origin_dir / f"f{i:02d}").read_bytes()
+    c.close()
+
+
+def test_a_bad_later_source_stops_the_run_before_anything_is_fetched(
+    tmp_path: Path, ram_dir: Path, origin_dir: Path
+) -> None:
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    for bad in (tmp_path / "no-such-dir", "ftp://x/y"):
+        with pytest.raises(CacheError):
+            c.preload([str(origin_dir), str(bad)])
+        assert c.entries() == []  # the good first source was not fetched either
+    c.close()
+
+
+def test_a_symlink_loop_and_a_dangling_link_are_skipped(
+    tmp_path: Path, ram_dir: Path, origin_dir: Path
+) -> None:
+    sub = origin_dir / "zsub"
+    sub.mkdir()
+    (sub / "a").symlink_to("b")
+    (sub / "b").symlink_to("a")
+    (sub / "gone").symlink_to("nowhere")
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    result = c.preload([str(origin_dir)])
+    assert (result.objects, result.failed) == (3 * PAGE, [])
+    c.close()
+
+
+def test_an_unreadable_entry_is_one_cache_error_with_what_landed_kept(
+    tmp_path: Path, ram_dir: Path, origin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OSError from a listing (here EIO from stat after the first page) ends the run as a
+    CacheError, which the CLI reports with its --json summary, and what landed stays."""
+    origin = PausingOrigin(origin_dir, threading.Event())
+
+    def listing() -> Iterator[ObjectInfo]:
+        for n, info in enumerate(LocalOrigin.list(origin)):
+            if n == PAGE:
+                origin.landed.wait(10)
+                raise OSError(errno.EIO, "Input/output error")
+            yield info
+
+    monkeypatch.setattr(origin, "list", listing)
+    c, result, _ = run(tmp_path, ram_dir, origin, monkeypatch)
+    assert isinstance(result, CacheError) and "Input/output error" in str(result), result
+    landed = c.entries()
+    assert 1 <= len(landed) <= PAGE and c.verify() == (len(landed), [])
     c.close()

@@ -226,3 +226,10 @@ def test_the_default_config_file_is_read(tmp_path: Path) -> None:
     res = run_rq("doctor", env={"XDG_CONFIG_HOME": str(tmp_path / "xdg")})
     assert res.returncode == ExitCode.USAGE, res.stderr
     assert str(cfg).encode() in res.stderr and b"bogus_option" in res.stderr
+
+
+def test_a_default_config_path_that_is_a_directory_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "xdg" / "rq" / "config.toml").mkdir(parents=True)
+    res = run_rq("doctor", env={"XDG_CONFIG_HOME": str(tmp_path / "xdg")})
+    assert res.returncode == ExitCode.USAGE, res.stderr
+    assert b"cannot be read" in res.stderr and res.stderr.count(b"\n") == 1
