@@ -13,7 +13,6 @@ from pathlib import Path
 import click
 import pytest
 
-import rqcli.console  # noqa: F401  (turns the collector off, as the `rq` script does)
 from rqcli import teardown
 from rqcli.main import COMMANDS, OWN_GC, cli, main
 
