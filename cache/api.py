@@ -316,7 +316,7 @@ class Cache:
         origin = origin_for_url(url, self.s3_settings)
         info = info or origin.stat(url)
         state = self._state()
-        fetcher = Fetcher(state.store, self.layout, tier, 16, durable=self.durable)
+        fetcher = Fetcher(state.store, self.layout, tier, 16, durable=self.durable, keep_entries=True)
         result = fetcher.run([Job(info, origin, keep_open=keep_open)])
         if result.failed:
             failure = result.failed[0]

@@ -45,6 +45,7 @@ from cache.origins import Origin
 from cache.store import HoldSpec, Store, fsync_dir, is_no_space, syncfs
 
 LAND_BATCH = 64
+PRUNE_MIN = 4096  # the run's list of jobs sheds finished ones once it passes this many (and doubles)
 # Whole objects under cache.digests.BIG_OBJECT (64 MiB) come through the CRT, which holds each body
 # in a buffer (grown by doubling: up to twice the size) until it is written. 256 requests in flight
 # of 20-60 MiB objects took rq preload to ~0.9 GiB of RSS (issue #3: <= 512 MiB); the sizes of such
@@ -151,6 +152,7 @@ class Job:
     error: BaseException | None = None
     requests: list[Any] = field(default_factory=list)
     keep_open: bool = False  # Cache.open's own miss: land it already locked for that reader
+    done: bool = False  # landed, or failed for good: the run lets go of it
 
     @property
     def big(self) -> bool:
@@ -159,7 +161,10 @@ class Job:
 
 @dataclass
 class FetchResult:
-    landed: list[Entry] = field(default_factory=list)
+    objects: int = 0  # landed and indexed in this run
+    landed_bytes: int = 0
+    largest: int = 0  # the biggest object landed
+    landed: list[Entry] = field(default_factory=list)  # their entries: only with Fetcher(keep_entries=True)
     failed: list[ev.Failed] = field(default_factory=list)
     bytes: int = 0
     resumed_bytes: int = 0  # pieces of big objects found durable from an earlier, interrupted run
@@ -180,7 +185,9 @@ class Feed(Protocol):
         at the end, or deliver(exception) when producing failed (its last call either way)."""
 
     def jobs(self, page: object) -> list[Job]:
-        """On the run's own thread: the jobs of one delivered page (may be none)."""
+        """On the run's own thread: the jobs of one delivered page (may be none). The run calls it
+        only when its jobs waiting to start run low, so a feed may wait for it before delivering
+        more (backpressure)."""
 
     def stop(self) -> None:
         """The run is over: deliver nothing more."""
@@ -207,8 +214,12 @@ class Fetcher:
         on_event: ev.EventSink = ev.ignore,
         durable: bool = True,
         batch_sync: bool = False,
+        keep_entries: bool = False,
     ):
         self.store, self.layout, self.tier = store, layout, tier
+        # a preload of millions of objects must not keep an entry per object (issue 3: memory stays
+        # bounded however big the dataset); a caller fetching a few asks for them
+        self.keep_entries = keep_entries
         self.durable = durable
         # durable and many objects: verify each, then one syncfs per landing batch before publishing
         # (and one after), instead of an fsync per file and per objects/xx/ directory
@@ -267,18 +278,25 @@ class Fetcher:
 
     def run(self, jobs: list[Job], feed: Feed | None = None) -> FetchResult:
         """Fetches `jobs`, and those `feed` delivers meanwhile; a feed that fails stops the run."""
-        jobs = list(jobs)  # grows with what the feed delivers: a failure must reach those jobs too
+        # every job not yet done: a failure must reach each one that may hold a landing, a hold or
+        # requests. It grows with what the feed delivers and sheds finished jobs as it goes, so a run
+        # over millions of objects holds only what is in flight or waiting
+        jobs = list(jobs)
+        prune_at = 4 * len(jobs) + PRUNE_MIN
         result = FetchResult()
         ready: deque[Job] = deque(jobs)
         delayed: list[tuple[float, int, Job]] = []
         requests: deque[tuple[Job, int | None, tuple[int, int] | None]] = deque()
-        admitted: set[int] = set()
         to_land: list[Landed] = []
         inflight = 0
         publishing = False  # one batch at a time on the publisher thread
         fatal: BaseException | None = None
         last_land = last_progress = time.monotonic()
         feeding = feed is not None
+        # pages the feed delivered and this loop has not planned yet: one is planned only when the
+        # jobs waiting to start run low, so the listing stays a few pages ahead and no further
+        waiting: deque[object] = deque()
+        low = max(LAND_BATCH, 2 * self.window.limit)
         try:
             if feed is not None:
                 feed.start(lambda page: self._q.put(("feed", None, None, page)))
@@ -286,6 +304,15 @@ class Fetcher:
                 now = time.monotonic()
                 while delayed and delayed[0][0] <= now:
                     ready.append(heapq.heappop(delayed)[2])
+                while feed is not None and fatal is None and waiting and len(ready) < low:
+                    try:
+                        new = feed.jobs(waiting.popleft())
+                    except CacheError as exc:
+                        fatal = exc
+                        self._halt(requests, jobs)
+                    else:
+                        ready.extend(new)
+                        jobs.extend(new)
                 if fatal is None:
                     while requests and inflight < self.window.value and self._body_fits(*requests[0]):
                         job, piece, rng = requests.popleft()
@@ -302,18 +329,16 @@ class Fetcher:
                     ):
                         batch = self._take(ready, self.window.value - inflight)
                         try:
-                            started = self._admit(batch, ready, requests, delayed)
+                            self._admit(batch, ready, requests, delayed)
                         except CacheError as exc:
                             fatal = exc
                             self._drop_unstarted(requests)
-                            started = []
-                        admitted.update(id(j) for j in started)
                         continue
                 if (
                     inflight == 0
                     and not requests
                     and not publishing
-                    and (fatal is not None or (not ready and not delayed and not feeding))
+                    and (fatal is not None or (not ready and not delayed and not feeding and not waiting))
                 ):
                     break
                 timeout = 0.05 if delayed or to_land else 0.25
@@ -329,14 +354,7 @@ class Fetcher:
                             fatal = payload  # a listing that failed: stop, as when the store goes away
                             self._halt(requests, jobs)
                     elif fatal is None:
-                        try:
-                            new = feed.jobs(payload)
-                        except CacheError as exc:
-                            fatal = exc
-                            self._halt(requests, jobs)
-                        else:
-                            ready.extend(new)
-                            jobs.extend(new)
+                        waiting.append(payload)
                 elif kind == "published":
                     publishing = False
                     fatal = self._settle(
@@ -367,6 +385,9 @@ class Fetcher:
                             self._cancel(job)
                     if fatal is not None and requests:
                         self._halt(requests, jobs)
+                if len(jobs) > prune_at:
+                    jobs = [j for j in jobs if not j.done]
+                    prune_at = 2 * len(jobs) + PRUNE_MIN
                 now = time.monotonic()
                 if (
                     to_land
@@ -610,6 +631,7 @@ class Fetcher:
             return fatal or err
         if isinstance(err, NotFoundError) or not isinstance(err, CacheError):
             self._release(job, keep=False)
+            job.done = True
             failure = ev.Failed(job.info.url, error_kind(err), str(err) or type(err).__name__)
             result.failed.append(failure)
             self.on_event(failure)
@@ -617,6 +639,7 @@ class Fetcher:
         job.attempts += 1
         if job.attempts >= MAX_ATTEMPTS:
             self._release(job, keep=resumable)
+            job.done = True
             failure = ev.Failed(job.info.url, error_kind(err), str(err))
             result.failed.append(failure)
             self.on_event(failure)
@@ -780,7 +803,12 @@ class Fetcher:
             self._held_bytes -= job.info.size
             job.hold = 0
             job.landing = None
-            result.landed.append(entry)
+            job.done = True
+            result.objects += 1
+            result.landed_bytes += entry.size
+            result.largest = max(result.largest, entry.size)
+            if self.keep_entries:
+                result.landed.append(entry)
             self.on_event(ev.Landed(entry.url, entry.size))
         if outcome.error is not None:
             raise outcome.error

@@ -298,6 +298,20 @@ class Index:
         b = db.execute("SELECT COALESCE(SUM(size), 0) FROM holds WHERE tier = ?", (tier,)).fetchone()[0]
         return int(a) + int(b)
 
+    def created_since(self, t: float, prefixes: Iterable[str]) -> dict[str, int]:
+        """How many entries under each URL prefix each tier holds that were landed at or after `t`
+        (a range scan of the primary key per prefix)."""
+        out: dict[str, int] = {}
+        with self.read() as db:
+            for prefix in set(prefixes):
+                rows = db.execute(
+                    "SELECT tier, COUNT(*) FROM entries WHERE url >= ? AND url < ? AND created >= ? GROUP BY tier",
+                    (prefix, prefix + "\U0010ffff", t),
+                )
+                for tier, n in rows:
+                    out[tier] = out.get(tier, 0) + int(n)
+        return out
+
     def usage(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
         with self.read() as db:

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from cache import events as ev
 from cache.errors import CacheError, NotFoundError
-from cache.fetcher import Fetcher, Job
+from cache.fetcher import Fetcher, FetchResult, Job
 from cache.landing import ObjectInfo
 from cache.origins import LocalOrigin, Origin, parse_source
-from cache.s3 import S3Settings
+from cache.s3 import S3Settings, split_s3_url
 
 
 @dataclass
@@ -28,7 +30,13 @@ class PreloadResult:
     smallest_window: int = 0  # fewest requests in flight after backing off
     failed: list[ev.Failed] = field(default_factory=list)
     seconds: float = 0.0
+    planned_objects: int = 0  # to fetch (or promote) after the skips
+    planned_bytes: int = 0
+    # the objects a dry run would fetch; a real run keeps no list per object (issue 3: memory stays
+    # bounded however big the dataset), only the counts above
     planned: list[ObjectInfo] = field(default_factory=list)
+    evicted_own: int = 0  # landed by this run, then evicted by it again (the tier's cap is too small)
+    demoted_own: int = 0  # landed in RAM by this run, then moved to disk to make room
 
     @property
     def mb_per_s(self) -> float:
@@ -73,7 +81,8 @@ def pages(
         if first is None and source.startswith("s3://"):
             raise NotFoundError(f"no objects under {source}")
         listings.append((origin, first, listed))
-    seen: set[str] = set()
+    # one source lists each object once; only several (which may overlap) need the names seen so far
+    seen: set[str] | None = set() if len(listings) > 1 else None
     for origin, first, listed in listings:
         if first is None:
             continue
@@ -81,9 +90,12 @@ def pages(
         for info in itertools.chain([first], listed):
             if stopped():
                 return
-            if info.url in seen or not matches(info.key, include, exclude):
+            if not matches(info.key, include, exclude):
                 continue
-            seen.add(info.url)
+            if seen is not None:
+                if info.url in seen:
+                    continue
+                seen.add(info.url)
             page.append((info, origin))
             if len(page) >= PAGE:
                 yield page
@@ -104,7 +116,13 @@ class ListingFeed:
     """The sources listed on a thread of their own and handed to the fetcher a page at a time, so
     fetching starts with the first page: a prefix of a million objects is a thousand pages, seconds
     of listing that used to pass before the first byte moved. Pages are planned (checked against
-    the index) on the fetcher's thread, which alone uses the index."""
+    the index) on the fetcher's thread, which alone uses the index.
+
+    At most AHEAD pages are delivered and not yet planned: listing is far faster than fetching, and
+    a prefix of millions of objects must not pile up in memory (issue 3: memory stays bounded
+    however big the dataset). The fetcher plans a page only when its queue of jobs runs low."""
+
+    AHEAD = 2
 
     def __init__(
         self, listing: Callable[[Callable[[], bool]], Iterator[Page]], prepare: Callable[[Page], list[Job]]
@@ -112,11 +130,15 @@ class ListingFeed:
         self._listing = listing
         self._prepare = prepare
         self._stopped = False
+        self._credit = threading.Semaphore(self.AHEAD)
 
     def start(self, deliver: Callable[[object], None]) -> None:
         def run() -> None:
             try:
                 for page in self._listing(lambda: self._stopped):
+                    while not self._credit.acquire(timeout=0.1):
+                        if self._stopped:
+                            return
                     deliver(page)
             except BaseException as exc:  # reported to the fetcher, which stops the run with it
                 deliver(exc)
@@ -126,6 +148,7 @@ class ListingFeed:
         threading.Thread(target=run, name="rq-list", daemon=True).start()
 
     def jobs(self, page: object) -> list[Job]:
+        self._credit.release()
         return self._prepare(page)  # type: ignore[arg-type]
 
     def stop(self) -> None:
@@ -155,18 +178,17 @@ def run_preload(
 
     assert isinstance(cache, Cache)
     started = time.monotonic()
+    started_wall = time.time()
     state = cache._state()
     state.store.collect()
     if not dry_run:
         state.store.shrink()
     result = PreloadResult()
     promote = False  # (decided below, once the whole set is known)
-    planned_bytes = 0
 
     def prepare(page: Page) -> list[Job]:
         """One page: skip what is cached at the same version, report what is not UTF-8, and return
         the rest to fetch, small objects first (they fill the pipe while big ones stream)."""
-        nonlocal planned_bytes
         items = []
         for info, origin in page:
             if _utf8(info.url):
@@ -185,16 +207,19 @@ def run_preload(
                 if promote and entry.tier == "disk":
                     path = cache.layout.blob_path(entry.tier, entry.blob)
                     todo.append(Job(info, _PromoteOrigin(path, entry, fallback=origin)))
-                    result.planned.append(info)
                     continue
                 result.skipped += 1
                 result.skipped_bytes += info.size
                 fresh.append(info.url)
                 continue
             todo.append(Job(info, origin))
-            result.planned.append(info)
-        planned_bytes += sum(j.info.size for j in todo)
-        on_event(ev.Planned(len(result.planned), planned_bytes, result.skipped, result.skipped_bytes))
+        if dry_run:
+            result.planned += [j.info for j in todo]
+        result.planned_objects += len(todo)
+        result.planned_bytes += sum(j.info.size for j in todo)
+        on_event(
+            ev.Planned(result.planned_objects, result.planned_bytes, result.skipped, result.skipped_bytes)
+        )
         if fresh:
             state.index.mark_checked(fresh, time.time())
         todo.sort(key=lambda j: j.big)
@@ -220,11 +245,40 @@ def run_preload(
         fetched = fetcher.run(todo)
     else:
         fetched = fetcher.run([], feed=ListingFeed(listing, prepare))
-    result.objects = len(fetched.landed)
-    result.bytes = sum(e.size for e in fetched.landed)
+    result.objects = fetched.objects
+    result.bytes = fetched.landed_bytes
+    result.evicted_own, result.demoted_own = _pushed_out(state, tier, sources, started_wall, fetched)
     result.failed += fetched.failed
     result.resumed_bytes = fetched.resumed_bytes
     result.throttled = fetched.throttled
     result.smallest_window = fetched.smallest_window
     result.seconds = time.monotonic() - started
     return result
+
+
+def _pushed_out(
+    state: Any, tier: str, sources: list[str], since: float, fetched: FetchResult
+) -> tuple[int, int]:
+    """(evicted, demoted): how many objects this run landed and then pushed out of `tier` again,
+    counted without a list of what landed (a run may land millions). LRU evicts this run's
+    entries last, and only just enough of them, so when it did the tier stays within one object
+    of its cap: below that, nothing was. Otherwise the index counts this run's entries by landing
+    time under the sources' URL prefixes (another process landing under them at the same time
+    would make the counts low)."""
+    if not fetched.objects:
+        return 0, 0
+    usage = state.index.usage()[tier]
+    if usage["bytes"] + usage["held"] + fetched.largest <= state.store.cap(tier):
+        return 0, 0
+    counts = state.index.created_since(since, [_url_prefix(source) for source in sources])
+    here = counts.get(tier, 0)
+    elsewhere = sum(n for t, n in counts.items() if t != tier)
+    return max(0, fetched.objects - here - elsewhere), min(elsewhere, fetched.objects)
+
+
+def _url_prefix(source: str) -> str:
+    """What the URLs of a source's objects start with (the index keys entries by URL)."""
+    if source.startswith("s3://"):
+        bucket, prefix = split_s3_url(source)
+        return f"s3://{bucket}/{prefix}"
+    return os.path.abspath(source)

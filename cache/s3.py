@@ -400,11 +400,17 @@ class Listing:
     arrived and been parsed (on the CRT thread), while the caller is still busy with the one before."""
 
     page_size = 1000  # ListObjectsV2's own maximum
+    # pages listed ahead of the reader: a prefix of millions of objects lists far faster than it
+    # is fetched, and must not end up in memory whole (issue 3: memory stays bounded)
+    ahead = 4
 
     def __init__(self, s3: S3, bucket: str, prefix: str):
         self._s3, self._bucket, self._prefix = s3, bucket, prefix
         self._tokens: set[str] = set()  # a store that hands back a token twice would list forever
         self._closed = False  # the reader left: ask for no more pages
+        self._lock = threading.Lock()
+        self._unread = 0  # pages queued and not yet taken by the reader
+        self._paused: str | None = None  # the next page's token, while `ahead` pages wait unread
         # (items, error, last page)
         self._pages: queue.SimpleQueue[tuple[list[Item], CacheError | None, bool]] = queue.SimpleQueue()
         self._ask(None)
@@ -441,15 +447,29 @@ class Listing:
             return
         # this page is queued before the next is asked for, so the pages stay in order whichever
         # thread the next reply arrives on
-        self._pages.put((items, None, token is None))
-        if token and not self._closed:
+        with self._lock:
+            self._pages.put((items, None, token is None))
+            self._unread += 1
+            if not token or self._closed:
+                return
             self._tokens.add(token)
+            if self._unread >= self.ahead:
+                self._paused = token  # the reader asks for it when it takes a page
+                return
+        self._ask(token)
+
+    def _took_page(self) -> None:
+        with self._lock:
+            self._unread -= 1
+            token, self._paused = self._paused, None
+        if token is not None:
             self._ask(token)
 
     def __iter__(self) -> Iterator[Item]:
         try:
             while True:
                 items, error, last = self._pages.get()
+                self._took_page()
                 if error is not None:
                     raise error
                 yield from items

@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import gc
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -191,11 +191,9 @@ def preload(
                 )
             elif bar is not None and task is not None:
                 if isinstance(event, ev.Planned):
-                    bar.update(
-                        task, total=event.bytes, description=f"{len(tally.landed)}/{event.objects} objects"
-                    )
+                    bar.update(task, total=event.bytes, description=f"{tally.landed}/{event.objects} objects")
                 elif isinstance(event, ev.Landed):
-                    bar.update(task, description=f"{len(tally.landed)}/{tally.planned} objects")
+                    bar.update(task, description=f"{tally.landed}/{tally.planned} objects")
                 elif isinstance(event, ev.Progress):
                     bar.update(task, completed=event.bytes)
 
@@ -215,7 +213,6 @@ def preload(
                 dry_run=dry_run,
                 on_event=on_event,
             )
-            kept = check_kept(c, tally.landed, tier)
         except CacheError as exc:
             err = cache_error_to_cli(exc)
             # what was done before the abort still lands in the summary: scripts read it either way
@@ -234,8 +231,8 @@ def preload(
     # a dry run fetches nothing: its counts are what a real run would fetch (big objects included)
     summary = {
         "event": "summary",
-        "objects": len(result.planned) if dry_run else result.objects,
-        "bytes": sum(info.size for info in result.planned) if dry_run else result.bytes,
+        "objects": result.planned_objects if dry_run else result.objects,
+        "bytes": result.planned_bytes if dry_run else result.bytes,
         "skipped": result.skipped,
         "skipped_bytes": result.skipped_bytes,
         "resumed_bytes": result.resumed_bytes,
@@ -247,21 +244,20 @@ def preload(
         "tier": tier,
         "cache_dir": str(c.root),
         "dry_run": dry_run,
-        "evicted_own": kept.evicted,
-        "demoted_own": kept.demoted,
+        "evicted_own": result.evicted_own,
+        "demoted_own": result.demoted_own,
         "aborted": False,
         "error": None,
     }
     report(out, summary, dry_run)
-    if kept.evicted or kept.demoted:
+    evicted, demoted = result.evicted_own, result.demoted_own
+    if evicted or demoted:
         from cache.sizes import format_size
 
-        parts = [f"{kept.evicted} evicted"] * bool(kept.evicted) + [f"{kept.demoted} moved to disk"] * bool(
-            kept.demoted
-        )
+        parts = [f"{evicted} evicted"] * bool(evicted) + [f"{demoted} moved to disk"] * bool(demoted)
         gone = ", ".join(parts)
         out.warn(
-            f"{kept.evicted + kept.demoted} of the {result.objects} objects fetched did not stay in the "
+            f"{evicted + demoted} of the {result.objects} objects fetched did not stay in the "
             f"{tier} tier ({gone}) to make room for later ones: the data is bigger than the "
             f"{tier} tier's cap of {format_size(c.caps[tier])}; raise --{tier}-limit or preload less"
         )
@@ -272,59 +268,32 @@ def preload(
 
 
 @dataclass
-class Kept:
-    evicted: int = 0  # fetched by this run, then evicted by it again: not cached any more
-    demoted: int = 0  # fetched into RAM by this run, then moved to disk to make room
-
-
-def check_kept(c: Any, landed: list[tuple[str, int]], tier: str) -> Kept:
-    """How many objects this run fetched and then pushed out of `tier` again (the library does not
-    report evictions). LRU evicts this run's entries last, and only just enough of them, so when it
-    did, the tier stays within one object of its cap: below that, skip the per-object look-ups."""
-    from cache import NotFoundError
-
-    kept = Kept()
-    if not landed:
-        return kept
-    usage = c.usage()[tier]
-    if usage["bytes"] + usage["held"] + max(size for _, size in landed) <= usage["limit"]:
-        return kept
-    for url, _ in landed:
-        try:
-            entry = c.stat(url)
-        except NotFoundError:
-            kept.evicted += 1
-            continue
-        if entry.tier != tier:
-            kept.demoted += 1
-    return kept
-
-
-@dataclass
 class Tally:
     """What the events said so far: the summary of a run the library aborted (it returns no result then)."""
 
     planned: int = 0
     skipped: int = 0
     skipped_bytes: int = 0
-    landed: list[tuple[str, int]] = field(default_factory=list)
+    landed: int = 0  # (counts only: a run may land millions of objects)
+    landed_bytes: int = 0
     failed: int = 0
 
     def add(self, event: Any) -> None:
         from cache import events as ev
 
         if isinstance(event, ev.Landed):
-            self.landed.append((event.url, event.size))
+            self.landed += 1
+            self.landed_bytes += event.size
         elif isinstance(event, ev.Failed):
             self.failed += 1
         elif isinstance(event, ev.Planned):
             self.planned, self.skipped, self.skipped_bytes = event.objects, event.skipped, event.skipped_bytes
 
     def summary(self, seconds: float, tier: str, root: Path, err: CliError) -> dict[str, Any]:
-        nbytes = sum(size for _, size in self.landed)
+        nbytes = self.landed_bytes
         return {
             "event": "summary",
-            "objects": len(self.landed),
+            "objects": self.landed,
             "bytes": nbytes,
             "skipped": self.skipped,
             "skipped_bytes": self.skipped_bytes,

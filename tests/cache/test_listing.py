@@ -35,6 +35,16 @@ def client(services: Any) -> S3:
     return S3(S3Settings(endpoint_url=services.s3_endpoint))
 
 
+def started_listing(s3: S3, bucket: str, pages: int) -> Listing:
+    """Starts listing p/ and waits (up to 10 s) until `pages` pages are queued unread."""
+    s3.start_listing(bucket, "p/")
+    listing = s3._listings[(bucket, "p/")]
+    deadline = time.monotonic() + 10
+    while listing._pages.qsize() < pages and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return listing
+
+
 def test_every_page_in_order_with_odd_keys(
     aws_env: dict[str, str], services: Any, listed_bucket: str, small_pages: None, s3_client: Any
 ) -> None:
@@ -46,15 +56,26 @@ def test_every_page_in_order_with_odd_keys(
     assert got[0][2] == etag
 
 
+def test_a_listing_runs_only_a_few_pages_ahead_of_its_reader(
+    aws_env: dict[str, str], services: Any, listed_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a prefix of millions of objects lists far faster than it is fetched: the pages must not all
+    # pile up in memory while the reader is still busy with the first ones
+    monkeypatch.setattr(Listing, "page_size", 2)  # 10 keys: five pages
+    monkeypatch.setattr(Listing, "ahead", 2)
+    s3 = client(services)
+    listing = started_listing(s3, listed_bucket, pages=2)
+    time.sleep(0.5)  # time enough for the other three pages, were they asked for
+    assert listing._pages.qsize() == 2, "the listing ran ahead of its reader"
+    got = [key for key, _, _, _ in s3.list_objects(listed_bucket, "p/")]
+    assert got == KEYS  # taking pages asks for the next ones, in order
+
+
 def test_a_started_listing_fetches_its_pages_before_anyone_asks(
     aws_env: dict[str, str], services: Any, listed_bucket: str, small_pages: None
 ) -> None:
     s3 = client(services)
-    s3.start_listing(listed_bucket, "p/")
-    listing = s3._listings[(listed_bucket, "p/")]
-    deadline = time.monotonic() + 10
-    while listing._pages.qsize() < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    listing = started_listing(s3, listed_bucket, pages=4)
     assert listing._pages.qsize() == 4, "the pages did not chain by themselves"
     assert [key for key, _, _, _ in s3.list_objects(listed_bucket, "p/")] == KEYS
     assert not s3._listings  # taken over once; the next listing starts afresh

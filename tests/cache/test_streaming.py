@@ -151,3 +151,47 @@ def test_an_unreadable_entry_is_one_cache_error_with_what_landed_kept(
     landed = c.entries()
     assert 1 <= len(landed) <= PAGE and c.verify() == (len(landed), [])
     c.close()
+
+
+class CountingOrigin(LocalOrigin):
+    """Counts what its listing handed out, and how far that ran ahead of what had landed."""
+
+    def __init__(self, root: Path):
+        super().__init__(root)
+        self.landed = 0
+        self.most_ahead = 0
+
+    def list(self) -> Iterator[ObjectInfo]:
+        for n, info in enumerate(super().list()):
+            self.most_ahead = max(self.most_ahead, n + 1 - self.landed)
+            yield info
+
+
+def test_the_listing_stays_a_few_pages_ahead_of_the_fetching(
+    tmp_path: Path, ram_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 3: memory stays bounded however big the dataset. Listing runs far faster than
+    # fetching (here: thousands of tiny files, each fsynced and indexed), so without backpressure
+    # the whole listing is in memory long before the last objects land.
+    d = tmp_path / "many"
+    d.mkdir()
+    for i in range(3000):
+        (d / f"f{i:04d}").write_bytes(b"%d" % i)
+    monkeypatch.setattr(preload_module, "PAGE", 50)
+    origin = CountingOrigin(d)
+    monkeypatch.setattr(preload_module, "parse_source", lambda source, settings: origin)
+
+    def on_event(event: ev.Event) -> None:
+        if isinstance(event, ev.Landed):
+            origin.landed += 1
+
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    try:
+        result = c.preload([str(d)], workers=4, on_event=on_event)
+    finally:
+        c.close()
+    assert result.objects == 3000 and not result.failed
+    assert result.planned == [] and result.planned_objects == 3000  # counts, not a list per object
+    # planned and waiting to start (< 64 + a page), two pages delivered, one being built, a batch
+    # waiting to land (64) and the requests in flight: well under a thousand
+    assert origin.most_ahead < 1000, origin.most_ahead
