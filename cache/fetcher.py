@@ -783,6 +783,7 @@ class Fetcher:
             self._take_back(job)
         for (_, entry, job), exc in outcome.failed:
             self._take_back(job)
+            job.done = True
             failure = ev.Failed(entry.url, error_kind(exc), str(exc) or type(exc).__name__)
             result.failed.append(failure)
             self.on_event(failure)

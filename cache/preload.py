@@ -270,15 +270,27 @@ def _pushed_out(
     usage = state.index.usage()[tier]
     if usage["bytes"] + usage["held"] + fetched.largest <= state.store.cap(tier):
         return 0, 0
-    counts = state.index.created_since(since, [_url_prefix(source) for source in sources])
+    counts = state.index.created_since(since, _disjoint(_url_prefix(source) for source in sources))
     here = counts.get(tier, 0)
     elsewhere = sum(n for t, n in counts.items() if t != tier)
     return max(0, fetched.objects - here - elsewhere), min(elsewhere, fetched.objects)
 
 
 def _url_prefix(source: str) -> str:
-    """What the URLs of a source's objects start with (the index keys entries by URL)."""
+    """What the URLs of a source's objects start with (the index keys entries by URL). A
+    directory's ends with a separator, so that /d does not also cover /d2."""
     if source.startswith("s3://"):
         bucket, prefix = split_s3_url(source)
-        return f"s3://{bucket}/{prefix}"
-    return os.path.abspath(source)
+        return f"s3://{bucket}/{prefix}"  # (a prefix without a slash lists p* too: so it covers it)
+    path = os.path.abspath(source)
+    return path.rstrip(os.sep) + os.sep if os.path.isdir(path) else path
+
+
+def _disjoint(prefixes: Iterable[str]) -> list[str]:
+    """The prefixes that no other one covers: overlapping sources (/d and /d/sub) must not count
+    an entry twice."""
+    kept: list[str] = []
+    for prefix in sorted(set(prefixes)):  # a prefix sorts before everything it covers
+        if not kept or not prefix.startswith(kept[-1]):
+            kept.append(prefix)
+    return kept

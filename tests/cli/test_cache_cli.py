@@ -162,6 +162,25 @@ def test_cache_cat_refuses_json(filled: Path, src: Path, where: str) -> None:
 
 
 @pytest.mark.parametrize(("tier", "key"), [("disk", "evicted_own"), ("ram", "demoted_own")])
+def test_overlapping_sources_count_what_did_not_stay_once(
+    cache_dir: Path, src: Path, tier: str, key: str
+) -> None:
+    # src and src/sub overlap, and src2 starts with src's name: each object is counted once
+    (src / "sub").mkdir()
+    for i in range(2):
+        (src / "sub" / f"s{i}.bin").write_bytes(bytes([10 + i]) * 1000)
+    other = src.parent / (src.name + "2")
+    other.mkdir()
+    (other / "o.bin").write_bytes(b"o" * 1000)
+    sources = [str(src), str(src / "sub"), str(other)]
+    args = ["--json", "--tier", tier, f"--{tier}-limit", "2500", "--cache-dir", str(cache_dir)]
+    res = run_rq("preload", *sources, *args)
+    assert res.returncode == 0, res.stderr
+    summary = json_lines(res.stdout)[-1]
+    assert (summary["objects"], summary[key]) == (8, 6), summary  # 2 of the 8 stayed in the tier
+
+
+@pytest.mark.parametrize(("tier", "key"), [("disk", "evicted_own"), ("ram", "demoted_own")])
 def test_a_preload_bigger_than_its_tier_says_so(cache_dir: Path, src: Path, tier: str, key: str) -> None:
     res = run_rq(
         "preload",
