@@ -37,11 +37,14 @@ from transfer.errors import (
 from transfer.journal import Journal, recorded
 from transfer.manifest import FileEntry, Limits, Manifest, parse_manifest
 from transfer.names import STATE_DIR_NAME, display_name, validate_name
+from transfer.reserve import reserve
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # Below this a second open() costs more than the page-cache copy it saves.
 _DIRECT_MIN = 256 * 1024
+# Files smaller than this go down in a write or two: nothing to gain from reserving them first.
+_RESERVE_MIN = 1 << 20
 
 
 def unlink_quiet_at(name: str, dir_fd: int) -> None:
@@ -286,8 +289,22 @@ class Store:
             journal = Journal(
                 self.state_fd, f"{entry.key}.journal", entry.key, entry.size, manifest.chunk_size, chunks
             )
+            if not joining and entry.size >= _RESERVE_MIN and len(journal.initial) < chunks:
+                self._reserve(part, entry.size)
             files.append(FileState(entry, chunks, journal, dict(journal.initial)))
         return Plan(manifest, files, self, restarted)
+
+    def _reserve(self, part: str, size: int) -> None:
+        """Takes the whole file's space as the transfer starts (rsync --preallocate, aria2's
+        falloc): blocks on disk in one piece instead of chunk by chunk, and on tmpfs the pages at
+        once, before any chunk needs them. Measured (docs/transfer.md, 4 GiB over TCP): into
+        /dev/shm 4.0-4.2 s -> 2.3-2.4 s (7.3-7.5 s against 9.9-10.3 s where the VM's memory was
+        fresh), onto ext4 even or better. Only the planning channel reserves; joiners find it done."""
+        fd = os.open(part, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
+        try:
+            reserve(fd, size)
+        finally:
+            os.close(fd)
 
     def _check_target(self, name: str, key: str) -> None:
         """Refuses a name whose parents are symlinks or files, or whose final name exists (w/o overwrite)."""

@@ -282,3 +282,41 @@ def test_a_cut_short_commit_never_places_a_part_another_transfer_rewrote(
     roots = send(store, t1, [a, b])  # T1 then resumes like any transfer and finishes
     store.plan(t1).finalize(roots, True)
     assert (tmp_path / "a").read_bytes() == a and (tmp_path / "b").read_bytes() == b
+
+
+def test_planning_reserves_each_big_file_and_keeps_what_a_resume_already_has(tmp_path: Path) -> None:
+    """The .part file gets its blocks when the transfer is planned, not chunk by chunk as they
+    arrive (docs/transfer.md: into fresh tmpfs pages 4 GiB went from ~4 s to ~2.3 s); a resumed
+    plan reserves again without touching the chunks it has."""
+    size = 64 * CS  # 4 MiB: above the reservation's 1 MiB floor
+    m, data = _manifest("big.bin", size)
+    store = Store(tmp_path)
+    plan = store.plan(m)
+    part = tmp_path / ".rq-partial" / f"{m.files[0].key}.part"
+    st = part.stat()
+    assert st.st_size == size and st.st_blocks * 512 >= size, "no space reserved at planning"
+    plan.close()
+    _receive(store, m, data, range(0, 3))
+    roots = _receive(store, m, data, range(3, 64))  # plans again: reserves over chunks 0-2
+    plan = store.plan(m)
+    assert plan.finalize(roots, overwrite=False) == size
+    assert (tmp_path / "big.bin").read_bytes() == data
+
+
+def test_small_files_are_not_reserved(tmp_path: Path) -> None:
+    m, _ = _manifest("small.bin", 3 * CS)
+    Store(tmp_path).plan(m).close()
+    assert (tmp_path / ".rq-partial" / f"{m.files[0].key}.part").stat().st_size == 0
+
+
+def test_a_reservation_that_cannot_be_had_is_not_an_error(tmp_path: Path) -> None:
+    """No room (or no fallocate on this file system): the transfer goes on, and a full disk is
+    reported by the write that finds it (test_transfer_faults covers that path)."""
+    from transfer.reserve import reserve
+
+    with open(tmp_path / "f", "wb") as fh:
+        fh.write(b"kept")
+        fh.flush()
+        assert reserve(fh.fileno(), 1 << 62) is False
+        assert reserve(fh.fileno(), 1 << 20) is True
+    assert (tmp_path / "f").read_bytes()[:4] == b"kept"
