@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from transfer import journal
+
 GiB = 1 << 30
 MiB = 1 << 20
 
@@ -88,10 +90,19 @@ def _send(src: Path, recv: Receiver, transport: str, tmp: Path) -> subprocess.Po
 
 
 def _partial_bytes(dest: Path) -> int:
+    """Bytes the receiver has made durable, from its journals (a record per chunk). Not the
+    .part files' blocks: the receiver reserves those whole as the transfer starts."""
     part = dest / ".rq-partial"
     if not part.exists():
         return 0
-    return sum(p.stat().st_blocks * 512 for p in part.glob("*.part"))
+    done = 0
+    for j in part.glob("*.journal"):
+        data = j.read_bytes()
+        if len(data) < journal.HEAD.size:
+            continue
+        _, _, size, chunk = journal.HEAD.unpack_from(data)
+        done += min(size, (len(data) - journal.HEAD.size) // journal.REC.size * chunk)
+    return done
 
 
 def _kill_when(dest: Path, proc: subprocess.Popen[bytes], fraction: float, total: int, limit: float) -> None:
