@@ -15,6 +15,15 @@ class Planned:
 
 
 @dataclass(frozen=True)
+class WouldFetch:
+    """A dry run's plan, one object at a time as the listing is checked: a prefix of millions is
+    reported without a list of them in memory."""
+
+    url: str
+    size: int
+
+
+@dataclass(frozen=True)
 class Progress:
     bytes: int  # total bytes received so far in this run
 
@@ -40,7 +49,7 @@ class Retrying:
     reason: str
 
 
-Event = Planned | Progress | Landed | Failed | Retrying
+Event = Planned | WouldFetch | Progress | Landed | Failed | Retrying
 EventSink = Callable[[Event], None]
 
 

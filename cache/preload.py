@@ -172,8 +172,11 @@ def run_preload(
     tier: str = "disk",
     workers: int = 256,
     dry_run: bool = False,
+    keep_planned: bool = True,
     on_event: ev.EventSink = ev.ignore,
 ) -> PreloadResult:
+    """`keep_planned=False`: a dry run reports its plan only through WouldFetch events, without
+    a list in `PreloadResult.planned` (rq preload --dry-run over millions of objects)."""
     from cache.api import Cache, _PromoteOrigin
 
     assert isinstance(cache, Cache)
@@ -184,7 +187,7 @@ def run_preload(
     if not dry_run:
         state.store.shrink()
     result = PreloadResult()
-    promote = False  # (decided below, once the whole set is known)
+    promote = False  # (decided below for the RAM tier, before anything is planned)
 
     def prepare(page: Page) -> list[Job]:
         """One page: skip what is cached at the same version, report what is not UTF-8, and return
@@ -214,7 +217,10 @@ def run_preload(
                 continue
             todo.append(Job(info, origin))
         if dry_run:
-            result.planned += [j.info for j in todo]
+            for job in todo:
+                on_event(ev.WouldFetch(job.info.url, job.info.size))
+            if keep_planned:
+                result.planned += [j.info for j in todo]
         result.planned_objects += len(todo)
         result.planned_bytes += sum(j.info.size for j in todo)
         on_event(
@@ -231,20 +237,19 @@ def run_preload(
     fetcher = Fetcher(
         state.store, cache.layout, tier, workers, on_event, durable=cache.durable, batch_sync=True
     )
-    if dry_run or tier == "ram":
-        # the whole listing first: a dry run only reports it, and RAM asks whether the whole set
-        # fits the cap: if it does, disk copies are promoted (verified, local); a set that does not
-        # fit would only trade places with itself on every run
-        whole = [item for page in listing() for item in page]
-        promote = tier == "ram" and sum(info.size for info, _ in whole) <= state.store.cap("ram")
-        todo = prepare(whole)
-        if dry_run or not todo:
-            result.smallest_window = workers
-            result.seconds = time.monotonic() - started
-            return result
-        fetched = fetcher.run(todo)
-    else:
-        fetched = fetcher.run([], feed=ListingFeed(listing, prepare))
+    if tier == "ram":
+        # RAM promotes disk copies (verified, local) only when the whole set fits its cap: a set
+        # that does not would only trade places with itself on every run. Asked by a listing pass
+        # of its own that keeps nothing but a sum and stops once the sum passes the cap, so memory
+        # stays bounded however many objects there are (a second LIST per 1,000 objects)
+        promote = _fits(listing, state.store.cap("ram"))
+    if dry_run:
+        for page in listing():
+            prepare(page)  # reports each object (WouldFetch) and counts; nothing is fetched
+        result.smallest_window = workers
+        result.seconds = time.monotonic() - started
+        return result
+    fetched = fetcher.run([], feed=ListingFeed(listing, prepare))
     result.objects = fetched.objects
     result.bytes = fetched.landed_bytes
     result.evicted_own, result.demoted_own = _pushed_out(state, tier, sources, started_wall, fetched)
@@ -254,6 +259,18 @@ def run_preload(
     result.smallest_window = fetched.smallest_window
     result.seconds = time.monotonic() - started
     return result
+
+
+def _fits(listing: Callable[[Callable[[], bool]], Iterator[Page]], cap: int) -> bool:
+    """Whether the sources' objects together fit in `cap` bytes; stops listing once they do not."""
+    total = 0
+
+    def over() -> bool:
+        return total > cap
+
+    for page in listing(over):
+        total += sum(info.size for info, _ in page)
+    return not over()
 
 
 def _pushed_out(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import time
@@ -176,12 +177,17 @@ def preload(
     )
     tally = Tally()
     started = time.monotonic()
-    with out.progress() as bar:
+    # a dry run prints its plan as it is listed (a line per object): no bar to draw around it
+    with out.progress() if not dry_run else contextlib.nullcontext() as bar:
         task = bar.add_task("preload", total=None) if bar is not None else None
 
         def on_event(event: ev.Event) -> None:
             tally.add(event)
-            if isinstance(event, ev.Failed):
+            if isinstance(event, ev.WouldFetch):
+                out.emit({"event": "plan", "url": event.url, "size": event.size})
+                if not out.json:
+                    out.info(f"would fetch {safe_text(event.url)} ({event.size} bytes)")
+            elif isinstance(event, ev.Failed):
                 out.emit({"event": "failed", "url": event.url, "kind": event.kind, "message": event.message})
                 if not out.json:
                     out.warn(f"{safe_text(event.url)}: {safe_text(event.message)}")
@@ -211,6 +217,7 @@ def preload(
                 tier=tier,
                 workers=workers,
                 dry_run=dry_run,
+                keep_planned=False,
                 on_event=on_event,
             )
         except CacheError as exc:
@@ -223,11 +230,6 @@ def preload(
     # every byte is written (and fsynced, unless --no-fsync) and the index is closed: what the
     # interpreter's teardown would do (free objects, join idle threads) no longer matters
     teardown.skip_teardown()
-    if dry_run:
-        for info in result.planned:
-            out.emit({"event": "plan", "url": info.url, "size": info.size})
-            if not out.json:
-                out.info(f"would fetch {safe_text(info.url)} ({info.size} bytes)")
     # a dry run fetches nothing: its counts are what a real run would fetch (big objects included)
     summary = {
         "event": "summary",

@@ -195,3 +195,96 @@ def test_the_listing_stays_a_few_pages_ahead_of_the_fetching(
     # planned and waiting to start (< 64 + a page), two pages delivered, one being built, a batch
     # waiting to land (64) and the requests in flight: well under a thousand
     assert origin.most_ahead < 1000, origin.most_ahead
+
+
+class PagingOrigin(LocalOrigin):
+    """Records how many objects each list() call yielded; on call `pause_on` it waits after PAGE
+    objects until `go` is set (or 10 s) and records whether it was."""
+
+    def __init__(self, root: Path, go: threading.Event, pause_on: int):
+        super().__init__(root)
+        self.go, self.pause_on = go, pause_on
+        self.yielded: list[int] = []
+        self.went: bool | None = None
+
+    def list(self) -> Iterator[ObjectInfo]:
+        self.yielded.append(0)
+        for n, info in enumerate(super().list()):
+            if n == PAGE and len(self.yielded) == self.pause_on:
+                self.went = self.go.wait(10)
+            self.yielded[-1] += 1
+            yield info
+
+
+def _preload(
+    tmp_path: Path, ram_dir: Path, origin: LocalOrigin, monkeypatch: pytest.MonkeyPatch, **kwargs: Any
+) -> tuple[Cache, Any, list[ev.Event]]:
+    monkeypatch.setattr(preload_module, "PAGE", PAGE)
+    monkeypatch.setattr(preload_module, "parse_source", lambda source, settings: origin)
+    events: list[ev.Event] = []
+    c = Cache(tmp_path / "c", ram_dir=ram_dir, ram_limit=kwargs.pop("ram_limit", None))
+    return c, c.preload([str(origin.root)], on_event=events.append, **kwargs), events
+
+
+def test_a_dry_run_reports_each_page_as_it_is_listed(
+    tmp_path: Path, ram_dir: Path, origin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dry run over millions of objects must not hold them all: the first page's plan is out
+    while the second is being listed (it used to list everything, then report)."""
+    go = threading.Event()
+    origin = PagingOrigin(origin_dir, go, pause_on=1)
+
+    def seen(event: ev.Event) -> None:
+        if isinstance(event, ev.WouldFetch):
+            go.set()
+
+    monkeypatch.setattr(preload_module, "PAGE", PAGE)
+    monkeypatch.setattr(preload_module, "parse_source", lambda source, settings: origin)
+    events: list[ev.Event] = []
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    result = c.preload(
+        [str(origin_dir)], dry_run=True, keep_planned=False, on_event=lambda e: (events.append(e), seen(e))
+    )
+    assert origin.went is True
+    plan = [e for e in events if isinstance(e, ev.WouldFetch)]
+    assert sorted(e.url for e in plan) == sorted(str(p) for p in origin_dir.iterdir())
+    assert result.planned == [] and result.planned_objects == 3 * PAGE  # counted, not kept
+    assert c.entries() == []
+    c.close()
+
+
+def test_the_ram_tier_streams_after_asking_whether_the_set_fits(
+    tmp_path: Path, ram_dir: Path, origin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--tier ram used to hold the whole listing to ask whether the set fits the RAM cap. Now a
+    first pass keeps only a sum, and the second streams like the disk tier: an object of page 1
+    lands while page 2 is being listed."""
+    landed = threading.Event()
+    origin = PagingOrigin(origin_dir, landed, pause_on=2)
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    c.preload([str(origin_dir)], tier="disk")  # disk copies to promote
+    c.close()
+    monkeypatch.setattr(preload_module, "PAGE", PAGE)
+    monkeypatch.setattr(preload_module, "parse_source", lambda source, settings: origin)
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+
+    def on_event(event: ev.Event) -> None:
+        if isinstance(event, ev.Landed):
+            landed.set()
+
+    result = c.preload([str(origin_dir)], tier="ram", on_event=on_event)
+    assert origin.went is True and origin.yielded == [3 * PAGE, 3 * PAGE]
+    assert result.objects == 3 * PAGE and not result.failed  # the set fits: all promoted
+    assert {e.tier for e in c.entries()} == {"ram"}
+    c.close()
+
+
+def test_a_set_bigger_than_the_ram_cap_is_not_listed_twice(
+    tmp_path: Path, ram_dir: Path, origin_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fit pass stops once the sum passes the cap: here after the first page."""
+    origin = PagingOrigin(origin_dir, threading.Event(), pause_on=0)
+    c, result, _ = _preload(tmp_path, ram_dir, origin, monkeypatch, tier="ram", ram_limit=2 * (64 << 10))
+    assert origin.yielded[0] <= PAGE + 1 and origin.yielded[1:] == [3 * PAGE]
+    assert result.objects == 3 * PAGE and not result.failed
+    c.close()
