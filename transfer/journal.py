@@ -5,8 +5,9 @@
 
 A record is appended only after the chunk's bytes were fdatasync'ed into the .part file, so the
 journal never claims data that a crash could lose. Records are written with O_APPEND in one write
-each batch, so several receiver processes can share a journal; a torn tail record (a crash inside
-that write) fails its CRC and is ignored, costing one resent chunk.
+each batch, so several receiver processes can share a journal; a torn record (a crash inside that
+write, or a disk that filled during it) fails its CRC and is skipped, costing one resent chunk, and
+the reader finds the records appended after it by sliding on until a CRC holds.
 """
 
 from __future__ import annotations
@@ -34,11 +35,16 @@ def parse(data: bytes, key: str, size: int, chunk_size: int, chunks: int) -> dic
     if len(data) < HEAD.size or data[: HEAD.size] != header_bytes(key, size, chunk_size):
         return None
     have: dict[int, bytes] = {}
-    for off in range(HEAD.size, len(data) - REC.size + 1, REC.size):
+    off = HEAD.size
+    while off + REC.size <= len(data):
         index, dig, crc = REC.unpack_from(data, off)
         if zlib.crc32(data[off : off + 20]) != crc or index >= chunks:
-            continue  # torn or damaged record: that chunk is simply sent again
+            # torn or damaged: that chunk is sent again. A torn record is shorter than REC.size
+            # and later appends follow it, so look for the next record a byte further on
+            off += 1
+            continue
         have[index] = dig
+        off += REC.size
     return have
 
 
@@ -85,7 +91,11 @@ class Journal:
         flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(self.name, flags, dir_fd=self.dir_fd)
         try:
-            os.write(fd, b"".join(record_bytes(k, d) for k, d in records))
+            # a write cut short (the disk filled mid-way) is retried for the rest, which raises
+            # ENOSPC: the caller must not count records that did not reach the disk
+            view = memoryview(b"".join(record_bytes(k, d) for k, d in records))
+            while view:
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -8,25 +8,37 @@ system call itself just says EOPNOTSUPP there, and the transfer goes on without 
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 
 _libc: ctypes.CDLL | None = None
 
+# Reservations never take the last of a file system: journals, manifests and everyone else on it
+# need room, and a sender (holding the token) must not be able to fill the disk with a manifest
+# alone. This much stays free: 5% of the file system, at most 1 GiB.
+_MARGIN_SHARE = 20
+_MARGIN_MAX = 1 << 30
+
 
 def reserve(fd: int, size: int) -> bool:
     """Allocates `size` bytes for the file behind `fd` (mode 0: holes get blocks, the size becomes
-    at least `size`, data already written stays). Best effort: False where the file system cannot
-    reserve or has no room — a full disk is reported by the write that finds it full, which keeps
-    the chunks verified before it (the receiver's usual disk-full path)."""
+    at least `size`, data already written stays), if the file system keeps its margin free after
+    it. Best effort: False where it does not fit or the file system cannot reserve. A failed
+    call is undone (ext4 keeps what a failing fallocate got: the disk would be full before a
+    chunk arrived). A full disk is then reported by the write that finds it, keeping the chunks
+    verified before it."""
     global _libc
+    st = os.fstat(fd)
+    vfs = os.fstatvfs(fd)
+    free = vfs.f_bavail * vfs.f_frsize
+    margin = min(vfs.f_blocks * vfs.f_frsize // _MARGIN_SHARE, _MARGIN_MAX)
+    if size - st.st_blocks * 512 > free - margin:
+        return False
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
     fallocate = _libc.fallocate
     fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
     if fallocate(fd, 0, 0, size) == 0:
         return True
-    err = ctypes.get_errno()
-    if err in (errno.EOPNOTSUPP, errno.ENOSYS, errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EINVAL):
-        return False
-    raise OSError(err, os.strerror(err))
+    if st.st_size < size:
+        os.ftruncate(fd, st.st_size)  # gives back the blocks past the old end that the call got
+    return False

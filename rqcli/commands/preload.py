@@ -223,7 +223,8 @@ def preload(
         except CacheError as exc:
             err = cache_error_to_cli(exc)
             # what was done before the abort still lands in the summary: scripts read it either way
-            report(out, tally.summary(time.monotonic() - started, tier, c.root, err), dry_run=False)
+            summary = tally.summary(time.monotonic() - started, tier, c.root, err, dry_run)
+            report(out, summary, dry_run=dry_run)
             raise err from None
         finally:
             c.close()
@@ -274,6 +275,7 @@ class Tally:
     """What the events said so far: the summary of a run the library aborted (it returns no result then)."""
 
     planned: int = 0
+    planned_bytes: int = 0
     skipped: int = 0
     skipped_bytes: int = 0
     landed: int = 0  # (counts only: a run may land millions of objects)
@@ -290,13 +292,17 @@ class Tally:
             self.failed += 1
         elif isinstance(event, ev.Planned):
             self.planned, self.skipped, self.skipped_bytes = event.objects, event.skipped, event.skipped_bytes
+            self.planned_bytes = event.bytes
 
-    def summary(self, seconds: float, tier: str, root: Path, err: CliError) -> dict[str, Any]:
+    def summary(
+        self, seconds: float, tier: str, root: Path, err: CliError, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """A dry run's counts are what it planned before it stopped (the plan lines printed)."""
         nbytes = self.landed_bytes
         return {
             "event": "summary",
-            "objects": self.landed,
-            "bytes": nbytes,
+            "objects": self.planned if dry_run else self.landed,
+            "bytes": self.planned_bytes if dry_run else nbytes,
             "skipped": self.skipped,
             "skipped_bytes": self.skipped_bytes,
             "resumed_bytes": None,  # known only to a run that finished
@@ -307,7 +313,7 @@ class Tally:
             "mb_per_s": round(nbytes / 1e6 / seconds, 1) if seconds > 0 else 0.0,
             "tier": tier,
             "cache_dir": str(root),
-            "dry_run": False,
+            "dry_run": dry_run,
             "evicted_own": None,  # not checked: the run stopped
             "demoted_own": None,
             "aborted": True,
@@ -322,7 +328,8 @@ def report(out: Output, summary: dict[str, Any], dry_run: bool) -> None:
         return
     objects, mib, skipped = summary["objects"], summary["bytes"] / 2**20, summary["skipped"]
     if dry_run:
-        out.info(f"would fetch {objects} objects ({mib:.1f} MiB); {skipped} already cached")
+        so_far = " before the listing stopped" if summary["aborted"] else ""
+        out.info(f"would fetch {objects} objects ({mib:.1f} MiB){so_far}; {skipped} already cached")
         return
     verb = "stopped after" if summary["aborted"] else "preloaded"
     out.info(

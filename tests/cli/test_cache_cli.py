@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import uuid
@@ -67,6 +68,32 @@ def test_dry_run_counts_what_it_would_fetch_big_objects_included(tmp_path: Path,
     assert (summary["objects"], summary["bytes"]) == (3, 2 * (64 << 20) + 3)
     human = run_rq("preload", str(d), "--cache-dir", str(cache_dir), "--dry-run")
     assert b"would fetch 3 objects (128.0 MiB)" in human.stdout, human.stdout
+
+
+def test_a_dry_run_whose_listing_fails_summarises_what_it_planned(tmp_path: Path, cache_dir: Path) -> None:
+    """A dry run prints its plan as it lists; when the listing then fails, its summary counts
+    that plan and says it was a dry run (it said "stopped after 0 objects", dry_run false)."""
+    d = tmp_path / "d"
+    d.mkdir()
+    for i in range(1000):  # the first page: planned and printed before the listing fails
+        (d / f"f{i:04d}").write_bytes(b"x")
+    (d / "zz").mkdir()
+    fd = os.open(d / "zz", os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(18):  # past PATH_MAX: listing below here fails with "File name too long"
+        os.mkdir("n" * 250, dir_fd=fd)
+        below = os.open("n" * 250, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = below
+    os.close(fd)
+    res = run_rq("preload", str(d), "--cache-dir", str(cache_dir), "--dry-run", "--json")
+    assert res.returncode != 0 and res.stderr.decode().count("rq: error:") == 1, res.stderr.decode()
+    lines = json_lines(res.stdout)
+    assert sum(1 for x in lines if x["event"] == "plan") == 1000
+    summary = lines[-1]
+    assert summary["event"] == "summary" and summary["aborted"] is True and summary["dry_run"] is True
+    assert (summary["objects"], summary["bytes"]) == (1000, 1000)
+    human = run_rq("preload", str(d), "--cache-dir", str(cache_dir), "--dry-run")
+    assert "would fetch 1000 objects" in human.stdout.decode().splitlines()[-1]
 
 
 def test_dry_run_does_not_remember_its_limits(tmp_path: Path, cache_dir: Path) -> None:

@@ -377,6 +377,24 @@ def test_journal_ignores_torn_tail_and_other_versions(tmp_path) -> None:  # type
     os.close(fd)
 
 
+def test_journal_records_appended_after_a_torn_one_still_count(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A torn record (a crash or a full disk inside the write) is shorter than a record, so every
+    record appended after it sat off the 24-byte grid and failed its CRC: the journal was dead
+    for good and the transfer could never commit (found by review). The reader now slides on
+    to the next record that checks."""
+    key = "ab" * 16
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    j = journal.Journal(fd, "j", key, 500, 100, 5)
+    j.append([(0, b"\x01" * 16)])
+    with open(tmp_path / "j", "ab") as fh:
+        fh.write(journal.record_bytes(1, b"\x03" * 16)[:8])
+    j2 = journal.Journal(fd, "j", key, 500, 100, 5)  # the resumed receiver
+    assert j2.initial == {0: b"\x01" * 16}
+    j2.append([(2, b"\x02" * 16), (3, b"\x04" * 16)])
+    assert j2.reload() == {0: b"\x01" * 16, 2: b"\x02" * 16, 3: b"\x04" * 16}
+    os.close(fd)
+
+
 def test_accept_carries_data_ports_and_rejects_bad_ones() -> None:
     m, snd, rcv = _open_control()
     _pump(snd.outbox, rcv)

@@ -350,6 +350,39 @@ def test_disk_full_then_resume_after_space_is_freed(tmp_path: Path, small_disk: 
     assert _sha(dest / "model.bin") == _sha(src)
 
 
+def test_reservations_never_take_the_last_of_the_disk(tmp_path: Path, small_disk: SmallDisk) -> None:
+    """Manifests alone (no chunk sent) made the receiver reserve their files until the disk was
+    full, and on ext4 a reservation that failed kept what it got (found by review). Now a file is
+    reserved only if the file system keeps its margin free after it, and a failed call is undone."""
+    from transfer.store import Store
+
+    dest = small_disk.path / "dst"
+    store = Store(dest)
+    vfs = os.statvfs(dest)
+    margin = min(vfs.f_blocks * vfs.f_frsize // 20, 1 << 30)
+    size = 3 << 19  # 1.5 MiB: above the 1 MiB below which nothing is reserved
+    reserved = []
+    for n in range(6):
+        name = f"f{n}.bin"
+        m = make_manifest(
+            64 << 10, [FileEntry(name=name, size=size, mode=0o644, key=file_key(name, size, n, 1, 64 << 10))]
+        )
+        store.plan(m).close()
+        part = dest / ".rq-partial" / f"{m.files[0].key}.part"
+        reserved.append(part.stat().st_blocks * 512 >= size)
+        left = os.statvfs(dest)
+        assert left.f_bavail * left.f_frsize >= margin - (64 << 10), f"manifest {n} took the margin"
+    assert reserved[0] and not all(reserved)  # the first fits; then the margin stops them
+    too_big = make_manifest(
+        64 << 10,
+        [FileEntry(name="big", size=64 << 20, mode=0o644, key=file_key("big", 64 << 20, 9, 9, 64 << 10))],
+    )
+    before = os.statvfs(dest).f_bavail
+    store.plan(too_big).close()
+    assert os.statvfs(dest).f_bavail >= before - 2  # (a journal block) nothing reserved for it
+    store.close()
+
+
 @contextlib.contextmanager
 def _immutable(path: Path) -> Iterator[None]:
     """chattr +i: even root cannot create files in it (a read-only mode bit would not stop root)."""
