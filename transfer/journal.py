@@ -12,6 +12,7 @@ the reader finds the records appended after it by sliding on until a CRC holds.
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 import zlib
@@ -95,7 +96,10 @@ class Journal:
             # ENOSPC: the caller must not count records that did not reach the disk
             view = memoryview(b"".join(record_bytes(k, d) for k, d in records))
             while view:
-                view = view[os.write(fd, view) :]
+                n = os.write(fd, view)
+                if n == 0:  # never for a regular file; a loop for ever if it were
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                view = view[n:]
             os.fsync(fd)
         finally:
             os.close(fd)
