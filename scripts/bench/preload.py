@@ -282,6 +282,11 @@ def bench_many(rounds: int, work: Path) -> None:
         bench.add("cp -r", ["cp", "-r", str(src), str(out)], setup=fresh_missing(out))
         rq = [tool("rq"), "preload", str(src), "--tier", "disk", "--cache-dir", str(cache_dir), "-q"]
         bench.add("rq preload DIR", rq, setup=fresh_cache(cache_dir, ram_dir))
+        # the two modes that held the whole listing until the eighth session: a dry run (its plan
+        # lines go to /dev/null) and the RAM tier (which first asks whether the set fits its cap)
+        bench.add("rq preload --dry-run", [*rq, "--dry-run", "--json"], setup=fresh_cache(cache_dir, ram_dir))
+        ram = [*rq[:3], "--tier", "ram", "--ram-limit", "2G", *rq[5:]]
+        bench.add("rq preload --tier ram", ram, setup=fresh_cache(cache_dir, ram_dir))
         try:
             result = bench.run()
         finally:
@@ -292,7 +297,8 @@ def bench_many(rounds: int, work: Path) -> None:
         result.report(
             baseline="cp -r",
             subject="rq preload DIR",
-            notes=f"Peak RSS: rq {rss['rq preload DIR']:.0f} MiB, cp {rss['cp -r']:.0f} MiB. Compare with the other "
+            notes=f"Peak RSS: rq {rss['rq preload DIR']:.0f} MiB (--dry-run {rss['rq preload --dry-run']:.0f}, "
+            f"--tier ram {rss['rq preload --tier ram']:.0f}), cp {rss['cp -r']:.0f} MiB. Compare with the other "
             "size: what grows with the number of objects is the memory rq keeps per object. rq also "
             "hashes, fsyncs and indexes each file; cp only copies.",
         )
