@@ -4,6 +4,7 @@ connection, CRT client, threads) is rebuilt in a child the first time it is used
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import fnmatch
 import io
@@ -20,6 +21,7 @@ from typing import IO, Any
 import xxhash
 
 from cache import events as ev
+from cache import orphans
 from cache.digests import file_digest
 from cache.errors import CacheError, NotFoundError, VerifyError
 from cache.fetcher import Fetcher, Job
@@ -80,6 +82,8 @@ class Cache:
         durable: bool = True,
     ):
         self.durable = durable
+        self._ram_pid = os.getpid()
+        self._ram_fd = -1
         self.root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         check_cache_dir(self.root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -100,12 +104,37 @@ class Cache:
             if known != str(ram_root) and ram_dir is not None:
                 check_cache_dir(ram_root, "RAM tier directory")  # a directory given to us: empty
             self.layout = Layout(self.root, ram_root)
-            self.layout.create(tighten=ram_dir is None)
+            self._ram_fd = self._hold_ram_root(tighten=ram_dir is None)
             if known != str(ram_root):
                 self._adopt_ram_root(index, ram_root)
             self.caps = self._caps(index, ram_limit, disk_limit)
         finally:
             index.close()
+
+    def _hold_ram_root(self, tighten: bool) -> int:
+        """Makes the tiers' directories and holds the RAM root's shared lock for this object's life
+        (cache.orphans: a root that nobody holds and whose cache directory is gone may be removed);
+        a root in /dev/shm also records which cache directory it serves."""
+        ram_root = self.layout.ram_root
+        for _ in range(5):
+            self.layout.create(tighten=tighten)
+            fd = orphans.hold(ram_root)
+            if fd is not None:
+                break  # else it was being removed as an orphan while we waited: make it again
+        else:
+            raise CacheError(f"RAM tier directory {ram_root} keeps disappearing; is something deleting it?")
+        if ram_root.parent == orphans.SHM:
+            try:
+                orphans.mark_owner(ram_root, self.root.resolve())
+            except OSError:
+                pass  # then `rq cache orphans` lists it as unclaimed and never removes it
+        return fd
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_ram_fd", -1)
+        if fd >= 0 and getattr(self, "_ram_pid", os.getpid()) == os.getpid():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _adopt_ram_root(self, index: Index, ram_root: Path) -> None:
         """Records the RAM root. rq's default root is named after the cache dir, so one that has
@@ -158,13 +187,24 @@ class Cache:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(
-            _proc=None, _lock=None, _prefetcher=None, _touched={}, _verified=set(), _flush_pending_pid=0
+            _proc=None,
+            _lock=None,
+            _prefetcher=None,
+            _touched={},
+            _verified=set(),
+            _flush_pending_pid=0,
+            _ram_fd=-1,
         )
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
+        # a spawned worker holds the RAM root too, so it is never taken from under it (a forked one
+        # shares its parent's descriptor and lock)
+        self._ram_pid = os.getpid()
+        fd = orphans.hold(self.layout.ram_root)
+        self._ram_fd = -1 if fd is None else fd
 
     def close(self) -> None:
         if self._prefetcher is not None:

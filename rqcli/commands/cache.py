@@ -295,3 +295,63 @@ def clear(cache_dir: Path | None, yes: bool) -> None:
     out.emit({"event": "summary", "removed": done, "kept_open": skipped})
     if not out.json:
         out.info(f"removed {done}; kept {skipped} open by readers")
+
+
+@cache.command("orphans")
+@click.option("--remove", is_flag=True, help="Remove the orphaned and empty ones.")
+@click.option(
+    "--min-age",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds a tier must have been left unchanged to count.",
+)
+@output_options
+def orphans(remove: bool, min_age: float) -> None:
+    """RAM tiers in /dev/shm left by caches whose directory was deleted (they hold RAM outside
+    every cap). Tiers in use by a process, or changed within --min-age, are never listed.
+
+    \b
+    Examples:
+      rq cache orphans
+      rq cache orphans --remove
+    """
+    from cache import orphans as found_roots
+
+    out = get_output()
+    removed = freed = 0
+    roots = found_roots.find(min_age=min_age)
+    for root in roots:
+        gone = remove and found_roots.remove(root, min_age)
+        if gone:
+            removed += 1
+            freed += root.size
+        out.emit(
+            {
+                "event": "ram_tier",
+                "path": str(root.path),
+                "cache_dir": None if root.owner is None else str(root.owner),
+                "bytes": root.size,
+                "state": root.state,
+                "removed": gone,
+            }
+        )
+        if not out.json:
+            what = {
+                "orphan": f"its cache {safe_text(str(root.owner))} is gone",
+                "empty": "empty, no cache recorded",
+                "unclaimed": "made by an older rq (no owner recorded); remove it by hand if no cache uses it",
+            }[root.state]
+            done = "removed  " if gone else ""
+            out.info(f"{done}{root.path}  {_size(root.size):>11}  {what}")
+    left = sum(1 for r in roots if r.state != "unclaimed") - removed
+    out.emit(
+        {"event": "summary", "found": len(roots), "removed": removed, "freed_bytes": freed, "left": left}
+    )
+    if not out.json:
+        if not roots:
+            out.info("no orphaned RAM tiers")
+        elif remove:
+            out.info(f"removed {removed}, freed {_size(freed)}")
+        elif left:
+            out.info("remove them with: rq cache orphans --remove")

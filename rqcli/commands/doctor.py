@@ -241,6 +241,25 @@ def _space(path: Path, name: str, fix: str) -> Finding:
     return Finding(name, "ok", detail)
 
 
+def check_orphans() -> Finding:
+    """RAM tiers whose cache directory was deleted: they hold RAM no cap counts."""
+    from cache import orphans
+
+    roots = orphans.find()
+    gone = [r for r in roots if r.state != "unclaimed"]
+    held = sum(r.size for r in gone)
+    unclaimed = len(roots) - len(gone)
+    also = f"; {unclaimed} more made by an older rq (see `rq cache orphans`)" if unclaimed else ""
+    if gone:
+        return Finding(
+            "cache-ram-orphans",
+            "warn",
+            f"{len(gone)} RAM tiers in /dev/shm left by deleted caches hold {_gib(held)}{also}",
+            "rq cache orphans --remove",
+        )
+    return Finding("cache-ram-orphans", "ok", f"no RAM tiers left by deleted caches{also}")
+
+
 def _tree_size(path: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
@@ -275,6 +294,7 @@ def run_checks(
         findings.append(
             _space(default_ram_root(cache_dir), "cache-ram", "enlarge /dev/shm (mount -o remount,size=...)")
         )
+        findings.append(check_orphans())
     else:
         findings.append(Finding("cache-ram", "skip", "/dev/shm absent: no RAM tier", "use --tier disk"))
     return findings

@@ -1,0 +1,211 @@
+"""RAM tiers left in /dev/shm by deleted caches: found, removed, and never taken from a live cache.
+
+These use the real /dev/shm and rq's default RAM roots (named after each test's cache dir), and
+only ever remove the root the test made.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rqtest import run_rq
+
+from cache import Cache, orphans
+from cache.layout import default_ram_root
+
+pytestmark = pytest.mark.skipif(not orphans.SHM.is_dir(), reason="no /dev/shm")
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    d = tmp_path / "src"
+    d.mkdir()
+    for i in range(3):
+        (d / f"{i}.bin").write_bytes(os.urandom(10_000))
+    return d
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Iterator[Path]:
+    d = tmp_path / "cache"
+    yield d
+    shutil.rmtree(default_ram_root(d), ignore_errors=True)
+
+
+def fill_ram_tier(cache_dir: Path, src: Path) -> Path:
+    c = Cache(cache_dir)
+    c.preload([str(src)], tier="ram")
+    root = c.layout.ram_root
+    c.close()
+    del c
+    return root
+
+
+def listed(root: Path, min_age: float = 0) -> orphans.RamRoot | None:
+    return next((r for r in orphans.find(min_age=min_age) if r.path == root), None)
+
+
+def age(root: Path, seconds: float) -> None:
+    past = time.time() - seconds
+    for dirpath, _dirs, files in os.walk(root):
+        for name in [*files, "."]:
+            os.utime(os.path.join(dirpath, name), (past, past), follow_symlinks=False)
+
+
+def test_a_deleted_caches_ram_tier_is_listed_and_removed(cache_dir: Path, src: Path) -> None:
+    root = fill_ram_tier(cache_dir, src)
+    assert orphans.read_owner(root) == cache_dir.resolve()
+    assert listed(root) is None  # its cache is still there
+    shutil.rmtree(cache_dir)
+    found = listed(root)
+    assert found is not None and found.state == "orphan" and found.owner == cache_dir.resolve()
+    assert found.size == 30_000
+    assert orphans.remove(found, min_age=0)
+    assert not root.exists()
+    assert not any(p.name.startswith(f".{root.name}.") for p in orphans.SHM.iterdir())
+
+
+def test_a_ram_tier_in_use_is_never_an_orphan_even_without_its_cache_dir(cache_dir: Path, src: Path) -> None:
+    root = fill_ram_tier(cache_dir, src)
+    reader = Cache(cache_dir)  # a live process still using the cache when someone rm -rf's it
+    shutil.rmtree(cache_dir)
+    assert listed(root) is None
+    stale = orphans.RamRoot(root, cache_dir.resolve(), 30_000, "orphan")
+    assert not orphans.remove(stale, min_age=0)
+    assert len(list((root / "objects").rglob("*.bin"))) == 3
+    del reader
+    assert listed(root) is not None
+
+
+def test_a_forked_worker_keeps_the_ram_tier_held_after_its_parent_lets_go(cache_dir: Path, src: Path) -> None:
+    root = fill_ram_tier(cache_dir, src)
+    c = Cache(cache_dir)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker: holds the inherited descriptor until the test says go
+        os.close(write)
+        os.read(read, 1)
+        os._exit(0)
+    os.close(read)
+    try:
+        os.close(c._ram_fd)  # the parent is done with it; the worker's copy still holds the lock
+        c._ram_fd = -1
+        shutil.rmtree(cache_dir)
+        assert listed(root) is None
+    finally:
+        os.write(write, b"x")
+        os.close(write)
+        os.waitpid(pid, 0)
+    assert listed(root) is not None
+
+
+def test_a_recently_changed_ram_tier_is_left_alone(cache_dir: Path, src: Path) -> None:
+    root = fill_ram_tier(cache_dir, src)
+    shutil.rmtree(cache_dir)
+    assert listed(root, min_age=60) is None
+    age(root, 120)
+    assert listed(root, min_age=60) is not None
+
+
+def test_a_moved_cache_claims_its_ram_tier_on_its_next_open(
+    tmp_path: Path, cache_dir: Path, src: Path
+) -> None:
+    root = fill_ram_tier(cache_dir, src)
+    moved = tmp_path / "moved"
+    os.rename(cache_dir, moved)
+    assert listed(root) is not None  # until the cache is opened at its new place
+    Cache(moved).close()
+    assert orphans.read_owner(root) == moved.resolve()
+    assert listed(root) is None
+    with Cache(moved) as c:
+        assert c.stat(str(src / "0.bin")).tier == "ram"
+
+
+def test_a_ram_tier_without_an_owner_is_listed_but_never_removed(cache_dir: Path, src: Path) -> None:
+    root = fill_ram_tier(cache_dir, src)
+    os.unlink(root / orphans.OWNER_NAME)  # as an older rq left it
+    found = listed(root)
+    assert found is not None and found.state == "unclaimed" and found.owner is None
+    assert not orphans.remove(found, min_age=0)
+    assert len(list((root / "objects").rglob("*.bin"))) == 3
+
+
+def test_an_empty_ram_tier_without_an_owner_is_removed(tmp_path: Path) -> None:
+    root = default_ram_root(tmp_path / "never-a-cache")
+    (root / "objects").mkdir(parents=True, mode=0o700)
+    try:
+        found = listed(root)
+        assert found is not None and found.state == "empty"
+        assert orphans.remove(found, min_age=0)
+        assert not root.exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_cache_opening_while_its_ram_tier_is_removed_makes_a_fresh_one(cache_dir: Path, src: Path) -> None:
+    """The remover holds the exclusive lock and renames the root away; a Cache opening meanwhile
+    waits on the lock, then finds the path replaced and makes a new root rather than use the old."""
+    root = fill_ram_tier(cache_dir, src)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as orphans.remove holds it
+    opened: list[Cache] = []
+    opener = threading.Thread(target=lambda: opened.append(Cache(cache_dir)))
+    opener.start()
+    time.sleep(0.3)
+    assert not opened  # waiting for the lock
+    trash = root.with_name(f".{root.name}.test-trash")
+    os.rename(root, trash)
+    os.close(fd)
+    opener.join(10)
+    try:
+        assert opened, "Cache() did not come back"
+        c = opened[0]
+        assert root.is_dir() and (root / "objects").is_dir()
+        assert os.fstat(c._ram_fd).st_ino == os.lstat(root).st_ino
+        # its old entries' files went with the old root: reading them fetches them again
+        with c.open(str(src / "1.bin")) as f:
+            assert f.read() == (src / "1.bin").read_bytes()
+        c.close()
+    finally:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def test_rq_cache_orphans_lists_and_removes_and_doctor_warns(cache_dir: Path, src: Path) -> None:
+    root = fill_ram_tier(cache_dir, src)
+    shutil.rmtree(cache_dir)
+    age(root, 7200)  # older than --min-age 3600; other roots on this machine are left to their owners
+
+    out = run_rq("cache", "orphans", "--min-age", "3600", "--json")
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    ours = [e for e in lines if e.get("path") == str(root)]
+    assert ours == [
+        {
+            "event": "ram_tier",
+            "path": str(root),
+            "cache_dir": str(cache_dir.resolve()),
+            "bytes": 30_000,
+            "state": "orphan",
+            "removed": False,
+        }
+    ]
+    assert root.exists()
+
+    doctor = run_rq("doctor", "--json")
+    finding = next(
+        e for e in map(json.loads, doctor.stdout.splitlines()) if e.get("check") == "cache-ram-orphans"
+    )
+    assert finding["status"] == "warn" and "rq cache orphans --remove" in json.dumps(finding)
+
+    out = run_rq("cache", "orphans", "--min-age", "3600", "--remove")
+    assert out.returncode == 0, out.stderr
+    assert f"removed  {root}" in out.stdout.decode()
+    assert not root.exists()
