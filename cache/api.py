@@ -11,6 +11,7 @@ import io
 import itertools
 import os
 import random
+import secrets
 import threading
 import time
 from collections.abc import Iterable
@@ -82,8 +83,7 @@ class Cache:
         durable: bool = True,
     ):
         self.durable = durable
-        self._ram_pid = os.getpid()
-        self._ram_fd = -1
+        self._ram_pid = 0  # the process whose hold on the RAM root this object counts in (cache.orphans)
         self.root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
         check_cache_dir(self.root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -100,41 +100,79 @@ class Cache:
         index = Index(self.root / INDEX_NAME)
         try:
             known = index.setting("ram_root")
-            ram_root = Path(ram_dir) if ram_dir else Path(known or default_ram_root(self.root))
+            ram_root = Path(ram_dir) if ram_dir else Path(known or self._new_ram_root())
             if known != str(ram_root) and ram_dir is not None:
                 check_cache_dir(ram_root, "RAM tier directory")  # a directory given to us: empty
             self.layout = Layout(self.root, ram_root)
-            self._ram_fd = self._hold_ram_root(tighten=ram_dir is None)
+            self._hold_ram_root(tighten=ram_dir is None)
             if known != str(ram_root):
                 self._adopt_ram_root(index, ram_root)
+            self._claim_ram_root(index)
             self.caps = self._caps(index, ram_limit, disk_limit)
         finally:
             index.close()
 
-    def _hold_ram_root(self, tighten: bool) -> int:
-        """Makes the tiers' directories and holds the RAM root's shared lock for this object's life
-        (cache.orphans: a root that nobody holds and whose cache directory is gone may be removed);
-        a root in /dev/shm also records which cache directory it serves."""
-        ram_root = self.layout.ram_root
+    def _new_ram_root(self) -> Path:
+        """rq's root for a new cache: named after its path, unless a cache moved away from this
+        path still uses that name (its root is not ours to sweep)."""
+        ram_root = default_ram_root(self.root)
+        if orphans.claimed_by_another(ram_root, self.root.resolve()):
+            return ram_root.with_name(f"rq-cache-{secrets.token_hex(6)}")
+        return ram_root
+
+    def _hold_ram_root(self, tighten: bool) -> None:
+        """Makes the tiers' directories and holds the RAM root's shared lock until close() (one
+        descriptor per process: cache.orphans). A root nobody holds, whose cache directory is
+        gone, may be removed by `rq cache orphans --remove`."""
         for _ in range(5):
             self.layout.create(tighten=tighten)
-            fd = orphans.hold(ram_root)
-            if fd is not None:
-                break  # else it was being removed as an orphan while we waited: make it again
-        else:
-            raise CacheError(f"RAM tier directory {ram_root} keeps disappearing; is something deleting it?")
-        if ram_root.parent == orphans.SHM:
-            try:
-                orphans.mark_owner(ram_root, self.root.resolve())
-            except OSError:
-                pass  # then `rq cache orphans` lists it as unclaimed and never removes it
-        return fd
+            if orphans.acquire(self.layout.ram_root):
+                self._ram_pid = os.getpid()
+                return
+            # it was being removed as an orphan while we waited for it: make it again
+        raise CacheError(
+            f"RAM tier directory {self.layout.ram_root} keeps disappearing; is something deleting it?"
+        )
+
+    def _claim_ram_root(self, index: Index) -> None:
+        """Matches the RAM root's id (its `owner` file) with the one the index recorded. A root
+        that is not the one the index knew (it was removed while this cache's directory was out
+        of sight, and made again empty) cannot hold the index's RAM entries: they are dropped, so
+        they are misses rather than corrupt entries counted against the cap."""
+        ram_root, me = self.layout.ram_root, self.root.resolve()
+        marker = orphans.read_marker(ram_root)
+        if marker is not None and marker[1] == me and index.setting("ram_root_id") == marker[0]:
+            return  # the usual open
+        try:
+            with index.write() as db:
+                row = db.execute("SELECT value FROM settings WHERE key = 'ram_root_id'").fetchone()
+                recorded = row[0] if row else None
+                marker = orphans.read_marker(ram_root)
+                if marker is None:
+                    root_id = orphans.new_id()
+                    if not orphans.mark_owner(ram_root, root_id, me, first=True):
+                        marker = orphans.read_marker(ram_root)  # another process's, just written
+                        root_id = marker[0] if marker else root_id
+                    replaced = recorded is not None  # an rq without ids recorded none: adopt
+                else:
+                    root_id = marker[0]
+                    replaced = recorded is not None and recorded != root_id
+                if replaced:
+                    db.execute("DELETE FROM entries WHERE tier = 'ram'")
+                if recorded != root_id:
+                    Index.put_setting(db, "ram_root_id", root_id)
+            orphans.mark_owner(ram_root, root_id, me)
+        except OSError:
+            pass  # a root we cannot write to: `rq cache orphans` calls it unclaimed, never removes it
+
+    def _let_go_of_ram_root(self) -> None:
+        if self._ram_pid == os.getpid():
+            self._ram_pid = 0
+            orphans.release(self.layout.ram_root)
 
     def __del__(self) -> None:
-        fd = getattr(self, "_ram_fd", -1)
-        if fd >= 0 and getattr(self, "_ram_pid", os.getpid()) == os.getpid():
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        with contextlib.suppress(Exception):
+            self._let_go_of_ram_root()
 
     def _adopt_ram_root(self, index: Index, ram_root: Path) -> None:
         """Records the RAM root. rq's default root is named after the cache dir, so one that has
@@ -179,6 +217,7 @@ class Cache:
             return proc
         with self._lock:
             if self._proc is None or self._proc.pid != os.getpid():
+                self._keep_ram_root()
                 index = Index(self.layout.index_path)
                 self._proc = _ProcState(os.getpid(), index, Store(self.layout, index, self.caps))
                 self._prefetcher = None  # threads do not survive fork
@@ -193,18 +232,24 @@ class Cache:
             _touched={},
             _verified=set(),
             _flush_pending_pid=0,
-            _ram_fd=-1,
+            _ram_pid=0,
         )
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
-        # a spawned worker holds the RAM root too, so it is never taken from under it (a forked one
-        # shares its parent's descriptor and lock)
-        self._ram_pid = os.getpid()
-        fd = orphans.hold(self.layout.ram_root)
-        self._ram_fd = -1 if fd is None else fd
+        self._keep_ram_root()  # a spawned worker holds the RAM root too
+
+    def _keep_ram_root(self) -> None:
+        """Holds the RAM root in this process if this object does not yet (a spawned or forked
+        worker, a cache used again after close())."""
+        if self._ram_pid != os.getpid():
+            try:
+                if orphans.acquire(self.layout.ram_root):
+                    self._ram_pid = os.getpid()
+            except (OSError, CacheError):
+                pass  # used without the lock, as before it existed; the owner check still guards
 
     def close(self) -> None:
         if self._prefetcher is not None:
@@ -214,6 +259,7 @@ class Cache:
         if proc is not None and proc.pid == os.getpid():
             proc.index.close()
         self._proc = None
+        self._let_go_of_ram_root()
 
     def __enter__(self) -> Cache:
         return self

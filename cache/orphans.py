@@ -4,8 +4,11 @@ A cache's default RAM root is /dev/shm/rq-cache-<hash of the cache dir's path>. 
 cache directory leaves that root behind, and what it holds stays in RAM, outside every cap, until
 someone removes it. (A cache made again at the same path finds and sweeps it: cache.api.) So:
 
-- each root records its cache directory in `owner`, rewritten whenever a cache opens it (a cache
-  moved with `mv` claims its root again on its next open);
+- each root records, in `owner`, a random id and its cache directory; the index keeps the id too
+  (`ram_root_id`), so a cache whose root was replaced (removed while its directory was out of
+  sight: unmounted, another mount namespace) drops its RAM entries instead of counting files
+  that are gone. `owner` is rewritten whenever a cache opens its root (a cache moved with `mv`
+  claims it again on its next open), and a new cache never adopts a root another cache claims;
 - every Cache holds a shared flock on its RAM root for as long as it lives, forked DataLoader
   workers included (they inherit the descriptor);
 - a root is an orphan when its owner holds no index, nobody holds the lock, and nothing in it
@@ -19,22 +22,27 @@ The lock is not trusted alone: the owner check and the age guard must agree too.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import re
+import secrets
 import shutil
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cache.errors import CacheError
 from cache.layout import INDEX_NAME
 
 SHM = Path("/dev/shm")
 OWNER_NAME = "owner"
 MIN_AGE = 60.0  # seconds a root must have been left alone before it may be called an orphan
+HOLD_PATIENCE = 30.0  # seconds a cache waits for a remover to let go of its root
 _NAME = re.compile(r"rq-cache-[0-9a-f]{12}")
+_TRASH = re.compile(r"\.rq-cache-[0-9a-f]{12}\.removing\.[0-9a-f]{16}")
+_ID = re.compile(rb"[0-9a-f]{32}")
 _OWNER_MAX = 8192
 
 
@@ -45,24 +53,39 @@ class RamRoot:
     path: Path
     owner: Path | None  # the cache directory it names; None: made by an rq without `owner`
     size: int  # bytes in its files
-    state: str  # "orphan" (removable), "empty" (no files, no owner: removable), "unclaimed"
+    # "orphan" and "empty" (no files, no owner) are removable; "removing": a removal was cut short
+    # (removable); "unclaimed": made by an rq without `owner`, never removed
+    state: str
 
 
-def mark_owner(ram_root: Path, cache_dir: Path) -> None:
-    """Records (atomically) which cache directory `ram_root` belongs to, if it does not say so yet."""
-    text = f"{cache_dir}\n"
-    if read_owner(ram_root) == cache_dir:
-        return
-    tmp = ram_root / f".{OWNER_NAME}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+def mark_owner(ram_root: Path, root_id: str, cache_dir: Path, first: bool = False) -> bool:
+    """Records (atomically) the root's id and the cache directory it belongs to. `first`: only if
+    the root has no `owner` yet (False if another process wrote one first)."""
+    if not first and read_marker(ram_root) == (root_id, cache_dir):
+        return True
+    data = root_id.encode("ascii") + b"\n" + os.fsencode(cache_dir) + b"\n"
+    tmp = ram_root / f".{OWNER_NAME}.{secrets.token_hex(8)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, text.encode("utf-8", "surrogateescape"))
+        os.write(fd, data)
     finally:
         os.close(fd)
-    os.replace(tmp, ram_root / OWNER_NAME)
+    try:
+        if not first:
+            os.replace(tmp, ram_root / OWNER_NAME)
+            return True
+        try:
+            os.link(tmp, ram_root / OWNER_NAME)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
-def read_owner(ram_root: Path) -> Path | None:
+def read_marker(ram_root: Path) -> tuple[str, Path] | None:
+    """(id, cache directory) from `owner`, or None where it is missing or not one of ours."""
     try:
         fd = os.open(ram_root / OWNER_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -73,23 +96,67 @@ def read_owner(ram_root: Path) -> Path | None:
         return None
     finally:
         os.close(fd)
-    text = data.decode("utf-8", "surrogateescape").strip()
-    return Path(text) if text.startswith("/") and "\0" not in text else None
+    root_id, _, rest = data.partition(b"\n")
+    if not _ID.fullmatch(root_id) or not rest.endswith(b"\n"):
+        return None
+    path = rest[:-1]  # exactly one newline: a directory name may itself end in spaces or newlines
+    if not path.startswith(b"/") or b"\0" in path:
+        return None
+    return root_id.decode("ascii"), Path(os.fsdecode(path))
 
 
-def hold(ram_root: Path) -> int | None:
+def read_owner(ram_root: Path) -> Path | None:
+    marker = read_marker(ram_root)
+    return None if marker is None else marker[1]
+
+
+def new_id() -> str:
+    return secrets.token_hex(16)
+
+
+def claimed_by_another(ram_root: Path, cache_dir: Path) -> bool:
+    """Whether `ram_root` serves a cache other than `cache_dir` (one moved here from this path
+    keeps the root named after its old path): a new cache must then make a root of its own."""
+    owner = read_owner(ram_root)
+    return owner is not None and owner != cache_dir and _claimed(owner)
+
+
+def _claimed(owner: Path) -> bool:
+    """Whether `owner` holds a cache index; a path we cannot look at counts as claimed."""
+    try:
+        os.stat(owner / INDEX_NAME)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def hold(ram_root: Path, patience: float = HOLD_PATIENCE) -> int | None:
     """A descriptor holding a shared lock on `ram_root` (keep it open while the cache is used);
     None when the root was renamed away or replaced while we waited for the lock (make it again
-    and retry); -1 where the file system has no flock (the lock is then simply not there)."""
+    and retry); -1 where there is no lock to be had (no flock on this file system)."""
     try:
         fd = os.open(ram_root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    except OSError:
-        os.close(fd)
-        return -1
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            # a remover holds it for a few milliseconds; one stopped mid-way must not hang us
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise CacheError(
+                    f"RAM tier directory {ram_root} stays locked by a process removing it "
+                    "(`rq cache orphans --remove`); let it finish, or stop it"
+                ) from None
+            time.sleep(0.01)
+        except OSError:
+            os.close(fd)
+            return -1
     try:
         same = _same_file(os.fstat(fd), os.lstat(ram_root))
     except FileNotFoundError:
@@ -105,20 +172,36 @@ def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
 
 
 def find(shm: Path = SHM, min_age: float = MIN_AGE) -> list[RamRoot]:
-    """Our RAM roots in `shm` that no cache claims: orphans, empty ones, and unclaimed ones (which
-    an older rq made without `owner`: listed, never removed). Roots in use are left out."""
+    """Our RAM roots in `shm` that no cache claims: orphans, empty ones, unclaimed ones (which an
+    older rq made without `owner`: listed, never removed), and what a removal that was
+    interrupted left half-deleted. Roots in use are left out."""
     found = []
     try:
         names = sorted(os.listdir(shm))
     except OSError:
         return []
     for name in names:
-        if not _NAME.fullmatch(name):
+        if _NAME.fullmatch(name):
+            root = _inspect(shm / name, min_age)
+        elif _TRASH.fullmatch(name):
+            root = _inspect_trash(shm / name)
+        else:
             continue
-        root = _inspect(shm / name, min_age)
         if root is not None:
             found.append(root)
     return found
+
+
+def _inspect_trash(path: Path) -> RamRoot | None:
+    """A root `remove` renamed away and did not finish deleting: nobody can use it any more."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return None
+    size, _files, _newest = _survey(path)
+    return RamRoot(path, read_owner(path), size, "removing")
 
 
 def _inspect(path: Path, min_age: float, fd: int = -1) -> RamRoot | None:
@@ -128,10 +211,10 @@ def _inspect(path: Path, min_age: float, fd: int = -1) -> RamRoot | None:
         st = os.lstat(path)
     except OSError:
         return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return None  # not ours, or others could have written its `owner`
     owner = read_owner(path)
-    if owner is not None and (owner / INDEX_NAME).exists():
+    if owner is not None and _claimed(owner):
         return None  # claimed (a moved or re-made cache at that path included)
     size, files, newest = _survey(path)
     if time.time() - newest < min_age:
@@ -178,10 +261,14 @@ def _in_use(path: Path) -> bool:
 
 
 def remove(root: RamRoot, min_age: float = MIN_AGE) -> bool:
-    """Removes an orphan or empty root found by `find`, if it still is one; False if it is not
-    (any more), or if it is an unclaimed one, which only its owner can know to remove."""
+    """Removes an orphan, empty or half-removed root found by `find`, if it still is one; False
+    if it is not (any more), if another process got there first, or for an unclaimed one, which
+    only its owner can know to remove."""
     if root.state == "unclaimed":
         return False
+    if root.state == "removing":
+        shutil.rmtree(root.path, ignore_errors=True)
+        return not os.path.lexists(root.path)
     try:
         fd = os.open(root.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -192,16 +279,66 @@ def remove(root: RamRoot, min_age: float = MIN_AGE) -> bool:
         except OSError:
             return False
         now = _inspect(root.path, min_age, fd)
-        if now is None or now.state == "unclaimed" or not _same_file(os.fstat(fd), os.lstat(root.path)):
+        try:
+            same = _same_file(os.fstat(fd), os.lstat(root.path))
+        except OSError:
             return False
-        trash = root.path.with_name(f".{root.path.name}.removing.{os.getpid()}")
+        if now is None or now.state == "unclaimed" or not same:
+            return False
+        # an unpredictable name: nobody can plant something there to make the rename fail
+        trash = root.path.with_name(f".{root.path.name}.removing.{secrets.token_hex(8)}")
         try:
             os.rename(root.path, trash)
-        except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY):
-                return False
-            raise
+        except OSError:
+            return False
+        # past this point the root is gone for every cache; a kill during the deletion leaves
+        # the trash, which `find` reports (state "removing") and `remove` finishes
         shutil.rmtree(trash, ignore_errors=True)
-        return True
+        return not os.path.lexists(trash)
     finally:
         os.close(fd)
+
+
+# One lock descriptor per process and root, however many Cache objects use it (each used to hold
+# its own, and a program keeping hundreds of them ran out of descriptors): (pid, root) -> [fd, users]
+_holds: dict[tuple[int, Path], list[int]] = {}
+_holds_lock = threading.Lock()
+
+
+def acquire(ram_root: Path) -> bool:
+    """Counts one more user of `ram_root` in this process, taking its lock for the first; False
+    when the root was renamed away or replaced meanwhile (make it again and retry)."""
+    key = (os.getpid(), ram_root)
+    with _holds_lock:
+        held = _holds.get(key)
+        if held is not None:
+            held[1] += 1  # already locked by this process: nobody can remove it under us
+            return True
+    fd = hold(ram_root)  # may wait for a remover: not under the registry's lock
+    if fd is None:
+        return False
+    with _holds_lock:
+        held = _holds.get(key)
+        if held is None:
+            _holds[key] = [fd, 1]
+            return True
+        held[1] += 1
+    if fd >= 0:
+        os.close(fd)  # another thread of ours took it meanwhile
+    return True
+
+
+def release(ram_root: Path) -> None:
+    """One user fewer; the last one lets the lock go."""
+    key = (os.getpid(), ram_root)
+    with _holds_lock:
+        held = _holds.get(key)
+        if held is None:
+            return
+        held[1] -= 1
+        if held[1] > 0:
+            return
+        del _holds[key]
+    if held[0] >= 0:
+        with contextlib.suppress(OSError):
+            os.close(held[0])

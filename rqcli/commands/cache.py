@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -297,11 +299,23 @@ def clear(cache_dir: Path | None, yes: bool) -> None:
         out.info(f"removed {done}; kept {skipped} open by readers")
 
 
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds")
+    return value
+
+
+def _json_path(path: Path) -> str:
+    """A path for --json, whose encoder takes only valid UTF-8: undecodable bytes as \\xNN."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
 @cache.command("orphans")
 @click.option("--remove", is_flag=True, help="Remove the orphaned and empty ones.")
 @click.option(
     "--min-age",
     type=click.FloatRange(min=0),
+    callback=lambda _ctx, _param, value: _finite(value),
     default=60.0,
     show_default=True,
     help="Seconds a tier must have been left unchanged to count.",
@@ -330,7 +344,7 @@ def orphans(remove: bool, min_age: float) -> None:
             {
                 "event": "ram_tier",
                 "path": str(root.path),
-                "cache_dir": None if root.owner is None else str(root.owner),
+                "cache_dir": None if root.owner is None else _json_path(root.owner),
                 "bytes": root.size,
                 "state": root.state,
                 "removed": gone,
@@ -341,6 +355,7 @@ def orphans(remove: bool, min_age: float) -> None:
                 "orphan": f"its cache {safe_text(str(root.owner))} is gone",
                 "empty": "empty, no cache recorded",
                 "unclaimed": "made by an older rq (no owner recorded); remove it by hand if no cache uses it",
+                "removing": "left half-deleted by an interrupted removal",
             }[root.state]
             done = "removed  " if gone else ""
             out.info(f"{done}{root.path}  {_size(root.size):>11}  {what}")

@@ -244,17 +244,22 @@ def _space(path: Path, name: str, fix: str) -> Finding:
 def check_orphans() -> Finding:
     """RAM tiers whose cache directory was deleted: they hold RAM no cap counts."""
     from cache import orphans
+    from cache.sizes import format_size
 
     roots = orphans.find()
-    gone = [r for r in roots if r.state != "unclaimed"]
-    held = sum(r.size for r in gone)
-    unclaimed = len(roots) - len(gone)
-    also = f"; {unclaimed} more made by an older rq (see `rq cache orphans`)" if unclaimed else ""
-    if gone:
+    left = [r for r in roots if r.state in ("orphan", "removing")]
+    held = sum(r.size for r in left)
+    others = []
+    if empty := sum(1 for r in roots if r.state == "empty"):
+        others.append(f"{empty} empty")
+    if unclaimed := sum(1 for r in roots if r.state == "unclaimed"):
+        others.append(f"{unclaimed} made by an older rq (see `rq cache orphans`)")
+    also = f"; also {', '.join(others)}" if others else ""
+    if left:
         return Finding(
             "cache-ram-orphans",
             "warn",
-            f"{len(gone)} RAM tiers in /dev/shm left by deleted caches hold {_gib(held)}{also}",
+            f"{len(left)} RAM tiers in /dev/shm left by deleted caches hold {format_size(held)}{also}",
             "rq cache orphans --remove",
         )
     return Finding("cache-ram-orphans", "ok", f"no RAM tiers left by deleted caches{also}")

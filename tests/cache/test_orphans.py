@@ -96,8 +96,8 @@ def test_a_forked_worker_keeps_the_ram_tier_held_after_its_parent_lets_go(cache_
         os._exit(0)
     os.close(read)
     try:
-        os.close(c._ram_fd)  # the parent is done with it; the worker's copy still holds the lock
-        c._ram_fd = -1
+        c.close()  # the parent lets go; the worker's copy of the descriptor still holds the lock
+        assert (os.getpid(), root) not in orphans._holds
         shutil.rmtree(cache_dir)
         assert listed(root) is None
     finally:
@@ -169,8 +169,11 @@ def test_a_cache_opening_while_its_ram_tier_is_removed_makes_a_fresh_one(cache_d
         assert opened, "Cache() did not come back"
         c = opened[0]
         assert root.is_dir() and (root / "objects").is_dir()
-        assert os.fstat(c._ram_fd).st_ino == os.lstat(root).st_ino
-        # its old entries' files went with the old root: reading them fetches them again
+        fd = orphans._holds[(os.getpid(), root)][0]
+        assert os.fstat(fd).st_ino == os.lstat(root).st_ino
+        # its old entries went with the old root: dropped from the index, so they are misses
+        # (fetched again), not corrupt entries counted against the cap
+        assert c.entries() == [] and c.usage()["ram"]["bytes"] == 0
         with c.open(str(src / "1.bin")) as f:
             assert f.read() == (src / "1.bin").read_bytes()
         c.close()
@@ -209,3 +212,108 @@ def test_rq_cache_orphans_lists_and_removes_and_doctor_warns(cache_dir: Path, sr
     assert out.returncode == 0, out.stderr
     assert f"removed  {root}" in out.stdout.decode()
     assert not root.exists()
+
+
+def test_a_cache_dir_whose_name_ends_in_spaces_or_a_newline_is_not_taken_for_gone(
+    tmp_path: Path, src: Path
+) -> None:
+    for name in ("c1 ", "c2\n", "c3\t \n"):
+        d = tmp_path / name
+        root = fill_ram_tier(d, src)
+        try:
+            assert orphans.read_owner(root) == d.resolve()
+            assert listed(root) is None
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_root_replaced_while_its_cache_was_out_of_sight_drops_the_ram_entries(
+    cache_dir: Path, src: Path
+) -> None:
+    """As when `--remove` ran where the cache's volume was unmounted or in another mount
+    namespace: the root is gone, and the index must not keep entries whose files went with it."""
+    root = fill_ram_tier(cache_dir, src)
+    shutil.rmtree(root)
+    with Cache(cache_dir) as c:
+        assert c.entries() == [] and c.usage()["ram"]["bytes"] == 0
+        assert c.verify() == (0, [])
+        c.preload([str(src)], tier="ram")
+        assert len(c.entries()) == 3
+    with Cache(cache_dir) as c:  # and the next open keeps them
+        assert c.verify() == (3, [])
+
+
+def test_an_interrupted_removal_is_found_and_finished(cache_dir: Path, src: Path) -> None:
+    root = fill_ram_tier(cache_dir, src)
+    shutil.rmtree(cache_dir)
+    trash = root.with_name(f".{root.name}.removing.{os.urandom(8).hex()}")
+    os.rename(root, trash)  # where a remover killed during its rmtree stops
+    try:
+        found = next((r for r in orphans.find(min_age=0) if r.path == trash), None)
+        assert found is not None and found.state == "removing" and found.size == 30_000
+        assert orphans.remove(found)
+        assert not trash.exists()
+    finally:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def test_an_owner_that_cannot_be_looked_at_counts_as_claimed(
+    cache_dir: Path, src: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = fill_ram_tier(cache_dir, src)
+    real_stat = os.stat
+    inside = str(cache_dir.resolve())
+
+    def denied(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if str(path).startswith(inside):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", denied)
+    assert listed(root) is None
+
+
+def test_many_cache_objects_share_one_descriptor(cache_dir: Path) -> None:
+    before = len(os.listdir("/proc/self/fd"))
+    caches = [Cache(cache_dir) for _ in range(100)]
+    assert len(os.listdir("/proc/self/fd")) - before <= 2
+    for c in caches:
+        c.close()
+    assert (os.getpid(), caches[0].layout.ram_root) not in orphans._holds
+
+
+def test_a_new_cache_at_a_moved_caches_old_path_gets_its_own_root(
+    tmp_path: Path, cache_dir: Path, src: Path
+) -> None:
+    root = fill_ram_tier(cache_dir, src)
+    moved = tmp_path / "moved"
+    os.rename(cache_dir, moved)
+    with Cache(moved) as old:
+        with Cache(cache_dir) as new:
+            assert new.layout.ram_root != root
+            new.preload([str(src)], tier="ram")
+            new_root = new.layout.ram_root
+        try:
+            assert len(list((root / "objects").rglob("*.bin"))) == 3
+            assert old.verify() == (3, [])
+        finally:
+            shutil.rmtree(new_root, ignore_errors=True)
+
+
+def test_min_age_must_be_a_number_of_seconds() -> None:
+    out = run_rq("cache", "orphans", "--min-age", "nan")
+    assert out.returncode == 2 and b"nan" in out.stderr
+
+
+def test_json_names_an_owner_path_that_is_not_utf8(tmp_path: Path, src: Path) -> None:
+    d = Path(os.fsdecode(os.fsencode(tmp_path) + b"/c\xff"))
+    root = fill_ram_tier(d, src)
+    try:
+        shutil.rmtree(d)
+        age(root, 7200)
+        out = run_rq("cache", "orphans", "--min-age", "3600", "--json")
+        assert out.returncode == 0, out.stderr
+        ours = [e for e in map(json.loads, out.stdout.splitlines()) if e.get("path") == str(root)]
+        assert ours and ours[0]["cache_dir"] == f"{tmp_path}/c\\xff"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
