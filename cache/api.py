@@ -11,7 +11,6 @@ import io
 import itertools
 import os
 import random
-import secrets
 import threading
 import time
 from collections.abc import Iterable
@@ -107,18 +106,21 @@ class Cache:
             self._hold_ram_root(tighten=ram_dir is None)
             if known != str(ram_root):
                 self._adopt_ram_root(index, ram_root)
-            self._claim_ram_root(index)
+            self._claim_ram_root()
             self.caps = self._caps(index, ram_limit, disk_limit)
         finally:
             index.close()
 
     def _new_ram_root(self) -> Path:
         """rq's root for a new cache: named after its path, unless a cache moved away from this
-        path still uses that name (its root is not ours to sweep)."""
-        ram_root = default_ram_root(self.root)
-        if orphans.claimed_by_another(ram_root, self.root.resolve()):
-            return ram_root.with_name(f"rq-cache-{secrets.token_hex(6)}")
-        return ram_root
+        path still uses that name (its root is not ours to sweep); then the next name in a
+        sequence every process opening this new cache computes alike."""
+        me = self.root.resolve()
+        for n in range(16):
+            ram_root = default_ram_root(self.root, n)
+            if not orphans.claimed_by_another(ram_root, me):
+                return ram_root
+        raise CacheError(f"no free RAM tier directory name for {self.root} in /dev/shm")
 
     def _hold_ram_root(self, tighten: bool) -> None:
         """Makes the tiers' directories and holds the RAM root's shared lock until close() (one
@@ -134,41 +136,19 @@ class Cache:
             f"RAM tier directory {self.layout.ram_root} keeps disappearing; is something deleting it?"
         )
 
-    def _claim_ram_root(self, index: Index) -> None:
-        """Matches the RAM root's id (its `owner` file) with the one the index recorded. A root
-        that is not the one the index knew (it was removed while this cache's directory was out
-        of sight, and made again empty) cannot hold the index's RAM entries: they are dropped, so
-        they are misses rather than corrupt entries counted against the cap."""
-        ram_root, me = self.layout.ram_root, self.root.resolve()
-        marker = orphans.read_marker(ram_root)
-        if marker is not None and marker[1] == me and index.setting("ram_root_id") == marker[0]:
-            return  # the usual open
+    def _claim_ram_root(self) -> None:
+        """Writes this cache's directory into its RAM root's `owner` (a moved cache claims it back)."""
         try:
-            with index.write() as db:
-                row = db.execute("SELECT value FROM settings WHERE key = 'ram_root_id'").fetchone()
-                recorded = row[0] if row else None
-                marker = orphans.read_marker(ram_root)
-                if marker is None:
-                    root_id = orphans.new_id()
-                    if not orphans.mark_owner(ram_root, root_id, me, first=True):
-                        marker = orphans.read_marker(ram_root)  # another process's, just written
-                        root_id = marker[0] if marker else root_id
-                    replaced = recorded is not None  # an rq without ids recorded none: adopt
-                else:
-                    root_id = marker[0]
-                    replaced = recorded is not None and recorded != root_id
-                if replaced:
-                    db.execute("DELETE FROM entries WHERE tier = 'ram'")
-                if recorded != root_id:
-                    Index.put_setting(db, "ram_root_id", root_id)
-            orphans.mark_owner(ram_root, root_id, me)
+            orphans.mark_owner(self.layout.ram_root, self.root.resolve())
         except OSError:
             pass  # a root we cannot write to: `rq cache orphans` calls it unclaimed, never removes it
 
     def _let_go_of_ram_root(self) -> None:
-        if self._ram_pid == os.getpid():
-            self._ram_pid = 0
-            orphans.release(self.layout.ram_root)
+        with self._lock or contextlib.nullcontext():
+            if self._ram_pid != os.getpid():
+                return
+            self._ram_pid = 0  # two threads closing at once release once
+        orphans.release(self.layout.ram_root)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

@@ -36,9 +36,11 @@ def blob_hash(blob: str) -> str:
     return blob.split("/", 1)[-1][:32]
 
 
-def default_ram_root(cache_dir: Path) -> Path:
-    """One RAM root per cache dir, so two caches on a node never share RAM-tier files by accident."""
-    tag = xxhash.xxh3_64(str(cache_dir.resolve()).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+def default_ram_root(cache_dir: Path, n: int = 0) -> Path:
+    """One RAM root per cache dir, so two caches on a node never share RAM-tier files by accident;
+    `n` > 0: the next names to try when another cache still uses the first (cache.api)."""
+    name = str(cache_dir.resolve()) + (f"\0{n}" if n else "")
+    tag = xxhash.xxh3_64(name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
     return Path("/dev/shm") / f"rq-cache-{tag}"
 
 

@@ -4,11 +4,9 @@ A cache's default RAM root is /dev/shm/rq-cache-<hash of the cache dir's path>. 
 cache directory leaves that root behind, and what it holds stays in RAM, outside every cap, until
 someone removes it. (A cache made again at the same path finds and sweeps it: cache.api.) So:
 
-- each root records, in `owner`, a random id and its cache directory; the index keeps the id too
-  (`ram_root_id`), so a cache whose root was replaced (removed while its directory was out of
-  sight: unmounted, another mount namespace) drops its RAM entries instead of counting files
-  that are gone. `owner` is rewritten whenever a cache opens its root (a cache moved with `mv`
-  claims it again on its next open), and a new cache never adopts a root another cache claims;
+- each root records its cache directory in `owner`, rewritten whenever a cache opens it (a cache
+  moved with `mv` claims it again on its next open), and a new cache never adopts a root whose
+  `owner` names another cache that exists;
 - every Cache holds a shared flock on its RAM root for as long as it lives, forked DataLoader
   workers included (they inherit the descriptor);
 - a root is an orphan when its owner holds no index, nobody holds the lock, and nothing in it
@@ -42,7 +40,6 @@ MIN_AGE = 60.0  # seconds a root must have been left alone before it may be call
 HOLD_PATIENCE = 30.0  # seconds a cache waits for a remover to let go of its root
 _NAME = re.compile(r"rq-cache-[0-9a-f]{12}")
 _TRASH = re.compile(r"\.rq-cache-[0-9a-f]{12}\.removing\.[0-9a-f]{16}")
-_ID = re.compile(rb"[0-9a-f]{32}")
 _OWNER_MAX = 8192
 
 
@@ -54,38 +51,25 @@ class RamRoot:
     owner: Path | None  # the cache directory it names; None: made by an rq without `owner`
     size: int  # bytes in its files
     # "orphan" and "empty" (no files, no owner) are removable; "removing": a removal was cut short
-    # (removable); "unclaimed": made by an rq without `owner`, never removed
+    # (removable); "unclaimed": made by an rq without `owner` (or writable by others), never removed
     state: str
 
 
-def mark_owner(ram_root: Path, root_id: str, cache_dir: Path, first: bool = False) -> bool:
-    """Records (atomically) the root's id and the cache directory it belongs to. `first`: only if
-    the root has no `owner` yet (False if another process wrote one first)."""
-    if not first and read_marker(ram_root) == (root_id, cache_dir):
-        return True
-    data = root_id.encode("ascii") + b"\n" + os.fsencode(cache_dir) + b"\n"
+def mark_owner(ram_root: Path, cache_dir: Path) -> None:
+    """Records (atomically) the cache directory `ram_root` belongs to, if it does not say so yet."""
+    if read_owner(ram_root) == cache_dir:
+        return
     tmp = ram_root / f".{OWNER_NAME}.{secrets.token_hex(8)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, data)
+        os.write(fd, os.fsencode(cache_dir) + b"\n")
     finally:
         os.close(fd)
-    try:
-        if not first:
-            os.replace(tmp, ram_root / OWNER_NAME)
-            return True
-        try:
-            os.link(tmp, ram_root / OWNER_NAME)
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+    os.replace(tmp, ram_root / OWNER_NAME)
 
 
-def read_marker(ram_root: Path) -> tuple[str, Path] | None:
-    """(id, cache directory) from `owner`, or None where it is missing or not one of ours."""
+def read_owner(ram_root: Path) -> Path | None:
+    """The cache directory `owner` names, or None where it is missing or not one of ours."""
     try:
         fd = os.open(ram_root / OWNER_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -96,22 +80,12 @@ def read_marker(ram_root: Path) -> tuple[str, Path] | None:
         return None
     finally:
         os.close(fd)
-    root_id, _, rest = data.partition(b"\n")
-    if not _ID.fullmatch(root_id) or not rest.endswith(b"\n"):
+    if not data.endswith(b"\n"):
         return None
-    path = rest[:-1]  # exactly one newline: a directory name may itself end in spaces or newlines
+    path = data[:-1]  # exactly one newline: a directory name may itself end in spaces or newlines
     if not path.startswith(b"/") or b"\0" in path:
         return None
-    return root_id.decode("ascii"), Path(os.fsdecode(path))
-
-
-def read_owner(ram_root: Path) -> Path | None:
-    marker = read_marker(ram_root)
-    return None if marker is None else marker[1]
-
-
-def new_id() -> str:
-    return secrets.token_hex(16)
+    return Path(os.fsdecode(path))
 
 
 def claimed_by_another(ram_root: Path, cache_dir: Path) -> bool:
@@ -211,9 +185,10 @@ def _inspect(path: Path, min_age: float, fd: int = -1) -> RamRoot | None:
         st = os.lstat(path)
     except OSError:
         return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        return None  # not ours, or others could have written its `owner`
-    owner = read_owner(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        return None
+    # others could have written the `owner` of a root they can write (an older rq made some so)
+    owner = None if st.st_mode & 0o022 else read_owner(path)
     if owner is not None and _claimed(owner):
         return None  # claimed (a moved or re-made cache at that path included)
     size, files, newest = _survey(path)
@@ -223,7 +198,7 @@ def _inspect(path: Path, min_age: float, fd: int = -1) -> RamRoot | None:
         return None
     if owner is not None:
         return RamRoot(path, owner, size, "orphan")
-    return RamRoot(path, None, size, "unclaimed" if files else "empty")
+    return RamRoot(path, None, size, "unclaimed" if files or st.st_mode & 0o022 else "empty")
 
 
 def _survey(path: Path) -> tuple[int, int, float]:
@@ -291,18 +266,27 @@ def remove(root: RamRoot, min_age: float = MIN_AGE) -> bool:
             os.rename(root.path, trash)
         except OSError:
             return False
-        # past this point the root is gone for every cache; a kill during the deletion leaves
-        # the trash, which `find` reports (state "removing") and `remove` finishes
-        shutil.rmtree(trash, ignore_errors=True)
-        return not os.path.lexists(trash)
     finally:
-        os.close(fd)
+        os.close(fd)  # a cache waiting to open the path goes on now and makes a fresh root
+    # the root is gone for every cache; a kill during the deletion leaves the trash, which `find`
+    # reports (state "removing") and `remove` finishes
+    shutil.rmtree(trash, ignore_errors=True)
+    return not os.path.lexists(trash)
 
 
 # One lock descriptor per process and root, however many Cache objects use it (each used to hold
 # its own, and a program keeping hundreds of them ran out of descriptors): (pid, root) -> [fd, users]
 _holds: dict[tuple[int, Path], list[int]] = {}
-_holds_lock = threading.Lock()
+# re-entrant: a Cache collected by the GC inside a registry call releases from its __del__
+_holds_lock = threading.RLock()
+
+
+def _after_fork_in_child() -> None:
+    global _holds_lock
+    _holds_lock = threading.RLock()  # a fork while another thread held it must not hang the child
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def acquire(ram_root: Path) -> bool:
