@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sqlite3
 import threading
 import time
@@ -166,7 +167,7 @@ class Index:
         except sqlite3.Error as exc:
             raise _index_error(path, exc) from exc
         try:
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._use_wal(busy_timeout_s)
             # NORMAL in WAL mode: consistent after a power cut, may lose the last commits; every
             # blob is verified by digest before it is served and orphans are collected, so that
             # loss is harmless.
@@ -182,6 +183,22 @@ class Index:
             self._db.close()
             raise _index_error(path, exc) from exc
         _OPEN.add(self)
+
+    def _use_wal(self, patience: float) -> None:
+        """Switches a new index to WAL. SQLite answers "database is locked" at once, without its
+        busy handler, when another process is creating or switching the same file (two processes
+        opening a new cache together did), so the switch is retried until `patience` runs out."""
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                mode = self._db.execute("PRAGMA journal_mode").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005 + random.random() * 0.02)
 
     def close(self) -> None:
         with self._lock:

@@ -111,7 +111,7 @@ def hold(ram_root: Path, patience: float = HOLD_PATIENCE) -> int | None:
     None when the root was renamed away or replaced while we waited for the lock (make it again
     and retry); -1 where there is no lock to be had (no flock on this file system)."""
     try:
-        fd = os.open(ram_root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = _open_dir(ram_root)
     except FileNotFoundError:
         return None
     deadline = time.monotonic() + patience
@@ -168,11 +168,7 @@ def find(shm: Path = SHM, min_age: float = MIN_AGE) -> list[RamRoot]:
 
 def _inspect_trash(path: Path) -> RamRoot | None:
     """A root `remove` renamed away and did not finish deleting: nobody can use it any more."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+    if _our_dir(path) is None:
         return None
     size, _files, _newest = _survey(path)
     return RamRoot(path, read_owner(path), size, "removing")
@@ -181,11 +177,8 @@ def _inspect_trash(path: Path) -> RamRoot | None:
 def _inspect(path: Path, min_age: float, fd: int = -1) -> RamRoot | None:
     """What `path` is, or None when it is not ours to judge (someone else's, in use, young, or
     claimed by a cache). With `fd` the caller already holds the exclusive lock."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+    st = _our_dir(path)
+    if st is None:
         return None
     # others could have written the `owner` of a root they can write (an older rq made some so)
     owner = None if st.st_mode & 0o022 else read_owner(path)
@@ -199,6 +192,19 @@ def _inspect(path: Path, min_age: float, fd: int = -1) -> RamRoot | None:
     if owner is not None:
         return RamRoot(path, owner, size, "orphan")
     return RamRoot(path, None, size, "unclaimed" if files or st.st_mode & 0o022 else "empty")
+
+
+def _our_dir(path: Path) -> os.stat_result | None:
+    """Its lstat when `path` is a real directory (not a symlink) owned by us, else None."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return st if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() else None
+
+
+def _open_dir(path: Path) -> int:
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
 def _survey(path: Path) -> tuple[int, int, float]:
@@ -223,7 +229,7 @@ def _survey(path: Path) -> tuple[int, int, float]:
 
 def _in_use(path: Path) -> bool:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = _open_dir(path)
     except OSError:
         return True
     try:
@@ -245,7 +251,7 @@ def remove(root: RamRoot, min_age: float = MIN_AGE) -> bool:
         shutil.rmtree(root.path, ignore_errors=True)
         return not os.path.lexists(root.path)
     try:
-        fd = os.open(root.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = _open_dir(root.path)
     except OSError:
         return False
     try:

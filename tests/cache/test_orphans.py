@@ -10,6 +10,8 @@ import fcntl
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -115,12 +117,16 @@ def test_a_recently_changed_ram_tier_is_left_alone(cache_dir: Path, src: Path) -
     assert listed(root, min_age=60) is not None
 
 
-def test_a_moved_cache_claims_its_ram_tier_on_its_next_open(
-    tmp_path: Path, cache_dir: Path, src: Path
-) -> None:
+def move_filled_cache(cache_dir: Path, src: Path) -> tuple[Path, Path]:
+    """(its RAM root, where it went): a cache with a filled RAM tier, moved with `mv`."""
     root = fill_ram_tier(cache_dir, src)
-    moved = tmp_path / "moved"
+    moved = cache_dir.with_name("moved")
     os.rename(cache_dir, moved)
+    return root, moved
+
+
+def test_a_moved_cache_claims_its_ram_tier_on_its_next_open(cache_dir: Path, src: Path) -> None:
+    root, moved = move_filled_cache(cache_dir, src)
     assert listed(root) is not None  # until the cache is opened at its new place
     Cache(moved).close()
     assert orphans.read_owner(root) == moved.resolve()
@@ -264,12 +270,8 @@ def test_many_cache_objects_share_one_descriptor(cache_dir: Path) -> None:
     assert (os.getpid(), caches[0].layout.ram_root) not in orphans._holds
 
 
-def test_a_new_cache_at_a_moved_caches_old_path_gets_its_own_root(
-    tmp_path: Path, cache_dir: Path, src: Path
-) -> None:
-    root = fill_ram_tier(cache_dir, src)
-    moved = tmp_path / "moved"
-    os.rename(cache_dir, moved)
+def test_a_new_cache_at_a_moved_caches_old_path_gets_its_own_root(cache_dir: Path, src: Path) -> None:
+    root, moved = move_filled_cache(cache_dir, src)
     with Cache(moved) as old:
         with Cache(cache_dir) as new:
             assert new.layout.ram_root != root
@@ -316,18 +318,58 @@ def test_a_ram_root_others_can_write_is_listed_as_unclaimed_and_kept(tmp_path: P
         shutil.rmtree(root, ignore_errors=True)
 
 
+OPEN_AT_GO = """
+import os, sys, time
+from cache import Cache
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.001)
+c = Cache(sys.argv[1])
+print(c.layout.ram_root)
+c.close()
+"""
+
+
+def open_together(cache_dir: Path, n: int) -> list[subprocess.CompletedProcess[str]]:
+    """`n` processes that each open Cache(cache_dir) at the same moment and print its RAM root."""
+    go = cache_dir.with_name("go")
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPEN_AT_GO, str(cache_dir), str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(n)
+    ]
+    time.sleep(0.5)  # all started and waiting
+    go.touch()
+    done = []
+    for w in workers:
+        out, err = w.communicate(timeout=60)
+        done.append(subprocess.CompletedProcess(w.args, w.returncode, out, err))
+    go.unlink()
+    return done
+
+
+def test_processes_opening_a_new_cache_together_all_open_it(cache_dir: Path) -> None:
+    """SQLite refuses the switch to WAL at once while another process makes the same new index."""
+    done = open_together(cache_dir, 6)
+    assert [d.stderr for d in done if d.returncode] == []
+    assert {d.stdout.strip() for d in done} == {str(default_ram_root(cache_dir))}
+
+
 def test_two_processes_making_a_new_cache_at_a_moved_caches_path_agree_on_its_root(
-    tmp_path: Path, cache_dir: Path, src: Path
+    cache_dir: Path, src: Path
 ) -> None:
-    root = fill_ram_tier(cache_dir, src)
-    moved = tmp_path / "moved"
-    os.rename(cache_dir, moved)
+    """Both compute the same next name, so neither lands files in a root the index does not name."""
+    root, moved = move_filled_cache(cache_dir, src)
     Cache(moved).close()
-    first = Cache(cache_dir)
-    second = Cache(cache_dir)  # as another process would compute it
     try:
-        assert first.layout.ram_root == second.layout.ram_root == default_ram_root(cache_dir, 1) != root
+        done = open_together(cache_dir, 2)
+        assert [d.stderr for d in done if d.returncode] == []
+        roots = {d.stdout.strip() for d in done}
+        with Cache(cache_dir) as c:
+            recorded = c.layout.ram_root
+        assert roots == {str(recorded)} and recorded == default_ram_root(cache_dir, 1) != root
     finally:
-        first.close()
-        second.close()
         shutil.rmtree(default_ram_root(cache_dir, 1), ignore_errors=True)
