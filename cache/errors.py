@@ -19,6 +19,10 @@ class AuthError(CacheError):
     """Missing, wrong or insufficient credentials."""
 
 
+class TlsError(AuthError):
+    """The store's TLS certificate is not trusted (a private CA that AWS_CA_BUNDLE does not name)."""
+
+
 class UnreachableError(CacheError):
     """The origin could not be reached, or the connection was lost and retries ran out."""
 

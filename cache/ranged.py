@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import http.client
-import os
 import random
 import socket
 import ssl
@@ -30,7 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cache.directio import ALIGN, aligned_buffer
-from cache.errors import CacheError, OriginError, UnreachableError
+from cache.errors import CacheError, OriginError, TlsError, UnreachableError
 
 if TYPE_CHECKING:
     from cache.s3 import S3
@@ -170,6 +169,10 @@ class RangedGets:
                 conn.putheader(name, value)
             conn.endheaders()
             resp = conn.getresponse()
+        except ssl.SSLCertVerificationError as exc:  # retrying cannot make the store trusted
+            raise TlsError(
+                f"the TLS certificate of {self.client.endpoint_text} is not trusted: {exc.verify_message}"
+            ) from None
         except (OSError, http.client.HTTPException) as exc:
             raise _Retry(self._unreachable(exc)) from None
         if resp.status not in (200, 206):
@@ -265,8 +268,8 @@ class RangedGets:
         return conn
 
     def _tls(self) -> ssl.SSLContext:
-        # AWS_CA_BUNDLE as botocore reads it (a private CA in front of the store); built once
-        bundle = os.environ.get("AWS_CA_BUNDLE") or ""
+        # the CA bundle the CRT client trusts (AWS_CA_BUNDLE or the profile's ca_bundle); built once
+        bundle = self.client.creds.ca_bundle or ""
         context = self._contexts.get(bundle)
         if context is None:
             context = self._contexts[bundle] = ssl.create_default_context(cafile=bundle or None)

@@ -31,6 +31,7 @@ from cache.errors import (
     OriginError,
     UnreachableError,
 )
+from cache.tls import TlsCheck, crt_tls_options
 
 if TYPE_CHECKING:
     from cache.ranged import RangedGets
@@ -53,6 +54,7 @@ class Credentials:
     token: str | None
     region: str
     endpoint_url: str | None
+    ca_bundle: str | None = None  # AWS_CA_BUNDLE, else the profile's ca_bundle (as botocore)
 
 
 def resolve_credentials(settings: S3Settings) -> Credentials:
@@ -61,9 +63,10 @@ def resolve_credentials(settings: S3Settings) -> Credentials:
     endpoint = settings.endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     region = settings.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    bundle = env.get("AWS_CA_BUNDLE") or None
     if key and secret and not settings.profile:
         return Credentials(
-            str(key), str(secret), env.get("AWS_SESSION_TOKEN"), region or "us-east-1", endpoint
+            str(key), str(secret), env.get("AWS_SESSION_TOKEN"), region or "us-east-1", endpoint, bundle
         )
     import botocore.exceptions
     import botocore.session
@@ -83,7 +86,8 @@ def resolve_credentials(settings: S3Settings) -> Credentials:
     frozen = creds.get_frozen_credentials()
     region = region or config.get("region") or "us-east-1"
     endpoint = endpoint or _profile_endpoint(config)
-    return Credentials(str(frozen.access_key), str(frozen.secret_key), frozen.token, region, endpoint)
+    bundle = bundle or (str(config["ca_bundle"]) if config.get("ca_bundle") else None)
+    return Credentials(str(frozen.access_key), str(frozen.secret_key), frozen.token, region, endpoint, bundle)
 
 
 def _profile_endpoint(config: dict[str, Any]) -> str | None:
@@ -200,11 +204,16 @@ class S3:
             self.scheme = parts.scheme
             self.netloc = parts.netloc
             self.base_path = parts.path.rstrip("/")
+            host, port = parts.hostname, parts.port
         else:
             self.scheme = "https"
             self.netloc = f"s3.{self.creds.region}.amazonaws.com"
             self.base_path = ""
+            host, port = self.netloc, None
         self.endpoint_text = endpoint or f"https://{self.netloc}"
+        tls_options = (
+            crt_tls_options(self.creds.ca_bundle) if self.scheme == "https" and self.creds.ca_bundle else None
+        )
         provider = auth.AwsCredentialsProvider.new_static(
             self.creds.access_key, self.creds.secret_key, self.creds.token
         )
@@ -235,7 +244,12 @@ class S3:
             memory_limit=memory_limit,
             retry_config=retry,
             connect_timeout_ms=3000,
+            tls_connection_options=tls_options,
         )
+        # https: one handshake of our own beside the first request (cache.tls says why)
+        self.tls: TlsCheck | None = None
+        if self.scheme == "https":
+            self.tls = TlsCheck(str(host), port or 443, self.creds.ca_bundle, self.endpoint_text, 10.0)
         self.pid = os.getpid()
         self._listings: dict[tuple[str, str], Listing] = {}
         self._listings_lock = threading.Lock()
@@ -293,8 +307,12 @@ class S3:
         def on_body(chunk: bytes, offset: int, **_: Any) -> None:
             body.extend(chunk)
 
+        tls = self.tls
+
         def on_done(error: BaseException | None = None, status_code: int | None = None, **kw: Any) -> None:
             mapped = None
+            if tls is not None and status_code:
+                tls.passed()  # an answer came over TLS
             if error is not None:
                 mapped = map_error_safely(operation, what, error, status_code, kw.get("error_body"), endpoint)
             on_result(int(status_code or 0), got.get("headers", []), bytes(body), mapped)
@@ -322,6 +340,8 @@ class S3:
             done.set()
 
         self._send(operation, method, bucket, key, on_result, query, checksum_mode)
+        if self.tls is not None:
+            self.tls.on_failure(lambda error: on_result(0, [], b"", error))
         done.wait()
         status, headers, body, error = result[0]
         if error is not None:
@@ -366,6 +386,9 @@ class S3:
         gets None or a mapped CacheError. Big objects' ranged pieces go through cache.ranged."""
         from awscrt import s3
 
+        if self.tls is not None and self.tls.failure is not None:
+            on_done(self.tls.failure)  # the CRT would take minutes to say so (cache.tls)
+            return None
         host, path = self._target(bucket, key)
         what = f"s3://{bucket}/{key}"
         endpoint = self.endpoint_text
@@ -375,7 +398,11 @@ class S3:
             if status_code < 300:
                 on_headers(headers)
 
+        tls = self.tls
+
         def _done(error: BaseException | None = None, status_code: int | None = None, **kw: Any) -> None:
+            if tls is not None and status_code:
+                tls.passed()  # an answer came over TLS
             if error is None:
                 on_done(None)
                 return
@@ -414,6 +441,8 @@ class Listing:
         # (items, error, last page)
         self._pages: queue.SimpleQueue[tuple[list[Item], CacheError | None, bool]] = queue.SimpleQueue()
         self._ask(None)
+        if s3.tls is not None:
+            s3.tls.on_failure(lambda error: self._pages.put(([], error, True)))
 
     def _ask(self, token: str | None) -> None:
         params = {

@@ -26,6 +26,7 @@ def cache_error_to_cli(exc: Exception) -> CliError:
         (e.BadSourceError, ExitCode.USAGE, None),
         (e.UnsafeDirError, ExitCode.USAGE, None),
         (e.NotFoundError, ExitCode.NOT_FOUND, "check the bucket, prefix or path"),
+        (e.TlsError, ExitCode.AUTH, "a private CA? point AWS_CA_BUNDLE at its certificates"),
         (e.AuthError, ExitCode.AUTH, "check AWS_PROFILE / AWS_ACCESS_KEY_ID and the endpoint"),
         (
             e.UnreachableError,

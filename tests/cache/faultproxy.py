@@ -3,7 +3,8 @@
 Per request it may answer 503 SlowDown itself, or reset the connection mid-response; otherwise it
 forwards the request and streams the response back (optionally rate-limited, to make a preload slow
 enough to kill at a chosen moment). `stop()` closes the listener and every connection, which to the
-client looks like the S3 server going away. Test-only code: no fakes of S3 itself, only faults.
+client looks like the S3 server going away. Given an SSL context it speaks TLS to its clients (a
+store behind a private CA). Test-only code: no fakes of S3 itself, only faults.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -57,8 +59,10 @@ class FaultProxy:
         only_objects: bool = False,
         missing: tuple[str, ...] = (),
         storm_s: float = 0.0,
+        tls: ssl.SSLContext | None = None,
     ):
         self.upstream_port = upstream_port
+        self.tls = tls  # answer over TLS with this context (a store behind a private CA)
         self.p_slowdown, self.p_reset = p_slowdown, p_reset
         self.p_cut = p_cut  # close cleanly (FIN) mid-body at an unaligned byte: a short response
         self.rate = rate_bytes_per_s
@@ -82,11 +86,15 @@ class FaultProxy:
 
     @property
     def endpoint(self) -> str:
+        if self.tls is not None:
+            return f"https://localhost:{self.port}"  # the name its certificate carries
         return f"http://127.0.0.1:{self.port}"
 
     def _run(self, started: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
-        self._server = self.loop.run_until_complete(asyncio.start_server(self._client, "127.0.0.1", 0))
+        self._server = self.loop.run_until_complete(
+            asyncio.start_server(self._client, "127.0.0.1", 0, ssl=self.tls)
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         started.set()
         self.loop.run_forever()

@@ -1,0 +1,142 @@
+"""TLS to the store: the CA bundle every request trusts, and a first handshake that fails fast.
+
+AWS_CA_BUNDLE (or a profile's `ca_bundle`) names the certificates of a private CA in front of a
+store (MinIO, Ceph, an internal gateway). boto3 and s5cmd trust it, so the CRT client (listings,
+HEADs, small objects) and cache.ranged (big objects' pieces) trust it too.
+
+The probe: when the CRT cannot verify a certificate, s2n "blinds" the failure (it keeps the
+connection 10-30 s before reporting, against timing side channels) and the CRT then retries it like
+any connection error. `rq preload` against a store it did not trust sat silent for minutes (measured:
+~12 s per attempt, 7 attempts) before it said anything. One handshake with Python's ssl on a thread
+of its own, beside the CRT's first request, learns the same thing in milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from cache.errors import BadSourceError, CacheError, TlsError, UnreachableError
+
+
+def crt_tls_options(bundle: str) -> Any:
+    """CRT connection options that trust the certificates in `bundle` (instead of the system's,
+    as botocore does with a ca_bundle)."""
+    from awscrt import io as crt_io
+
+    try:
+        options = crt_io.TlsContextOptions()
+        options.override_default_trust_store_from_path(None, bundle)
+        return crt_io.ClientTlsContext(options).new_connection_options()
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+    except Exception:  # the CRT's own error: the file parsed to no certificate
+        reason = "no PEM certificate in it"
+    raise BadSourceError(f"cannot use the CA bundle {bundle!r} (AWS_CA_BUNDLE / ca_bundle): {reason}")
+
+
+# where aws-c-io looks for the system's trust store when no bundle is named, in its order: the probe
+# must trust exactly what the CRT trusts, or it would fail a store the CRT reaches fine
+_CRT_CA_FILES = (
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/pki/tls/cacert.pem",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+)
+_CRT_CA_DIRS = (
+    "/etc/ssl/certs",
+    "/etc/pki/tls/certs",
+    "/system/etc/security/cacerts",
+    "/usr/local/share/certs",
+    "/etc/openssl/certs",
+)
+# a probe verdict waits this long for the CRT to prove it wrong (a reply over TLS) before it ends
+# the waits: s2n and OpenSSL may still judge an odd certificate differently
+GRACE_S = 2.0
+
+
+def _context(bundle: str | None) -> Any:
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the chain and the host name
+    if bundle:
+        context.load_verify_locations(cafile=bundle)
+        return context
+    cafile = next((p for p in _CRT_CA_FILES if os.path.exists(p)), None)
+    capath = next((p for p in _CRT_CA_DIRS if os.path.isdir(p)), None)
+    if cafile is None and capath is None:
+        raise FileNotFoundError("no system trust store")
+    context.load_verify_locations(cafile=cafile, capath=capath)
+    return context
+
+
+def handshake_failure(
+    host: str, port: int, bundle: str | None, endpoint: str, timeout: float
+) -> CacheError | None:
+    """What one TLS handshake with the store says is wrong with its TLS, or None: trusted, or not
+    reachable at all (which the CRT's own request reports, as for plain HTTP)."""
+    import ssl
+
+    try:
+        context = _context(bundle)
+    except (OSError, ValueError, ssl.SSLError):  # (the CRT read the same bundle first)
+        return None
+    try:
+        with (
+            socket.create_connection((host, port), timeout=timeout) as sock,
+            context.wrap_socket(sock, server_hostname=host),
+        ):
+            return None
+    except ssl.SSLCertVerificationError as exc:
+        return TlsError(f"the TLS certificate of {endpoint} is not trusted: {exc.verify_message}")
+    except ssl.SSLError as exc:  # not TLS at all (an http:// server), or no protocol in common
+        return UnreachableError(f"cannot speak TLS with {endpoint}: {exc.reason or exc}")
+    except (OSError, ValueError):
+        return None
+
+
+class TlsCheck:
+    """The probe's verdict, handed to whoever waits on a CRT reply so that a certificate the CRT
+    would spend minutes retrying ends their wait at once. A reply that came over TLS (`passed`)
+    overrules it."""
+
+    def __init__(self, host: str, port: int, bundle: str | None, endpoint: str, timeout: float):
+        self.failure: CacheError | None = None  # set once the verdict ends the waits
+        self._done = False
+        self._crt_ok = threading.Event()
+        self._waiters: list[Callable[[CacheError], None]] = []
+        self._lock = threading.Lock()
+        args = (host, port, bundle, endpoint, timeout)
+        threading.Thread(target=self._run, args=args, name="rq-tls-probe", daemon=True).start()
+
+    def passed(self) -> None:
+        """The CRT got a reply over TLS: its trust works, whatever the probe says."""
+        if not self._crt_ok.is_set():
+            self._crt_ok.set()
+
+    def _run(self, host: str, port: int, bundle: str | None, endpoint: str, timeout: float) -> None:
+        failure = handshake_failure(host, port, bundle, endpoint, timeout)
+        if failure is not None and self._crt_ok.wait(GRACE_S):
+            failure = None
+        with self._lock:
+            self.failure, self._done = failure, True
+            waiters, self._waiters = self._waiters, []
+        if failure is not None:
+            for callback in waiters:
+                callback(failure)
+
+    def on_failure(self, callback: Callable[[CacheError], None]) -> None:
+        """callback(error) if the handshake failed: now if it has, later if it does; never if it
+        passed (after which nothing is kept)."""
+        with self._lock:
+            if not self._done:
+                self._waiters.append(callback)
+                return
+            failure = self.failure
+        if failure is not None:
+            callback(failure)
