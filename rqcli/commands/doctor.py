@@ -89,6 +89,14 @@ def check_s3(endpoint: str | None, bucket: str | None, explicit: bool) -> Findin
         else:
             n = len(client.list_buckets().get("Buckets", []))
             detail = f"{where}: credentials accepted, {n} bucket(s) visible"
+    except botocore.exceptions.SSLError as exc:  # (a ConnectionError, not EndpointConnectionError)
+        return Finding(
+            "s3",
+            "fail" if explicit else "warn",
+            f"{where}: TLS certificate not trusted ({exc})",
+            "a private CA? point AWS_CA_BUNDLE at its certificates",
+            int(ExitCode.AUTH),
+        )
     except botocore.exceptions.EndpointConnectionError as exc:
         return Finding(
             "s3",

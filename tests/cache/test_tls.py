@@ -6,6 +6,7 @@ the CRT (listing, small objects) and the ranged path (big objects' pieces)."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -169,3 +170,20 @@ def test_a_ca_bundle_that_cannot_be_used_is_a_usage_error(
     assert proc.returncode == 2, lines
     assert len(lines) == 1 and str(bundle) in lines[0], lines
     assert ("No such file" if content is None else "no PEM certificate") in lines[0]
+
+
+@pytest.mark.parametrize("trusted", [False, True])
+def test_doctor_names_an_untrusted_certificate_and_the_bundle_to_set(
+    proxy_factory: Any, private_ca: PrivateCA, aws_env: Any, monkeypatch: pytest.MonkeyPatch, trusted: bool
+) -> None:
+    front = proxy_factory(tls=private_ca.context)
+    monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)  # (run_rq passes this process's environment on)
+    env = {"AWS_CA_BUNDLE": str(private_ca.ca_file)} if trusted else {}
+    proc = run_rq("doctor", "--json", "--endpoint-url", front.endpoint, env=env, timeout=60)
+    lines = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    s3 = next(o for o in lines if o["event"] == "finding" and o["check"] == "s3")
+    if trusted:
+        assert s3["status"] == "ok", s3
+    else:
+        assert proc.returncode == 4, proc.stderr.decode()
+        assert s3["status"] == "fail" and "certificate" in s3["detail"] and "AWS_CA_BUNDLE" in s3["fix"], s3
