@@ -20,7 +20,10 @@ class AuthError(CacheError):
 
 
 class TlsError(AuthError):
-    """The store's TLS certificate is not trusted (a private CA that AWS_CA_BUNDLE does not name)."""
+    """The store's TLS certificate is not trusted (a private CA that AWS_CA_BUNDLE does not name, a
+    certificate for another host name, an expired one); `hint` says which fix fits."""
+
+    hint = "a private CA? point AWS_CA_BUNDLE at its certificates"
 
 
 class UnreachableError(CacheError):

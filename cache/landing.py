@@ -211,6 +211,14 @@ class Landing:
             self.fd = -1
             raise BusyError(f"{self.info.url} is being fetched by another process") from None
 
+    def _share_partial_lock(self) -> None:
+        """The partial's writer lock, exclusive -> shared. flock converts by dropping and taking
+        again, so another writer may slip in between; it then owns the partial and we step back."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BusyError(f"{self.info.url} is being fetched by another process") from None
+
     # --- bytes in ------------------------------------------------------------------------------
 
     def on_headers(self, headers: list[tuple[str, str]]) -> None:
@@ -393,11 +401,22 @@ class Landing:
                 # locked before the rename: from its first moment under the final name the entry is
                 # "open by a reader", so no evictor can take it before the reader that asked for it
                 self.kept_fd = os.open(self.tmp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                if self.pieces > 1:
+                    # our own writer's lock (_lock_partial) is exclusive, and flock locks of two
+                    # descriptors conflict even in one process: make it shared first, or the
+                    # reader's lock below waits for ever (it did, for every big read-through miss)
+                    self._share_partial_lock()
                 fcntl.flock(self.kept_fd, fcntl.LOCK_SH)
             # rename while the partial's lock is still held, so no other writer can pick it up
             self._publish(digest)
             if self.durable and not self.batch_dir_sync:
                 fsync_dir(self.final.parent)
+        except BusyError:  # another writer took the partial over: it is theirs to finish
+            if self.kept_fd >= 0:
+                os.close(self.kept_fd)
+                self.kept_fd = -1
+            self._close()
+            raise
         except OSError as exc:
             self.abort()
             self._no_space_or_raise(exc)

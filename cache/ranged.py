@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cache.directio import ALIGN, aligned_buffer
-from cache.errors import CacheError, OriginError, TlsError, UnreachableError
+from cache.errors import CacheError, OriginError, UnreachableError
+from cache.tls import allow_partial_chain, tls_error
 
 if TYPE_CHECKING:
     from cache.s3 import S3
@@ -170,9 +171,7 @@ class RangedGets:
             conn.endheaders()
             resp = conn.getresponse()
         except ssl.SSLCertVerificationError as exc:  # retrying cannot make the store trusted
-            raise TlsError(
-                f"the TLS certificate of {self.client.endpoint_text} is not trusted: {exc.verify_message}"
-            ) from None
+            raise tls_error(self.client.endpoint_text, exc) from None
         except (OSError, http.client.HTTPException) as exc:
             raise _Retry(self._unreachable(exc)) from None
         if resp.status not in (200, 206):
@@ -273,6 +272,7 @@ class RangedGets:
         context = self._contexts.get(bundle)
         if context is None:
             context = self._contexts[bundle] = ssl.create_default_context(cafile=bundle or None)
+            allow_partial_chain(context)  # trust what the CRT trusts (cache.tls)
         return context
 
     def _drop_connection(self) -> None:

@@ -63,8 +63,10 @@ def resolve_credentials(settings: S3Settings) -> Credentials:
     endpoint = settings.endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     region = settings.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    # botocore's order: AWS_CA_BUNDLE, the profile's ca_bundle, then REQUESTS_CA_BUNDLE
     bundle = env.get("AWS_CA_BUNDLE") or None
     if key and secret and not settings.profile:
+        bundle = bundle or _default_profile_ca_bundle(env) or env.get("REQUESTS_CA_BUNDLE") or None
         return Credentials(
             str(key), str(secret), env.get("AWS_SESSION_TOKEN"), region or "us-east-1", endpoint, bundle
         )
@@ -87,7 +89,29 @@ def resolve_credentials(settings: S3Settings) -> Credentials:
     region = region or config.get("region") or "us-east-1"
     endpoint = endpoint or _profile_endpoint(config)
     bundle = bundle or (str(config["ca_bundle"]) if config.get("ca_bundle") else None)
+    bundle = bundle or env.get("REQUESTS_CA_BUNDLE") or None
     return Credentials(str(frozen.access_key), str(frozen.secret_key), frozen.token, region, endpoint, bundle)
+
+
+def _default_profile_ca_bundle(env: Any) -> str | None:
+    """The active profile's ca_bundle where botocore is not loaded (keys from the environment, no
+    --profile): read from the config file as botocore reads it, [default] or [profile NAME]."""
+    path = os.path.expanduser(env.get("AWS_CONFIG_FILE") or "~/.aws/config")
+    if not os.path.isfile(path):
+        return None
+    import configparser
+
+    parser = configparser.RawConfigParser()
+    try:
+        parser.read(path)
+    except (configparser.Error, OSError, UnicodeDecodeError):
+        return None  # botocore would refuse the file; the system's trust store then
+    name = env.get("AWS_DEFAULT_PROFILE") or "default"
+    sections = ("default", "profile default") if name == "default" else (f"profile {name}",)
+    for section in sections:
+        if parser.has_option(section, "ca_bundle"):
+            return parser.get(section, "ca_bundle").strip() or None
+    return None
 
 
 def _profile_endpoint(config: dict[str, Any]) -> str | None:
@@ -269,11 +293,7 @@ class S3:
     # --- request plumbing ----------------------------------------------------------------------
 
     def _target(self, bucket: str, key: str) -> tuple[str, str]:
-        """(Host header, path). Path-style on custom endpoints (MinIO, SeaweedFS, …), virtual-hosted on AWS."""
-        quoted = urllib.parse.quote(key, safe="/~")
-        if self.custom_endpoint:
-            return self.netloc, f"{self.base_path}/{bucket}/{quoted}"
-        return f"{bucket}.{self.netloc}", f"/{quoted}"
+        return target(self.netloc, self.base_path, self.custom_endpoint, bucket, key)
 
     def _request(self, method: str, host: str, path: str, headers: list[tuple[str, str]]) -> Any:
         from awscrt import http
@@ -301,13 +321,15 @@ class S3:
         what = f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
         endpoint = self.endpoint_text
 
+        tls = self.tls
+
         def on_headers(status_code: int, headers: list, **_: Any) -> None:
+            if tls is not None:
+                tls.passed()  # an answer is coming over TLS
             got["headers"] = headers
 
         def on_body(chunk: bytes, offset: int, **_: Any) -> None:
             body.extend(chunk)
-
-        tls = self.tls
 
         def on_done(error: BaseException | None = None, status_code: int | None = None, **kw: Any) -> None:
             mapped = None
@@ -339,6 +361,8 @@ class S3:
             result.append((status, headers, body, error))
             done.set()
 
+        if self.tls is not None and (failure := self.tls.failure()) is not None:
+            raise failure  # known untrusted: send nothing (the CRT would retry it for minutes)
         self._send(operation, method, bucket, key, on_result, query, checksum_mode)
         if self.tls is not None:
             self.tls.on_failure(lambda error: on_result(0, [], b"", error))
@@ -386,19 +410,20 @@ class S3:
         gets None or a mapped CacheError. Big objects' ranged pieces go through cache.ranged."""
         from awscrt import s3
 
-        if self.tls is not None and self.tls.failure is not None:
-            on_done(self.tls.failure)  # the CRT would take minutes to say so (cache.tls)
+        if self.tls is not None and (failure := self.tls.failure()) is not None:
+            on_done(failure)  # the CRT would take minutes to say so (cache.tls)
             return None
         host, path = self._target(bucket, key)
         what = f"s3://{bucket}/{key}"
         endpoint = self.endpoint_text
+        tls = self.tls
 
         def _headers(status_code: int, headers: list, **_: Any) -> None:
             keep_thread_state()
+            if tls is not None:
+                tls.passed()  # an answer is coming over TLS
             if status_code < 300:
                 on_headers(headers)
-
-        tls = self.tls
 
         def _done(error: BaseException | None = None, status_code: int | None = None, **kw: Any) -> None:
             if tls is not None and status_code:
@@ -440,6 +465,9 @@ class Listing:
         self._paused: str | None = None  # the next page's token, while `ahead` pages wait unread
         # (items, error, last page)
         self._pages: queue.SimpleQueue[tuple[list[Item], CacheError | None, bool]] = queue.SimpleQueue()
+        if s3.tls is not None and (failure := s3.tls.failure()) is not None:
+            self._pages.put(([], failure, True))  # known untrusted: ask nothing
+            return
         self._ask(None)
         if s3.tls is not None:
             s3.tls.on_failure(lambda error: self._pages.put(([], error, True)))
@@ -526,6 +554,17 @@ def parse_list_page(body: bytes) -> tuple[list[Item], str | None]:
     if (root.findtext(f"{ns}IsTruncated") or "false").lower() != "true":
         return items, None
     return items, root.findtext(f"{ns}NextContinuationToken") or None
+
+
+def target(netloc: str, base_path: str, custom_endpoint: bool, bucket: str, key: str) -> tuple[str, str]:
+    """(Host header, path). Path-style on custom endpoints (MinIO, SeaweedFS, …), virtual-hosted on
+    AWS, except for a bucket with a dot in its name: AWS's certificate (*.s3.REGION.amazonaws.com)
+    does not cover a.b.s3…, so botocore goes path-style there too (else a silent, blinded TLS failure
+    the CRT retries for minutes)."""
+    quoted = urllib.parse.quote(key, safe="/~")
+    if custom_endpoint or "." in bucket:
+        return netloc, f"{base_path}/{bucket}/{quoted}"
+    return f"{bucket}.{netloc}", f"/{quoted}"
 
 
 def split_s3_url(url: str) -> tuple[str, str]:

@@ -55,15 +55,19 @@ _CRT_CA_DIRS = (
     "/usr/local/share/certs",
     "/etc/openssl/certs",
 )
-# a probe verdict waits this long for the CRT to prove it wrong (a reply over TLS) before it ends
-# the waits: s2n and OpenSSL may still judge an odd certificate differently
-GRACE_S = 2.0
+# a certificate verdict waits this long for the CRT to prove it wrong (a reply over TLS) before it
+# ends the waits: s2n and OpenSSL may still judge an odd certificate differently. (A server that
+# does not speak TLS at all is told at once: the CRT cannot do better there.)
+GRACE_S = 5.0
+# OpenSSL verify codes that mean "no trusted CA issued this": the bundle is what to fix
+_UNKNOWN_ISSUER = {2, 18, 19, 20, 21}
 
 
 def _context(bundle: str | None) -> Any:
     import ssl
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the chain and the host name
+    allow_partial_chain(context)
     if bundle:
         context.load_verify_locations(cafile=bundle)
         return context
@@ -73,6 +77,28 @@ def _context(bundle: str | None) -> Any:
         raise FileNotFoundError("no system trust store")
     context.load_verify_locations(cafile=cafile, capath=capath)
     return context
+
+
+def allow_partial_chain(context: Any) -> None:
+    """A bundle may hold an intermediate CA alone: s2n (the CRT) trusts a chain that ends there, and
+    so do Python 3.13's default contexts; OpenSSL's default insists on a self-signed root."""
+    import ssl
+
+    flag = getattr(ssl, "VERIFY_X509_PARTIAL_CHAIN", 0)
+    if flag:
+        context.verify_flags |= flag
+
+
+def tls_error(endpoint: str, exc: Any) -> TlsError:
+    """One line for a certificate OpenSSL refused, with what to do about that kind of refusal."""
+    error = TlsError(f"the TLS certificate of {endpoint} is not trusted: {exc.verify_message}")
+    if exc.verify_code in _UNKNOWN_ISSUER:
+        error.hint = "a private CA? point AWS_CA_BUNDLE at its certificates"
+    elif exc.verify_code == 62:  # X509_V_ERR_HOSTNAME_MISMATCH (and IP address mismatch)
+        error.hint = "use the host name the certificate was issued for in the endpoint URL"
+    else:
+        error.hint = "the store's certificate needs renewing or replacing"
+    return error
 
 
 def handshake_failure(
@@ -93,7 +119,7 @@ def handshake_failure(
         ):
             return None
     except ssl.SSLCertVerificationError as exc:
-        return TlsError(f"the TLS certificate of {endpoint} is not trusted: {exc.verify_message}")
+        return tls_error(endpoint, exc)
     except ssl.SSLError as exc:  # not TLS at all (an http:// server), or no protocol in common
         return UnreachableError(f"cannot speak TLS with {endpoint}: {exc.reason or exc}")
     except (OSError, ValueError):
@@ -102,11 +128,11 @@ def handshake_failure(
 
 class TlsCheck:
     """The probe's verdict, handed to whoever waits on a CRT reply so that a certificate the CRT
-    would spend minutes retrying ends their wait at once. A reply that came over TLS (`passed`)
-    overrules it."""
+    would spend minutes retrying ends their wait at once. A reply that came over TLS (`passed`), at
+    any time, overrules it."""
 
     def __init__(self, host: str, port: int, bundle: str | None, endpoint: str, timeout: float):
-        self.failure: CacheError | None = None  # set once the verdict ends the waits
+        self._failure: CacheError | None = None  # set once the verdict ends the waits
         self._done = False
         self._crt_ok = threading.Event()
         self._waiters: list[Callable[[CacheError], None]] = []
@@ -115,28 +141,41 @@ class TlsCheck:
         threading.Thread(target=self._run, args=args, name="rq-tls-probe", daemon=True).start()
 
     def passed(self) -> None:
-        """The CRT got a reply over TLS: its trust works, whatever the probe says."""
+        """The CRT got a reply (or its headers) over TLS: its trust works, whatever the probe says."""
         if not self._crt_ok.is_set():
             self._crt_ok.set()
 
+    def failure(self) -> CacheError | None:
+        """The verdict as a new exception (each raise gets its own traceback), or None."""
+        failure = self._failure
+        if failure is None or self._crt_ok.is_set():
+            return None
+        return _copy(failure)
+
     def _run(self, host: str, port: int, bundle: str | None, endpoint: str, timeout: float) -> None:
         failure = handshake_failure(host, port, bundle, endpoint, timeout)
-        if failure is not None and self._crt_ok.wait(GRACE_S):
+        if isinstance(failure, TlsError) and self._crt_ok.wait(GRACE_S):
             failure = None
         with self._lock:
-            self.failure, self._done = failure, True
+            self._failure, self._done = failure, True
             waiters, self._waiters = self._waiters, []
-        if failure is not None:
+        if failure is not None and not self._crt_ok.is_set():
             for callback in waiters:
-                callback(failure)
+                callback(_copy(failure))
 
     def on_failure(self, callback: Callable[[CacheError], None]) -> None:
         """callback(error) if the handshake failed: now if it has, later if it does; never if it
-        passed (after which nothing is kept)."""
+        passed or a reply over TLS overruled it (after which nothing is kept)."""
         with self._lock:
             if not self._done:
                 self._waiters.append(callback)
                 return
-            failure = self.failure
+        failure = self.failure()
         if failure is not None:
             callback(failure)
+
+
+def _copy(error: CacheError) -> CacheError:
+    copy = type(error)(str(error))
+    copy.__dict__.update(error.__dict__)  # (the hint)
+    return copy

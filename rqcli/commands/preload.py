@@ -26,7 +26,7 @@ def cache_error_to_cli(exc: Exception) -> CliError:
         (e.BadSourceError, ExitCode.USAGE, None),
         (e.UnsafeDirError, ExitCode.USAGE, None),
         (e.NotFoundError, ExitCode.NOT_FOUND, "check the bucket, prefix or path"),
-        (e.TlsError, ExitCode.AUTH, "a private CA? point AWS_CA_BUNDLE at its certificates"),
+        (e.TlsError, ExitCode.AUTH, None),  # its own hint: what to fix depends on the refusal
         (e.AuthError, ExitCode.AUTH, "check AWS_PROFILE / AWS_ACCESS_KEY_ID and the endpoint"),
         (
             e.UnreachableError,
@@ -44,7 +44,7 @@ def cache_error_to_cli(exc: Exception) -> CliError:
         return CliError(safe_text(str(exc)), ExitCode.NO_SPACE, hint=full)
     for cls, code, hint in table:
         if isinstance(exc, cls):
-            return CliError(safe_text(str(exc)), code, hint=hint)
+            return CliError(safe_text(str(exc)), code, hint=hint or getattr(exc, "hint", None))
     return CliError(safe_text(str(exc)), ExitCode.FAILURE)
 
 

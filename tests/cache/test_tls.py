@@ -151,10 +151,13 @@ def test_the_probe_ends_waits_unless_a_reply_over_tls_overrules_it(
         time.sleep(0.02)
     check.on_failure(fired.append)  # asking after the verdict
     if reply_over_tls:
-        assert early == [] and fired == [] and check.failure is None
+        assert early == [] and fired == [] and check.failure() is None
     else:
-        assert len(early) == 1 and isinstance(early[0], TlsError) and fired == early
-        assert "not trusted" in str(early[0])
+        assert len(early) == 1 and isinstance(early[0], TlsError) and len(fired) == 1
+        assert "not trusted" in str(early[0]) and str(fired[0]) == str(early[0])
+        # each waiter, each call, gets its own exception: one raised again and again would pin
+        # every caller's frames in its growing traceback
+        assert fired[0] is not early[0] and check.failure() is not check.failure()
 
 
 @pytest.mark.parametrize("content", [None, b"not a certificate\n"])
@@ -187,3 +190,40 @@ def test_doctor_names_an_untrusted_certificate_and_the_bundle_to_set(
     else:
         assert proc.returncode == 4, proc.stderr.decode()
         assert s3["status"] == "fail" and "certificate" in s3["detail"] and "AWS_CA_BUNDLE" in s3["fix"], s3
+
+
+@pytest.mark.parametrize("where", ["default-profile", "requests-ca-bundle"])
+def test_keys_from_the_environment_still_take_the_bundle_botocore_would(
+    s3_client: Any,
+    bucket: str,
+    cache_env: dict[str, str],
+    proxy_factory: Any,
+    private_ca: PrivateCA,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    # the keys come from the environment, so rq does not load botocore: the default profile's
+    # ca_bundle, then REQUESTS_CA_BUNDLE, are found as botocore finds them
+    import boto3
+
+    data = seed_objects(s3_client, bucket, "t/", 3, 4096)
+    front = proxy_factory(tls=private_ca.context)
+    for name in ("AWS_CA_BUNDLE", "REQUESTS_CA_BUNDLE", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(name, raising=False)  # (run_rq passes this process's environment on)
+    config = tmp_path / "aws-config"
+    config.write_text("[default]\nregion = us-east-1\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    if where == "default-profile":
+        config.write_text(f"[default]\nregion = us-east-1\nca_bundle = {private_ca.ca_file}\n")
+    else:
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(private_ca.ca_file))
+    # the peer first: boto3 trusts the store this way
+    peer = boto3.session.Session().client("s3", endpoint_url=front.endpoint)  # reads the config now
+    listed = peer.list_objects_v2(Bucket=bucket, Prefix="t/")
+    assert listed["KeyCount"] == len(data)
+    proc = run_rq(
+        "preload", f"s3://{bucket}/t/", "--json", "--endpoint-url", front.endpoint, env=cache_env, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert summary(proc)["objects"] == len(data)

@@ -368,3 +368,13 @@ def test_close_waits_for_a_write_in_progress(tmp_path: Path, monkeypatch: pytest
     assert not closer.is_alive()
     assert used == [landing.tmp.stat().st_ino]
     assert landing.tmp.read_bytes()[1:101] == b"z" * 100
+
+
+def test_buckets_with_dots_go_path_style_on_aws_as_botocore_does() -> None:
+    from cache.s3 import target
+
+    aws = "s3.us-east-1.amazonaws.com"
+    assert target(aws, "", False, "plain-bucket", "a b/c") == (f"plain-bucket.{aws}", "/a%20b/c")
+    # *.s3.us-east-1.amazonaws.com does not cover my.bucket.s3…: the certificate would not match
+    assert target(aws, "", False, "my.bucket", "k") == (aws, "/my.bucket/k")
+    assert target("minio:9000", "/base", True, "b", "k") == ("minio:9000", "/base/b/k")
