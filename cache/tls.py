@@ -94,7 +94,7 @@ def tls_error(endpoint: str, exc: Any) -> TlsError:
     error = TlsError(f"the TLS certificate of {endpoint} is not trusted: {exc.verify_message}")
     if exc.verify_code in _UNKNOWN_ISSUER:
         error.hint = "a private CA? point AWS_CA_BUNDLE at its certificates"
-    elif exc.verify_code == 62:  # X509_V_ERR_HOSTNAME_MISMATCH (and IP address mismatch)
+    elif exc.verify_code in (62, 64):  # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH
         error.hint = "use the host name the certificate was issued for in the endpoint URL"
     else:
         error.hint = "the store's certificate needs renewing or replacing"

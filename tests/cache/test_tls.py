@@ -227,3 +227,17 @@ def test_keys_from_the_environment_still_take_the_bundle_botocore_would(
     )
     assert proc.returncode == 0, proc.stderr.decode()
     assert summary(proc)["objects"] == len(data)
+
+
+def test_a_certificate_for_another_name_says_to_use_that_name(
+    s3_client: Any, bucket: str, cache_env: dict[str, str], proxy_factory: Any, private_ca: PrivateCA
+) -> None:
+    seed_objects(s3_client, bucket, "t/", 2, 1024)
+    front = proxy_factory(tls=private_ca.context)
+    by_address = front.endpoint.replace("localhost", "127.0.0.1")  # the certificate names localhost
+    env = {**cache_env, "AWS_CA_BUNDLE": str(private_ca.ca_file)}
+    proc = run_rq("preload", f"s3://{bucket}/t/", "--endpoint-url", by_address, env=env, timeout=60)
+    lines = proc.stderr.decode().strip().splitlines()
+    assert proc.returncode == 4, lines
+    assert len(lines) == 1 and "mismatch" in lines[0] and "host name" in lines[0], lines
+    assert "AWS_CA_BUNDLE" not in lines[0]  # the bundle is right: pointing at it would mislead
