@@ -54,7 +54,7 @@ class Credentials:
     token: str | None
     region: str
     endpoint_url: str | None
-    ca_bundle: str | None = None  # AWS_CA_BUNDLE, else the profile's ca_bundle (as botocore)
+    ca_bundle: str | None = None  # AWS_CA_BUNDLE, the profile's ca_bundle, REQUESTS_CA_BUNDLE
 
 
 def resolve_credentials(settings: S3Settings) -> Credentials:

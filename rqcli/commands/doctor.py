@@ -94,7 +94,10 @@ def check_s3(endpoint: str | None, bucket: str | None, explicit: bool) -> Findin
             "s3",
             "fail" if explicit else "warn",
             f"{where}: TLS certificate not trusted ({exc})",
-            "a private CA? point AWS_CA_BUNDLE at its certificates",
+            # the fix depends on the refusal, as for rq preload (cache.tls)
+            "use the host name the certificate was issued for in the endpoint URL"
+            if "mismatch" in str(exc) or "doesn't match" in str(exc)  # (OpenSSL's words; urllib3's)
+            else "a private CA? point AWS_CA_BUNDLE at its certificates",
             int(ExitCode.AUTH),
         )
     except botocore.exceptions.EndpointConnectionError as exc:
