@@ -47,3 +47,12 @@ class WriterBusy(TopicError):
 
 class DamagedGroup(TopicError):
     """A consumer group's stored offset cannot be read; `rq offsets reset` writes a new one."""
+
+
+class AccessDenied(TopicError):
+    """The server refused rq's credentials (credentials=True), or rq refused the server's
+    certificate (False; the message then names the fix)."""
+
+    def __init__(self, message: str, credentials: bool = True):
+        super().__init__(message)
+        self.credentials = credentials

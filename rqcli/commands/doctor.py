@@ -46,7 +46,10 @@ def _validate_url(url: str, schemes: tuple[str, ...], what: str) -> Any:
     except ValueError:
         port_ok = False
     if not port_ok or parsed.scheme not in schemes or not parsed.hostname:
-        raise CliError(f"{what} {url!r} is not a URL", ExitCode.USAGE, hint=f"use {schemes[0]}://HOST:PORT")
+        from topics.sources.access import redact_url
+
+        shown = redact_url(url)
+        raise CliError(f"{what} {shown!r} is not a URL", ExitCode.USAGE, hint=f"use {schemes[0]}://HOST:PORT")
     return parsed
 
 
@@ -142,7 +145,10 @@ def check_s3(endpoint: str | None, bucket: str | None, explicit: bool) -> Findin
 
 def check_nats(url: str, explicit: bool) -> Finding:
     """Reads the server's INFO line over a plain socket: quick, and no client library's retry delay."""
-    parsed = _validate_url(url, ("nats",), "NATS URL")
+    parsed = _validate_url(url, ("nats", "tls"), "NATS URL")
+    from topics.sources.access import redact_url
+
+    url = redact_url(url)  # shown in findings: no user info
     host, port = parsed.hostname, parsed.port or 4222
     try:
         with socket.create_connection((host, port), timeout=2) as sock:

@@ -27,6 +27,7 @@ from topics.embedded.format import MAX_BATCH_PAYLOAD, RECORD_SIZE
 from topics.embedded.groups import check_group_name
 from topics.embedded.log import TopicConfig
 from topics.errors import (
+    AccessDenied,
     CorruptRecord,
     DamagedGroup,
     DigestMismatch,
@@ -100,6 +101,15 @@ def library_errors() -> Iterator[None]:
     except SourceUnreachable as exc:
         raise CliError(
             str(exc), ExitCode.UNREACHABLE, hint="is the server running and the URL right?"
+        ) from None
+    except AccessDenied as exc:
+        raise CliError(
+            str(exc),
+            ExitCode.AUTH,
+            hint="credentials: user:password@ in the URL, or NATS_USER/NATS_PASSWORD, "
+            "RQ_MQTT_USERNAME/RQ_MQTT_PASSWORD (docs/topics.md)"
+            if exc.credentials
+            else None,
         ) from None
     except (CorruptRecord, DamagedGroup) as exc:
         raise CliError(str(exc), ExitCode.VERIFY) from None

@@ -16,54 +16,95 @@ import asyncio
 import contextlib
 import re
 import socket
+import ssl
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from topics.errors import RecordTooLarge, SourceUnreachable, SpecError, TopicError, TopicNotFound
+from topics.errors import (
+    AccessDenied,
+    RecordTooLarge,
+    SourceUnreachable,
+    SpecError,
+    TopicError,
+    TopicNotFound,
+)
 from topics.record import NO_HEADERS, Headers, Record
+from topics.sources.access import Access, nats_access, tls_context
 from topics.sources.base import Pending
-from topics.sources.natswire import OrderedReader
+from topics.sources.natswire import OrderedReader, certificate_refused, parse_info, refuse_plain
 
 
-def _probe(host: str, port: int, timeout: float) -> None:
-    """nats-py waits ~2 s after a refused connection before raising: fail fast on a closed port."""
+def _probe(host: str, port: int, access: Access, timeout: float) -> None:
+    """nats-py waits ~2 s after a refused connection before raising: fail fast on a closed port.
+    Where TLS was asked for, the server's INFO must require it, or nats-py would go on in the clear
+    and send the credentials that way: refused here, before anything is sent."""
+    where = f"{host}:{port}"
     try:
-        with socket.create_connection((host, port), timeout=timeout):
-            pass
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            if access.tls:
+                line = sock.makefile("rb").readline(64 * 1024).rstrip(b"\r\n")
+                if not parse_info(line).get("tls_required"):
+                    raise SourceUnreachable(refuse_plain(where))
     except OSError as exc:
-        raise SourceUnreachable(f"cannot reach NATS at {host}:{port}: {exc.strerror or exc}") from None
+        raise SourceUnreachable(f"cannot reach NATS at {where}: {exc.strerror or exc}") from None
 
 
 class _Conn:
     """One connection and event loop shared by a source or a sink."""
 
-    def __init__(self, host: str, port: int, stream: str, connect_timeout: float = 3.0):
+    def __init__(self, ref: Any, connect_timeout: float = 3.0):
         import nats
 
         self.loop = asyncio.new_event_loop()
-        self.stream = stream
-        _probe(host, port, connect_timeout)
+        self.stream: str = ref.stream
+        self.access = nats_access(ref.user, ref.password, ref.tls)
+        self.where = f"{ref.host}:{ref.port}"
+        ctx = tls_context(self.access)
+        _probe(ref.host, ref.port, self.access, connect_timeout)
+        auth: dict[str, Any] = {}
+        if self.access.user is not None and self.access.password is None:
+            auth["token"] = self.access.user
+        elif self.access.user is not None:
+            auth.update(user=self.access.user, password=self.access.password)
+        if ctx is not None:
+            auth.update(tls=ctx, tls_hostname=ref.host)
 
         async def connect() -> Any:
             async def quiet(_exc: Exception) -> None:
                 return None  # errors surface through the calls that fail
 
             return await nats.connect(
-                f"nats://{host}:{port}",
+                f"nats://{ref.host}:{ref.port}",
                 connect_timeout=connect_timeout,
                 max_reconnect_attempts=0,
                 allow_reconnect=False,
                 error_cb=quiet,
                 pending_size=64 * 1024 * 1024,
+                **auth,
             )
 
         try:
             self.nc = self.run(connect())
         except Exception as exc:
             self.loop.close()
-            raise SourceUnreachable(f"cannot connect to NATS at {host}:{port}: {exc}") from None
+            raise self._refused(exc) from None
         self.js = self.nc.jetstream()
+
+    def _refused(self, exc: Exception) -> TopicError:
+        """nats-py's connect errors -> what the caller can act on."""
+        import nats.errors
+
+        cause: BaseException = exc
+        while cause.__context__ is not None and not isinstance(cause, ssl.SSLError):
+            cause = cause.__context__
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return AccessDenied(certificate_refused(self.where, cause), credentials=False)
+        if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower():
+            return AccessDenied(
+                f"NATS at {self.where} refused rq {self.access.who()}: authorization violation"
+            )
+        return SourceUnreachable(f"cannot connect to NATS at {self.where}: {exc or type(exc).__name__}")
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(coro)
@@ -131,7 +172,7 @@ class JetStreamSource:
         self.subject: str = ref.subject
         self.host, self.port = ref.host, ref.port
         self.idle_timeout = idle_timeout
-        self.conn = _Conn(ref.host, ref.port, ref.stream, connect_timeout)
+        self.conn = _Conn(ref, connect_timeout)
         try:
             self.conn.stream_info()
         except BaseException:
@@ -267,7 +308,7 @@ class JetStreamSource:
         """An ordered push consumer from `start`, read by the wire-level reader (natswire.py)."""
         if stop is not None and start >= stop:
             return
-        reader = OrderedReader(self.host, self.port, self.conn.stream, self.subject)
+        reader = OrderedReader(self.host, self.port, self.conn.stream, self.subject, self.conn.access)
         try:
             yield from reader.batches(start, stop, follow, self.idle_timeout)
         finally:
@@ -361,7 +402,7 @@ class JetStreamSink:
 
         self.url = ref.url
         self.subject: str = ref.subject or ref.stream
-        self.conn = _Conn(ref.host, ref.port, ref.stream, connect_timeout)
+        self.conn = _Conn(ref, connect_timeout)
         try:
             info = self.conn.run(self.conn.js.stream_info(ref.stream))
         except nats.js.errors.NotFoundError:

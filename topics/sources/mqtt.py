@@ -9,22 +9,34 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from topics.errors import SourceUnreachable, SpecError, Unsupported
+from topics.errors import AccessDenied, SourceUnreachable, SpecError, Unsupported
 from topics.record import NO_HEADERS, Record
+from topics.sources.access import mqtt_access, tls_context, tls_hint
 from topics.sources.base import Pending
 
 _DRAIN = 4096
 
 
-def _client(host: str, port: int, timeout: float) -> Any:
+_REFUSED_AUTH = ("bad user name or password", "not authorized")
+
+
+def _client(ref: Any, timeout: float) -> Any:
     import paho.mqtt.client as mqtt
 
+    host, port, where = ref.host, ref.port, f"{ref.host}:{ref.port}"
+    access = mqtt_access(ref.user, ref.password, ref.tls)
+    ctx = tls_context(access)
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311, clean_session=True)
+    if access.user is not None:
+        client.username_pw_set(access.user, access.password)
+    if ctx is not None:
+        client.tls_set_context(ctx)
     connected = threading.Event()
     result: list[Any] = []
 
@@ -35,15 +47,25 @@ def _client(host: str, port: int, timeout: float) -> Any:
     client.on_connect = on_connect
     try:
         client.connect(host, port, keepalive=30)
+    except ssl.SSLCertVerificationError as exc:
+        raise AccessDenied(
+            f"MQTT broker at {where}: its certificate was refused ({exc.verify_message}); "
+            f"{tls_hint(exc, 'RQ_MQTT_CA')}",
+            credentials=False,
+        ) from None
+    except ssl.SSLError as exc:
+        raise SourceUnreachable(f"TLS with the MQTT broker at {where} failed: {exc}") from None
     except OSError as exc:
-        raise SourceUnreachable(f"cannot reach MQTT broker at {host}:{port}: {exc.strerror or exc}") from None
+        raise SourceUnreachable(f"cannot reach MQTT broker at {where}: {exc.strerror or exc}") from None
     client.loop_start()
     if not connected.wait(timeout):
         client.loop_stop()
-        raise SourceUnreachable(f"MQTT broker at {host}:{port} did not answer CONNECT in {timeout:.0f} s")
+        raise SourceUnreachable(f"MQTT broker at {where} did not answer CONNECT in {timeout:.0f} s")
     if result and getattr(result[0], "is_failure", False):
         client.loop_stop()
-        raise SourceUnreachable(f"MQTT broker at {host}:{port} refused the connection: {result[0]}")
+        if str(result[0]).lower() in _REFUSED_AUTH:
+            raise AccessDenied(f"MQTT broker at {where} refused rq {access.who()}: {result[0]}")
+        raise SourceUnreachable(f"MQTT broker at {where} refused the connection: {result[0]}")
     return client
 
 
@@ -62,7 +84,7 @@ class MqttSource:
         self.where = f"{ref.host}:{ref.port}"
         self.lost: list[str] = []  # why the broker connection dropped, once it has
         self.closing = False
-        self.client = _client(ref.host, ref.port, connect_timeout)
+        self.client = _client(ref, connect_timeout)
         subscribed = threading.Event()
         granted: list[Any] = []
 
@@ -164,7 +186,7 @@ class MqttSink:
             raise SpecError(f"cannot publish to a topic filter {ref.subject!r}: name one topic")
         self.url = ref.url
         self.topic: str = ref.subject
-        self.client = _client(ref.host, ref.port, connect_timeout)
+        self.client = _client(ref, connect_timeout)
         self.sent = 0
 
     def append(self, records: Sequence[Pending]) -> tuple[int, int]:

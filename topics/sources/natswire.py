@@ -20,13 +20,16 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import ssl
 import time
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import orjson
 
-from topics.errors import SourceUnreachable, TopicError, TopicNotFound
+from topics.errors import AccessDenied, SourceUnreachable, TopicError, TopicNotFound
 from topics.record import NO_HEADERS, Headers, Record
+from topics.sources.access import Access, tls_context, tls_hint
 
 _CRLF = b"\r\n"
 _RECV = 4 * 1024 * 1024
@@ -34,6 +37,37 @@ _RECV = 4 * 1024 * 1024
 
 class WireError(TopicError):
     pass
+
+
+def parse_info(line: bytes) -> dict[str, Any]:
+    """The server's INFO line as a dict; anything else is not a NATS server."""
+    meta: object = None
+    if line.startswith(b"INFO "):
+        with contextlib.suppress(orjson.JSONDecodeError):
+            meta = orjson.loads(line[5:])
+    if not isinstance(meta, dict):
+        raise SourceUnreachable(f"not a NATS server (said {line[:40]!r})")
+    return meta
+
+
+def connect_auth(access: Access) -> dict[str, str]:
+    """CONNECT's credential fields (protocol reference: user/pass, or auth_token)."""
+    if access.user is None:
+        return {}
+    if access.password is None:
+        return {"auth_token": access.user}
+    return {"user": access.user, "pass": access.password}
+
+
+def refuse_plain(where: str) -> str:
+    return (
+        f"NATS at {where} does not require TLS, and TLS was asked for (tls:// or NATS_CA/NATS_CERT): "
+        "refusing to talk to it in the clear"
+    )
+
+
+def certificate_refused(where: str, exc: ssl.SSLCertVerificationError) -> str:
+    return f"NATS at {where}: the server's certificate was refused ({exc.verify_message}); {tls_hint(exc, 'NATS_CA')}"
 
 
 def _size(field: bytes, line: bytes) -> int:
@@ -62,7 +96,17 @@ def _parse_headers(block: bytes) -> tuple[str, Headers]:
 class OrderedReader:
     """Reads a stream from a sequence with an ordered push consumer, yielding record batches."""
 
-    def __init__(self, host: str, port: int, stream: str, subject: str, timeout: float = 5.0):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        stream: str,
+        subject: str,
+        access: Access | None = None,
+        timeout: float = 5.0,
+    ):
+        self.host = host
+        self.access = access or Access()
         self.stream = stream
         self.subject = subject
         self.timeout = timeout
@@ -73,6 +117,7 @@ class OrderedReader:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with contextlib.suppress(OSError):
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
+        self.where = f"{host}:{port}"
         self.buf = bytearray(_RECV)
         self.view = memoryview(self.buf)
         self.start = 0  # unparsed bytes are buf[start:end]
@@ -136,17 +181,14 @@ class OrderedReader:
 
     def _handshake(self) -> None:
         info = self._line()
-        if not info.startswith(b"INFO "):
-            raise SourceUnreachable(f"not a NATS server (said {info[:40]!r})")
-        try:
-            meta = orjson.loads(info[5:])
-        except orjson.JSONDecodeError:
-            raise SourceUnreachable(f"not a NATS server (said {info[:40]!r})") from None
-        if not isinstance(meta, dict):
-            raise SourceUnreachable(f"not a NATS server (said {info[:40]!r})")
+        meta = parse_info(info)
+        if self.access.tls and not meta.get("tls_required"):
+            raise SourceUnreachable(refuse_plain(self.where))
+        if meta.get("tls_required"):
+            self._start_tls()
         if not meta.get("headers", False):
             raise WireError("this NATS server does not support headers (needs nats-server >= 2.2)")
-        connect = {
+        connect: dict[str, object] = {
             "verbose": False,
             "pedantic": False,
             "headers": True,
@@ -154,6 +196,8 @@ class OrderedReader:
             "lang": "rq",
             "version": "1",
             "protocol": 1,
+            "tls_required": bool(meta.get("tls_required")),
+            **connect_auth(self.access),
         }
         self._send(b"CONNECT " + orjson.dumps(connect) + b"\r\nPING\r\n")
         while True:
@@ -161,8 +205,21 @@ class OrderedReader:
             if line == b"PONG":
                 break
             if line.startswith(b"-ERR"):
-                raise SourceUnreachable(f"NATS refused the connection: {line.decode(errors='replace')}")
+                said = line.decode(errors="replace")
+                if "authorization violation" in said.lower():
+                    raise AccessDenied(f"NATS at {self.where} refused rq {self.access.who()}: {said}")
+                raise SourceUnreachable(f"NATS refused the connection: {said}")
         self._send(f"SUB {self.api_inbox} 2\r\n".encode())
+
+    def _start_tls(self) -> None:
+        """The server asks for TLS after its INFO line; nothing else is in flight at this point."""
+        ctx = tls_context(self.access) or ssl.create_default_context()
+        try:
+            self.sock = ctx.wrap_socket(self.sock, server_hostname=self.host)
+        except ssl.SSLCertVerificationError as exc:
+            raise AccessDenied(certificate_refused(self.where, exc), credentials=False) from None
+        except (ssl.SSLError, OSError) as exc:
+            raise SourceUnreachable(f"TLS with NATS at {self.where} failed: {exc}") from None
 
     # -- the JetStream API ----------------------------------------------------------------------
 

@@ -1,16 +1,18 @@
-"""TOPIC strings -> sources and sinks: a name under the topics dir, a path, nats://, mqtt://."""
+"""TOPIC strings -> sources and sinks: a name under the topics dir, a path, nats:// (tls://), mqtt://
+(mqtts://)."""
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from topics.embedded.log import TopicConfig, check_topic_name
 from topics.errors import SpecError, TopicNotFound
+from topics.sources.access import redact_url
 from topics.sources.base import Sink, Source
 
 
@@ -22,12 +24,20 @@ class TopicRef:
     port: int = 0
     stream: str = ""  # JetStream stream
     subject: str = ""  # JetStream subject filter or MQTT topic filter
+    tls: bool = False  # asked for by the scheme: tls:// (NATS) or mqtts://
+    # credentials given in the URL: never part of the topic's identity, its repr or `url`
+    user: str | None = field(default=None, compare=False, repr=False)
+    password: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def url(self) -> str:
+        """The topic's URL as rq shows and saves it: without credentials."""
         if self.kind == "embedded":
             return str(self.path)
-        scheme = "nats" if self.kind == "jetstream" else "mqtt"
+        if self.kind == "jetstream":
+            scheme = "tls" if self.tls else "nats"
+        else:
+            scheme = "mqtts" if self.tls else "mqtt"
         tail = f"/{self.stream}" if self.kind == "jetstream" else ""
         if self.subject:
             tail += f"/{self.subject}"
@@ -35,13 +45,17 @@ class TopicRef:
 
 
 _STREAM = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
+_SCHEMES = ("nats://", "tls://", "mqtt://", "mqtts://")
+_PORTS = {"nats": 4222, "tls": 4222, "mqtt": 1883, "mqtts": 8883}
 
 
 def parse_topic(text: str, topics_dir: Path) -> TopicRef:
-    if text.startswith(("nats://", "mqtt://")):
+    if text.startswith(_SCHEMES):
         return _parse_url(text)
     if "://" in text:
-        raise SpecError(f"unknown topic scheme in {text!r}: use a name, a path, nats:// or mqtt://")
+        raise SpecError(
+            f"unknown topic scheme in {redact_url(text)!r}: use a name, a path, nats:// (tls://) or mqtt:// (mqtts://)"
+        )
     # Absolute: a path kept in a saved spec (or compared with another) must not depend on the
     # working directory, nor read back as a topic name ("./events" is not "events").
     if os.sep in text or text.startswith((".", "~")):
@@ -52,22 +66,36 @@ def parse_topic(text: str, topics_dir: Path) -> TopicRef:
 def _parse_url(text: str) -> TopicRef:
     parts = urlsplit(text)
     scheme = parts.scheme
+    shown = redact_url(text)
     try:
-        port = parts.port or (4222 if scheme == "nats" else 1883)
+        port = parts.port or _PORTS[scheme]
     except ValueError:
-        raise SpecError(f"bad port in {text!r}") from None
+        raise SpecError(f"bad port in {shown!r}") from None
     host = parts.hostname or "127.0.0.1"
     path = parts.path.lstrip("/")
-    if scheme == "nats":
+    user = unquote(parts.username) if parts.username is not None else None
+    password = unquote(parts.password) if parts.password is not None else None
+    tls = scheme in ("tls", "mqtts")
+    if scheme in ("nats", "tls"):
         stream, _, subject = path.partition("/")
         if not stream or not _STREAM.match(stream):
-            raise SpecError(f"bad JetStream URL {text!r}: use nats://HOST:PORT/STREAM[/SUBJECT]")
-        return TopicRef("jetstream", host=host, port=port, stream=stream, subject=unquote(subject))
+            raise SpecError(f"bad JetStream URL {shown!r}: use nats://HOST:PORT/STREAM[/SUBJECT]")
+        subject = unquote(subject)
+        return TopicRef(
+            "jetstream",
+            host=host,
+            port=port,
+            stream=stream,
+            subject=subject,
+            tls=tls,
+            user=user,
+            password=password,
+        )
     # MQTT filters use '#' which urlsplit treats as a fragment: put it back.
     subject = unquote(path + (f"#{parts.fragment}" if "#" in text else ""))
     if not subject:
-        raise SpecError(f"bad MQTT URL {text!r}: use mqtt://HOST:PORT/TOPIC-FILTER (e.g. sensors/#)")
-    return TopicRef("mqtt", host=host, port=port, subject=subject)
+        raise SpecError(f"bad MQTT URL {shown!r}: use mqtt://HOST:PORT/TOPIC-FILTER (e.g. sensors/#)")
+    return TopicRef("mqtt", host=host, port=port, subject=subject, tls=tls, user=user, password=password)
 
 
 def open_source(ref: TopicRef, **options: Any) -> Source:
