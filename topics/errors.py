@@ -53,6 +53,7 @@ class AccessDenied(TopicError):
     """The server refused rq's credentials (credentials=True), or rq refused the server's
     certificate (False; the message then names the fix)."""
 
-    def __init__(self, message: str, credentials: bool = True):
+    def __init__(self, message: str, credentials: bool = True, server: str = "nats"):
         super().__init__(message)
         self.credentials = credentials
+        self.server = server  # "nats" or "mqtt": which settings the fix is in

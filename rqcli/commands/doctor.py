@@ -168,6 +168,14 @@ def check_nats(url: str, explicit: bool) -> Finding:
         )
     info = json.loads(line[5:])
     version = info.get("version", "?")
+    if parsed.scheme == "tls" and not info.get("tls_required"):
+        return Finding(
+            "nats",
+            "fail",
+            f"{url}: NATS {version} does not require TLS (rq refuses tls:// to it)",
+            "enable TLS on the server, or use nats://",
+            int(ExitCode.UNREACHABLE),
+        )
     if not info.get("jetstream"):
         return Finding(
             "nats", "warn", f"{url}: NATS {version} without JetStream", "start nats-server with -js"

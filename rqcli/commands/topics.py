@@ -7,6 +7,7 @@ library renders. The read loop, SPEC grammar, filters and formats live in topics
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
@@ -87,6 +88,17 @@ def topics_dir(explicit: Path | None) -> Path:
     return Path(env).expanduser() if env else user_data_path("rq") / "topics"
 
 
+# nats-py's protocol returns True from eof_received(), which asyncio's TLS transport warns about on
+# every NATS-over-TLS connection; with no handler configured, logging's last resort prints it to
+# stderr, a second line beside rq's own. rq's output is rq's: only errors get through.
+logging.getLogger("asyncio").setLevel(logging.ERROR)
+
+_CREDENTIALS_HINT = {
+    "nats": "set NATS_USER and NATS_PASSWORD (or NATS_USER alone for a token), or user:password@ in the URL",
+    "mqtt": "set RQ_MQTT_USERNAME and RQ_MQTT_PASSWORD, or user:password@ in the URL",
+}
+
+
 @contextlib.contextmanager
 def library_errors() -> Iterator[None]:
     """The topics library's exceptions -> one line and the documented exit code."""
@@ -106,10 +118,7 @@ def library_errors() -> Iterator[None]:
         raise CliError(
             str(exc),
             ExitCode.AUTH,
-            hint="credentials: user:password@ in the URL, or NATS_USER/NATS_PASSWORD, "
-            "RQ_MQTT_USERNAME/RQ_MQTT_PASSWORD (docs/topics.md)"
-            if exc.credentials
-            else None,
+            hint=_CREDENTIALS_HINT.get(exc.server) if exc.credentials else None,
         ) from None
     except (CorruptRecord, DamagedGroup) as exc:
         raise CliError(str(exc), ExitCode.VERIFY) from None
@@ -743,7 +752,7 @@ def replay(
         if ref.kind == "mqtt":
             raise Unsupported(
                 "replay needs a topic with history; MQTT has none. Capture it first: "
-                f"`rq tail {topic} --record NAME`, then `rq replay NAME`"
+                f"`rq tail {ref.url} --record NAME`, then `rq replay NAME`"
             )
         if group:
             check_group_name(group)

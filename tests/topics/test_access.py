@@ -31,11 +31,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
+def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + 15
     while True:
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            socket.create_connection((host, port), timeout=1).close()
             return
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -138,6 +138,23 @@ def test_nats_user_and_password_from_the_environment_or_the_url(nats_server, tmp
     assert json.loads(spec.read_bytes())["source"] == f"nats://127.0.0.1:{port}/AUTH/auth.x"
 
 
+def test_nats_permission_denied_is_named(nats_server, tmp_path: Path) -> None:
+    conf = tmp_path / "perm.conf"
+    conf.write_text(
+        "authorization { users = [\n"
+        f'  {{user: alice, password: "{SECRET}"}}\n'
+        f'  {{user: bob, password: "{SECRET}", permissions: {{publish: "nothing.>", subscribe: "nothing.>"}}}}\n'
+        "] }\n"
+    )
+    port = nats_server("-c", str(conf))
+    topic = f"nats://127.0.0.1:{port}/PERM/perm.x"
+    r = _rq(_env(tmp_path, NATS_USER="alice", NATS_PASSWORD=SECRET), "produce", topic, stdin=b"a\n")
+    assert r.returncode == 0, r.stderr
+    for cmd in (["replay", "--from", "start"], ["offsets"]):
+        r = _rq(_env(tmp_path, NATS_USER="bob", NATS_PASSWORD=SECRET), *cmd[:1], topic, *cmd[1:])
+        assert r.returncode == 4 and "permissions violation" in _one_line(r).lower(), r.stderr
+
+
 def test_nats_token(nats_server, tmp_path: Path) -> None:
     port = nats_server("--auth", SECRET)
     topic = f"nats://127.0.0.1:{port}/TOK/tok.x"
@@ -165,6 +182,7 @@ def test_nats_tls_trusts_the_named_ca_and_refuses_an_unknown_one(
     trusted = {**env, "NATS_CA": str(ca.ca_file)}
     r = _rq(trusted, "produce", topic, stdin=b"x\ny\n")
     assert r.returncode == 0, r.stderr
+    assert r.stderr.decode().startswith("produced 2 records") and r.stderr.count(b"\n") == 1, r.stderr
     r = _rq(trusted, "replay", topic, "--from", "start", "--format", "raw")
     assert r.returncode == 0 and r.stdout == b"x\ny\n", r.stderr
     # a plain nats:// URL to a server that requires TLS still gets TLS, with the same trust
@@ -190,8 +208,17 @@ def test_nats_client_certificate(nats_server, ca: PrivateCA, tmp_path: Path) -> 
     )
     topic = f"tls://localhost:{port}/MTLS/mtls.x"
     env = _env(tmp_path, NATS_CA=str(ca.ca_file))
-    r = _rq(env, "produce", topic, stdin=b"a\n")
-    assert r.returncode != 0 and len(r.stderr.splitlines()) <= 2, r.stderr
+    for cmd in (["produce"], ["replay", "--from", "start"]):
+        r = _rq(env, *cmd[:1], topic, *cmd[1:], stdin=b"a\n")
+        assert r.returncode == 4 and "requires a client certificate" in _one_line(r), r.stderr
+    other = make_private_ca(tmp_path / "other-pki")  # a client certificate the server's CA did not sign
+    r = _rq(
+        {**env, "NATS_CERT": str(other.client_cert), "NATS_KEY": str(other.client_key)},
+        "produce",
+        topic,
+        stdin=b"a\n",
+    )
+    assert r.returncode == 4 and "client certificate" in _one_line(r), r.stderr
     mine = {**env, "NATS_CERT": str(ca.client_cert), "NATS_KEY": str(ca.client_key)}
     r = _rq(mine, "produce", topic, stdin=b"m\n")
     assert r.returncode == 0, r.stderr
@@ -202,11 +229,13 @@ def test_nats_client_certificate(nats_server, ca: PrivateCA, tmp_path: Path) -> 
 
 
 class _PlainNats:
-    """A server that says it is NATS without TLS and records what a client sends it."""
+    """A server that says it is NATS and records what clients send it. Its INFO does not require
+    TLS, except on the first `honest` connections (a path that shows TLS to a first look only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, honest: int = 0) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
+        self.honest = honest
         self.received = bytearray()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -218,10 +247,11 @@ class _PlainNats:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
+            tls = "true" if self.honest > 0 else "false"
+            self.honest -= 1
             with conn:
-                conn.sendall(
-                    b'INFO {"server_id":"x","version":"2.10.0","headers":true,"max_payload":1048576}\r\n'
-                )
+                info = '{"server_id":"x","version":"2.10.0","headers":true,"max_payload":1048576,'
+                conn.sendall(f'INFO {info}"tls_required":{tls}}}\r\n'.encode())
                 conn.settimeout(1)
                 try:
                     while data := conn.recv(65536):
@@ -233,14 +263,27 @@ class _PlainNats:
         self.sock.close()
 
 
-def test_tls_asked_for_is_never_given_up_for_a_server_in_the_clear(tmp_path: Path) -> None:
-    server = _PlainNats()
+@pytest.mark.parametrize("honest", [0, 1])
+def test_tls_asked_for_is_never_given_up_for_a_server_in_the_clear(tmp_path: Path, honest: int) -> None:
+    """honest=1: the first connection's INFO requires TLS, the next one's does not. The check must
+    be made on the connection that carries the credentials, not on an earlier look."""
+    server = _PlainNats(honest)
     try:
         env = _env(tmp_path, NATS_USER="alice", NATS_PASSWORD=SECRET)
         for cmd in (["produce"], ["replay", "--from", "start"]):
             r = _rq(env, *cmd[:1], f"tls://127.0.0.1:{server.port}/S/s.x", *cmd[1:], stdin=b"a\n")
-            assert r.returncode == 6 and "does not require TLS" in _one_line(r), r.stderr
+            assert r.returncode in (4, 6), r.stderr  # refused in the clear, or the TLS handshake failed
+            assert len(r.stderr.decode().strip().splitlines()) == 1, r.stderr
         assert SECRET.encode() not in server.received and b"CONNECT" not in server.received
+    finally:
+        server.close()
+
+
+def test_doctor_refuses_tls_to_a_server_in_the_clear(tmp_path: Path) -> None:
+    server = _PlainNats()
+    try:
+        r = _rq(_env(tmp_path), "doctor", "--nats-url", f"tls://127.0.0.1:{server.port}", "--json")
+        assert r.returncode == 6 and b"does not require TLS" in r.stdout, r.stdout
     finally:
         server.close()
 
@@ -249,8 +292,8 @@ def test_tls_asked_for_is_never_given_up_for_a_server_in_the_clear(tmp_path: Pat
 
 
 @pytest.fixture
-def mosquitto(tmp_path: Path, ca: PrivateCA) -> Iterator[tuple[int, int]]:
-    """A private broker with a password file: (plain port, TLS port)."""
+def mosquitto(tmp_path: Path, ca: PrivateCA) -> Iterator[tuple[int, int, int]]:
+    """A private broker with a password file: (plain port, TLS port, TLS port wanting a client cert)."""
     broker = shutil.which("mosquitto") or (
         "/usr/sbin/mosquitto" if os.path.exists("/usr/sbin/mosquitto") else None
     )
@@ -260,7 +303,7 @@ def mosquitto(tmp_path: Path, ca: PrivateCA) -> Iterator[tuple[int, int]]:
     pwfile = tmp_path / "passwd"
     subprocess.run([passwd, "-c", "-b", str(pwfile), "alice", SECRET], check=True, capture_output=True)
     pwfile.chmod(0o600)
-    plain, secure = _free_port(), _free_port()
+    plain, secure, mutual = _free_port(), _free_port(), _free_port()
     conf = tmp_path / "m.conf"
     conf.write_text(
         # as root, mosquitto drops to its own user, which cannot read pytest's private tmp dirs
@@ -269,12 +312,15 @@ def mosquitto(tmp_path: Path, ca: PrivateCA) -> Iterator[tuple[int, int]]:
         f"password_file {pwfile}\n"
         f"listener {plain} 127.0.0.1\n"
         f"listener {secure} 127.0.0.1\ncertfile {ca.cert_file}\nkeyfile {ca.key_file}\n"
+        f"listener {mutual} 127.0.0.1\ncertfile {ca.cert_file}\nkeyfile {ca.key_file}\n"
+        f"cafile {ca.ca_file}\nrequire_certificate true\n"
     )
     proc = subprocess.Popen([broker, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_port(plain, proc, "mosquitto")
         _wait_port(secure, proc, "mosquitto")
-        yield plain, secure
+        _wait_port(mutual, proc, "mosquitto")
+        yield plain, secure, mutual
     finally:
         proc.terminate()
         proc.wait(10)
@@ -290,8 +336,8 @@ def _tail_one(env: dict[str, str], url: str) -> subprocess.Popen[bytes]:
     return proc
 
 
-def test_mqtt_password_and_tls(mosquitto: tuple[int, int], ca: PrivateCA, tmp_path: Path) -> None:
-    plain, secure = mosquitto
+def test_mqtt_password_and_tls(mosquitto: tuple[int, int, int], ca: PrivateCA, tmp_path: Path) -> None:
+    plain, secure, mutual = mosquitto
     env = _env(tmp_path)
     r = _rq(env, "tail", f"mqtt://127.0.0.1:{plain}/a/#", "--timeout", "1")
     assert r.returncode == 4 and "refused rq without credentials" in _one_line(r), r.stderr
@@ -315,6 +361,13 @@ def test_mqtt_password_and_tls(mosquitto: tuple[int, int], ca: PrivateCA, tmp_pa
     r = _rq(good, "tail", f"mqtts://localhost:{secure}/a/#", "--timeout", "1")  # test CA not trusted
     assert r.returncode == 4 and "RQ_MQTT_CA" in _one_line(r), r.stderr
 
+    trusted = {**good, "RQ_MQTT_CA": str(ca.ca_file)}
+    r = _rq(trusted, "produce", f"mqtts://localhost:{mutual}/a/b", stdin=b"x\n")
+    assert r.returncode == 4 and "RQ_MQTT_CERT" in _one_line(r), r.stderr
+    mine = {**trusted, "RQ_MQTT_CERT": str(ca.client_cert), "RQ_MQTT_KEY": str(ca.client_key)}
+    r = _rq(mine, "produce", f"mqtts://localhost:{mutual}/a/b", stdin=b"x\n")
+    assert r.returncode == 0, r.stderr
+
 
 # -- parsing -----------------------------------------------------------------------------------
 
@@ -332,3 +385,38 @@ def test_credentials_in_a_url_are_not_part_of_the_topic(tmp_path: Path) -> None:
     assert m.tls and m.port == 8883 and m.url == "mqtts://h:8883/a/#"
     r = run_rq("tail", f"kafka://u:{SECRET}@h/t", timeout=30)
     assert r.returncode == 2 and SECRET.encode() not in r.stderr
+    r = run_rq("replay", f"mqtt://u:{SECRET}@h/a/b", "--from", "start", timeout=30)
+    assert r.returncode == 10 and b"mqtt://h:1883/a/b" in r.stderr and SECRET.encode() not in r.stderr
+    # unencoded '/', '?', '#' in a password end the host part for urlsplit: the URL is bad, and its
+    # message must still not show the secret
+    for bad in ("nats://alice:ab/c{s}@h:1/S/x", "nats://to/k{s}@h:1/S/x", "mqtt://a:b?#{s}@h:1/x"):
+        r = run_rq("replay", bad.format(s=SECRET), "--from", "start", timeout=30)
+        assert r.returncode == 2 and SECRET.encode() not in r.stderr, r.stderr
+    r = run_rq("doctor", "--nats-url", f"nats://alice:a/{SECRET}@127.0.0.1:1", timeout=60)
+    assert SECRET.encode() not in r.stdout + r.stderr
+    r = run_rq("tail", "nats://[::1/S/x", timeout=30)
+    assert r.returncode == 2 and r.stderr.count(b"\n") <= 2, r.stderr
+
+
+def test_nats_over_ipv6(tmp_path: Path) -> None:
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    port = _free_port()
+    store = tmp_path / "js6"
+    proc = subprocess.Popen(
+        [_nats_server(), "-js", "-sd", str(store), "-a", "::1", "-p", str(port), "-m", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_port(port, proc, "nats-server on ::1", host="::1")
+        topic = f"nats://[::1]:{port}/V6/v6.x"
+        r = _rq(_env(tmp_path), "produce", topic, stdin=b"six\n")
+        assert r.returncode == 0 and f"[::1]:{port}".encode() in r.stderr, r.stderr
+        r = _rq(_env(tmp_path), "replay", topic, "--from", "start", "--format", "raw")
+        assert r.returncode == 0 and r.stdout == b"six\n", r.stderr
+    finally:
+        proc.terminate()
+        proc.wait(10)

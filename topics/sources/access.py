@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from topics.errors import SpecError
 
@@ -26,8 +26,9 @@ MQTT_ENV = ("RQ_MQTT_USERNAME", "RQ_MQTT_PASSWORD", "RQ_MQTT_CA", "RQ_MQTT_CERT"
 
 @dataclass(frozen=True)
 class Access:
-    user: str | None = None
-    password: str | None = None  # NATS: a user without a password is a token
+    # a NATS token travels as the user: neither is shown in a repr
+    user: str | None = field(default=None, repr=False)
+    password: str | None = field(default=None, repr=False)  # NATS: a user without a password is a token
     tls: bool = False
     ca: str | None = None  # PEM file of the CAs to trust instead of the system's
     cert: str | None = None  # client certificate and key (mutual TLS)
@@ -110,9 +111,10 @@ def tls_hint(exc: ssl.SSLError, ca_var: str) -> str:
 
 
 def redact_url(text: str) -> str:
-    """A URL as it may be shown: user info (a password or token) cut out."""
+    """A URL as it may be shown: user info (a password or token) cut out. Cut through the last '@',
+    wherever it is: a password may hold '/', '?' or '#' unencoded, which end the host part for
+    urlsplit, so where the user info ends cannot be told for sure; showing too little is the safe side."""
     scheme, sep, rest = text.partition("://")
     if not sep:
         return text
-    netloc, slash, tail = rest.partition("/")
-    return f"{scheme}://{netloc.rpartition('@')[2]}{slash}{tail}"
+    return f"{scheme}://{rest.rpartition('@')[2]}"

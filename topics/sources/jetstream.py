@@ -32,36 +32,74 @@ from topics.errors import (
 from topics.record import NO_HEADERS, Headers, Record
 from topics.sources.access import Access, nats_access, tls_context
 from topics.sources.base import Pending
-from topics.sources.natswire import OrderedReader, certificate_refused, parse_info, refuse_plain
+from topics.sources.natswire import (
+    OrderedReader,
+    certificate_refused,
+    client_certificate_refused,
+    refuse_plain,
+)
 
 
-def _probe(host: str, port: int, access: Access, timeout: float) -> None:
-    """nats-py waits ~2 s after a refused connection before raising: fail fast on a closed port.
-    Where TLS was asked for, the server's INFO must require it, or nats-py would go on in the clear
-    and send the credentials that way: refused here, before anything is sent."""
-    where = f"{host}:{port}"
+def _probe(host: str, port: int, timeout: float) -> None:
+    """nats-py waits ~2 s after a refused connection before raising: fail fast on a closed port."""
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
-            if access.tls:
-                line = sock.makefile("rb").readline(64 * 1024).rstrip(b"\r\n")
-                if not parse_info(line).get("tls_required"):
-                    raise SourceUnreachable(refuse_plain(where))
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
     except OSError as exc:
-        raise SourceUnreachable(f"cannot reach NATS at {where}: {exc.strerror or exc}") from None
+        raise SourceUnreachable(
+            f"cannot reach NATS at {_hostport(host, port)}: {exc.strerror or exc}"
+        ) from None
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class _Refusal(Exception):
+    """Raised inside nats-py's connect, on its own connection, before CONNECT goes out."""
+
+    def __init__(self, error: TopicError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _client(access: Access, where: str) -> Any:
+    """A nats-py client that checks the server's INFO on the connection it uses: where TLS was asked
+    for, nats-py would otherwise go on in the clear when that INFO does not require TLS (it upgrades
+    only on tls_required), and send the credentials that way. A server that wants a client
+    certificate we do not have is named as such instead of failing as a broken pipe."""
+    from nats.aio.client import Client
+
+    class Checked(Client):
+        async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+            if not initial_connection:  # a later INFO (cluster news) on a connection already checked
+                await super()._process_info(info, initial_connection)
+                return
+            if access.tls and not info.get("tls_required"):
+                raise _Refusal(SourceUnreachable(refuse_plain(where)))
+            if info.get("tls_verify") and access.cert is None:
+                raise _Refusal(
+                    AccessDenied(
+                        f"NATS at {where} requires a client certificate: set NATS_CERT and NATS_KEY",
+                        credentials=False,
+                    )
+                )
+            await super()._process_info(info, initial_connection)
+
+    return Checked()
 
 
 class _Conn:
     """One connection and event loop shared by a source or a sink."""
 
     def __init__(self, ref: Any, connect_timeout: float = 3.0):
-        import nats
-
         self.loop = asyncio.new_event_loop()
         self.stream: str = ref.stream
         self.access = nats_access(ref.user, ref.password, ref.tls)
-        self.where = f"{ref.host}:{ref.port}"
+        self.where = _hostport(ref.host, ref.port)
+        self.denied: str | None = None  # the last permissions violation the server reported
         ctx = tls_context(self.access)
-        _probe(ref.host, ref.port, self.access, connect_timeout)
+        _probe(ref.host, ref.port, connect_timeout)
         auth: dict[str, Any] = {}
         if self.access.user is not None and self.access.password is None:
             auth["token"] = self.access.user
@@ -69,23 +107,27 @@ class _Conn:
             auth.update(user=self.access.user, password=self.access.password)
         if ctx is not None:
             auth.update(tls=ctx, tls_hostname=ref.host)
+        self.nc = _client(self.access, self.where)
 
-        async def connect() -> Any:
-            async def quiet(_exc: Exception) -> None:
-                return None  # errors surface through the calls that fail
+        async def on_error(exc: Exception) -> None:
+            # errors surface through the calls that fail; a refused permission only as a timeout
+            # of the request it refused, so it is kept to say what that timeout means
+            if "permissions violation" in str(exc).lower():
+                self.denied = str(exc).strip()
 
-            return await nats.connect(
-                f"nats://{ref.host}:{ref.port}",
+        async def connect() -> None:
+            await self.nc.connect(
+                f"nats://{self.where}",
                 connect_timeout=connect_timeout,
                 max_reconnect_attempts=0,
                 allow_reconnect=False,
-                error_cb=quiet,
+                error_cb=on_error,
                 pending_size=64 * 1024 * 1024,
                 **auth,
             )
 
         try:
-            self.nc = self.run(connect())
+            self.loop.run_until_complete(connect())
         except Exception as exc:
             self.loop.close()
             raise self._refused(exc) from None
@@ -95,11 +137,19 @@ class _Conn:
         """nats-py's connect errors -> what the caller can act on."""
         import nats.errors
 
+        if isinstance(exc, _Refusal):
+            return exc.error
         cause: BaseException = exc
         while cause.__context__ is not None and not isinstance(cause, ssl.SSLError):
             cause = cause.__context__
         if isinstance(cause, ssl.SSLCertVerificationError):
             return AccessDenied(certificate_refused(self.where, cause), credentials=False)
+        if isinstance(cause, ssl.SSLError) and client_certificate_refused(cause):
+            return AccessDenied(
+                f"NATS at {self.where} refused rq's client certificate ({cause.reason}): "
+                "check NATS_CERT and NATS_KEY",
+                credentials=False,
+            )
         if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower():
             return AccessDenied(
                 f"NATS at {self.where} refused rq {self.access.who()}: authorization violation"
@@ -107,7 +157,14 @@ class _Conn:
         return SourceUnreachable(f"cannot connect to NATS at {self.where}: {exc or type(exc).__name__}")
 
     def run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(coro)
+        try:
+            return self.loop.run_until_complete(coro)
+        except Exception:
+            if self.denied is not None:
+                raise AccessDenied(
+                    f"NATS at {self.where} denied rq {self.access.who()}: {self.denied}", credentials=False
+                ) from None
+            raise
 
     def stream_info(self, subjects_filter: str | None = None) -> Any:
         import nats.js.errors

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from topics.errors import AccessDenied, SourceUnreachable, SpecError, Unsupported
+from topics.errors import AccessDenied, SourceUnreachable, SpecError, TopicError, Unsupported
 from topics.record import NO_HEADERS, Record
-from topics.sources.access import mqtt_access, tls_context, tls_hint
+from topics.sources.access import Access, mqtt_access, tls_context, tls_hint
 from topics.sources.base import Pending
 
 _DRAIN = 4096
@@ -29,7 +29,8 @@ _REFUSED_AUTH = ("bad user name or password", "not authorized")
 def _client(ref: Any, timeout: float) -> Any:
     import paho.mqtt.client as mqtt
 
-    host, port, where = ref.host, ref.port, f"{ref.host}:{ref.port}"
+    host, port = ref.host, ref.port
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     access = mqtt_access(ref.user, ref.password, ref.tls)
     ctx = tls_context(access)
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311, clean_session=True)
@@ -37,14 +38,22 @@ def _client(ref: Any, timeout: float) -> Any:
         client.username_pw_set(access.user, access.password)
     if ctx is not None:
         client.tls_set_context(ctx)
-    connected = threading.Event()
+    answered = threading.Event()
     result: list[Any] = []
+    errors: list[str] = []  # paho reports why a socket failed only to its log
 
     def on_connect(_c: Any, _u: Any, _flags: Any, reason: Any, _props: Any) -> None:
         result.append(reason)
-        connected.set()
+        answered.set()
 
-    client.on_connect = on_connect
+    def on_disconnect(*_: Any) -> None:  # closed before CONNACK (paho would retry: we do not)
+        answered.set()
+
+    def on_log(_c: Any, _u: Any, level: int, text: str) -> None:
+        if level == mqtt.MQTT_LOG_ERR:
+            errors.append(text)
+
+    client.on_connect, client.on_disconnect, client.on_log = on_connect, on_disconnect, on_log
     try:
         client.connect(host, port, keepalive=30)
     except ssl.SSLCertVerificationError as exc:
@@ -52,21 +61,48 @@ def _client(ref: Any, timeout: float) -> Any:
             f"MQTT broker at {where}: its certificate was refused ({exc.verify_message}); "
             f"{tls_hint(exc, 'RQ_MQTT_CA')}",
             credentials=False,
+            server="mqtt",
         ) from None
     except ssl.SSLError as exc:
         raise SourceUnreachable(f"TLS with the MQTT broker at {where} failed: {exc}") from None
     except OSError as exc:
         raise SourceUnreachable(f"cannot reach MQTT broker at {where}: {exc.strerror or exc}") from None
     client.loop_start()
-    if not connected.wait(timeout):
+    if not answered.wait(timeout):
         client.loop_stop()
         raise SourceUnreachable(f"MQTT broker at {where} did not answer CONNECT in {timeout:.0f} s")
-    if result and getattr(result[0], "is_failure", False):
+    client.on_disconnect = client.on_log = None  # on_log would run for every message from here on
+    if not result:
+        client.loop_stop()
+        raise _closed_before_connack(where, access, errors[0] if errors else "connection closed")
+    if getattr(result[0], "is_failure", False):
         client.loop_stop()
         if str(result[0]).lower() in _REFUSED_AUTH:
-            raise AccessDenied(f"MQTT broker at {where} refused rq {access.who()}: {result[0]}")
+            raise AccessDenied(
+                f"MQTT broker at {where} refused rq {access.who()}: {result[0]}", server="mqtt"
+            )
         raise SourceUnreachable(f"MQTT broker at {where} refused the connection: {result[0]}")
     return client
+
+
+def _closed_before_connack(where: str, access: Access, why: str) -> TopicError:
+    """A TLS broker that wants a client certificate closes the connection right after the handshake
+    (TLS 1.3 sends its alert after the client thinks the handshake is done)."""
+    if access.tls and any(a in why for a in ("CERTIFICATE_REQUIRED", "UNKNOWN_CA", "BAD_CERTIFICATE")):
+        what = "refused rq's client certificate" if access.cert else "requires a client certificate"
+        return AccessDenied(
+            f"MQTT broker at {where} {what} ({why}): set RQ_MQTT_CERT and RQ_MQTT_KEY",
+            credentials=False,
+            server="mqtt",
+        )
+    if access.tls and access.cert is None:
+        return AccessDenied(
+            f"MQTT broker at {where} closed the TLS connection before answering CONNECT ({why}); "
+            "if it requires a client certificate, set RQ_MQTT_CERT and RQ_MQTT_KEY",
+            credentials=False,
+            server="mqtt",
+        )
+    return SourceUnreachable(f"MQTT broker at {where} closed the connection before answering CONNECT: {why}")
 
 
 class MqttSource:

@@ -66,6 +66,14 @@ def refuse_plain(where: str) -> str:
     )
 
 
+def client_certificate_refused(exc: ssl.SSLError) -> bool:
+    """The server's TLS alert says it wants a (different) client certificate."""
+    return any(
+        name in str(exc.reason or exc)
+        for name in ("CERTIFICATE_REQUIRED", "ALERT_UNKNOWN_CA", "ALERT_BAD_CERTIFICATE")
+    )
+
+
 def certificate_refused(where: str, exc: ssl.SSLCertVerificationError) -> str:
     return f"NATS at {where}: the server's certificate was refused ({exc.verify_message}); {tls_hint(exc, 'NATS_CA')}"
 
@@ -117,7 +125,7 @@ class OrderedReader:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with contextlib.suppress(OSError):
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
-        self.where = f"{host}:{port}"
+        self.where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.buf = bytearray(_RECV)
         self.view = memoryview(self.buf)
         self.start = 0  # unparsed bytes are buf[start:end]
@@ -184,6 +192,11 @@ class OrderedReader:
         meta = parse_info(info)
         if self.access.tls and not meta.get("tls_required"):
             raise SourceUnreachable(refuse_plain(self.where))
+        if meta.get("tls_verify") and self.access.cert is None:
+            raise AccessDenied(
+                f"NATS at {self.where} requires a client certificate: set NATS_CERT and NATS_KEY",
+                credentials=False,
+            )
         if meta.get("tls_required"):
             self._start_tls()
         if not meta.get("headers", False):
@@ -218,7 +231,15 @@ class OrderedReader:
             self.sock = ctx.wrap_socket(self.sock, server_hostname=self.host)
         except ssl.SSLCertVerificationError as exc:
             raise AccessDenied(certificate_refused(self.where, exc), credentials=False) from None
-        except (ssl.SSLError, OSError) as exc:
+        except ssl.SSLError as exc:
+            if client_certificate_refused(exc):
+                raise AccessDenied(
+                    f"NATS at {self.where} refused rq's client certificate ({exc.reason}): "
+                    "check NATS_CERT and NATS_KEY",
+                    credentials=False,
+                ) from None
+            raise SourceUnreachable(f"TLS with NATS at {self.where} failed: {exc}") from None
+        except OSError as exc:
             raise SourceUnreachable(f"TLS with NATS at {self.where} failed: {exc}") from None
 
     # -- the JetStream API ----------------------------------------------------------------------
@@ -333,7 +354,12 @@ class OrderedReader:
                 if line == b"PING":
                     self._send(b"PONG\r\n")
                 elif line.startswith(b"-ERR"):
-                    raise SourceUnreachable(f"NATS error: {line.decode(errors='replace')}")
+                    said = line.decode(errors="replace")
+                    if "permissions violation" in said.lower():
+                        raise AccessDenied(
+                            f"NATS at {self.where} denied rq {self.access.who()}: {said}", credentials=False
+                        )
+                    raise SourceUnreachable(f"NATS error: {said}")
                 # +OK, PONG, INFO: nothing to do
 
     def batches(

@@ -41,7 +41,8 @@ class TopicRef:
         tail = f"/{self.stream}" if self.kind == "jetstream" else ""
         if self.subject:
             tail += f"/{self.subject}"
-        return f"{scheme}://{self.host}:{self.port}{tail}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}{tail}"
 
 
 _STREAM = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
@@ -64,9 +65,12 @@ def parse_topic(text: str, topics_dir: Path) -> TopicRef:
 
 
 def _parse_url(text: str) -> TopicRef:
-    parts = urlsplit(text)
-    scheme = parts.scheme
     shown = redact_url(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:  # e.g. an unclosed '[' of an IPv6 address
+        raise SpecError(f"bad URL {shown!r}: {exc}") from None
+    scheme = parts.scheme
     try:
         port = parts.port or _PORTS[scheme]
     except ValueError:
