@@ -114,3 +114,11 @@ def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def random_files(directory: Path, count: int, size: int, prefix: str = "", suffix: str = "") -> Path:
+    """DIRECTORY (made) holding COUNT files PREFIX0SUFFIX, PREFIX1SUFFIX, ... of SIZE random bytes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for i in range(count):
+        (directory / f"{prefix}{i}{suffix}").write_bytes(os.urandom(size))
+    return directory

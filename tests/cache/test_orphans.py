@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rqtest import run_rq
+from rqtest import random_files, run_rq
 
 from cache import Cache, orphans
 from cache.layout import default_ram_root
@@ -28,11 +28,7 @@ pytestmark = pytest.mark.skipif(not orphans.SHM.is_dir(), reason="no /dev/shm")
 
 @pytest.fixture
 def src(tmp_path: Path) -> Path:
-    d = tmp_path / "src"
-    d.mkdir()
-    for i in range(3):
-        (d / f"{i}.bin").write_bytes(os.urandom(10_000))
-    return d
+    return random_files(tmp_path / "src", 3, 10_000, suffix=".bin")
 
 
 @pytest.fixture

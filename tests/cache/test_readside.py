@@ -7,17 +7,14 @@ import os
 from pathlib import Path
 
 import pytest
+from rqtest import random_files
 
 from cache import Cache
 
 
 @pytest.fixture
 def origin(tmp_path: Path) -> Path:
-    d = tmp_path / "origin"
-    d.mkdir()
-    for i in range(8):
-        (d / f"f{i}").write_bytes(os.urandom(50_000))
-    return d
+    return random_files(tmp_path / "origin", 8, 50_000, prefix="f")
 
 
 def test_verify_does_not_repair_away_an_entry_that_moved_while_it_looked(

@@ -118,3 +118,8 @@ def redact_url(text: str) -> str:
     if not sep:
         return text
     return f"{scheme}://{rest.rpartition('@')[2]}"
+
+
+def hostport(host: str, port: int) -> str:
+    """HOST:PORT as a URL writes it: an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

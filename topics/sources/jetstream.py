@@ -30,12 +30,14 @@ from topics.errors import (
     TopicNotFound,
 )
 from topics.record import NO_HEADERS, Headers, Record
-from topics.sources.access import Access, nats_access, tls_context
+from topics.sources.access import Access, hostport, nats_access, tls_context
 from topics.sources.base import Pending
 from topics.sources.natswire import (
     OrderedReader,
     certificate_refused,
     client_certificate_refused,
+    client_certificate_rejected,
+    no_client_certificate,
     refuse_plain,
 )
 
@@ -47,12 +49,8 @@ def _probe(host: str, port: int, timeout: float) -> None:
             pass
     except OSError as exc:
         raise SourceUnreachable(
-            f"cannot reach NATS at {_hostport(host, port)}: {exc.strerror or exc}"
+            f"cannot reach NATS at {hostport(host, port)}: {exc.strerror or exc}"
         ) from None
-
-
-def _hostport(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class _Refusal(Exception):
@@ -82,12 +80,7 @@ def _client(access: Access, where: str) -> Any:
             if access.tls and not info.get("tls_required"):
                 raise _Refusal(SourceUnreachable(refuse_plain(where)))
             if info.get("tls_verify") and access.cert is None:
-                raise _Refusal(
-                    AccessDenied(
-                        f"NATS at {where} requires a client certificate: set NATS_CERT and NATS_KEY",
-                        credentials=False,
-                    )
-                )
+                raise _Refusal(no_client_certificate(where))
             await super()._process_info(info, initial_connection)
 
     return Checked()
@@ -100,7 +93,7 @@ class _Conn:
         self.loop = asyncio.new_event_loop()
         self.stream: str = ref.stream
         self.access = nats_access(ref.user, ref.password, ref.tls)
-        self.where = _hostport(ref.host, ref.port)
+        self.where = hostport(ref.host, ref.port)
         self.denied: str | None = None  # the last permissions violation the server reported
         ctx = tls_context(self.access)
         _probe(ref.host, ref.port, connect_timeout)
@@ -149,11 +142,7 @@ class _Conn:
         if isinstance(cause, ssl.SSLCertVerificationError):
             return AccessDenied(certificate_refused(self.where, cause), credentials=False)
         if isinstance(cause, ssl.SSLError) and client_certificate_refused(cause):
-            return AccessDenied(
-                f"NATS at {self.where} refused rq's client certificate ({cause.reason}): "
-                "check NATS_CERT and NATS_KEY",
-                credentials=False,
-            )
+            return client_certificate_rejected(self.where, cause)
         if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower():
             return AccessDenied(
                 f"NATS at {self.where} refused rq {self.access.who()}: authorization violation"

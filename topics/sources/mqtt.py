@@ -17,7 +17,7 @@ from typing import Any
 
 from topics.errors import AccessDenied, SourceUnreachable, SpecError, TopicError, Unsupported
 from topics.record import NO_HEADERS, Record
-from topics.sources.access import Access, mqtt_access, tls_context, tls_hint
+from topics.sources.access import Access, hostport, mqtt_access, tls_context, tls_hint
 from topics.sources.base import Pending
 
 _DRAIN = 4096
@@ -30,7 +30,7 @@ def _client(ref: Any, timeout: float) -> Any:
     import paho.mqtt.client as mqtt
 
     host, port = ref.host, ref.port
-    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    where = hostport(host, port)
     access = mqtt_access(ref.user, ref.password, ref.tls)
     ctx = tls_context(access)
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311, clean_session=True)
@@ -117,7 +117,7 @@ class MqttSource:
         self.filter: str = ref.subject
         self.idle_timeout = idle_timeout
         self.queue: queue.SimpleQueue[tuple[int, str, bytes]] = queue.SimpleQueue()
-        self.where = f"{ref.host}:{ref.port}"
+        self.where = hostport(ref.host, ref.port)
         self.lost: list[str] = []  # why the broker connection dropped, once it has
         self.closing = False
         self.client = _client(ref, connect_timeout)

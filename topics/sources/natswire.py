@@ -29,7 +29,7 @@ import orjson
 
 from topics.errors import AccessDenied, SourceUnreachable, TopicError, TopicNotFound
 from topics.record import NO_HEADERS, Headers, Record
-from topics.sources.access import Access, tls_context, tls_hint
+from topics.sources.access import Access, hostport, tls_context, tls_hint
 
 _CRLF = b"\r\n"
 _RECV = 4 * 1024 * 1024
@@ -71,6 +71,20 @@ def client_certificate_refused(exc: ssl.SSLError) -> bool:
     return any(
         name in str(exc.reason or exc)
         for name in ("CERTIFICATE_REQUIRED", "ALERT_UNKNOWN_CA", "ALERT_BAD_CERTIFICATE")
+    )
+
+
+def no_client_certificate(where: str) -> AccessDenied:
+    """The server's INFO asks for a client certificate (tls_verify) and rq has none."""
+    return AccessDenied(
+        f"NATS at {where} requires a client certificate: set NATS_CERT and NATS_KEY", credentials=False
+    )
+
+
+def client_certificate_rejected(where: str, exc: ssl.SSLError) -> AccessDenied:
+    return AccessDenied(
+        f"NATS at {where} refused rq's client certificate ({exc.reason}): check NATS_CERT and NATS_KEY",
+        credentials=False,
     )
 
 
@@ -125,7 +139,7 @@ class OrderedReader:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with contextlib.suppress(OSError):
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
-        self.where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.where = hostport(host, port)
         self.buf = bytearray(_RECV)
         self.view = memoryview(self.buf)
         self.start = 0  # unparsed bytes are buf[start:end]
@@ -193,10 +207,7 @@ class OrderedReader:
         if self.access.tls and not meta.get("tls_required"):
             raise SourceUnreachable(refuse_plain(self.where))
         if meta.get("tls_verify") and self.access.cert is None:
-            raise AccessDenied(
-                f"NATS at {self.where} requires a client certificate: set NATS_CERT and NATS_KEY",
-                credentials=False,
-            )
+            raise no_client_certificate(self.where)
         if meta.get("tls_required"):
             self._start_tls()
         if not meta.get("headers", False):
@@ -233,11 +244,7 @@ class OrderedReader:
             raise AccessDenied(certificate_refused(self.where, exc), credentials=False) from None
         except ssl.SSLError as exc:
             if client_certificate_refused(exc):
-                raise AccessDenied(
-                    f"NATS at {self.where} refused rq's client certificate ({exc.reason}): "
-                    "check NATS_CERT and NATS_KEY",
-                    credentials=False,
-                ) from None
+                raise client_certificate_rejected(self.where, exc) from None
             raise SourceUnreachable(f"TLS with NATS at {self.where} failed: {exc}") from None
         except OSError as exc:
             raise SourceUnreachable(f"TLS with NATS at {self.where} failed: {exc}") from None

@@ -12,7 +12,7 @@ from urllib.parse import unquote, urlsplit
 
 from topics.embedded.log import TopicConfig, check_topic_name
 from topics.errors import SpecError, TopicNotFound
-from topics.sources.access import redact_url
+from topics.sources.access import hostport, redact_url
 from topics.sources.base import Sink, Source
 
 
@@ -41,8 +41,7 @@ class TopicRef:
         tail = f"/{self.stream}" if self.kind == "jetstream" else ""
         if self.subject:
             tail += f"/{self.subject}"
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{scheme}://{host}:{self.port}{tail}"
+        return f"{scheme}://{hostport(self.host, self.port)}{tail}"
 
 
 _STREAM = re.compile(r"^[A-Za-z0-9_-]{1,255}$")
