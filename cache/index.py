@@ -388,7 +388,11 @@ class Index:
 
     def setting(self, key: str) -> str | None:
         with self.read() as db:
-            row = db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
+            return Index.setting_in(db, key)
+
+    @staticmethod
+    def setting_in(db: sqlite3.Connection, key: str) -> str | None:
+        row = db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
 
     def set_setting(self, key: str, value: str) -> None:
