@@ -692,3 +692,69 @@ def test_json_copy_keeps_numbers_as_written(env: dict[str, str]) -> None:
     )
     assert r.returncode == 0, r.stderr
     assert run_rq("tail", "ws", "--format", "raw", env=env).stdout == b'{ "a" : 1E5 }\n'
+
+
+def test_a_follower_survives_a_new_writer_cutting_a_torn_tail(env: dict[str, str]) -> None:
+    """A new writer truncates a torn tail under a follower that mapped it: touching a mapped page
+    past the new end of the file would kill the follower with SIGBUS (exit 135)."""
+    produce(env, "bus", b"a" * 4016, "--format", "raw")  # one batch ending at byte 4096, a page end
+    produce(env, "bus", b"".join(b"%d\n" % i for i in range(50)))
+    seg = Path(env["RQ_TOPICS_DIR"]) / "bus" / "00000000000000000000.log"
+    os.truncate(seg, 4196)  # the second batch torn, as kill -9 mid-write leaves it
+    proc = subprocess.Popen(
+        [*rq_command(), "tail", "bus", "-f", "--format", "{offset}", "--timeout", "30"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        assert proc.stdout.readline() == b"0\n"
+        with LogWriter(seg.parent) as writer:  # recovery cuts the file back to 4096 bytes
+            assert seg.stat().st_size == 4096
+            time.sleep(1)  # the follower polls the cut file meanwhile (every 50 ms)
+            writer.append([(None, None, (), b"after")])
+        assert proc.stdout.readline() == b"1\n", proc.stderr.read1(4096)
+    finally:
+        proc.terminate()
+    assert proc.wait(30) in (0, 130, -signal.SIGTERM), proc.stderr.read()
+
+
+def _three_stamped_batches(env: dict[str, str], name: str) -> tuple[Path, list[int]]:
+    """Offsets 0-2, 3-5, 6-8 stamped T, T+1s, T+2s (one batch each): (the segment, the stamps)."""
+    stamps = [1_700_000_001_000, 1_700_000_002_000, 1_700_000_003_000]
+    with LogWriter(Path(env["RQ_TOPICS_DIR"]) / name) as w:
+        for b, ts in enumerate(stamps):
+            w.append([(ts, None, (), b"value-%d" % (3 * b + i)) for i in range(3)])
+    return Path(env["RQ_TOPICS_DIR"]) / name / "00000000000000000000.log", stamps
+
+
+def _offsets_out(r: subprocess.CompletedProcess[bytes]) -> list[int]:
+    return [int(x) for x in r.stdout.split()]
+
+
+def test_time_bounds_never_step_silently_over_damage(env: dict[str, str]) -> None:
+    seg, (_, ts2, ts3) = _three_stamped_batches(env, "flip")
+    data = bytearray(seg.read_bytes())
+    data[data.index(b"value-3") + 6] ^= 0x40
+    seg.write_bytes(data)
+    fmt_ = ("--format", "{offset}")
+    r = run_rq("replay", "flip", "--from", f"@{ts2}", *fmt_, env=env)
+    assert (r.returncode, r.stdout) == (5, b""), r.stderr  # as a plain replay: 3 is damaged
+    assert b"offset 3" in r.stderr
+    r = run_rq("replay", "flip", "--from", "0", "--to", f"@{ts2}", "--skip-corrupt", *fmt_, env=env)
+    assert (r.returncode, _offsets_out(r)) == (0, [0, 1, 2]), r.stderr  # nothing stamped ts2
+    # A read that starts after the damaged record of a batch is not failed by it.
+    r = run_rq("replay", "flip", "--from", "4", *fmt_, env=env)
+    assert (r.returncode, _offsets_out(r)) == (0, [4, 5, 6, 7, 8]), r.stderr
+    r = run_rq("tail", "flip", "-n", "5", *fmt_, env=env)
+    assert (r.returncode, _offsets_out(r)) == (0, [4, 5, 6, 7, 8]), r.stderr
+
+    seg, (_, ts2, ts3) = _three_stamped_batches(env, "magic")
+    data = bytearray(seg.read_bytes())
+    data[data.index(b"RQB1", 1) : data.index(b"RQB1", 1) + 4] = b"XXXX"  # batch 3-5's header
+    seg.write_bytes(data)
+    r = run_rq("replay", "magic", "--from", f"@{ts3}", *fmt_, env=env)
+    assert (r.returncode, _offsets_out(r)) == (0, [6, 7, 8]), r.stderr
+    r = run_rq("offsets", "reset", "magic", "--group", "g", "--to", f"@{ts3}", "--dry-run", env=env)
+    assert r.returncode == 0 and b"from None to 6" in r.stdout, (r.stdout, r.stderr)

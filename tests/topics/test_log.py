@@ -408,3 +408,79 @@ def test_a_record_over_the_batch_limit_is_refused_before_anything_is_written(
         assert w.append([(None, None, (), b"%03d" % i + b"y" * 300) for i in range(10)]) == (3, 12)
     recs = read_all(TopicLog(t))
     assert [r[0] for r in recs] == list(range(13)) and recs[-1][4] == b"009" + b"y" * 300
+
+
+def _three_batches(t: Path, stamps: tuple[int, int, int] = (1000, 2000, 3000)) -> Path:
+    """Offsets 0-2, 3-5, 6-8, one batch each, stamped stamps[0], [1], [2]; returns the segment."""
+    with LogWriter(t) as w:
+        for b, ts in enumerate(stamps):
+            w.append([(ts, None, (), b"value-%d" % (3 * b + i)) for i in range(3)])
+    return t / fmt.segment_name(0)
+
+
+def test_a_time_seek_sees_through_a_damaged_record_where_the_headers_pin_the_time(tmp_path: Path) -> None:
+    seg = _three_batches(tmp_path / "t")
+    _flip(seg, seg.read_bytes().index(b"value-3") + 6)
+    log = TopicLog(tmp_path / "t")
+    # Batch 3-5's header (its own CRC holds) says record 3 is stamped 2000: the seek lands on it
+    # and the read then reports it, instead of stepping over the batch to 6.
+    assert log.offset_for_time(2000) == 3
+    assert log.offset_for_time(1001) == 3
+    assert log.offset_for_time(2001) == 6  # the header's newest stamp: the whole batch is older
+    assert log.offset_for_time(3000) == 6 and log.offset_for_time(3001) == 9
+    with pytest.raises(CorruptRecord) as err:
+        read_all(log, log.offset_for_time(2000))
+    assert err.value.offset == 3
+
+
+def test_a_time_seek_refuses_to_guess_where_damage_hides_the_time(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    with LogWriter(t) as w:
+        w.append([(ts, None, (), b"value-%d" % ts) for ts in (1000, 2000, 3000)])
+    seg = t / fmt.segment_name(0)
+    _flip(seg, seg.read_bytes().index(b"value-2000") + 6)
+    log = TopicLog(t)
+    assert log.offset_for_time(500) == 0 and log.offset_for_time(1000) == 0
+    assert log.offset_for_time(3001) == 3  # after the newest record: the end
+    for ts in (1001, 2000, 3000):  # record 1 may be stamped anywhere in 1000..3000
+        with pytest.raises(CorruptRecord) as err:
+            log.offset_for_time(ts)
+        assert err.value.offset == 1
+
+
+def _batch_starts(seg: Path) -> list[int]:
+    data = seg.read_bytes()
+    return [i for i in range(len(data)) if data.startswith(fmt.MAGIC, i)]
+
+
+def test_a_time_seek_past_a_damaged_batch_header(tmp_path: Path) -> None:
+    seg = _three_batches(tmp_path / "m")
+    second = _batch_starts(seg)[1]
+    with open(seg, "r+b") as fh:  # the magic overwritten: the records still frame the batch
+        fh.seek(second)
+        fh.write(b"XXXX")
+    log = TopicLog(tmp_path / "m")
+    assert [log.offset_for_time(ts) for ts in (2000, 2001, 3000, 3001)] == [3, 6, 6, 9]
+    seg = _three_batches(tmp_path / "p")
+    second = _batch_starts(seg)[1]
+    _flip(seg, second + 17)  # payload_len: the batch cannot be framed; its offsets 3..5 are lost
+    log = TopicLog(tmp_path / "p")
+    assert log.offset_for_time(1000) == 0 and log.offset_for_time(3001) == 9
+    for ts in (1001, 2000, 3000):
+        with pytest.raises(CorruptRecord) as err:
+            log.offset_for_time(ts)
+        assert err.value.offset == 3
+
+
+def test_a_read_starting_after_a_damaged_record_of_its_batch_is_not_failed_by_it(tmp_path: Path) -> None:
+    seg = _three_batches(tmp_path / "t")
+    _flip(seg, seg.read_bytes().index(b"value-3") + 6)
+    log = TopicLog(tmp_path / "t")
+    assert [r[0] for r in read_all(log, 4)] == [4, 5, 6, 7, 8]
+    skipped: list[object] = []
+    assert [r[0] for r in read_all(log, 4, skip_corrupt=True, on_corrupt=skipped.append)] == [4, 5, 6, 7, 8]
+    assert skipped == []  # record 3 is outside the read: not reported either
+    with pytest.raises(CorruptRecord) as err:
+        read_all(log, 2)
+    assert err.value.offset == 3
+    assert [r[0] for r in read_all(log, 0, 3)] == [0, 1, 2]

@@ -92,13 +92,20 @@ class CorruptRange:
 
 
 class _View:
-    """A read-only mapping of one segment, remapped when the file grows (or shrinks)."""
+    """A read-only mapping of one segment, remapped when the file grows (or shrinks).
+
+    A mapped page past the file's end raises SIGBUS when touched, and a new writer truncates a
+    torn tail under readers' feet. So the map is read only below `stable`: the end of batches seen
+    whole in the file, which no writer ever cuts (recovery keeps every batch with a valid header
+    and all its bytes). Anything past it is read with pread, which returns short instead.
+    """
 
     def __init__(self, path: Path):
         self.path = path
         self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         self.mm: mmap.mmap | None = None
         self.size = 0
+        self.stable = 0
         self.refresh()
 
     def refresh(self) -> int:
@@ -111,11 +118,43 @@ class _View:
                 with contextlib.suppress(OSError, AttributeError):
                     self.mm.madvise(mmap.MADV_WILLNEED)
             self.size = size
+            self.stable = min(self.stable, size)  # only a hand-made truncation shrinks it
         return size
 
     @property
     def buf(self) -> Any:
         return self.mm if self.mm is not None else b""
+
+    def header(self, pos: int) -> fmt.BatchHeader | None:
+        """The valid batch header at pos, or None."""
+        if pos + fmt.BATCH_SIZE <= self.stable:
+            return fmt.read_batch_header(self.buf, pos)
+        return fmt.read_batch_header(os.pread(self.fd, fmt.BATCH_SIZE, pos), 0)
+
+    def whole(self, pos: int, hdr: fmt.BatchHeader) -> int:
+        """The end of the batch at pos when all of it is in the file now (it is then mapped and
+        stable), else -1."""
+        extent = pos + fmt.BATCH_SIZE + hdr.payload_len
+        if extent <= self.stable:
+            return extent
+        if extent > os.fstat(self.fd).st_size:
+            return -1
+        if extent > self.size:
+            self.refresh()
+        self.stable = extent
+        return extent
+
+    def copy(self, pos: int, end: int) -> bytes:
+        """Bytes pos..end (fewer if the file is shorter now): a private copy to search unstable
+        bytes (a tail that is torn, damaged or being written) without touching the map."""
+        parts: list[bytes] = []
+        while pos < end:
+            part = os.pread(self.fd, min(end - pos, 1 << 24), pos)
+            if not part:
+                break
+            parts.append(part)
+            pos += len(part)
+        return b"".join(parts)
 
     def close(self) -> None:
         if self.mm is not None:
@@ -154,7 +193,7 @@ def _load_index(directory: Path, base: int, size: int) -> tuple[list[int], list[
 
 
 def _hint(
-    buf: Any,
+    view: _View,
     size: int,
     index: tuple[list[int], list[int], list[int]],
     j: int,
@@ -168,7 +207,7 @@ def _hint(
     offsets, positions, stamps = index
     while j >= 0:
         off, pos, ts = offsets[j], positions[j], stamps[j]
-        hdr = fmt.read_batch_header(buf, pos)
+        hdr = view.header(pos)
         if (
             off <= before[0]
             and ts < before[1]
@@ -245,14 +284,14 @@ def _tail_kind(buf: Any, pos: int, size: int) -> str:
     return "framed" if _framed_by_records(buf, pos, size) is not None else "damaged"
 
 
-def _walk(buf: Any, size: int, pos: int, end: int, last_ts: int) -> tuple[int, int, int, str]:
+def _walk(view: _View, size: int, pos: int, end: int, last_ts: int) -> tuple[int, int, int, str]:
     """Walks the batches of the newest segment from pos (a batch start) to where the log ends:
     (that position, the end offset, the newest timestamp, what lies from there to the end of the
     file: 'end' nothing, 'torn' a torn tail (see _tail_kind), 'damaged' damage that cannot be
     framed). Damage in the middle is stepped over here; readers report it. The writer and
     end_offset both walk with this, so they agree on where the log ends."""
     while pos < size:
-        hdr = fmt.read_batch_header(buf, pos) if pos + fmt.BATCH_SIZE <= size else None
+        hdr = view.header(pos)
         if hdr is not None:
             extent = pos + fmt.BATCH_SIZE + hdr.payload_len
             if extent > size:
@@ -261,20 +300,32 @@ def _walk(buf: Any, size: int, pos: int, end: int, last_ts: int) -> tuple[int, i
                 # hold bytes laid out like a batch (an rq segment produced with --format raw).
                 return pos, end, last_ts, "torn"
         else:
-            # A damaged header is framed by its records before any search for the next header,
-            # which could find a batch-like record value inside this very batch.
-            framed = _framed_by_records(buf, pos, size)
-            found = _find_next_header(buf, pos + 1, size) if framed is None else None
-            if framed is not None:
-                hdr, extent = framed
-            elif found is not None and _payload_ok(buf, *found):
-                pos, hdr = found  # damage in the middle: skipped here, reported by readers
-                extent = pos + fmt.BATCH_SIZE + hdr.payload_len
+            gap = _read_gap(view.copy(pos, size))
+            if gap[2] is not None:
+                hdr, extent = gap[2], pos + gap[3]
             else:
-                return pos, end, last_ts, ("torn" if _tail_kind(buf, pos, size) == "torn" else "damaged")
+                return pos, end, last_ts, ("torn" if gap[0] == "torn" else "damaged")
         end, last_ts = hdr.end, hdr.max_ts
         pos = extent
     return pos, end, last_ts, "end"
+
+
+def _read_gap(data: bytes) -> tuple[str, int, fmt.BatchHeader | None, int]:
+    """What a copy of the bytes from a spot where no valid batch header sits to the end of the
+    file holds: ('framed', 0, header rebuilt from its records, batch end) a batch whose header is
+    damaged; ('skip', position, its header, its end) damage, then a valid batch; ('torn' or
+    'damaged', 0, None, 0) nothing valid follows (see _tail_kind). Positions are in the copy."""
+    size = len(data)
+    # A damaged header is framed by its records before any search for the next header, which
+    # could find a batch-like record value inside this very batch.
+    framed = _framed_by_records(data, 0, size)
+    if framed is not None:
+        return "framed", 0, framed[0], framed[1]
+    found = _find_next_header(data, 1, size)
+    if found is not None and _payload_ok(data, *found):
+        extent = found[0] + fmt.BATCH_SIZE + found[1].payload_len
+        return "skip", found[0], found[1], extent  # damage in the middle: skipped here, reported by readers
+    return _tail_kind(data, 0, size), 0, None, 0
 
 
 def _tail_damage(base: int, pos: int, end: int, size: int) -> CorruptRecord:
@@ -287,6 +338,55 @@ def _tail_damage(base: int, pos: int, end: int, size: int) -> CorruptRecord:
         seg,
         pos,
     )
+
+
+_UNKNOWN_TS = 2**63 - 1  # a segment whose first header cannot be read
+
+
+class _TimeSeek:
+    """The state of a time seek walking the log: where it is, and the records since the last one
+    known to be older than the time whose timestamps damage hides."""
+
+    def __init__(self, ts: int):
+        self.ts = ts
+        self.expected = -1  # the next offset the walk expects (-1: not started)
+        self.unknown: tuple[int, str, int] | None = None  # (offset, segment, byte) of the first
+
+    def older(self) -> None:
+        self.unknown = None  # a record older than the time: every record before it is older too
+
+    def hidden(self, offset: int, segment: str, position: int) -> None:
+        if self.unknown is None:
+            self.unknown = (offset, segment, position)
+
+    def inside(self, hdr: fmt.BatchHeader, good: list[Record], segment: str, position: int) -> int:
+        """The first offset at or after the time in a batch whose first record is older and whose
+        last is not; `good` are its records that passed their CRC."""
+        known = {r[0]: r[1] for r in good if hdr.base <= r[0] < hdr.end}
+        known[hdr.base], known[hdr.end - 1] = hdr.first_ts, hdr.max_ts  # the header's CRC holds
+        for offset in range(hdr.base, hdr.end):
+            ts = known.get(offset)
+            if ts is None:
+                self.hidden(offset, segment, position)
+            elif ts < self.ts:
+                self.older()
+            else:
+                return offset
+        return hdr.end  # not reached: the last record is at or after the time
+
+    def settle(self, offset: int) -> int:
+        """The offset found, unless damaged records before it could be at or after the time."""
+        if self.unknown is None:
+            return offset
+        first, segment, position = self.unknown
+        raise CorruptRecord(
+            f"corrupt record at offset {first} (segment {segment}, byte {position}): its timestamp "
+            f"cannot be read, and the first record at or after {self.ts} ms may be among the damaged "
+            "ones; seek by offset instead (--from N / --to N)",
+            first,
+            segment,
+            position,
+        )
 
 
 class TopicLog:
@@ -329,49 +429,94 @@ class TopicLog:
             view.close()
 
     def offset_for_time(self, ts_ms: int) -> int:
-        """First offset whose timestamp is >= ts_ms; the end offset when there is none."""
+        """First offset whose timestamp is >= ts_ms; the end offset when there is none.
+
+        Damage is seen through where the CRC-checked batch headers and the good records around it
+        pin the timestamps (timestamps never decrease). Where damaged records could hold that
+        first offset, raises CorruptRecord rather than pick one."""
         segs = self.segments()
-        firsts: list[int] = []
-        for base in segs:
-            firsts.append(self._first_ts(base))
-        # Segments are in time order: pick the last whose first record is older than ts_ms.
-        k = bisect.bisect_left(firsts, ts_ms) - 1
-        if k < 0:
-            k = 0
+        # Start in the last segment whose first record is known to be older than ts_ms.
+        k = 0
+        for i, base in enumerate(segs):
+            first = self._first_ts(base)
+            if first == _UNKNOWN_TS:
+                continue
+            if first >= ts_ms:
+                break
+            k = i
+        seek = _TimeSeek(ts_ms)
         for i in range(k, len(segs)):
-            found = self._seek_time_in(segs[i], ts_ms)
+            found = self._seek_time_in(segs[i], seek, sealed=i < len(segs) - 1)
             if found is not None:
                 return found
-        return self.end_offset()
+        return seek.settle(self.end_offset())
 
     def _first_ts(self, base: int) -> int:
         try:
             with open(self.dir / fmt.segment_name(base), "rb") as fh:
                 head = fh.read(fmt.BATCH_SIZE)
         except FileNotFoundError:
-            return 2**63 - 1
+            return _UNKNOWN_TS
         hdr = fmt.read_batch_header(head, 0)
-        return hdr.first_ts if hdr is not None else 2**63 - 1
+        return hdr.first_ts if hdr is not None else _UNKNOWN_TS
 
-    def _seek_time_in(self, base: int, ts_ms: int) -> int | None:
-        view = _View(self.dir / fmt.segment_name(base))
+    def _seek_time_in(self, base: int, seek: _TimeSeek, sealed: bool) -> int | None:
+        """The first offset at or after the time in this segment, or None when it is not here."""
+        ts_ms = seek.ts
+        seg = fmt.segment_name(base)
+        view = _View(self.dir / seg)
         try:
             size = view.size
             index = _load_index(self.dir, base, size)
-            buf = view.buf
-            hint = _hint(buf, size, index, bisect.bisect_left(index[2], ts_ms) - 1, (2**64, ts_ms))
-            pos = hint[1] if hint is not None else 0
-            while pos + fmt.BATCH_SIZE <= size:
-                hdr = fmt.read_batch_header(buf, pos)
-                if hdr is None:
-                    return None
-                extent = pos + fmt.BATCH_SIZE + hdr.payload_len
-                if extent > size:
-                    return None
-                if hdr.max_ts >= ts_ms and _payload_ok(buf, pos, hdr):
-                    for rec in fmt.decode_records(buf, pos + fmt.BATCH_SIZE, extent):
-                        if rec[1] >= ts_ms:
-                            return rec[0]
+            hint = _hint(view, size, index, bisect.bisect_left(index[2], ts_ms) - 1, (2**64, ts_ms))
+            pos = 0
+            if seek.expected < 0:
+                seek.expected = base
+            elif base > seek.expected:
+                seek.hidden(seek.expected, seg, 0)  # a lost segment before this one
+            if hint is not None:
+                seek.expected, pos = hint[0], hint[1]
+                seek.older()  # the hinted batch starts before the time (checked by _hint)
+            while pos < size:
+                hdr = view.header(pos)
+                extent = view.whole(pos, hdr) if hdr is not None else -1
+                good: list[Record] | None = None
+                if extent < 0 and hdr is not None:
+                    if not sealed:
+                        break  # a torn or in-flight batch: not in the log yet
+                    good, extent = [], size  # a batch cut short in a sealed segment: its header stays
+                elif extent < 0:
+                    # Bytes that are not a batch: searched in a copy (see _View).
+                    data = view.copy(pos, size)
+                    framed = _framed_by_records(data, 0, len(data))
+                    found = _find_next_header(data, 1, len(data)) if framed is None else None
+                    if framed is not None:
+                        hdr, extent = framed[0], pos + framed[1]
+                        good = fmt.check_records(data, fmt.BATCH_SIZE, framed[1])[0]
+                    elif found is not None:
+                        seek.hidden(seek.expected, seg, pos)
+                        pos += found[0]
+                        continue
+                    else:
+                        if sealed or _tail_kind(data, 0, len(data)) != "torn":
+                            seek.hidden(seek.expected, seg, pos)
+                        break
+                assert hdr is not None
+                if hdr.base > seek.expected:
+                    seek.hidden(seek.expected, seg, pos)  # offsets with no batch: lost
+                seek.expected = max(seek.expected, hdr.end)
+                if hdr.max_ts < ts_ms:
+                    seek.older()
+                elif hdr.first_ts >= ts_ms:
+                    return seek.settle(hdr.base)
+                else:
+                    if good is None:
+                        start = pos + fmt.BATCH_SIZE
+                        if _payload_ok(view.buf, pos, hdr):
+                            good = fmt.decode_records(view.buf, start, extent)
+                        else:
+                            good = fmt.check_records(view.buf, start, extent)[0]
+                    return seek.settle(seek.inside(hdr, good, seg, pos))
                 pos = extent
             return None
         finally:
@@ -396,11 +541,10 @@ def _scan_end(directory: Path, base: int, view: _View) -> tuple[int, CorruptReco
     lost batch holds at least one), so a bounded read that gets there reports it instead of
     ending quietly one short; a torn or in-flight tail is not counted."""
     size = view.size
-    buf = view.buf
     index = _load_index(directory, base, size)
-    hint = _hint(buf, size, index, len(index[0]) - 1)
+    hint = _hint(view, size, index, len(index[0]) - 1)
     end, pos = hint[:2] if hint is not None else (base, 0)
-    pos, end, _, state = _walk(buf, size, pos, end, 0)
+    pos, end, _, state = _walk(view, size, pos, end, 0)
     if state == "damaged":
         return end + 1, _tail_damage(base, pos, end, size)
     return end, None
@@ -454,7 +598,7 @@ class LogReader:
         view = _View(self.log.dir / fmt.segment_name(base))
         index = _load_index(self.log.dir, base, view.size)
         j = bisect.bisect_right(index[0], offset) - 1
-        hint = _hint(view.buf, view.size, index, j, (offset, 2**63))
+        hint = _hint(view, view.size, index, j, (offset, 2**63))
         return base, view, hint[1] if hint is not None else 0
 
     def _run(self) -> Iterator[list[Record]]:
@@ -467,19 +611,18 @@ class LogReader:
             return
         try:
             while not self.closed:
-                buf, size = view.buf, view.size
-                hdr = fmt.read_batch_header(buf, pos) if pos + fmt.BATCH_SIZE <= size else None
-                extent = pos + fmt.BATCH_SIZE + hdr.payload_len if hdr is not None else -1
-                damaged_header = False
-                if hdr is None or extent > size:
-                    state, where = self._at_gap(base, view, pos)
+                # Past the stable part of the file, the header is read with pread and the batch
+                # is served from the map only once all of it is in the file (see _View).
+                hdr = view.header(pos)
+                extent = view.whole(pos, hdr) if hdr is not None else -1
+                framed: tuple[fmt.BatchHeader, bytes] | None = None
+                if extent < 0:
+                    state, where, framed = self._at_gap(base, view, pos)
                     if state == "grown":
                         continue
-                    if state == "framed":
-                        framed = _framed_by_records(view.buf, pos, view.size)
-                        assert framed is not None
-                        (hdr, extent), buf, size = framed, view.buf, view.size
-                        damaged_header = True
+                    if framed is not None:
+                        hdr = framed[0]
+                        extent = pos + fmt.BATCH_SIZE + hdr.payload_len
                     elif state == "skip":
                         pos = where
                         continue
@@ -499,15 +642,18 @@ class LogReader:
                     else:
                         yield []  # nothing yet: the caller may stop on the clock (--to @t -f)
                         continue
+                assert hdr is not None
                 if hdr.end <= self.next_offset:
                     pos = extent  # before the start: skip without checking the payload
                     continue
-                if not damaged_header and _payload_ok(buf, pos, hdr):
-                    records = fmt.decode_records(buf, pos + fmt.BATCH_SIZE, extent)
+                if framed is None and _payload_ok(view.buf, pos, hdr):
+                    records = fmt.decode_records(view.buf, pos + fmt.BATCH_SIZE, extent)
                 else:
                     # A full-length batch that fails its CRC, even the last one, is damage: a
-                    # crash only ever leaves a batch cut short, which never gets here.
-                    records, damage = self._damaged(view, base, pos, hdr, extent)
+                    # crash only ever leaves a batch cut short, which never gets here. A framed
+                    # batch is read from the copy it was framed in (its bytes are not stable).
+                    data, at = (framed[1], 0) if framed is not None else (view.buf, pos)
+                    records, damage = self._damaged(data, at, base, pos, hdr)
                     if damage is not None:
                         # Serve the good records before the bad one, then stop there (if the read
                         # reaches it).
@@ -545,38 +691,45 @@ class LogReader:
         segs = self.log.segments()
         return not segs or segs[-1] == base
 
-    def _at_gap(self, base: int, view: _View, pos: int) -> tuple[str, int]:
-        """No complete batch at pos: the file grew, the next segment, damage to skip, or the end."""
+    def _at_gap(
+        self, base: int, view: _View, pos: int
+    ) -> tuple[str, int, tuple[fmt.BatchHeader, bytes] | None]:
+        """No whole batch at pos: the file grew, a batch framed by its records (its header
+        rebuilt, and a copy of its bytes), the next segment, damage to skip, or the end."""
         sealed = not self._is_last(base)  # a newer segment exists: this one will not grow again
         size = view.refresh()
-        hdr = fmt.read_batch_header(view.buf, pos) if pos + fmt.BATCH_SIZE <= size else None
-        if hdr is not None and pos + fmt.BATCH_SIZE + hdr.payload_len <= size:
-            return "grown", pos
+        hdr = view.header(pos)
+        if hdr is not None and view.whole(pos, hdr) >= 0:
+            return "grown", pos, None
         if pos >= size:
-            return ("next", 0) if sealed else ("end", pos)
+            return ("next", 0, None) if sealed else ("end", pos, None)
         if hdr is not None:
             # A valid header whose batch runs past the end: in flight or torn, never searched
             # inside (a record value may hold bytes laid out like a batch). A sealed segment
             # will not grow: the batch was cut, and what it held is lost.
             if not sealed:
-                return "end", pos
+                return "end", pos, None
             self._report(base, pos, hdr.end - 1)
-            return "next", 0
-        if _framed_by_records(view.buf, pos, size) is not None:
-            return "framed", pos  # a damaged header; its records say where the batch ends
-        found = _find_next_header(view.buf, pos + 1, size)
+            return "next", 0, None
+        # The bytes from here on are not stable (a new writer may truncate them): searched in a
+        # copy, never through the map.
+        data = view.copy(pos, size)
+        framed = _framed_by_records(data, 0, len(data))
+        if framed is not None:
+            return "framed", pos, (framed[0], data[: framed[1]])
+        found = _find_next_header(data, 1, len(data))
         if found is None and not sealed:
-            if _tail_kind(view.buf, pos, size) == "torn":
-                return "end", pos  # a torn or in-flight tail: never served
+            if _tail_kind(data, 0, len(data)) == "torn":
+                return "end", pos, None  # a torn or in-flight tail: never served
             # Damage that does not frame at the end of the newest segment: nothing can be read
             # after it (the writer refuses to append after it either).
             if (base, pos) != self.reported_at:
                 self._report(base, pos, -1)
                 self.reported_at = (base, pos)
-            return "end", pos
+            return "end", pos, None
         # Bytes that do not frame, with valid batches after them or in a sealed segment.
         self._report(base, pos, found[1].base - 1 if found else -1)
-        return ("skip", found[0]) if found else ("next", 0)
+        return ("skip", pos + found[0], None) if found else ("next", 0, None)
 
     def _lost_before(self, nxt: int, segs: list[int], done: int) -> bool:
         """Offsets between the segment just read and the next one have no file: a segment was
@@ -618,31 +771,39 @@ class LogReader:
             self.next_offset = last_offset + 1
 
     def _damaged(
-        self, view: _View, base: int, pos: int, hdr: fmt.BatchHeader, extent: int
+        self, buf: Any, at: int, base: int, pos: int, hdr: fmt.BatchHeader
     ) -> tuple[list[Record], CorruptRecord | None]:
-        """A batch that failed its CRC in the middle of the log: find the bad records."""
-        good, bad = fmt.check_records(view.buf, pos + fmt.BATCH_SIZE, extent)
+        """A batch that failed its CRC (at `at` in buf; at pos in the segment): find the bad
+        records. Only those this read wants count: the damage is the first bad one at or after
+        the read's next offset."""
+        good, bad = fmt.check_records(buf, at + fmt.BATCH_SIZE, at + fmt.BATCH_SIZE + hdr.payload_len)
         seg = fmt.segment_name(base)
-        bad_offsets = [o for o, _ in bad if hdr.base <= o < hdr.end]
-        first_bad = bad_offsets[0] if bad_offsets else hdr.base
-        where = bad[0][1] if bad else pos
+        first = max(hdr.base, self.next_offset)
+        last = hdr.end if self.stop is None else min(hdr.end, self.stop)
         good = [r for r in good if hdr.base <= r[0] < hdr.end]
+        have = {r[0] for r in good}
+        if not bad and not self.skip_corrupt:
+            have = set()  # the records check out but the batch does not: trust none
+        missing = [o for o in range(first, last) if o not in have]
+        bad_at = {o: p for o, p in bad}  # positions in buf of the bad records
+        where = pos
+        if bad:
+            where = bad_at.get(missing[0], bad[0][1]) if missing else bad[0][1]
+            where += pos - at
         if not self.skip_corrupt:
-            if not bad:
-                first_bad = hdr.base  # the records check out but the batch does not: trust none
-            return good, CorruptRecord(
-                f"corrupt record at offset {first_bad} (segment {seg}, byte {where}): CRC mismatch; "
+            if not missing:
+                return good, None  # the damage lies outside what this read wants
+            return [r for r in good if r[0] in have], CorruptRecord(
+                f"corrupt record at offset {missing[0]} (segment {seg}, byte {where}): CRC mismatch; "
                 "pass --skip-corrupt to read past it",
-                first_bad,
+                missing[0],
                 seg,
                 where,
             )
         if self.on_corrupt is not None:
-            have = {r[0] for r in good}
-            missing = [o for o in range(hdr.base, hdr.end) if o not in have]
             for o in _runs(missing):
                 self.on_corrupt(CorruptRange(o[0], o[1], seg, where))
-        return good, None
+        return [r for r in good if r[0] in have], None
 
 
 def _runs(values: list[int]) -> list[tuple[int, int]]:
@@ -748,12 +909,11 @@ class LogWriter:
         (and --skip-corrupt to step over); damage at the end that cannot be framed stops the writer.
         """
         size = view.size
-        buf = view.buf
         index = _load_index(self.dir, base, size)
         # Start at the last index entry that checks out: a damaged one must not pass for the end.
-        hint = _hint(buf, size, index, len(index[0]) - 1)
+        hint = _hint(view, size, index, len(index[0]) - 1)
         end, pos, last_ts = hint if hint is not None else (base, 0, 0)
-        pos, end, last_ts, state = _walk(buf, size, pos, end, last_ts)
+        pos, end, last_ts, state = _walk(view, size, pos, end, last_ts)
         if state == "damaged":
             raise _tail_damage(base, pos, end, size)
         return pos, end, last_ts
@@ -762,7 +922,7 @@ class LogWriter:
         log = TopicLog(self.dir)
         for base in reversed(segs[:-1]):
             ts = log._first_ts(base)
-            if ts != 2**63 - 1:
+            if ts != _UNKNOWN_TS:
                 return ts
         return 0
 
