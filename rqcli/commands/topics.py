@@ -169,6 +169,30 @@ def _size(text: str | None) -> int | None:
     return size
 
 
+def _size_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
+    """A size option, checked while parsing: a topic config saved with 0 or less would refuse
+    every later produce."""
+    if value is None:
+        return None
+    try:
+        return _size(value)
+    except CliError:
+        raise click.BadParameter(f"bad size {value!r}: use a positive size, e.g. 512M, 10G") from None
+
+
+def _duration_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
+    """A duration option in milliseconds, checked while parsing: more than 0."""
+    if value is None:
+        return None
+    try:
+        ms = parse_duration_ms(value.strip())
+    except SpecError:
+        ms = 0
+    if ms <= 0:
+        raise click.BadParameter(f"bad duration {value!r}: use a positive duration, e.g. 90s, 12h, 7d")
+    return ms
+
+
 def _positive_seconds(_ctx: click.Context, _param: click.Parameter, value: float | None) -> float | None:
     if value is not None and not value > 0:  # `not >` catches nan too, which would never time out
         raise click.BadParameter(f"{value} is not a positive number of seconds")
@@ -438,9 +462,19 @@ def _json_headers(obj: Any) -> Headers:
 @click.option(
     "-0", "--null", "null_sep", is_flag=True, help="Records are NUL-separated instead of newline-separated."
 )
-@click.option("--segment-bytes", help="Segment size of a new embedded topic (e.g. 128M).")
-@click.option("--retention-bytes", help="Delete the oldest segments above this total size (e.g. 10G).")
-@click.option("--retention-age", help="Delete segments whose newest record is older than this (e.g. 7d).")
+@click.option(
+    "--segment-bytes", callback=_size_option, help="Segment size of a new embedded topic (e.g. 128M)."
+)
+@click.option(
+    "--retention-bytes",
+    callback=_size_option,
+    help="Delete the oldest segments above this total size (e.g. 10G).",
+)
+@click.option(
+    "--retention-age",
+    callback=_duration_option,
+    help="Delete segments whose newest record is older than this (e.g. 7d; more than 0).",
+)
 @topics_dir_option
 @output_options
 def produce(
@@ -449,9 +483,9 @@ def produce(
     headers: tuple[str, ...],
     fmt: str,
     null_sep: bool,
-    segment_bytes: str | None,
-    retention_bytes: str | None,
-    retention_age: str | None,
+    segment_bytes: int | None,
+    retention_bytes: int | None,
+    retention_age: int | None,
     topics_dir: Path | None,
 ) -> None:
     """Append records from stdin to TOPIC (created if needed). Each batch is durable before it is
@@ -472,11 +506,11 @@ def produce(
             assert ref.path is not None
             config = TopicConfig.load(ref.path)
             if segment_bytes:
-                config.segment_bytes = _size(segment_bytes) or config.segment_bytes
+                config.segment_bytes = segment_bytes
             if retention_bytes:
-                config.retention_bytes = _size(retention_bytes)
+                config.retention_bytes = retention_bytes
             if retention_age:
-                config.retention_ms = parse_duration_ms(retention_age)
+                config.retention_ms = retention_age
         hdrs = _parse_headers(headers)
         key_b = key.encode("utf-8") if key is not None else None
         sink = open_sink(ref, config)

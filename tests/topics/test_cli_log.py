@@ -172,6 +172,12 @@ def test_exact_time_bounds_and_exit_at_end(env: dict[str, str]) -> None:
         (["replay", "timed", "--commit"], 2, "--group"),
         (["produce", "sized", "--segment-bytes", "-5"], 2, "bad size"),
         (["produce", "sized", "--retention-bytes", "inf"], 2, "bad size"),
+        (["produce", "sized", "--retention-bytes", "0"], 2, "bad size"),
+        (["produce", "sized", "--segment-bytes", "0.1"], 2, "bad size"),
+        (["produce", "sized", "--retention-age", "0s"], 2, "bad duration"),
+        (["produce", "sized", "--retention-age", "0ms"], 2, "bad duration"),
+        (["produce", "sized", "--retention-age", "-1d"], 2, "bad duration"),
+        (["produce", "sized", "--retention-age", ""], 2, "bad duration"),
         (["replay", "timed", "--from", "start", "--save-spec", "/nonexistent-rq/s.json"], 3, "--save-spec"),
         (
             ["replay", "timed", "--from", "start", "-f", "--to-topic", "timed"],
@@ -758,3 +764,16 @@ def test_time_bounds_never_step_silently_over_damage(env: dict[str, str]) -> Non
     assert (r.returncode, _offsets_out(r)) == (0, [6, 7, 8]), r.stderr
     r = run_rq("offsets", "reset", "magic", "--group", "g", "--to", f"@{ts3}", "--dry-run", env=env)
     assert r.returncode == 0 and b"from None to 6" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_a_zero_retention_is_refused_and_the_topic_stays_writable(env: dict[str, str]) -> None:
+    produce(env, "kept", b"a\n")
+    for args in (["--retention-age", "0s"], ["--retention-age", "0ms"], ["--retention-bytes", "0"]):
+        r = run_rq("produce", "kept", *args, input=b"b\n", env=env)
+        assert r.returncode == 2 and r.stderr.count(b"\n") == 1, r.stderr
+    r = run_rq("produce", "kept", env={**env, "RQ_PRODUCE_RETENTION_AGE": "0s"}, input=b"b\n")
+    assert r.returncode == 2, r.stderr
+    config = json.loads((Path(env["RQ_TOPICS_DIR"]) / "kept" / "topic.json").read_bytes())
+    assert config["retention_ms"] is None and config["retention_bytes"] is None
+    assert produce(env, "kept", b"c\n", "--retention-age", "7d")[-1]["records"] == 1
+    assert produce(env, "kept", b"d\n")[-1]["records"] == 1
