@@ -4,6 +4,7 @@ connection, CRT client, threads) is rebuilt in a child the first time it is used
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import fcntl
 import fnmatch
@@ -23,12 +24,12 @@ import xxhash
 from cache import events as ev
 from cache import orphans
 from cache.digests import file_digest
-from cache.errors import CacheError, NotFoundError, VerifyError
+from cache.errors import BadSourceError, CacheError, NotFoundError, VerifyError
 from cache.fetcher import Fetcher, Job
 from cache.index import Entry, Index
 from cache.landing import ObjectInfo
 from cache.layout import INDEX_NAME, TIERS, Layout, check_cache_dir, default_ram_root
-from cache.origins import LocalOrigin, Origin, normalise_url, origin_for_url
+from cache.origins import LocalOrigin, Origin, normalise_pattern, normalise_url, origin_for_url
 from cache.s3 import S3Settings
 from cache.sizes import parse_size, stored_size
 from cache.store import Store
@@ -88,6 +89,7 @@ class Cache:
         self.root.mkdir(parents=True, exist_ok=True)
         self.s3_settings = S3Settings(endpoint_url=endpoint_url, profile=profile)
         self.max_age = max_age
+        _check_tier(tier)
         self.default_tier = tier
         self._proc: _ProcState | None = None
         self._lock = threading.RLock()
@@ -103,9 +105,12 @@ class Cache:
             if known != str(ram_root) and ram_dir is not None:
                 check_cache_dir(ram_root, "RAM tier directory")  # a directory given to us: empty
             self.layout = Layout(self.root, ram_root)
+            wiped = known == str(ram_root) and not ram_root.exists()
             self._hold_ram_root(tighten=ram_dir is None)
             if known != str(ram_root):
                 self._adopt_ram_root(index, ram_root)
+            elif wiped:
+                self._forget_ram_tier(index)
             self._claim_ram_root()
             self.caps = self._caps(index, ram_limit, disk_limit)
         finally:
@@ -167,6 +172,19 @@ class Cache:
             if not ours and not held and ram_root == default_ram_root(self.root):
                 Store.sweep_tree(ram_root)
             Index.put_setting(db, "ram_root", str(ram_root))
+
+    def _forget_ram_tier(self, index: Index) -> None:
+        """The RAM root this index knows was gone when we came (a reboot, a container restart, a
+        tmp cleaner emptied /dev/shm): its entries would count against the cap, look warm to
+        prefetch and be skipped by preload while none of their files exists. They are dropped, pins
+        and all (the data they pinned is gone); the next preload or read fetches them again. Only
+        entries whose file is missing: another process may have made the root again and landed
+        something since we looked. Landing holds of live processes are theirs; dead ones collect()'s."""
+        with index.write() as db:
+            rows = db.execute("SELECT url, blob FROM entries WHERE tier = 'ram'").fetchall()
+            for url, blob in rows:
+                if not self.layout.blob_path("ram", blob).exists():
+                    Index.delete(db, url)
 
     def _caps(
         self, index: Index, ram_limit: int | str | None, disk_limit: int | str | None
@@ -256,6 +274,9 @@ class Cache:
         every open); bigger ones as a real file kept from eviction until closed. A corrupt entry is
         dropped and fetched again, never served."""
         url = normalise_url(url)
+        _check_tier(tier)
+        if url.endswith("/"):
+            raise BadSourceError(f"{url} names a prefix or directory, not one object")
         state = self._state()
         if self._prefetcher is not None:
             self._prefetcher.advance(url)
@@ -393,6 +414,7 @@ class Cache:
         return entry, result.kept.get(entry.url, -1)
 
     def prefetch(self, urls: Iterable[str], ahead: int = 64, tier: str = "ram") -> Prefetcher:
+        _check_tier(tier)
         """Keeps the next `ahead` items of `urls` (in the order `open` will ask for them) cached in
         `tier`, fetching from the origin or promoting from disk in a background thread."""
         self._state()
@@ -410,6 +432,10 @@ class Cache:
         return run_preload(self, sources, **kwargs)
 
     def entries(self, pattern: str | None = None) -> list[Entry]:
+        """Entries whose URL is `pattern`, starts with it when it ends in `/`, or matches it as a
+        glob. A local path is made absolute first, as the URLs of local entries are."""
+        if pattern is not None:
+            pattern = normalise_pattern(pattern)
         return [e for e in self._state().index.entries() if pattern is None or _match(e.url, pattern)]
 
     def stat(self, url: str) -> Entry:
@@ -503,9 +529,18 @@ class Cache:
 class Prefetcher:
     """Background warmer: keeps items [position, position + ahead) of an epoch order in a tier."""
 
+    MAX_ERRORS = 100  # the newest kept: a long run over missing items must not grow without end
+
     def __init__(self, cache: Cache, urls: list[str], ahead: int, tier: str):
         self.cache, self.urls, self.ahead, self.tier = cache, urls, max(1, ahead), tier
-        self.where = {u: i for i, u in enumerate(urls)}
+        # where each URL first comes, and every place of those that come again (several epochs in
+        # one list, sampling with replacement): a read moves the window to the right occurrence
+        self.first: dict[str, int] = {}
+        self.again: dict[str, list[int]] = {}
+        for i, u in enumerate(urls):
+            j = self.first.setdefault(u, i)
+            if j != i:
+                self.again.setdefault(u, [j]).append(i)
         self.position = 0
         self.errors: list[str] = []
         self._wake = threading.Condition()
@@ -523,11 +558,27 @@ class Prefetcher:
             self._thread.join(timeout=30)
 
     def advance(self, url: str) -> None:
-        i = self.where.get(url)
+        i = self._place(url)
         if i is not None and i >= self.position:
             with self._wake:
                 self.position = i
                 self._wake.notify_all()
+
+    def _place(self, url: str) -> int | None:
+        """The position a read of `url` stands for: its next occurrence from here, unless it is a
+        straggler of the window just passed (DataLoader workers finish out of order), which must
+        not pull the window to its next epoch's place."""
+        places = self.again.get(url)
+        if places is None:
+            return self.first.get(url)
+        k = bisect.bisect_left(places, self.position)
+        if k > 0 and self.position - places[k - 1] <= self.ahead:
+            return None
+        return places[k] if k < len(places) else None
+
+    def _error(self, text: str) -> None:
+        self.errors.append(text)
+        del self.errors[: -self.MAX_ERRORS]
 
     def wait_warm(self, timeout: float = 30.0) -> bool:
         """Blocks until the current window is warm (for tests and for a first batch)."""
@@ -539,7 +590,7 @@ class Prefetcher:
         return False
 
     def _missing(self, start: int) -> list[str]:
-        window = self.urls[start : start + self.ahead]
+        window = list(dict.fromkeys(self.urls[start : start + self.ahead]))  # a repeat is one fetch
         have = self.cache._state().index.get_many(window)
         return [u for u in window if u not in have or have[u].tier != self.tier]
 
@@ -555,9 +606,7 @@ class Prefetcher:
             try:
                 self._warm(start)
             except Exception as exc:  # a prefetch thread must not die of one bad item
-                self.errors.append(
-                    str(exc) if isinstance(exc, CacheError) else f"{type(exc).__name__}: {exc}"
-                )
+                self._error(str(exc) if isinstance(exc, CacheError) else f"{type(exc).__name__}: {exc}")
                 time.sleep(0.5)
             done_upto = min(len(self.urls) - 1, start + self.ahead - 1)
             if done_upto >= len(self.urls) - 1:
@@ -583,7 +632,7 @@ class Prefetcher:
                     origin = origin_for_url(url, cache.s3_settings)
                     jobs.append(Job(origin.stat(url), origin))
                 except CacheError as exc:  # one missing item must not cost the whole window
-                    self.errors.append(str(exc))
+                    self._error(str(exc))
         Fetcher(state.store, cache.layout, self.tier, 32, durable=cache.durable).run(jobs)
 
 
@@ -678,6 +727,11 @@ def _read_all(fd: int, size: int) -> bytes:
         parts.append(chunk)
         got += len(chunk)
     return b"".join(parts)
+
+
+def _check_tier(tier: str | None) -> None:
+    if tier is not None and tier not in TIERS:
+        raise ValueError(f"tier must be one of {', '.join(TIERS)}, not {tier!r}")
 
 
 def _match(url: str, pattern: str) -> bool:

@@ -26,6 +26,11 @@ class TlsError(AuthError):
     hint = "a private CA? point AWS_CA_BUNDLE at its certificates"
 
 
+class DeniedError(CacheError):
+    """One object the origin will not let us read (a local file or directory without read
+    permission): it fails alone and the others go on, unlike AuthError's wrong credentials."""
+
+
 class UnreachableError(CacheError):
     """The origin could not be reached, or the connection was lost and retries ran out."""
 

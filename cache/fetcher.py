@@ -33,6 +33,7 @@ from cache.errors import (
     CacheError,
     CacheFullError,
     ChangedError,
+    DeniedError,
     NotFoundError,
     OriginError,
     UnreachableError,
@@ -61,6 +62,7 @@ LOST_IN_A_ROW = 16
 def error_kind(exc: BaseException) -> str:
     for cls, kind in (
         (NotFoundError, "not_found"),
+        (DeniedError, "denied"),
         (AuthError, "auth"),
         (UnreachableError, "unreachable"),
         (ChangedError, "changed"),
@@ -629,7 +631,7 @@ class Fetcher:
         if isinstance(err, UnreachableError | CacheFullError | AuthError) or fatal is not None:
             self._release(job, keep=resumable)
             return fatal or err
-        if isinstance(err, NotFoundError) or not isinstance(err, CacheError):
+        if isinstance(err, NotFoundError | DeniedError) or not isinstance(err, CacheError):
             self._release(job, keep=False)
             job.done = True
             failure = ev.Failed(job.info.url, error_kind(err), str(err) or type(err).__name__)

@@ -57,6 +57,9 @@ class ObjectInfo:
     size: int
     version: str
     etag: str | None = None  # S3 ETag without quotes
+    # set by a listing for what it found but cannot offer (an unreadable directory): reported as a
+    # failure of its own, never fetched
+    problem: str | None = None
 
     @property
     def plain_md5(self) -> str | None:

@@ -17,10 +17,10 @@ from typing import Any, Protocol
 
 from cache.directio import aligned_buffer
 from cache.errors import (
-    AuthError,
     BadSourceError,
     CacheError,
     ChangedError,
+    DeniedError,
     NotFoundError,
     UnreachableError,
 )
@@ -68,15 +68,25 @@ class S3Origin:
         return client
 
     def list(self) -> Iterator[ObjectInfo]:
-        found = False
-        for key, size, etag, vid in self.client.list_objects(self.bucket, self.prefix):
+        """`s3://b/dir/` lists everything under dir/. `s3://b/name` (no trailing slash) is the
+        object `name` and whatever is under `name/`, like a path: never `name2` or `name.bak`,
+        which a raw key prefix would take too (s5cmd and aws s3 cp take only the object; use
+        --include for a pattern). Keys are relative to the prefix; the object itself is its
+        base name, as a local file source is."""
+        prefix = self.prefix
+        exact = bool(prefix) and not prefix.endswith("/")
+        for key, size, etag, vid in self.client.list_objects(self.bucket, prefix):
             if key.endswith("/") and size == 0:
                 continue  # a "folder" marker, not data
-            found = True
-            rel = key[len(self.prefix) :].lstrip("/") if key.startswith(self.prefix) else key
+            if not exact:
+                rel = key[len(prefix) :].lstrip("/")
+            elif key == prefix:
+                rel = key.rsplit("/", 1)[-1]
+            elif key.startswith(prefix + "/"):
+                rel = key[len(prefix) + 1 :]
+            else:
+                continue  # a sibling that only shares the name's first characters
             yield ObjectInfo(f"s3://{self.bucket}/{key}", rel or key, size, s3_version(etag, size, vid), etag)
-        if not found and self.prefix and not self.prefix.endswith("/"):
-            return  # a prefix that matches nothing: the caller reports "no objects"
 
     def stat(self, url: str) -> ObjectInfo:
         bucket, key = split_s3_url(url)
@@ -127,6 +137,7 @@ class LocalOrigin:
     def __init__(self, root: Path, workers: int = 16):
         self.root = root
         self.workers = workers
+        self.skip_dirs: frozenset[tuple[int, int]] = frozenset()  # (st_dev, st_ino) not to descend into
         self._tls = threading.local()
 
     @classmethod
@@ -150,10 +161,17 @@ class LocalOrigin:
             try:
                 items = sorted(os.scandir(here), key=lambda e: e.name)
             except PermissionError as exc:
-                raise NotFoundError(f"cannot read directory {here}: {exc.strerror}") from None
+                if here == self.root:
+                    raise DeniedError(f"cannot read directory {here}: {exc.strerror}") from None
+                # one unreadable directory fails alone, like an unreadable file (cp -r goes on too)
+                rel = os.path.relpath(here, self.root).replace(os.sep, "/") + "/"
+                problem = f"cannot read directory {here}: {exc.strerror}"
+                yield ObjectInfo(os.path.abspath(here) + "/", rel, 0, "", problem=problem)
+                continue
             for item in items:
                 if item.is_dir(follow_symlinks=False):
-                    stack.append(Path(item.path))
+                    if not self._skipped(item):
+                        stack.append(Path(item.path))
                     continue
                 try:
                     if not item.is_file(follow_symlinks=True):
@@ -168,6 +186,15 @@ class LocalOrigin:
                 rel = os.path.relpath(item.path, self.root).replace(os.sep, "/")
                 yield ObjectInfo(os.path.abspath(item.path), rel, st.st_size, local_version(st))
 
+    def _skipped(self, item: os.DirEntry[str]) -> bool:
+        if not self.skip_dirs or not any(item.inode() == ino for _, ino in self.skip_dirs):
+            return False  # (the inode comes with the directory listing: no stat for the common case)
+        try:
+            st = item.stat(follow_symlinks=False)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) in self.skip_dirs
+
     def checksums(self, info: ObjectInfo) -> Checksums:
         return Checksums()
 
@@ -177,7 +204,7 @@ class LocalOrigin:
         except (FileNotFoundError, NotADirectoryError):
             raise NotFoundError(f"not found: {url}") from None
         except PermissionError as exc:
-            raise AuthError(f"cannot read {url}: {exc.strerror}") from None
+            raise DeniedError(f"cannot read {url}: {exc.strerror}") from None
         except OSError as exc:
             raise CacheError(f"cannot stat {url}: {exc.strerror}") from None
         if not stat.S_ISREG(st.st_mode):
@@ -201,13 +228,20 @@ class LocalOrigin:
             # page-aligned and reused: a big file's pieces go to disk from this very buffer
             view = self._tls.buf = aligned_buffer(self.CHUNK)
         try:
-            fd = os.open(info.url, os.O_RDONLY | os.O_CLOEXEC)
-        except FileNotFoundError:
+            # O_NONBLOCK: a name that became a FIFO since it was listed must not block this
+            # thread forever waiting for a writer (no effect on a regular file's reads)
+            fd = os.open(info.url, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except (FileNotFoundError, NotADirectoryError):
             raise NotFoundError(f"not found: {info.url}") from None
+        except PermissionError as exc:
+            raise DeniedError(f"cannot read {info.url}: {exc.strerror}") from None
         except OSError as exc:
             raise UnreachableError(f"cannot open {info.url}: {exc.strerror}") from None
         try:
-            if local_version(os.fstat(fd)) != info.version:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise NotFoundError(f"not a regular file any more: {info.url}")
+            if local_version(st) != info.version:
                 raise ChangedError(f"{info.url} changed since it was listed")
             start, end = piece if piece else (0, info.size - 1)
             offset = start
@@ -241,9 +275,28 @@ def origin_for_url(url: str, settings: S3Settings) -> S3Origin | LocalOrigin:
 
 
 def normalise_url(url: str) -> str:
-    """Cache keys: s3:// URLs as given, local paths made absolute (no symlink resolution)."""
-    if url.startswith("s3://"):
-        return url
-    if url.startswith("file://"):
-        url = url[len("file://") :]
+    """Cache keys: s3:// URLs as given, local paths made absolute (no symlink resolution).
+    Raises BadSourceError for another scheme (it is not a relative path named `http:`) and for
+    a name that is not UTF-8 (the index keys entries by URL text)."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() == "s3":
+        return f"s3://{rest}"
+    if sep and scheme.lower() == "file":
+        url = rest
+    elif sep and "/" not in scheme:
+        raise BadSourceError(f"unsupported URL scheme {scheme!r} in {url!r}: use s3:// or a local path")
+    try:
+        url.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = url.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        raise BadSourceError(f"file name is not valid UTF-8: {shown}") from None
     return os.path.abspath(url)
+
+
+def normalise_pattern(pattern: str) -> str:
+    """An `rq cache ls/evict/pin/verify` pattern in the form of the URLs it is matched against: a
+    local path absolute (keeping a trailing `/`, which means "everything under")."""
+    if "://" in pattern and not pattern.lower().startswith("file://"):
+        return normalise_url(pattern)
+    slash = "/" if pattern.endswith("/") else ""
+    return normalise_url(pattern).rstrip("/") + slash

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from cache import events as ev
@@ -17,6 +18,7 @@ from cache.fetcher import Fetcher, FetchResult, Job
 from cache.landing import ObjectInfo
 from cache.origins import LocalOrigin, Origin, parse_source
 from cache.s3 import S3Settings, split_s3_url
+from cache.sizes import format_size
 
 
 @dataclass
@@ -47,7 +49,8 @@ PAGE = 1000  # objects handed to the fetcher at once: one ListObjectsV2 page
 
 
 def matches(key: str, include: Iterable[str], exclude: Iterable[str]) -> bool:
-    """--include/--exclude globs match the key relative to the source (`*` crosses `/`)."""
+    """--include/--exclude globs match the key relative to the source (`*` crosses `/`); pages()
+    drops a leading `/` (rclone's way of anchoring a pattern at the source: keys already are)."""
     inc = list(include)
     if inc and not any(fnmatch.fnmatchcase(key, g) for g in inc):
         return False
@@ -64,23 +67,30 @@ def pages(
     exclude: Iterable[str],
     workers: int,
     stopped: Callable[[], bool] = lambda: False,
+    skip_dirs: frozenset[tuple[int, int]] = frozenset(),
 ) -> Iterator[Page]:
-    """Every source's objects that pass the filters, each once, up to PAGE at a time.
+    """Every source's objects that pass the filters, each once, up to PAGE at a time. Local
+    sources do not descend into `skip_dirs` ((st_dev, st_ino): the cache's own directories).
 
     Every source is checked before the first page is handed on (a URL it cannot parse, a directory
     that is not there, a bucket or prefix with no objects): a typo in the last source must stop the
     run before the first one's objects are fetched, and maybe other entries evicted for them."""
-    include, exclude = list(include), list(exclude)
+    include, exclude = [g.lstrip("/") for g in include], [g.lstrip("/") for g in exclude]
     listings = []
     for source in sources:
         origin = parse_source(source, settings)
         if isinstance(origin, LocalOrigin):
             origin.workers = min(workers, 32)
+            origin.skip_dirs = skip_dirs
         listed = _listed(source, origin)
         first = next(listed, None)
-        if first is None and source.startswith("s3://"):
-            raise NotFoundError(f"no objects under {source}")
+        if first is None:
+            # an empty source is a typo far more often than an intent: say so, as for a pattern
+            raise NotFoundError(
+                f"no objects under {source}" if "://" in source else f"no files under {source}"
+            )
         listings.append((origin, first, listed))
+    listed_count = offered = 0
     # one source lists each object once; only several (which may overlap) need the names seen so far
     seen: set[str] | None = set() if len(listings) > 1 else None
     for origin, first, listed in listings:
@@ -90,8 +100,11 @@ def pages(
         for info in itertools.chain([first], listed):
             if stopped():
                 return
-            if not matches(info.key, include, exclude):
+            listed_count += 1
+            # what a listing could not offer is reported whatever the filters: it may hold matches
+            if info.problem is None and not matches(info.key, include, exclude):
                 continue
+            offered += 1
             if seen is not None:
                 if info.url in seen:
                     continue
@@ -102,6 +115,17 @@ def pages(
                 page = []
         if page:
             yield page
+    if not offered and (include or exclude):
+        # CI scripts must not pass on a pattern that matched nothing (a typo, a wrong anchor)
+        raise NotFoundError(f"none of the {listed_count} objects listed matches --include/--exclude")
+
+
+def _dir_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _listed(source: str, origin: Origin) -> Iterator[ObjectInfo]:
@@ -193,20 +217,40 @@ def run_preload(
         """One page: skip what is cached at the same version, report what is not UTF-8, and return
         the rest to fetch, small objects first (they fill the pipe while big ones stream)."""
         items = []
+        cap = state.store.cap(tier)
+
+        def fail(info: ObjectInfo, kind: str, why: str) -> None:
+            shown = info.url.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            failure = ev.Failed(shown, kind, why)
+            result.failed.append(failure)
+            on_event(failure)
+
         for info, origin in page:
-            if _utf8(info.url):
+            if info.problem is not None:
+                fail(info, "denied", info.problem)
+            elif not _utf8(info.url):  # the index keys entries by URL text: rename such a file
+                fail(info, "bad_name", "file name is not valid UTF-8; rename it to cache it")
+            elif info.size > cap:  # fails alone: the rest of the set may well fit
+                fail(
+                    info,
+                    "no_space",
+                    f"{format_size(info.size)} is more than the {tier} tier's cap of "
+                    f"{format_size(cap)}; raise --{tier}-limit",
+                )
+            else:
                 items.append((info, origin))
-            else:  # the index keys entries by URL text; such a name cannot be one (rename the file)
-                shown = info.url.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-                failure = ev.Failed(shown, "bad_name", "file name is not valid UTF-8; rename it to cache it")
-                result.failed.append(failure)
-                on_event(failure)
         cached = state.index.get_many(info.url for info, _ in items)
         todo: list[Job] = []
         fresh: list[str] = []
         for info, origin in items:
             entry = cached.get(info.url)
-            if entry is not None and entry.version == info.version:
+            # an entry whose file is gone (deleted by hand, or an emptied /dev/shm) is a miss: a
+            # stat each is the price of never reporting "already cached" for data that is not there
+            if (
+                entry is not None
+                and entry.version == info.version
+                and os.path.exists(cache.layout.blob_path(entry.tier, entry.blob))
+            ):
                 if promote and entry.tier == "disk":
                     path = cache.layout.blob_path(entry.tier, entry.blob)
                     todo.append(Job(info, _PromoteOrigin(path, entry, fallback=origin)))
@@ -231,8 +275,11 @@ def run_preload(
         todo.sort(key=lambda j: j.big)
         return todo
 
+    # a cache dir inside a local source must not cache itself (its index changes as it is copied)
+    own_dirs = frozenset(d for d in map(_dir_id, (cache.root, cache.layout.ram_root)) if d)
+
     def listing(stopped: Callable[[], bool] = lambda: False) -> Iterator[Page]:
-        return pages(sources, cache.s3_settings, include, exclude, workers, stopped)
+        return pages(sources, cache.s3_settings, include, exclude, workers, stopped, own_dirs)
 
     fetcher = Fetcher(
         state.store, cache.layout, tier, workers, on_event, durable=cache.durable, batch_sync=True

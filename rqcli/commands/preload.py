@@ -26,6 +26,7 @@ def cache_error_to_cli(exc: Exception) -> CliError:
         (e.BadSourceError, ExitCode.USAGE, None),
         (e.UnsafeDirError, ExitCode.USAGE, None),
         (e.NotFoundError, ExitCode.NOT_FOUND, "check the bucket, prefix or path"),
+        (e.DeniedError, ExitCode.AUTH, "check the permissions of the file or directory"),
         (e.TlsError, ExitCode.AUTH, None),  # its own hint: what to fix depends on the refusal
         (e.AuthError, ExitCode.AUTH, "check AWS_PROFILE / AWS_ACCESS_KEY_ID and the endpoint"),
         (
@@ -87,6 +88,7 @@ def size_option(_ctx: click.Context, _param: click.Parameter, value: str | None)
 EXIT_FOR_KIND = {
     "not_found": ExitCode.NOT_FOUND,
     "auth": ExitCode.AUTH,
+    "denied": ExitCode.AUTH,
     "verify": ExitCode.VERIFY,
     "changed": ExitCode.VERIFY,
     "no_space": ExitCode.NO_SPACE,

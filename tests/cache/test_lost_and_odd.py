@@ -1,0 +1,217 @@
+"""What an independent review of preload and the read API found (2026-11-23), each case shown here
+against the real file system, /dev/shm and the test S3: cached files that vanished, local sources
+with odd members, objects bigger than the cap, filters that match nothing, prefixes that are not
+keys, and an epoch order that repeats itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rqtest import random_files, run_rq
+
+from cache import Cache
+from cache.errors import BadSourceError, NotFoundError
+from cache.landing import ObjectInfo
+from cache.origins import LocalOrigin, local_version
+
+# root reads every file whatever its mode: drop the capabilities that allow it, as a user would run
+AS_USER = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search",
+           "--inh-caps", "-dac_override,-dac_read_search", "--"]  # fmt: skip
+
+
+def events(out: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+
+
+def failed(out: bytes) -> dict[str, str]:
+    return {e["url"]: e["kind"] for e in events(out) if e["event"] == "failed"}
+
+
+# --- cached files that are gone ---------------------------------------------------------------
+
+
+def test_an_emptied_ram_tier_is_fetched_again_not_reported_cached(tmp_path: Path, ram_dir: Path) -> None:
+    """A reboot empties /dev/shm while the index on disk still lists the RAM entries: the next
+    Cache drops them, so preload fetches them again and the tier's usage is true."""
+    src = random_files(tmp_path / "src", 4, 10_000)
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    assert c.preload([str(src)], tier="ram").objects == 4
+    c.close()
+    shutil.rmtree(ram_dir)  # the reboot
+
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    assert c.usage()["ram"]["objects"] == 0  # counted 4 against the cap before
+    result = c.preload([str(src)], tier="ram")
+    assert (result.objects, result.skipped, result.failed) == (4, 0, [])  # was 0 fetched, 4 skipped
+    for f in src.iterdir():
+        assert c.read_bytes(str(f)) == f.read_bytes()
+        assert c.stat(str(f)).tier == "ram"
+    c.close()
+
+
+def test_a_cached_file_deleted_by_hand_is_fetched_again_by_preload(tmp_path: Path, ram_dir: Path) -> None:
+    src = random_files(tmp_path / "src", 3, 10_000)
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    c.preload([str(src)])
+    c.path(str(src / "1")).unlink()
+    result = c.preload([str(src)])
+    assert (result.objects, result.skipped) == (1, 2)  # was 0 fetched, 3 "already cached"
+    assert c.path(str(src / "1")).read_bytes() == (src / "1").read_bytes()
+    c.close()
+
+
+# --- local sources with odd members ------------------------------------------------------------
+
+
+def test_a_file_that_became_a_fifo_fails_alone_instead_of_blocking(tmp_path: Path) -> None:
+    f = tmp_path / "data.bin"
+    f.write_bytes(b"x" * 100)
+    info = ObjectInfo(str(f), "data.bin", 100, local_version(f.stat()))
+    f.unlink()
+    os.mkfifo(f)  # replaced after it was listed; opening it for reading waited for a writer forever
+    outcome: list[BaseException] = []
+
+    def copy() -> None:
+        try:
+            LocalOrigin(tmp_path)._copy(info, None, None)  # type: ignore[arg-type]
+        except BaseException as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=copy, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "blocked opening a FIFO"
+    assert isinstance(outcome[0], NotFoundError) and "regular file" in str(outcome[0])
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_unreadable_file_and_directory_fail_alone_and_the_rest_lands(tmp_path: Path) -> None:
+    src = random_files(tmp_path / "src", 3, 1000)
+    (src / "secret").write_bytes(b"s")
+    (src / "locked").mkdir()
+    (src / "locked" / "inside").write_bytes(b"i")
+    os.chmod(src / "secret", 0)
+    os.chmod(src / "locked", 0)
+    os.chmod(tmp_path, 0o755)
+    cache_dir = tmp_path / "c"
+    try:
+        env = {"RQ_CACHE_DIR": str(cache_dir)}
+        cmd = [*AS_USER, sys.executable, "-m", "rqcli", "--json", "preload", str(src), "--tier", "disk"]
+        out = subprocess.run(cmd, capture_output=True, env={**os.environ, "CI": "1", **env}, timeout=120)
+    finally:
+        os.chmod(src / "secret", 0o644)
+        os.chmod(src / "locked", 0o755)
+    # before: the whole run stopped with exit 6 "check --endpoint-url; re-run to continue"
+    assert out.returncode == 4, out.stderr
+    assert failed(out.stdout) == {str(src / "secret"): "denied", f"{src / 'locked'}/": "denied"}
+    summary = events(out.stdout)[-1]
+    assert (summary["objects"], summary["failed"], summary["aborted"]) == (3, 2, False)
+    assert b"permission" in out.stderr.lower() or b"failed" in out.stderr
+
+
+def test_a_cache_dir_inside_its_source_is_not_cached_into_itself(tmp_path: Path, ram_dir: Path) -> None:
+    src = random_files(tmp_path / "src", 2, 5000)
+    c = Cache(src / "cache", ram_dir=ram_dir)
+    for _ in range(2):  # each run used to add the cache's own index and blobs, then fail on its WAL
+        result = c.preload([str(src)])
+        assert result.failed == []
+    assert sorted(Path(e.url).name for e in c.entries()) == ["0", "1"]
+    c.close()
+
+
+def test_one_object_bigger_than_the_cap_fails_alone(tmp_path: Path, ram_dir: Path) -> None:
+    src = random_files(tmp_path / "src", 20, 100)
+    (src / "huge").write_bytes(os.urandom(300_000))
+    out = run_rq("--json", "preload", str(src), "--cache-dir", str(tmp_path / "c"), "--disk-limit", "200K")
+    assert out.returncode == 7, out.stderr  # no_space: the one documented code for "does not fit"
+    assert failed(out.stdout) == {str(src / "huge"): "no_space"}
+    summary = events(out.stdout)[-1]
+    assert (summary["objects"], summary["aborted"]) == (20, False)  # was 0 objects, aborted
+    assert b"huge" not in out.stderr or b"cap" in out.stderr
+
+
+def test_filters_that_match_nothing_and_empty_sources_are_errors(tmp_path: Path) -> None:
+    src = random_files(tmp_path / "src", 2, 10, suffix=".bin")
+    (src / "sub").mkdir()
+    (src / "sub" / "x.bin").write_bytes(b"x")
+    cache = ["--cache-dir", str(tmp_path / "c")]
+    out = run_rq("preload", str(src), "--include", "*.tar", *cache)
+    assert out.returncode == 3 and b"none of the 3 objects listed matches" in out.stderr, out.stderr
+    (tmp_path / "empty").mkdir()
+    out = run_rq("preload", str(tmp_path / "empty"), *cache)
+    assert out.returncode == 3 and b"no files under" in out.stderr
+    # rclone anchors a pattern at the source with a leading slash; keys are relative already
+    out = run_rq("--json", "preload", str(src), "--include", "/sub/*", *cache)
+    assert out.returncode == 0 and events(out.stdout)[-1]["objects"] == 1
+
+
+def test_an_s3_url_without_slash_is_a_path_not_a_key_prefix(
+    s3_client: Any, bucket: str, aws_env: dict[str, str], tmp_path: Path
+) -> None:
+    for key in ("mp/f1", "mp/f10.ckpt", "mp/f1/part", "mp/g"):
+        s3_client.put_object(Bucket=bucket, Key=key, Body=key.encode())
+    c = Cache(tmp_path / "c", endpoint_url=aws_env["AWS_ENDPOINT_URL"])
+    result = c.preload([f"s3://{bucket}/mp/f1"], dry_run=True, keep_planned=True)
+    planned = {i.url.rsplit("/mp/", 1)[1]: i.key for i in result.planned}
+    assert planned == {"f1": "f1", "f1/part": "part"}  # f10.ckpt was fetched too
+    result = c.preload([f"s3://{bucket}/mp/f1"], include=["f1"], dry_run=True)
+    assert result.planned_objects == 1  # the object's key is its base name, as a local file's is
+    c.close()
+
+
+# --- the read API ------------------------------------------------------------------------------
+
+
+def test_read_api_refuses_what_is_not_an_object_clearly(tmp_path: Path, ram_dir: Path) -> None:
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    for url in ("http://host/x", "s3://bucket/prefix/"):
+        with pytest.raises(BadSourceError):
+            c.open(url)  # were a local path named "http:" and "got 7923 bytes, expected 0"
+    with pytest.raises(BadSourceError, match="UTF-8"):
+        c.open(os.fsdecode(b"/tmp/\xff.bin"))  # was a bare UnicodeEncodeError
+    with pytest.raises(ValueError, match="tier"):
+        c.open(str(tmp_path / "x"), tier="RAM")  # was KeyError
+    c.close()
+
+
+def test_cache_patterns_take_relative_paths_like_stat_does(tmp_path: Path) -> None:
+    src = random_files(tmp_path / "src", 2, 10)
+    (src / "sub").mkdir()
+    (src / "sub" / "x").write_bytes(b"x")
+    cache = ["--cache-dir", str(tmp_path / "c")]
+    assert run_rq("preload", "src", *cache, cwd=tmp_path).returncode == 0
+    out = run_rq("cache", "ls", "src/", *cache, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout.count(b"\n") == 3, out.stderr  # was "no entry matches"
+    out = run_rq("cache", "pin", "src/sub/", *cache, cwd=tmp_path)
+    assert out.returncode == 0 and b"pinned 1" in out.stdout, out.stderr
+    out = run_rq("cache", "evict", "src/0", *cache, cwd=tmp_path)
+    assert out.returncode == 0 and b"evicted 1" in out.stdout, out.stderr
+
+
+def test_prefetch_follows_an_order_that_repeats_urls(tmp_path: Path, ram_dir: Path) -> None:
+    """Two shuffled epochs in one list: reading epoch 1 must warm epoch 1's next items, not jump
+    to where each URL comes again in epoch 2."""
+    src = random_files(tmp_path / "src", 40, 1000)
+    epoch1 = [str(src / str(i)) for i in range(40)]
+    epoch2 = random.Random(7).sample(epoch1, len(epoch1))
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    pre = c.prefetch(epoch1 + epoch2, ahead=6, tier="ram")
+    assert pre.wait_warm(30)
+    warm = 0
+    for url in epoch1:
+        warm += any(e.url == url and e.tier == "ram" for e in c.entries(url))
+        with c.open(url) as fh:
+            fh.read()
+        pre.wait_warm(10)
+    c.close()
+    assert warm == len(epoch1), f"{warm}/{len(epoch1)} warm"  # 22/60 in the review's run
+    assert pre.errors == []
