@@ -22,7 +22,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal, Protocol
 
 from topics.errors import SpecError
@@ -91,21 +91,39 @@ def parse_duration_ms(text: str) -> int:
 _MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: beyond it no calendar (or server) follows
 
 
+_FRACTION = re.compile(r"(\d\d:\d\d:\d\d)[.,](\d+)")
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def parse_time_ms(text: str) -> int:
-    """RFC 3339 / ISO 8601 (UTC when no zone is given) or Unix milliseconds -> Unix milliseconds."""
+    """RFC 3339 / ISO 8601 (UTC when no zone is given) or Unix milliseconds -> Unix milliseconds.
+
+    Exact, in integers: a time with digits below the millisecond rounds up to the next one,
+    since records carry whole milliseconds and a bound means "at or after the time"."""
     if _digits(text):
         if int(text) > _MAX_MS:
             raise SpecError(f"bad time @{text}: Unix milliseconds past the year 9999")
         return int(text)
+    # RFC 3339 allows 't' and 'z'; Python 3.11's fromisoformat does not, nor a fraction it can't
+    # hold in microseconds exactly: the fraction is read here.
+    iso = text.upper()
+    fraction = ""
+    m = _FRACTION.search(iso)
+    if m is not None and m.start() >= 10:
+        iso, fraction = iso[: m.start()] + m.group(1) + iso[m.end() :], m.group(2)
     try:
-        when = datetime.fromisoformat(text)
+        when = datetime.fromisoformat(iso)
     except ValueError:
         raise SpecError(
             f"bad time {text!r}: use RFC 3339 (2026-11-22T10:00:00Z), Unix milliseconds, or -1h"
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return int(when.timestamp() * 1000)
+    seconds = (when - _EPOCH) // timedelta(seconds=1)
+    ms = 0
+    if fraction:
+        ms = -(-int(fraction) * 1000 // 10 ** len(fraction))  # the ceiling, in integers
+    return seconds * 1000 + ms
 
 
 MAX_OFFSET = 2**63 - 1  # offsets and stream sequences are 64-bit on disk, on the wire, in JSON

@@ -777,3 +777,19 @@ def test_a_zero_retention_is_refused_and_the_topic_stays_writable(env: dict[str,
     assert config["retention_ms"] is None and config["retention_bytes"] is None
     assert produce(env, "kept", b"c\n", "--retention-age", "7d")[-1]["records"] == 1
     assert produce(env, "kept", b"d\n")[-1]["records"] == 1
+
+
+def test_time_bounds_below_a_millisecond_are_exact(env: dict[str, str]) -> None:
+    base = 1_079_222_130_000  # 2004-03-13T23:55:30Z
+    with LogWriter(Path(env["RQ_TOPICS_DIR"]) / "ms") as w:
+        w.append([(base + d, None, (), b"%d" % d) for d in (0, 1, 569, 570, 571)])
+
+    def values(*args: str) -> list[int]:
+        r = run_rq("replay", "ms", "--format", "raw", *args, env=env)
+        assert r.returncode == 0, r.stderr
+        return [int(x) for x in r.stdout.split()]
+
+    assert values("--from", "@2004-03-13T23:55:30.570Z") == [570, 571]
+    assert values("--from", "@2004-03-13t23:55:30.570z", "--to", "@2004-03-13T23:55:30.571Z") == [570]
+    assert values("--from", "@2004-03-13T23:55:30.000500Z") == [1, 569, 570, 571]
+    assert values("--from", "start", "--to", "@2004-03-13T23:55:30.000500Z") == [0]

@@ -167,3 +167,22 @@ def test_saved_spec_with_wrong_types_is_a_spec_error(tmp_path: Path, field: str,
     path.write_bytes(orjson.dumps(body))
     with pytest.raises(SpecError, match=field):
         ReplaySpec.load(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("2004-03-13T23:55:30.570Z", 1079222130570),  # float arithmetic made this ...569
+        ("2004-03-13t23:55:30.570z", 1079222130570),  # RFC 3339 allows lowercase t and z
+        ("2004-03-13T23:55:30Z", 1079222130000),
+        ("2004-03-13T23:55:30.000500Z", 1079222130001),  # below a ms: rounds up (at or after)
+        ("2004-03-13T23:55:30.0000000001Z", 1079222130001),  # more digits than microseconds
+        ("2004-03-13T23:55:30.9999Z", 1079222131000),
+        ("2004-03-14T00:55:30.570+01:00", 1079222130570),
+        ("2004-03-13", 1079136000000),
+        ("1969-12-31T23:59:59.999Z", -1),
+    ],
+)
+def test_rfc3339_times_are_exact_to_the_millisecond(text: str, ms: int) -> None:
+    pos = parse_position("@" + text)
+    assert (pos.kind, pos.value) == ("time", ms)
