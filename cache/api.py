@@ -24,7 +24,7 @@ import xxhash
 from cache import events as ev
 from cache import orphans
 from cache.digests import file_digest
-from cache.errors import BadSourceError, CacheError, NotFoundError, VerifyError
+from cache.errors import BadSourceError, CacheError, DeniedError, NotFoundError, VerifyError
 from cache.fetcher import Fetcher, Job
 from cache.index import Entry, Index
 from cache.landing import ObjectInfo
@@ -409,14 +409,16 @@ class Cache:
             failure = result.failed[0]
             if failure.kind == "not_found":
                 raise NotFoundError(failure.message)
+            if failure.kind == "denied":
+                raise DeniedError(failure.message)
             raise CacheError(failure.message)
         entry = result.landed[0]
         return entry, result.kept.get(entry.url, -1)
 
     def prefetch(self, urls: Iterable[str], ahead: int = 64, tier: str = "ram") -> Prefetcher:
-        _check_tier(tier)
         """Keeps the next `ahead` items of `urls` (in the order `open` will ask for them) cached in
         `tier`, fetching from the origin or promoting from disk in a background thread."""
+        _check_tier(tier)
         self._state()
         if self._prefetcher is not None:
             self._prefetcher.stop()

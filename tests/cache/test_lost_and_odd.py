@@ -107,6 +107,8 @@ def test_unreadable_file_and_directory_fail_alone_and_the_rest_lands(tmp_path: P
         env = {"RQ_CACHE_DIR": str(cache_dir)}
         cmd = [*AS_USER, sys.executable, "-m", "rqcli", "--json", "preload", str(src), "--tier", "disk"]
         out = subprocess.run(cmd, capture_output=True, env={**os.environ, "CI": "1", **env}, timeout=120)
+        cat = [*AS_USER, sys.executable, "-m", "rqcli", "cache", "cat", str(src / "secret")]
+        read = subprocess.run(cat, capture_output=True, env={**os.environ, "CI": "1", **env}, timeout=120)
     finally:
         os.chmod(src / "secret", 0o644)
         os.chmod(src / "locked", 0o755)
@@ -115,7 +117,8 @@ def test_unreadable_file_and_directory_fail_alone_and_the_rest_lands(tmp_path: P
     assert failed(out.stdout) == {str(src / "secret"): "denied", f"{src / 'locked'}/": "denied"}
     summary = events(out.stdout)[-1]
     assert (summary["objects"], summary["failed"], summary["aborted"]) == (3, 2, False)
-    assert b"permission" in out.stderr.lower() or b"failed" in out.stderr
+    assert b"failed" in out.stderr
+    assert read.returncode == 4 and b"Permission denied" in read.stderr, read.stderr  # was exit 1
 
 
 def test_a_cache_dir_inside_its_source_is_not_cached_into_itself(tmp_path: Path, ram_dir: Path) -> None:
