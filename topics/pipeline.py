@@ -54,6 +54,7 @@ class Request:
     follow: bool = False
     time_from: int | None = None  # exact time bounds, applied per record when the source needs it
     time_to: int | None = None
+    time_per_record: bool = False  # apply them to every record (a saved spec's replay)
     where: Filter | None = None
     count: int | None = None
     rate: Rate = field(default_factory=Rate)
@@ -147,7 +148,7 @@ def run(
     timed = req.time_from is not None or req.time_to is not None
     # A source whose stamps may go backwards needs the time bounds record by record; so does a
     # follow, whose bounds may lie in the future (nothing stamped at or after t when it resolved).
-    time_filter = timed and (req.follow or not source.monotonic_time)
+    time_filter = timed and (req.follow or not source.monotonic_time or req.time_per_record)
     lo = req.time_from if req.time_from is not None else -(2**63)
     hi = req.time_to if req.time_to is not None else 2**63 - 1
     stop_on_time = req.follow and req.time_to is not None

@@ -35,6 +35,10 @@ class ReplaySpec:
     first_offset: int | None = None
     last_offset: int | None = None
     created: str | None = None
+    # Exact time bounds (Unix ms) the replay applied record by record: a follow from a time still
+    # to come starts at the end offset and drops what is stamped before it. Replayed with them.
+    time_from: int | None = None
+    time_to: int | None = None
 
     def save(self, path: Path) -> None:
         body = {"rq_replay_spec": VERSION, **asdict(self)}
@@ -61,6 +65,10 @@ class ReplaySpec:
         for name in ("source", "kind", "digest"):
             if not isinstance(getattr(spec, name), str):
                 raise SpecError(f"replay spec {path}: {name} must be a string")
+        for name in ("time_from", "time_to"):
+            value = getattr(spec, name)
+            if value is not None and type(value) is not int:
+                raise SpecError(f"replay spec {path}: {name} must be an integer (Unix ms) or null")
         for name in ("where", "fields", "group"):
             if getattr(spec, name) is not None and not isinstance(getattr(spec, name), str):
                 raise SpecError(f"replay spec {path}: {name} must be a string or null")

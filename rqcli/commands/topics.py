@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -792,7 +792,8 @@ def replay(
             check_group_name(group)
         if commit and not group:
             raise CliError("--commit needs --group", ExitCode.USAGE)
-        stops = _Stops() if commit else None
+        # A follow whose spec is saved stops like a committing one: the spec records where it stopped.
+        stops = _Stops() if commit or (save_spec is not None and follow) else None
         if stops is not None:
             stops.install()
         if save_spec is not None and not save_spec.absolute().parent.is_dir():
@@ -828,7 +829,7 @@ def replay(
             if saved is not None:
                 _check_saved_range(source, saved)
                 start, stop = saved.start, saved.stop
-                window_time: tuple[int | None, int | None] = (None, None)
+                window_time: tuple[int | None, int | None] = (saved.time_from, saved.time_to)
             else:
                 committed = source.committed(group) if group else None
                 window = resolve_window(source, start_pos, stop_pos, follow, committed)
@@ -847,8 +848,12 @@ def replay(
                 skip_corrupt=skip_corrupt,
                 decode_values=writer.needs_decode if writer is not None else False,
                 digest=bool(save_spec or saved),
+                time_per_record=saved is not None,
             )
             last_commit = [time.monotonic()]
+            # What a spec saved now would pin: updated after each batch is counted and written, so
+            # an interrupted follow saves where it stopped, consistently.
+            pinned: list[tuple[int, str, int | None, int | None, int]] = [(0, res.digest, None, None, start)]
             committed_to: list[int] = []  # the offset last stored for the group, if any
             # A bar on stderr only when records are not drawn on the same terminal.
             show_bar = stop is not None and not sys.stdout.isatty()
@@ -862,6 +867,7 @@ def replay(
                     )
 
                     def progress(r: Result) -> None:
+                        pinned[0] = (r.emitted, r.digest, r.first_offset, r.last_offset, r.next_offset)
                         if bar is not None and task is not None:
                             bar.update(task, completed=r.next_offset - start)
                         if commit and group and follow and time.monotonic() - last_commit[0] > 1.0:
@@ -870,6 +876,13 @@ def replay(
                             last_commit[0] = time.monotonic()
 
                     run(source, req, _emitters(writer, sink, False, stops), res, progress)
+            except KeyboardInterrupt:
+                if save_spec is not None and follow:
+                    records, digest, first_off, last_off, reached_to = pinned[0]
+                    _spec_of(ref, start, reached_to, from_spec, to_spec, group, where, fields, window_time)(
+                        records, digest, first_off, last_off
+                    ).save(save_spec)
+                raise
             except ReaderLeft:
                 # What the reader never read is not consumed: no commit, no spec, exit 0 (like `| head`).
                 reader_left = True
@@ -893,21 +906,9 @@ def replay(
             _verify_saved(saved, res)
         truncated = count is not None and res.emitted >= count
         if save_spec is not None:
-            ReplaySpec(
-                source=ref.url,
-                kind=ref.kind,
-                start=start,
-                stop=stop if stop is not None and not truncated else res.next_offset,
-                records=res.emitted,
-                digest=res.digest,
-                from_spec=from_spec,
-                to_spec=to_spec,
-                group=group,
-                where=where,
-                fields=fields,
-                first_offset=res.first_offset,
-                last_offset=res.last_offset,
-                created=datetime.now(UTC).isoformat(timespec="seconds"),
+            end = stop if stop is not None and not truncated else res.next_offset
+            _spec_of(ref, start, end, from_spec, to_spec, group, where, fields, window_time)(
+                res.emitted, res.digest, res.first_offset, res.last_offset
             ).save(save_spec)
         summary: dict[str, Any] = {
             "event": "done",
@@ -987,6 +988,42 @@ class _Stops:
             raise KeyboardInterrupt
 
 
+def _spec_of(
+    ref: TopicRef,
+    start: int,
+    stop: int,
+    from_spec: str | None,
+    to_spec: str | None,
+    group: str | None,
+    where: str | None,
+    fields: str | None,
+    window_time: tuple[int | None, int | None],
+) -> Callable[[int, str, int | None, int | None], ReplaySpec]:
+    """The spec of a replay, given what it emitted: (records, digest, first, last offset)."""
+
+    def make(records: int, digest: str, first: int | None, last: int | None) -> ReplaySpec:
+        return ReplaySpec(
+            source=ref.url,
+            kind=ref.kind,
+            start=start,
+            stop=max(stop, start),
+            records=records,
+            digest=digest,
+            from_spec=from_spec,
+            to_spec=to_spec,
+            group=group,
+            where=where,
+            fields=fields,
+            first_offset=first,
+            last_offset=last,
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
+            time_from=window_time[0],
+            time_to=window_time[1],
+        )
+
+    return make
+
+
 def _check_saved_range(source: Source, saved: ReplaySpec) -> None:
     first, end = source.first_offset(), source.end_offset()
     if saved.records and saved.start < first and (saved.first_offset is None or saved.first_offset < first):
@@ -994,7 +1031,7 @@ def _check_saved_range(source: Source, saved: ReplaySpec) -> None:
             f"the spec starts at offset {saved.start} but the topic now starts at {first}: "
             "records the spec pins were deleted (retention?)"
         )
-    if saved.stop > end:
+    if saved.stop > end and saved.stop > saved.start:  # an empty spec needs no offsets
         raise DigestMismatch(f"the spec needs offsets up to {saved.stop - 1} but the topic ends at {end - 1}")
 
 

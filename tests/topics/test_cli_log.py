@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import itertools
 import json
@@ -793,3 +794,73 @@ def test_time_bounds_below_a_millisecond_are_exact(env: dict[str, str]) -> None:
     assert values("--from", "@2004-03-13t23:55:30.570z", "--to", "@2004-03-13T23:55:30.571Z") == [570]
     assert values("--from", "@2004-03-13T23:55:30.000500Z") == [1, 569, 570, 571]
     assert values("--from", "start", "--to", "@2004-03-13T23:55:30.000500Z") == [0]
+
+
+def _wait_open(proc: subprocess.Popen[bytes], path: Path) -> None:
+    """Until the process holds `path` open (its reader is positioned), or it has exited."""
+    for _ in range(600):
+        if proc.poll() is not None:
+            return
+        with contextlib.suppress(OSError):
+            fds = os.listdir(f"/proc/{proc.pid}/fd")
+            if any(os.readlink(f"/proc/{proc.pid}/fd/{fd}") == str(path) for fd in fds):
+                return
+        time.sleep(0.05)
+
+
+def test_a_spec_saved_from_a_timed_follow_replays_identically(env: dict[str, str], tmp_path: Path) -> None:
+    t = Path(env["RQ_TOPICS_DIR"]) / "timed"
+    with LogWriter(t) as w:
+        w.append([(1000, None, (), b"a"), (2000, None, (), b"b")])
+    spec = tmp_path / "s.json"
+    proc = subprocess.Popen(
+        [
+            *rq_command(),
+            *("replay", "timed", "--from", "@3000", "-f", "--timeout", "2"),
+            *("--format", "{offset}", "--save-spec", str(spec)),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env},
+    )
+    _wait_open(proc, t / "00000000000000000000.log")  # it resolved @3000 to offset 2, the end
+    with LogWriter(t) as w:  # one stamped before the start time (dropped), one after
+        w.append([(2500, None, (), b"early"), (3500, None, (), b"late")])
+    out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (0, b"3\n"), err
+    saved = json.loads(spec.read_bytes())
+    assert (saved["start"], saved["stop"], saved["records"], saved["time_from"]) == (2, 4, 1, 3000)
+    r = run_rq("replay", "--spec", str(spec), "--format", "{offset}", env=env)
+    assert (r.returncode, r.stdout) == (0, b"3\n"), r.stderr
+
+
+def test_an_empty_spec_replays_as_empty(env: dict[str, str], tmp_path: Path) -> None:
+    produce(env, "few", b"".join(b"%d\n" % i for i in range(10)))
+    spec = tmp_path / "empty.json"
+    r = run_rq("replay", "few", "--from", "100", "--save-spec", str(spec), env=env)
+    assert (r.returncode, r.stdout) == (0, b""), r.stderr
+    saved = json.loads(spec.read_bytes())
+    assert (saved["start"], saved["stop"], saved["records"]) == (100, 100, 0)
+    r = run_rq("replay", "--spec", str(spec), env=env)
+    assert (r.returncode, r.stdout) == (0, b""), r.stderr
+
+
+def test_ctrl_c_during_a_follow_saves_the_spec_where_it_stopped(env: dict[str, str], tmp_path: Path) -> None:
+    produce(env, "cc", b"".join(b"%d\n" % i for i in range(5)))
+    spec = tmp_path / "f.json"
+    proc = subprocess.Popen(
+        [*rq_command(), "replay", "cc", "-f", "--format", "raw", "--save-spec", str(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env},
+    )
+    assert proc.stdout is not None
+    for i in range(5):
+        assert proc.stdout.readline() == b"%d\n" % i
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 130
+    saved = json.loads(spec.read_bytes())
+    assert (saved["start"], saved["stop"], saved["records"]) == (0, 5, 5)
+    produce(env, "cc", b"later\n")  # the spec pins offsets 0..4 only
+    r = run_rq("replay", "--spec", str(spec), "--format", "raw", env=env)
+    assert (r.returncode, r.stdout) == (0, b"0\n1\n2\n3\n4\n"), r.stderr
