@@ -323,3 +323,49 @@ def test_follow_sees_new_messages_and_flow_control_keeps_up(
     publish(nats_url, f"{stream_name}.x", [b"live"], headers={"h": "v"})
     assert proc.stdout.readline() == b"live\n"
     assert proc.wait(30) == 0
+
+
+def test_moving_a_group_keeps_the_consumers_settings_and_other_subjects_groups_are_left_alone(
+    nats_url: str, stream_name: str, env: dict[str, str]
+) -> None:
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    make_stream(nats_url, stream_name)
+    publish(nats_url, f"{stream_name}.x", [b"%d" % i for i in range(6)])
+    publish(nats_url, f"{stream_name}.y", [b"y"])
+    app = ConsumerConfig(  # an application's push consumer, not made by rq
+        durable_name="app",
+        description="the trainer's feed",
+        deliver_subject="app.inbox",
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=77,
+        max_deliver=5,
+        filter_subject=f"{stream_name}.x",
+    )
+    js_call(nats_url, lambda js: js.add_consumer(stream_name, app))
+    base = f"{nats_url}/{stream_name}"
+    r = run_rq("offsets", "reset", f"{base}/{stream_name}.x", "--group", "app", "--to", "3", env=env)
+    assert r.returncode == 0, r.stderr
+    cfg = js_call(nats_url, lambda js: js.consumer_info(stream_name, "app")).config
+    assert (cfg.deliver_subject, cfg.description, cfg.ack_wait, cfg.max_deliver, cfg.opt_start_seq) == (
+        "app.inbox",
+        "the trainer's feed",
+        77,
+        5,
+        3,
+    )
+    assert cfg.filter_subject == f"{stream_name}.x"
+    # Through another subject (or the whole stream) the group is not this reader's: refused, untouched.
+    for args in (
+        ["offsets", "reset", f"{base}/{stream_name}.y", "--group", "app", "--to", "1"],
+        ["replay", base, "--group", "app", "--commit", "--from", "start"],
+        ["offsets", f"{base}/{stream_name}.y", "--group", "app"],
+    ):
+        r = run_rq(*args, env=env)
+        err = r.stderr.decode()
+        assert r.returncode == 2 and "reads" in err and err.count("\n") == 1, (args, err)
+    assert js_call(nats_url, lambda js: js.consumer_info(stream_name, "app")).config.opt_start_seq == 3
+    listed = jlines(run_rq("offsets", f"{base}/{stream_name}.y", "--json", env=env).stdout)[0]
+    assert listed["groups"] == []
+    listed = jlines(run_rq("offsets", f"{base}/{stream_name}.x", "--json", env=env).stdout)[0]
+    assert [g["group"] for g in listed["groups"]] == ["app"]

@@ -195,6 +195,14 @@ def _durable(group: str) -> str:
     return group
 
 
+def _filters(config: Any) -> set[str]:
+    """The subjects a consumer filters on (empty: the whole stream)."""
+    subjects = set(config.filter_subjects or [])
+    if config.filter_subject:
+        subjects.add(config.filter_subject)
+    return subjects
+
+
 def _subject_matches(pattern: str, subject: str) -> bool:
     """NATS subject matching: `*` is one token, `>` one or more trailing tokens."""
     want, have = pattern.split("."), subject.split(".")
@@ -366,12 +374,27 @@ class JetStreamSource:
 
     # -- consumer groups ------------------------------------------------------------------------
 
-    def committed(self, group: str) -> int | None:
+    def _consumer(self, group: str) -> Any:
+        """The durable consumer `group`'s info, or None when there is none. One that reads other
+        subjects than this source is another reader's: refused (SpecError), never read or moved."""
         import nats.js.errors
 
         try:
             info = self.conn.run(self.conn.js.consumer_info(self.conn.stream, _durable(group)))
         except nats.js.errors.NotFoundError:
+            return None
+        theirs, ours = _filters(info.config), {self.subject} if self.subject else set()
+        if theirs != ours:
+            raise SpecError(
+                f"consumer group {group} on stream {self.conn.stream} reads "
+                f"{' '.join(sorted(theirs)) or 'the whole stream'}, not "
+                f"{self.subject or 'the whole stream'}: name its subject in the URL, or use another group"
+            )
+        return info
+
+    def committed(self, group: str) -> int | None:
+        info = self._consumer(group)
+        if info is None:
             return None
         floor = info.ack_floor.stream_seq if info.ack_floor else 0
         delivered = info.delivered.stream_seq if info.delivered else 0
@@ -380,25 +403,30 @@ class JetStreamSource:
         return int(seq) + 1
 
     def commit(self, group: str, offset: int) -> None:
-        """Re-creates the durable consumer `group` so that the next message it delivers is `offset`."""
+        """Re-creates the durable consumer `group` so that the next message it delivers is `offset`.
+        An existing consumer keeps every other setting (an application's deliver subject, ack
+        wait, max deliver, description...): only its start position changes."""
+        import dataclasses
+
         import nats.js.errors
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-        _durable(group)
+        existing = self._consumer(group)
+        start = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": max(offset, 1)}
+        if existing is not None:
+            config = dataclasses.replace(existing.config, opt_start_time=None, **start)
+        else:
+            config = ConsumerConfig(
+                durable_name=group,
+                ack_policy=AckPolicy.EXPLICIT,
+                filter_subject=self.subject or None,
+                **start,  # type: ignore[arg-type]
+            )
 
         async def recreate() -> None:
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await self.conn.js.delete_consumer(self.conn.stream, group)
-            await self.conn.js.add_consumer(
-                self.conn.stream,
-                ConsumerConfig(
-                    durable_name=group,
-                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                    opt_start_seq=max(offset, 1),
-                    ack_policy=AckPolicy.EXPLICIT,
-                    filter_subject=self.subject or None,
-                ),
-            )
+            await self.conn.js.add_consumer(self.conn.stream, config)
 
         try:
             self.conn.run(recreate())
@@ -408,12 +436,18 @@ class JetStreamSource:
     def group_lag(self, group: str) -> int:
         """Messages the durable consumer has still to deliver or to see acknowledged (honours its
         subject filter, unlike end - committed)."""
-        info = self.conn.run(self.conn.js.consumer_info(self.conn.stream, _durable(group)))
+        info = self._consumer(group)
+        if info is None:
+            return 0
         return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
 
     def groups(self) -> list[str]:
+        """The durable consumers that read what this source reads (the same subject filter)."""
         infos = self.conn.run(self.conn.js.consumers_info(self.conn.stream))
-        return sorted(i.config.durable_name for i in infos if i.config.durable_name)
+        ours = {self.subject} if self.subject else set()
+        return sorted(
+            i.config.durable_name for i in infos if i.config.durable_name and _filters(i.config) == ours
+        )
 
     def close(self) -> None:
         self.conn.close()
