@@ -50,7 +50,7 @@ def _child(
                 token,
                 manifest,
                 files,
-                Work(todo),
+                Work(todo, lambda n: out.put(("acked", n))),
                 opts,
                 digests,
                 Stats(),
@@ -106,6 +106,8 @@ def move_in_processes(
                 if stats.add(msg[1], msg[2], (msg[3], msg[4])):
                     on_event(ChunkResent("sent again"))
                 on_event(ChunkMoved(msg[1], msg[2], msg[3], msg[4]))
+            elif msg[0] == "acked":
+                stats.add_acked(msg[1])
             elif msg[0] == "ok":
                 for f, k, d in msg[1]:
                     digests[f][k] = d

@@ -12,6 +12,7 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,7 @@ class Stats:
     wire: int = 0
     resent: int = 0
     chunks: int = 0
+    acked: int = 0  # chunks the receiver confirmed durable: the progress --retry-for measures
     connected: bool = False  # the receiver accepted a manifest at least once
     sent: set[tuple[int, int]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -80,12 +82,17 @@ class Stats:
                 self.sent.add(pair)
             return again
 
+    def add_acked(self, n: int) -> None:
+        with self.lock:
+            self.acked += n
+
 
 class Work:
     """The chunks still to move in this attempt, shared by every channel (work stealing)."""
 
-    def __init__(self, todo: list[Pair]):
+    def __init__(self, todo: list[Pair], on_acked: Callable[[int], None] | None = None):
         self._todo: collections.deque[Pair] = collections.deque(todo)
+        self._on_acked = on_acked
         self._outstanding = set(todo)
         self._tries: dict[Pair, int] = {}
         self.cond = threading.Condition()
@@ -97,8 +104,11 @@ class Work:
 
     def done(self, pairs: list[Pair]) -> None:
         with self.cond:
+            new = sum(1 for p in pairs if p in self._outstanding)
             self._outstanding.difference_update(pairs)
             self.cond.notify_all()
+        if new and self._on_acked is not None:
+            self._on_acked(new)
 
     def again(self, pairs: list[Pair], count: bool) -> None:
         with self.cond:
@@ -323,14 +333,16 @@ def send(
     attempt = 0
     last_progress = time.monotonic()
     while True:
-        before = stats.chunks
+        # Progress is what the receiver acknowledged: chunks merely sent may be lost with the
+        # connection, and counting those let a send that could never finish retry forever.
+        before = stats.acked
         try:
             done = _attempt(manifest, files, transport, copts, token, opts, stats, on_event, attempt)
             break
         except TRANSIENT as exc:
             if isinstance(exc, TransferError) and not isinstance(exc, PeerUnreachableError):
                 raise
-            if stats.chunks > before:
+            if stats.acked > before:
                 last_progress = time.monotonic()
                 attempt = 0  # it was moving: retry quickly
             # Until the receiver has answered once, a wrong address should not hang for a minute.
@@ -449,7 +461,7 @@ def _move(
             todo, transport, copts, token, manifest, files, opts, digests, stats, on_event, data_ports or []
         )
         return
-    work = Work(todo)
+    work = Work(todo, stats.add_acked)
     conns = [conn] + [transport.connect(copts) for _ in range(opts.connections - 1)]
     errors: list[BaseException] = []
 

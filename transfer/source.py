@@ -70,13 +70,20 @@ def _add(found: dict[str, tuple[SourceFile, int]], name: str, path: Path) -> Non
     found[name] = (sf, stat.S_IMODE(os.stat(path).st_mode))
 
 
+def source_error(path: Path, exc: OSError) -> SourceChangedError:
+    """A local OSError on a source file being sent, as the error that ends the send at once."""
+    if isinstance(exc, FileNotFoundError):
+        return SourceChangedError(f"{path} disappeared while it was being sent")
+    return SourceChangedError(f"{path} cannot be read any more: {exc.strerror or exc}")
+
+
 def check_unchanged(files: list[SourceFile]) -> None:
     """Raises SourceChangedError if a file changed since it was scanned (after its last chunk was read)."""
     for sf in files:
         try:
             now = _identity(sf.path)
-        except FileNotFoundError:
-            raise SourceChangedError(f"{sf.path} disappeared while it was being sent") from None
+        except OSError as exc:
+            raise source_error(sf.path, exc) from None
         if (now.size, now.mtime_ns, now.inode) != (sf.size, sf.mtime_ns, sf.inode):
             raise SourceChangedError(
                 f"{sf.path} changed while it was being sent; re-run to send the new version"
@@ -120,6 +127,15 @@ class Reader:
         return fds
 
     def read(self, f: int, k: int, length: int) -> memoryview:
+        """Chunk `k` of file `f`. A local failure (the file gone, unreadable, an I/O error) raises
+        SourceChangedError: it is this side's source, which no reconnect will bring back, so it
+        must never look like the OSError of a lost connection that the sender retries."""
+        try:
+            return self._read(f, k, length)
+        except OSError as exc:
+            raise source_error(self._files[f].path, exc) from None
+
+    def _read(self, f: int, k: int, length: int) -> memoryview:
         fd, dfd = self._open(f)
         view = self._buf[:length]
         off = k * self._chunk

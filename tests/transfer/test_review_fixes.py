@@ -1,0 +1,131 @@
+"""Regression tests for defects an independent review reproduced in `rq send` / `rq recv`
+(issue 4): each test failed before its fix. Real TCP/QUIC on loopback throughout."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from transfer.credentials import load_identity
+from transfer.errors import PeerUnreachableError, SourceChangedError
+from transfer.events import ChunkMoved, Event, Retrying
+from transfer.frames import FrameType
+from transfer.receiver import Receiver
+from transfer.sender import SendOptions, send
+from transfer.transport import Channel, ConnectOptions, Identity, ListenOptions, get_transport
+
+pytestmark = pytest.mark.integration
+
+TOKEN = b"review-token-0123456789abcdef"
+NO_TLS = Identity(b"", b"", "")
+
+
+@contextlib.contextmanager
+def receiver(
+    tmp_path: Path, transport: str, wrap: Any = None, **extra: Any
+) -> Iterator[tuple[Receiver, ConnectOptions]]:
+    """A real Receiver listening on loopback in this process; yields it and how to reach it."""
+    rc = Receiver(tmp_path / "dst", TOKEN)
+    handler = rc.handle_channel if wrap is None else wrap(rc.handle_channel)
+    if transport == "quic":
+        ident = load_identity(tmp_path / "cert")
+        lopts = ListenOptions("127.0.0.1", 0, ident, extra=extra)
+    else:
+        ident = NO_TLS
+        lopts = ListenOptions("127.0.0.1", 0, NO_TLS, tls=False, extra=extra)
+    lst = get_transport(transport).listen(lopts, handler)
+    thread = threading.Thread(target=lst.serve_forever, daemon=True)
+    thread.start()
+    host, port = lst.address
+    copts = ConnectOptions(
+        host, port, ident.fingerprint if transport == "quic" else None, tls=transport == "quic", extra=extra
+    )
+    try:
+        yield rc, copts
+    finally:
+        lst.close()
+        thread.join(timeout=5)
+        rc.close()
+
+
+# -- 1. a local source error is final; --retry-for counts acknowledged chunks -------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["tcp", "quic"])
+def test_a_source_file_deleted_mid_send_fails_at_once_not_retried(tmp_path: Path, transport: str) -> None:
+    """Was: the reader's FileNotFoundError was taken for a lost connection and retried, forever
+    over QUIC (each attempt 'progressed' by sending chunks again)."""
+    src = tmp_path / "s9"
+    src.mkdir()
+    (src / "a.bin").write_bytes(os.urandom(3 << 20))
+    (src / "b.bin").write_bytes(os.urandom(1 << 20))
+    events: list[Event] = []
+
+    def on_event(ev: Event) -> None:
+        events.append(ev)
+        if isinstance(ev, ChunkMoved):  # a.bin is on its way: b.bin goes away before it is read
+            with contextlib.suppress(FileNotFoundError):
+                (src / "b.bin").unlink()
+
+    extra = {"quic_backend": "aioquic", "datagram_size": 1200} if transport == "quic" else {}
+    with receiver(tmp_path, transport, **extra) as (_rc, copts):
+        opts = SendOptions(chunk_size=1 << 20, retry_for=3.0, connections=1)
+        with pytest.raises(SourceChangedError, match=r"b\.bin disappeared"):
+            send([src], get_transport(transport), copts, TOKEN, opts, on_event)
+    assert not [e for e in events if isinstance(e, Retrying)]
+    assert not (tmp_path / "dst" / "s9").exists()  # nothing half-placed
+
+
+def _chunk_dropper(handle: Any) -> Any:
+    """A receiver that loses every chunk: a data channel is cut as its first chunk arrives, before
+    anything is written or acknowledged (a peer whose link dies under every attempt)."""
+
+    class Dropping:
+        def __init__(self, ch: Channel):
+            self.ch = ch
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.ch, name)
+
+        def __setattr__(self, name: str, value: Any) -> None:  # frame_limit goes to the driver
+            if name == "ch":
+                object.__setattr__(self, name, value)
+            else:
+                setattr(self.ch, name, value)
+
+        def recv(self, timeout: float | None = None) -> Any:
+            frame = self.ch.recv(timeout)
+            if frame is not None and frame.type == FrameType.CHUNK:
+                self.ch.close()
+                raise PeerUnreachableError("dropped")
+            return frame
+
+    return lambda ch: handle(Dropping(ch))
+
+
+@pytest.mark.timeout(60)
+def test_retry_for_counts_acknowledged_chunks_not_chunks_sent(tmp_path: Path) -> None:
+    """Was: each attempt that sent a chunk reset the no-progress clock, so a receiver that never
+    acknowledged anything kept the sender retrying forever, whatever --retry-for said."""
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(8 << 20))
+    retries: list[Retrying] = []
+
+    def on_event(ev: Event) -> None:
+        if isinstance(ev, Retrying):
+            retries.append(ev)
+            if len(retries) > 60:  # the old behaviour: bounded here so the test fails, not hangs
+                raise AssertionError("still retrying after 60 attempts")
+
+    with receiver(tmp_path, "tcp", wrap=_chunk_dropper) as (_rc, copts):
+        opts = SendOptions(chunk_size=1 << 20, retry_for=2.0, window=2)
+        with pytest.raises(PeerUnreachableError, match="without progress"):
+            send([src], get_transport("tcp"), copts, TOKEN, opts, on_event)
+    assert retries  # it did retry, then gave up
