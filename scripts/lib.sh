@@ -47,18 +47,23 @@ ensure_system_packages() {
   return 0
 }
 
-# Starts the services; sets RQ_STARTED_SERVICES=1 when this call started any (so the caller stops them).
+# Starts the services (all, or those named); sets RQ_STARTED_SERVICES to the names of those this
+# call started, even when a later one failed, so the caller stops exactly those: services that were
+# already running (a user's own S3 or NATS) are left running.
 start_services() {
-  local out
-  out=$(bash "$REPO/scripts/services.sh" start) || { printf '%s\n' "$out" >&2; return 1; }
+  local out rc=0
+  out=$(bash "$REPO/scripts/services.sh" start "$@") || rc=$?
   printf '%s\n' "$out" >&2
-  RQ_STARTED_SERVICES=0
-  if grep -q ' started$' <<<"$out"; then RQ_STARTED_SERVICES=1; fi
+  RQ_STARTED_SERVICES=$(sed -n 's/^\([a-z]*\) started$/\1/p' <<<"$out" | tr '\n' ' ')
+  RQ_STARTED_SERVICES=${RQ_STARTED_SERVICES% }
   export RQ_STARTED_SERVICES
+  return $rc
 }
 
 stop_services_if_started() {
-  if [ "${RQ_STARTED_SERVICES:-0}" = 1 ]; then
-    bash "$REPO/scripts/services.sh" stop >&2 || true
+  if [ -n "${RQ_STARTED_SERVICES:-}" ]; then
+    # shellcheck disable=SC2086  # a list of plain names
+    bash "$REPO/scripts/services.sh" stop $RQ_STARTED_SERVICES >&2 || true
+    RQ_STARTED_SERVICES=
   fi
 }

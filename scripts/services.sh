@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Starts, stops and reports the local services rq's tests and quickstart use, on 127.0.0.1 only:
 #   SeaweedFS S3 (weed mini), nats-server with JetStream, and Mosquitto (when installed).
-# Usage: scripts/services.sh start|stop|status|env
-# Idempotent: `start` leaves running services alone; `stop` of a stopped service is fine.
-# `start` prints "started" or "already-running" per service; scripts/test.sh stops only what it started.
+# Usage: scripts/services.sh start|stop [seaweedfs|nats|mosquitto ...] | status | env
+# Idempotent: `start` leaves running services alone; `stop` of a stopped service is fine. With names,
+# only those. `start` prints "NAME started" or "NAME already-running" per service; scripts/test.sh
+# and scripts/quickstart.sh stop only the services their own run started.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -150,23 +151,30 @@ status() {
   return $rc
 }
 
-case "${1:-}" in
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+for name in "$@"; do  # start/stop NAME...: only those services
+  case "$name" in
+    seaweedfs | nats | mosquitto) ;;
+    *) log "services: unknown service $name (seaweedfs, nats, mosquitto)"; exit 2 ;;
+  esac
+done
+[ $# -eq 0 ] && set -- seaweedfs nats mosquitto
+case "$cmd" in
   start)
-    start_s3
-    start_nats
-    start_mqtt
+    for name in "$@"; do
+      case "$name" in seaweedfs) start_s3 ;; nats) start_nats ;; mosquitto) start_mqtt ;; esac
+    done
     write_env
     ;;
   stop)
-    stop_one seaweedfs
-    stop_one nats
-    stop_one mosquitto
-    rm -f "$STATE/services.env"
+    for name in "$@"; do stop_one "$name"; done
+    if alive seaweedfs || alive nats || alive mosquitto; then write_env; else rm -f "$STATE/services.env"; fi
     ;;
   status) status ;;
   env) write_env; cat "$STATE/services.env" ;;
   *)
-    echo "usage: $0 start|stop|status|env" >&2
+    echo "usage: $0 start|stop [seaweedfs|nats|mosquitto ...] | status | env" >&2
     exit 2
     ;;
 esac
