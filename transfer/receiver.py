@@ -223,7 +223,12 @@ class Receiver:
                         shared = self._acquire(ev.transfer_id, None)
                         core.ready(shared.plan.manifest)
                     elif isinstance(ev, ManifestReceived) and self._completed(ev.manifest):
+                        # an earlier run finished here (its sender never heard DONE): this is the
+                        # transfer finishing, as far as this receiver (and `rq recv --once`) goes
                         core.accept(ev.manifest, [], complete=True)
+                        self._send(ch, core)
+                        self._already_complete(ev.manifest)
+                        committed = True
                     elif isinstance(ev, ManifestReceived):
                         shared = self._acquire(ev.manifest.transfer_id, ev.manifest)
                         plan = shared.plan
@@ -291,6 +296,20 @@ class Receiver:
                 self._release(shared.plan.manifest.transfer_id, shared)
             with contextlib.suppress(Exception):
                 ch.close()
+
+    def _already_complete(self, m: Manifest) -> None:
+        summary = {
+            "transfer_id": m.transfer_id,
+            "files": len(m.files),
+            "bytes": m.total_bytes,
+            "verified": True,
+            "already_complete": True,
+        }
+        self.on_event(
+            TransferPlanned(m.transfer_id, len(m.files), m.total_bytes, m.total_chunks, m.total_bytes)
+        )
+        self.summaries.append(summary)
+        self.on_event(TransferFinished({**summary, "seconds": 0.0}))
 
     def _disk_error(self, exc: OSError, shared: _Shared | None) -> TransferError:
         """The receiver's own OSError as what the sender is told: its strerror and the path

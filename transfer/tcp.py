@@ -209,7 +209,9 @@ class TcpListener:
     def __init__(self, opts: ListenOptions, handler: Callable[[Channel], None]):
         self.opts = opts
         self.handler = handler
-        self.sock = socket.create_server((opts.host, opts.port), backlog=64, reuse_port=False)
+        # create_server() defaults to IPv4: an IPv6 literal ('::', '::1') needs its family said
+        family = socket.AF_INET6 if ":" in opts.host else socket.AF_INET
+        self.sock = socket.create_server((opts.host, opts.port), family=family, backlog=64, reuse_port=False)
         self.address: tuple[str, int] = self.sock.getsockname()[:2]
         self._closed = threading.Event()
         self._slots = PreAuthSlots(

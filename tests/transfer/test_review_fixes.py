@@ -4,13 +4,17 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from xfer_kit import Recv, make_tree, summary, tree_digest
+from xfer_kit import send as rq_send
 
 from transfer.credentials import load_identity
 from transfer.errors import PeerUnreachableError, SourceChangedError
@@ -129,3 +133,62 @@ def test_retry_for_counts_acknowledged_chunks_not_chunks_sent(tmp_path: Path) ->
         with pytest.raises(PeerUnreachableError, match="without progress"):
             send([src], get_transport("tcp"), copts, TOKEN, opts, on_event)
     assert retries  # it did retry, then gave up
+
+
+# -- 2. `rq recv --once` finishes when the re-run sender finds the transfer complete ---------------
+
+
+@pytest.mark.timeout(90)
+def test_recv_once_exits_when_a_rerun_finds_the_transfer_already_complete(tmp_path: Path) -> None:
+    """Was: the already-complete answer emitted nothing and never counted as a finished transfer,
+    so a new `rq recv --once` kept listening after the sender printed '0 moved … verified'."""
+    ckpt = make_tree(tmp_path / "src", 200_000, 50_000)
+    first = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--once").start()
+    try:
+        assert rq_send([ckpt], first).returncode == 0
+        assert first.wait()[0] == 0
+    finally:
+        first.stop()
+    again = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--once").start()
+    try:
+        proc = rq_send([ckpt], again)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert summary(proc)["bytes_raw"] == 0
+        rc, out, err = again.wait(timeout=30)
+    finally:
+        again.stop()
+    assert rc == 0, err
+    done = [json.loads(x) for x in out.splitlines() if '"event":"done"' in x]
+    assert done and done[0]["already_complete"] is True and done[0]["files"] == 4
+    assert tree_digest(tmp_path / "dst" / "ckpt") == tree_digest(ckpt)
+
+
+# -- 3. TCP listens on IPv6 --------------------------------------------------------------------------
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback on this machine")
+@pytest.mark.parametrize("transport", ["tcp", "quic"])
+def test_send_and_recv_over_ipv6_loopback(tmp_path: Path, transport: str) -> None:
+    """Was: `rq recv --listen '[::1]:PORT' --transport tcp` failed with 'Address family for
+    hostname not supported' (exit 6); QUIC worked."""
+    src = tmp_path / "w.bin"
+    src.write_bytes(os.urandom(300_000))
+    extra = ("--quic-backend", "aioquic") if transport == "quic" else ()
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", transport, "--once", *extra, host="[::1]").start()
+    try:
+        assert recv.info["address"].startswith("[::1]:")
+        proc = rq_send([src], recv, *extra)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert recv.wait()[0] == 0
+    finally:
+        recv.stop()
+    assert (tmp_path / "dst" / "w.bin").read_bytes() == src.read_bytes()
