@@ -603,7 +603,6 @@ def _format_options(func: Any) -> Any:
 @click.option(
     "-n",
     "--lines",
-    "count",
     type=click.IntRange(min=0),
     help="Show the last N records (default 10); on MQTT: stop after N messages.",
 )
@@ -619,7 +618,7 @@ def _format_options(func: Any) -> Any:
 @output_options
 def tail(
     topic: str,
-    count: int | None,
+    lines: int | None,
     follow: bool,
     record_to: str | None,
     idle_timeout: float | None,
@@ -655,9 +654,9 @@ def tail(
             if source.live_only:
                 if not out.quiet:
                     click.echo(f"rq: listening on {safe_text(ref.url)} (live; Ctrl-C to stop)", err=True)
-                req = Request(start=0, stop=None, follow=True, where=filt, count=count)
+                req = Request(start=0, stop=None, follow=True, where=filt, count=lines)
             else:
-                n = 10 if count is None else count
+                n = 10 if lines is None else lines
                 end = source.end_offset()
                 start = source.offset_before_end(n)
                 req = Request(start=start, stop=None if follow else end, follow=follow, where=filt)
@@ -1158,3 +1157,20 @@ def _reset(
     out.emit({"topic": ref.url, "group": group, "before": before, "after": target, "dry_run": dry_run})
     verb = "would move" if dry_run else "moved"
     out.info(f"{verb} group {safe_text(group)} on {safe_text(ref.url)} from {before} to {target}")
+
+
+def _documented_env_names(command: click.Command, name: str) -> None:
+    """The documented rule is RQ_<COMMAND>_<OPTION>, from the flag; Click's automatic name comes
+    from the Python parameter (RQ_REPLAY_FMT for --format, RQ_REPLAY_FROM_SPEC for --from). Each
+    option whose two differ reads the documented name (and still the automatic one)."""
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.envvar is not None or not param.name:
+            continue
+        longs = [o for o in param.opts if o.startswith("--")]
+        flag = longs[0][2:].replace("-", "_").upper() if longs else ""
+        if flag and flag != param.name.upper():
+            param.envvar = [f"RQ_{name.upper()}_{flag}", f"RQ_{name.upper()}_{param.name.upper()}"]
+
+
+for _command, _name in ((produce, "produce"), (tail, "tail"), (replay, "replay"), (offsets, "offsets")):
+    _documented_env_names(_command, _name)

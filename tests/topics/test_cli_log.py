@@ -864,3 +864,20 @@ def test_ctrl_c_during_a_follow_saves_the_spec_where_it_stopped(env: dict[str, s
     produce(env, "cc", b"later\n")  # the spec pins offsets 0..4 only
     r = run_rq("replay", "--spec", str(spec), "--format", "raw", env=env)
     assert (r.returncode, r.stdout) == (0, b"0\n1\n2\n3\n4\n"), r.stderr
+
+
+def test_env_vars_follow_the_documented_option_names(env: dict[str, str], tmp_path: Path) -> None:
+    """RQ_<COMMAND>_<OPTION> from the flag's name, even where the Python parameter is named otherwise."""
+    produce(env, "envs", b"".join(b"%d\n" % i for i in range(20)))
+    r = run_rq("tail", "envs", "--format", "raw", env={**env, "RQ_TAIL_LINES": "2"})
+    assert (r.returncode, r.stdout) == (0, b"18\n19\n"), r.stderr
+    r = run_rq(
+        "replay", "envs", env={**env, "RQ_REPLAY_FORMAT": "raw", "RQ_REPLAY_FROM": "5", "RQ_REPLAY_TO": "7"}
+    )
+    assert (r.returncode, r.stdout) == (0, b"5\n6\n"), r.stderr
+    r = run_rq("produce", "envs", "--json", input=b"a\0b\0", env={**env, "RQ_PRODUCE_NULL": "1"})
+    assert r.returncode == 0 and jlines(r.stdout)[-1]["records"] == 2, r.stderr
+    config = tmp_path / "rq.toml"
+    config.write_text("[tail]\nlines = 3\n")
+    r = run_rq("--config", str(config), "tail", "envs", "--format", "raw", env=env)
+    assert (r.returncode, r.stdout) == (0, b"19\na\nb\n"), r.stderr
