@@ -52,12 +52,29 @@ class TransferFinished:
 
 
 @dataclass(frozen=True)
+class SourceSkipped:
+    """Sender: an entry under a directory SOURCE that is not sent (broken symlink, FIFO, empty dir…)."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class TransferFailed:
     error: str
     code: str
 
 
-Event = Listening | TransferPlanned | ChunkMoved | ChunkResent | Retrying | TransferFinished | TransferFailed
+Event = (
+    Listening
+    | TransferPlanned
+    | ChunkMoved
+    | ChunkResent
+    | Retrying
+    | SourceSkipped
+    | TransferFinished
+    | TransferFailed
+)
 EventCallback = Callable[[Event], None]
 
 

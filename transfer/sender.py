@@ -24,6 +24,7 @@ from transfer.events import (
     ChunkResent,
     EventCallback,
     Retrying,
+    SourceSkipped,
     TransferFinished,
     TransferPlanned,
     ignore,
@@ -31,7 +32,7 @@ from transfer.events import (
 from transfer.frames import ChunkHeader, Frame, FrameType, chunk_frame_header, header
 from transfer.manifest import DEFAULT_CHUNK, Manifest
 from transfer.session import CONTROL, DATA, Accepted, Acked, Done, Nacked, Ready, SenderChannel, SenderEvent
-from transfer.source import Reader, SourceFile, check_unchanged, scan
+from transfer.source import Reader, Skipped, SourceFile, check_unchanged, scan
 from transfer.transport import Channel, Connection, ConnectOptions, Transport
 
 Pair = tuple[int, int]
@@ -327,7 +328,10 @@ def send(
     opts = opts or SendOptions()
     if opts.window is None:
         opts = replace(opts, window=getattr(transport, "send_window", DEFAULT_WINDOW))
-    manifest, files = scan(sources, opts.chunk_size)
+    skipped: list[Skipped] = []
+    manifest, files = scan(sources, opts.chunk_size, skipped)
+    for sk in skipped:
+        on_event(SourceSkipped(str(sk.path), sk.reason))
     stats = Stats()
     started = time.monotonic()
     attempt = 0
@@ -367,6 +371,7 @@ def send(
         "chunks_resent": stats.resent,
         "attempts": attempt + 1,
         "verified": bool(done.get("verified")),
+        "skipped": len(skipped),
     }
     on_event(TransferFinished(summary))
     return summary

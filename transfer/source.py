@@ -27,23 +27,29 @@ def _identity(path: Path) -> SourceFile:
     return SourceFile(path, st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def scan(sources: list[Path], chunk_size: int) -> tuple[Manifest, list[SourceFile]]:
+@dataclass(frozen=True)
+class Skipped:
+    """An entry under a directory SOURCE that is not sent, and why."""
+
+    path: Path
+    reason: str
+
+
+def scan(
+    sources: list[Path], chunk_size: int, skipped: list[Skipped] | None = None
+) -> tuple[Manifest, list[SourceFile]]:
     """A file argument is sent under its base name; a directory under its own name with its tree
-    (like `cp -r`). Symlinks to files are followed; symlinked directories and special files are not."""
+    (like `cp -r`). Symlinks to files are followed; symlinked directories, special files, broken
+    symlinks and directories with nothing to send are not: each is appended to `skipped`, so the
+    caller can say so instead of dropping them silently."""
     found: dict[str, tuple[SourceFile, int]] = {}
+    out = skipped if skipped is not None else []
     for src in sources:
         if not src.exists():
             raise FileNotFoundError(2, "source does not exist", str(src))
         base = src.resolve().name if src.name in ("", ".", "..") else src.name
         if src.is_dir():
-            for root, dirs, files in os.walk(src):
-                dirs.sort()
-                rel_root = Path(root).relative_to(src)
-                for fname in sorted(files):
-                    full = Path(root) / fname
-                    if not stat.S_ISREG(os.stat(full).st_mode):
-                        continue
-                    _add(found, (Path(base) / rel_root / fname).as_posix(), full)
+            _walk(src, base, found, out)
         else:
             _add(found, base, src)
     entries: list[FileEntry] = []
@@ -59,6 +65,43 @@ def scan(sources: list[Path], chunk_size: int) -> tuple[Manifest, list[SourceFil
     manifest = make_manifest(chunk_size, entries)
     by_name = {name: sf for name, (sf, _) in found.items()}
     return manifest, [by_name[f.name] for f in manifest.files]
+
+
+def _walk(src: Path, base: str, found: dict[str, tuple[SourceFile, int]], skipped: list[Skipped]) -> None:
+    sent_under: set[Path] = set()  # directories that get a file (they arrive as its parents)
+    walked: list[Path] = []
+    for root, dirs, files in os.walk(src):
+        dirs.sort()
+        walked.append(Path(root))
+        for dname in dirs:
+            if os.path.islink(os.path.join(root, dname)):  # os.walk does not descend into these
+                skipped.append(Skipped(Path(root) / dname, "symlink to a directory"))
+        for fname in sorted(files):
+            full = Path(root) / fname
+            reason = _not_regular(full)
+            if reason is not None:
+                skipped.append(Skipped(full, reason))
+                continue
+            _add(found, (Path(base) / Path(root).relative_to(src) / fname).as_posix(), full)
+            sent_under.update(Path(root).relative_to(src).parents)
+            sent_under.add(Path(root).relative_to(src))
+    for d in walked:
+        if d.relative_to(src) not in sent_under:
+            skipped.append(Skipped(d, "empty directory (directories are not sent on their own)"))
+
+
+def _not_regular(path: Path) -> str | None:
+    """Why `path` (a name os.walk listed as a non-directory) is not sent; None for a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "broken symlink" if os.path.islink(path) else "disappeared while scanning"
+    except OSError as exc:
+        return f"cannot stat: {exc.strerror or exc}"
+    if stat.S_ISREG(mode):
+        return None
+    kind = "FIFO" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode) else "device or special file"
+    return f"not a regular file ({kind})"
 
 
 def _add(found: dict[str, tuple[SourceFile, int]], name: str, path: Path) -> None:

@@ -614,6 +614,7 @@ def send(
         f"sent {summary['files']} file(s), {summary['bytes_total']} bytes: {summary['bytes_raw']} moved "
         f"({summary['bytes_on_wire']} on the wire, ratio {summary['ratio']}) in {summary['seconds']}s, "
         f"{summary['mb_per_s']} MB/s, {summary['chunks_resent']} chunk(s) resent, verified"
+        + (f"; {summary['skipped']} entries not sent (see above)" if summary.get("skipped") else "")
     )
 
 
@@ -645,14 +646,24 @@ def _distinct_sources(args: tuple[str, ...], out: Output) -> list[Path]:
     return sources
 
 
-def _send_progress(out: Output, bar: Any) -> Any:
-    from transfer.events import ChunkMoved, ChunkResent, Retrying, TransferPlanned
+SKIPPED_SHOWN = 10  # warnings for skipped entries before the rest are only counted
 
-    state: dict[str, Any] = {"task": None, "resent": 0}
+
+def _send_progress(out: Output, bar: Any) -> Any:
+    from transfer.events import ChunkMoved, ChunkResent, Retrying, SourceSkipped, TransferPlanned
+
+    state: dict[str, Any] = {"task": None, "resent": 0, "skipped": 0}
     lock = threading.Lock()
 
     def on_event(ev: Any) -> None:
         with lock:
+            if isinstance(ev, SourceSkipped):
+                out.emit({"event": "skipped", "path": safe_text(ev.path), "reason": ev.reason})
+                state["skipped"] += 1
+                if state["skipped"] <= SKIPPED_SHOWN:
+                    out.warn(f"not sending {safe_text(ev.path)}: {ev.reason}")
+                elif state["skipped"] == SKIPPED_SHOWN + 1:
+                    out.warn("more entries not sent; --json lists them all")
             if isinstance(ev, Retrying):
                 out.emit(
                     {

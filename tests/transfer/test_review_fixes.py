@@ -192,3 +192,44 @@ def test_send_and_recv_over_ipv6_loopback(tmp_path: Path, transport: str) -> Non
     finally:
         recv.stop()
     assert (tmp_path / "dst" / "w.bin").read_bytes() == src.read_bytes()
+
+
+# -- 4/8. entries that are not sent are said, not dropped (or fatal) -------------------------------
+
+
+def test_a_broken_symlink_in_a_source_dir_is_skipped_and_reported(tmp_path: Path) -> None:
+    """Was: one dangling symlink aborted the whole send as 'source not found' (exit 3), and
+    FIFOs, symlinked and empty directories were dropped without a word."""
+    ckpt = tmp_path / "src" / "ckpt"
+    (ckpt / "sub").mkdir(parents=True)
+    (ckpt / "sub" / "w.bin").write_bytes(os.urandom(100_000))
+    (ckpt / "gone").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(ckpt / "pipe")
+    (ckpt / "linkdir").symlink_to(ckpt / "sub", target_is_directory=True)
+    (ckpt / "empty" / "deeper").mkdir(parents=True)
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--once").start()
+    try:
+        proc = rq_send([ckpt], recv)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert recv.wait()[0] == 0
+    finally:
+        recv.stop()
+    s = summary(proc)
+    lines = [json.loads(x) for x in proc.stdout.decode().splitlines()]
+    reasons = {Path(x["path"]).name: x["reason"] for x in lines if x.get("event") == "skipped"}
+    assert reasons.keys() == {"gone", "pipe", "linkdir", "empty", "deeper"}, reasons
+    assert reasons["gone"] == "broken symlink" and "FIFO" in reasons["pipe"]
+    assert s["skipped"] == 5 and s["files"] == 1
+    err = proc.stderr.decode()
+    assert "not sending" in err and "gone: broken symlink" in err
+    assert (tmp_path / "dst" / "ckpt" / "sub" / "w.bin").read_bytes() == (ckpt / "sub" / "w.bin").read_bytes()
+
+
+def test_a_broken_symlink_given_as_source_is_still_not_found(tmp_path: Path) -> None:
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp").start()
+    try:
+        proc = rq_send([tmp_path / "gone"], recv)
+    finally:
+        recv.stop()
+    assert proc.returncode == 3 and "source not found" in proc.stderr.decode()
