@@ -183,7 +183,10 @@ class Store:
     def plan(self, manifest: Manifest) -> Plan:
         """Accepts a validated manifest: checks the destination, then opens (or resumes) partial files."""
         for entry in manifest.files:
-            self._check_target(entry.name, entry.key)
+            try:
+                self._check_target(entry.name, entry.key)
+            except ExistsError as exc:
+                raise self._explain_partial_rerun(manifest, entry, exc) from None
         restarted = self._drop_stale(manifest)
         with _disk_errors():
             self._write_state_file(f"{manifest.transfer_id}.manifest.json", manifest.to_json())
@@ -199,11 +202,26 @@ class Store:
             self._redo_commit(manifest)
         if not self._exists(name):
             return False
-        for entry in manifest.files:
-            if self._final_size(entry.name) != entry.size:
-                os.unlink(name, dir_fd=self.state_fd)  # moved or deleted since: send it again
-                return False
-        return True
+        # A file moved or deleted since: not complete, send it again. The marker stays, so that a
+        # refusal of the files still in place can say why (_explain_partial_rerun).
+        return all(self._final_size(entry.name) == entry.size for entry in manifest.files)
+
+    def _explain_partial_rerun(self, manifest: Manifest, entry: FileEntry, exc: ExistsError) -> ExistsError:
+        """A file of this very transfer, complete here before, is still in place while another one
+        is gone: say that, and what to do, instead of a bare "exists"."""
+        if self.overwrite or not self._exists(f"{manifest.transfer_id}.done.json"):
+            return exc
+        gone = [f.name for f in manifest.files if self._final_size(f.name) != f.size]
+        if not gone or self._final_size(entry.name) is None:
+            return exc
+        more = f" and {len(gone) - 1} more" if len(gone) > 1 else ""
+        return ExistsError(
+            f"{display_name(entry.name)} already exists in the destination: this transfer completed here "
+            f"before and {display_name(gone[0])}{more} has since been removed or changed. rq recv sends "
+            "whole transfers and never replaces files by default: run `rq recv` with --overwrite to send "
+            "the transfer again and replace its files, or move its remaining files out of the destination "
+            "and re-run"
+        )
 
     def _redo_commit(self, manifest: Manifest) -> None:
         """Finishes a commit a crash cut short, if every file it had not yet placed still waits

@@ -233,3 +233,30 @@ def test_a_broken_symlink_given_as_source_is_still_not_found(tmp_path: Path) -> 
     finally:
         recv.stop()
     assert proc.returncode == 3 and "source not found" in proc.stderr.decode()
+
+
+# -- 5. re-sending after a file of a finished transfer was deleted on the receiver ------------------
+
+
+def test_resend_after_a_file_was_deleted_on_the_receiver_says_what_to_do(tmp_path: Path) -> None:
+    """Was: exit 9 'ckpt/… already exists in the destination' with the generic hint, although the
+    existing files are this very transfer's. Now the refusal says so and what to do; --overwrite
+    brings the deleted file back."""
+    ckpt = make_tree(tmp_path / "src", 200_000, 50_000)
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp").start()
+    try:
+        assert rq_send([ckpt], recv).returncode == 0
+        (tmp_path / "dst" / "ckpt" / "shards" / "rand.bin").unlink()
+        proc = rq_send([ckpt], recv)
+    finally:
+        recv.stop()
+    err = proc.stderr.decode()
+    assert proc.returncode == 9, err
+    assert "this transfer completed here before" in err and "rand.bin" in err and "--overwrite" in err
+    again = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--overwrite", "--once").start()
+    try:
+        assert rq_send([ckpt], again).returncode == 0
+        assert again.wait()[0] == 0
+    finally:
+        again.stop()
+    assert tree_digest(tmp_path / "dst" / "ckpt") == tree_digest(ckpt)
