@@ -62,7 +62,7 @@ def check_config(
     ignored) or a value of the wrong type (a TypeError deep inside Click). Only the invoked command's
     table is checked key by key, so `rq tail` does not import the modules of every other command."""
     where = path or default_config_path()
-    for key, value in config.items():
+    for key, value in list(config.items()):  # (_check_key may rename a key: see there)
         if key in commands:
             if not isinstance(value, dict):
                 raise CliError(
@@ -82,7 +82,7 @@ def _check_table(
     table: dict[str, Any], command: click.Command, ctx: click.Context, name: str, where: Path
 ) -> None:
     subcommands = command.commands if isinstance(command, click.Group) else {}
-    for key, value in table.items():
+    for key, value in list(table.items()):  # (_check_key may rename a key: see there)
         if _dashed_twin(table, key):
             continue
         sub = subcommands.get(key) or subcommands.get(key.replace("_", "-"))
@@ -112,6 +112,14 @@ def _check_key(
     label = f"[{name}] {key}" if name else key
     param = params.get(key)
     if param is None:
+        # the option's own name (`from` for --from, `format` for --format), as the docs say keys
+        # are, where it differs from the parameter Click fills (`from_spec`, `fmt`): default_map
+        # only knows the parameter, so the key is stored again under that name
+        param = _by_flag(command).get(key.replace("-", "_"))
+        if param is not None and param.name:
+            table[param.name] = table.pop(key)
+            key = param.name
+    if param is None:
         known = sorted(params) + subcommands
         near = difflib.get_close_matches(key, known, n=1)
         hint = f"did you mean {near[0]!r}?" if near else f"known here: {', '.join(known) or 'none'}"
@@ -133,6 +141,18 @@ def _check_key(
         raise CliError(
             f"config file {where}: {label}: {shown} is not a valid {param.type.name}", ExitCode.USAGE
         ) from None
+
+
+def _by_flag(command: click.Command) -> dict[str, click.Parameter]:
+    """A command's options by their long flag names, dashes as underscores (`--retention-age`:
+    `retention_age`)."""
+    return {
+        opt[2:].replace("-", "_"): p
+        for p in command.params
+        if p.name != "help"
+        for opt in getattr(p, "opts", [])
+        if opt.startswith("--")
+    }
 
 
 def _dashed_twin(table: dict[str, Any], key: str) -> bool:

@@ -210,6 +210,17 @@ def test_config_string_for_a_repeatable_option_is_one_value(tmp_path: Path) -> N
     assert [p["url"].rsplit("/", 1)[1] for p in plans] == ["a.tar"]
 
 
+def test_config_keys_may_be_the_option_names_the_docs_use(tmp_path: Path) -> None:
+    """`from` for --from and `format` for --format, where Click's parameters are named otherwise
+    (`from_spec`, `fmt`): both were refused as "no such option"."""
+    env = {"RQ_TOPICS_DIR": str(tmp_path / "topics")}
+    assert run_rq("produce", "t", "-q", input=b"1\n2\n3\n4\n", env=env).returncode == 0
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[replay]\nfrom = "-2"\nformat = "raw"\n')
+    res = run_rq("--config", str(cfg), "replay", "t", env=env)
+    assert (res.returncode, res.stdout) == (0, b"3\n4\n"), res.stderr
+
+
 def test_safe_text_escapes_everything_that_could_drive_or_break_a_terminal() -> None:
     from rqcli.output import safe_text
 
