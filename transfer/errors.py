@@ -55,6 +55,12 @@ class ExistsError(TransferError):
     code = "exists"
 
 
+class BusyError(ExistsError):
+    """Another transfer that is still running is writing a file this one names."""
+
+    code = "busy"
+
+
 class NoSpaceError(TransferError):
     """The receiver ran out of disk space; what was verified so far is kept for resume."""
 
@@ -90,6 +96,7 @@ _BY_CODE: dict[str, type[TransferError]] = {
         VerifyError,
         SourceChangedError,
         ExistsError,
+        BusyError,
         NoSpaceError,
         PeerUnreachableError,
         UnsupportedError,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from transfer import codec
-from transfer.errors import PeerUnreachableError, ProtocolError, TransferError, VerifyError
+from transfer.errors import BusyError, PeerUnreachableError, ProtocolError, TransferError, VerifyError
 from transfer.events import (
     ChunkMoved,
     ChunkResent,
@@ -38,6 +38,8 @@ from transfer.transport import Channel, Connection, ConnectOptions, Transport
 Pair = tuple[int, int]
 # Errors worth reconnecting for; anything else (auth, limits, names, exists, verify) is final.
 TRANSIENT: tuple[type[BaseException], ...] = (PeerUnreachableError, ConnectionError, TimeoutError, OSError)
+# ...and a receiver busy with another transfer of the same file, which may be a dead one (send()).
+RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT, BusyError)
 MAX_RESENDS_PER_CHUNK = 8
 DEFAULT_WINDOW = 8  # unacknowledged chunks per channel where the transport names none
 # A full window this long without an ACK makes the sender send FLUSH: a rescue for a receiver whose
@@ -343,15 +345,22 @@ def send(
         try:
             done = _attempt(manifest, files, transport, copts, token, opts, stats, on_event, attempt)
             break
-        except TRANSIENT as exc:
-            if isinstance(exc, TransferError) and not isinstance(exc, PeerUnreachableError):
+        except RETRIED as exc:
+            busy = isinstance(exc, BusyError)
+            if isinstance(exc, TransferError) and not isinstance(exc, PeerUnreachableError | BusyError):
                 raise
+            # Busy: another transfer on the receiver is writing one of our files. It may be a
+            # sender killed a moment ago whose connection the receiver has not yet timed out
+            # (QUIC: 10 s), so wait for it within --retry-for, then give up with the refusal.
+            stats.connected = stats.connected or busy
             if stats.acked > before:
                 last_progress = time.monotonic()
                 attempt = 0  # it was moving: retry quickly
             # Until the receiver has answered once, a wrong address should not hang for a minute.
             limit = opts.retry_for if stats.connected else min(opts.retry_for, FIRST_CONNECT_GRACE)
             if time.monotonic() - last_progress > limit:
+                if busy:
+                    raise
                 raise PeerUnreachableError(f"gave up after {limit:.0f}s without progress: {exc}") from None
             attempt += 1
             delay = min(2.0, 0.1 * 2**attempt)

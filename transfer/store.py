@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
 import threading
@@ -27,6 +28,7 @@ import orjson
 from transfer.aligned import ALIGN, O_DIRECT, is_aligned
 from transfer.codec import root_digest
 from transfer.errors import (
+    BusyError,
     ExistsError,
     NoSpaceError,
     TransferError,
@@ -81,6 +83,7 @@ class Plan:
     restarted: list[str]
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
+    live_fd: int = -1  # holds a shared flock on <tid>.live while open: "this transfer is running"
 
     def has(self, f: int, k: int) -> bool:
         return k in self.files[f].have
@@ -153,6 +156,9 @@ class Plan:
             if self.closed:
                 return
             self.closed = True
+            if self.live_fd >= 0:
+                os.close(self.live_fd)  # releases the flock
+                self.live_fd = -1
 
 
 class Store:
@@ -310,7 +316,33 @@ class Store:
             if not joining and entry.size >= _RESERVE_MIN and len(journal.initial) < chunks:
                 self._reserve(part, entry.size)
             files.append(FileState(entry, chunks, journal, dict(journal.initial)))
-        return Plan(manifest, files, self, restarted)
+        return Plan(manifest, files, self, restarted, live_fd=self._hold_live(manifest.transfer_id))
+
+    def _hold_live(self, tid: str) -> int:
+        """A shared flock on <tid>.live, held while a plan of the transfer is open in any process
+        of this receiver; the kernel drops it with the process, so a killed receiver's transfer
+        reads as not running (see _is_live)."""
+        fd = os.open(
+            f"{tid}.live",
+            os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=self.state_fd,
+        )
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return fd
+
+    def _is_live(self, tid: str) -> bool:
+        try:
+            fd = os.open(f"{tid}.live", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
 
     def _reserve(self, part: str, size: int) -> None:
         """Takes the whole file's space as the transfer starts (rsync --preallocate, aria2's
@@ -376,6 +408,14 @@ class Store:
                 continue
             if not any(f.name in ours for f in old.files):
                 continue
+            clash = [f.name for f in old.files if f.name in ours and ours[f.name] != f.key]
+            if clash and self._is_live(old.transfer_id):
+                # not stale: another sender is writing it right now, and deleting its partial
+                # files would fail that transfer (and mix nothing but trouble into this one)
+                raise BusyError(
+                    f"{display_name(clash[0])} is being written by another transfer that is still "
+                    "running here; wait for it to finish (or stop it), then re-run"
+                )
             for f in old.files:
                 if f.name in ours and ours[f.name] != f.key:
                     restarted.append(f.name)
@@ -384,6 +424,7 @@ class Store:
             # the older transfer's commit, if a crash cut it short, cannot be finished any more:
             # this one may rewrite the .part files it would place
             unlink_quiet_at(f"{old.transfer_id}.commit.json", self.state_fd)
+            unlink_quiet_at(f"{old.transfer_id}.live", self.state_fd)
             unlink_quiet_at(entry, self.state_fd)
         return restarted
 
@@ -521,6 +562,6 @@ class Store:
         """Drops a finished transfer's journals, manifest and commit marker (its done marker stays)."""
         tid = manifest.transfer_id
         names = [f"{f.key}.journal" for f in manifest.files]
-        for name in [*names, f"{tid}.manifest.json", f"{tid}.commit.json"]:
+        for name in [*names, f"{tid}.manifest.json", f"{tid}.commit.json", f"{tid}.live"]:
             unlink_quiet_at(name, self.state_fd)
         os.fsync(self.state_fd)

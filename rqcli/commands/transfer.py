@@ -89,10 +89,12 @@ _LIMIT_HINT = "the receiver's limits refuse it: raise --max-files / --max-bytes 
 
 
 def _cli_error(exc: Exception) -> CliError:
-    from transfer.errors import LimitError
+    from transfer.errors import BusyError, LimitError
 
     code = _exit_code(exc)
     hint = _LIMIT_HINT if isinstance(exc, LimitError) else _HINTS.get(code)
+    if isinstance(exc, BusyError):
+        hint = "two transfers cannot write one file at once: re-run when the other one has finished"
     return CliError(safe_text(str(exc)), code, hint=hint)
 
 

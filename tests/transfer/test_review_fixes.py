@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from xfer_kit import Recv, make_tree, summary, tree_digest
+from xfer_kit import Recv, make_tree, summary, tree_digest, wait_for
 from xfer_kit import send as rq_send
 
 from transfer.credentials import load_identity
-from transfer.errors import PeerUnreachableError, SourceChangedError
+from transfer.errors import BusyError, PeerUnreachableError, SourceChangedError
 from transfer.events import ChunkMoved, Event, Retrying
 from transfer.frames import FrameType
 from transfer.receiver import Receiver
@@ -260,3 +260,58 @@ def test_resend_after_a_file_was_deleted_on_the_receiver_says_what_to_do(tmp_pat
     finally:
         again.stop()
     assert tree_digest(tmp_path / "dst" / "ckpt") == tree_digest(ckpt)
+
+
+# -- 6. a second transfer naming a file an in-flight one writes ------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_transfer_naming_a_file_another_live_transfer_writes_is_refused(tmp_path: Path) -> None:
+    """Was: the newcomer took the running transfer's manifest for a stale version and deleted its
+    partial files: the first sender failed ('receiver cannot write ckpt/c'). Now the newcomer is
+    refused (BusyError, exit 9) while the other runs, and the first one completes."""
+    a, b = tmp_path / "a" / "ckpt", tmp_path / "b" / "ckpt"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    (a / "c").write_bytes(os.urandom(6 << 20))
+    (b / "c").write_bytes(os.urandom(2 << 20))
+    seen: list[BaseException | None] = []
+
+    with receiver(tmp_path, "tcp") as (_rc, copts):
+        tcp = get_transport("tcp")
+
+        def on_event(ev: Event) -> None:
+            if isinstance(ev, ChunkMoved) and not seen:  # A is mid-flight: B comes in now
+                try:
+                    send([b], tcp, copts, TOKEN, SendOptions(chunk_size=1 << 20, retry_for=2))
+                    seen.append(None)
+                except Exception as exc:
+                    seen.append(exc)
+
+        result = send([a], tcp, copts, TOKEN, SendOptions(chunk_size=1 << 20, window=1), on_event)
+    assert isinstance(seen[0], BusyError), seen
+    assert "ckpt/c" in str(seen[0]) and "another transfer" in str(seen[0])
+    assert result["verified"]
+    assert (tmp_path / "dst" / "ckpt" / "c").read_bytes() == (a / "c").read_bytes()
+
+
+def test_a_stale_transfer_naming_the_same_file_is_still_dropped(tmp_path: Path) -> None:
+    """A transfer that is not running (its sender gone, the receiver's plan closed) is stale: a
+    newcomer naming its file restarts it, as before."""
+    a, b = tmp_path / "a" / "ckpt", tmp_path / "b" / "ckpt"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    (a / "c").write_bytes(os.urandom(3 << 20))
+    (b / "c").write_bytes(os.urandom(2 << 20))
+    with receiver(tmp_path, "tcp") as (_rc, copts):
+        tcp = get_transport("tcp")
+
+        def stop(ev: Event) -> None:
+            if isinstance(ev, ChunkMoved):
+                raise KeyboardInterrupt  # the first sender dies mid-flight
+
+        with pytest.raises(KeyboardInterrupt):
+            send([a], tcp, copts, TOKEN, SendOptions(chunk_size=1 << 20), stop)
+        assert wait_for(lambda: not _rc._plans, 10)  # its channels closed: not running any more
+        send([b], tcp, copts, TOKEN, SendOptions(chunk_size=1 << 20))
+    assert (tmp_path / "dst" / "ckpt" / "c").read_bytes() == (b / "c").read_bytes()
