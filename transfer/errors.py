@@ -55,6 +55,12 @@ class ExistsError(TransferError):
     code = "exists"
 
 
+class DirectoryInTheWayError(ExistsError):
+    """A destination file's name is taken by a directory, which --overwrite does not replace."""
+
+    code = "exists-dir"
+
+
 class BusyError(ExistsError):
     """Another transfer that is still running is writing a file this one names."""
 
@@ -96,6 +102,7 @@ _BY_CODE: dict[str, type[TransferError]] = {
         VerifyError,
         SourceChangedError,
         ExistsError,
+        DirectoryInTheWayError,
         BusyError,
         NoSpaceError,
         PeerUnreachableError,

@@ -28,6 +28,8 @@ def validate_name(name: str) -> tuple[str, ...]:
         raise UnsafeNameError(f"absolute path not allowed: {shown}")
     if "\\" in name:
         raise UnsafeNameError(f"backslash not allowed in file name: {shown}")
+    if any("\udc80" <= ch <= "\udcff" for ch in name):  # os.fsdecode's escapes for undecodable bytes
+        raise UnsafeNameError(f"file name is not valid UTF-8: {shown}")
     for ch in name:
         if unicodedata.category(ch) in ("Cc", "Cs") or ch == "\x00":
             raise UnsafeNameError(f"control character in file name: {shown}")

@@ -29,6 +29,7 @@ from transfer.aligned import ALIGN, O_DIRECT, is_aligned
 from transfer.codec import root_digest
 from transfer.errors import (
     BusyError,
+    DirectoryInTheWayError,
     ExistsError,
     NoSpaceError,
     TransferError,
@@ -377,7 +378,10 @@ class Store:
             except FileNotFoundError:
                 return
             if stat.S_ISDIR(st.st_mode):
-                raise ExistsError(f"{display_name(name)} exists in the destination as a directory")
+                raise DirectoryInTheWayError(
+                    f"{display_name(name)} exists in the destination as a directory"
+                    + (" (--overwrite replaces files, not directories)" if self.overwrite else "")
+                )
             if not self.overwrite and not self._is_our_link(st, key):
                 raise ExistsError(f"{display_name(name)} already exists in the destination")
         finally:

@@ -89,10 +89,12 @@ _LIMIT_HINT = "the receiver's limits refuse it: raise --max-files / --max-bytes 
 
 
 def _cli_error(exc: Exception) -> CliError:
-    from transfer.errors import BusyError, LimitError
+    from transfer.errors import BusyError, DirectoryInTheWayError, LimitError
 
     code = _exit_code(exc)
     hint = _LIMIT_HINT if isinstance(exc, LimitError) else _HINTS.get(code)
+    if isinstance(exc, DirectoryInTheWayError):
+        hint = "remove or rename that directory on the receiver, then re-run"
     if isinstance(exc, BusyError):
         hint = "two transfers cannot write one file at once: re-run when the other one has finished"
     return CliError(safe_text(str(exc)), code, hint=hint)
@@ -297,6 +299,9 @@ def recv(
     except TransferError as exc:
         raise _cli_error(exc) from None
     except OSError as exc:
+        if exc.filename is not None:  # DEST, the token file or the cert dir, not the socket
+            where = safe_text(os.fsdecode(exc.filename))
+            raise CliError(f"cannot use {where}: {exc.strerror or exc}", ExitCode.FAILURE) from None
         raise CliError(f"cannot listen on {listen}: {exc.strerror or exc}", ExitCode.UNREACHABLE) from None
     addr_host, addr_port = listener.address
     shown_host = socket.gethostname() if addr_host in ("0.0.0.0", "::") else addr_host
@@ -340,6 +345,9 @@ def recv(
         started = [_start_worker(child_args, out) for _ in range(workers - 1)]
         children = [proc for proc, _ in started]
         receiver.data_ports = [addr_port] + [port for _, port in started]
+    # before the listening line: a script may send SIGTERM as soon as it has read it
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     out.emit(
         {
             "event": "listening",
@@ -358,8 +366,6 @@ def recv(
     died: list[BaseException] = []  # why the listener stopped, when it stops on its own
     server = threading.Thread(target=_serve, args=(listener, died), daemon=True)
     server.start()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         with out.progress() as bar:
             receiver.on_event = _recv_progress(out, bar)
@@ -369,6 +375,9 @@ def recv(
                     break
                 if not once:
                     stop.wait(0.5)
+            if stop.is_set() and once and not receiver.completed.is_set():
+                # a script waiting for one transfer must not read "received" from a kill
+                raise CliError("stopped by SIGTERM before a transfer completed", ExitCode.INTERRUPTED)
             if not stop.is_set() and not server.is_alive():
                 # nobody asked it to stop: exiting 0 here would tell a script all went well
                 reason = f": {safe_text(str(died[0]))}" if died else ""

@@ -7,13 +7,14 @@ import contextlib
 import json
 import os
 import socket
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from xfer_kit import Recv, make_tree, summary, tree_digest, wait_for
+from xfer_kit import Recv, make_tree, rq_cmd, rq_env, summary, tree_digest, wait_for
 from xfer_kit import send as rq_send
 
 from transfer.credentials import load_identity
@@ -315,3 +316,55 @@ def test_a_stale_transfer_naming_the_same_file_is_still_dropped(tmp_path: Path) 
         assert wait_for(lambda: not _rc._plans, 10)  # its channels closed: not running any more
         send([b], tcp, copts, TOKEN, SendOptions(chunk_size=1 << 20))
     assert (tmp_path / "dst" / "ckpt" / "c").read_bytes() == (b / "c").read_bytes()
+
+
+# -- 7. small ones: messages and exit codes ------------------------------------------------------
+
+
+def _rq(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(rq_cmd(*args), env=rq_env(), capture_output=True, timeout=timeout, check=False)
+
+
+def test_recv_names_the_path_it_cannot_create(tmp_path: Path) -> None:
+    """Was: 'cannot listen on 127.0.0.1:0: Not a directory' for a DEST under a regular file."""
+    (tmp_path / "file").write_bytes(b"x")
+    proc = _rq(
+        "recv", str(tmp_path / "file" / "dest"), "--listen", "127.0.0.1:0", "--cert-dir", str(tmp_path / "c")
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert "cannot listen" not in err and "file/dest" in err and "Not a directory" in err
+
+
+def test_recv_once_stopped_by_sigterm_before_a_transfer_exits_interrupted(tmp_path: Path) -> None:
+    """Was: exit 0, as if the one transfer had been received."""
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--once").start()
+    rc, _out, err = recv.stop()  # SIGTERM
+    assert rc == 130, err
+    assert "SIGTERM" in err
+
+
+def test_a_non_utf8_file_name_is_called_that(tmp_path: Path) -> None:
+    """Was: 'control character in file name'."""
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(os.path.join(os.fsencode(src), b"bad\xff.bin"), "wb") as fh:
+        fh.write(b"x")
+    proc = _rq("send", str(src), "rq://127.0.0.1:9", "--transport", "tcp")
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and "not valid UTF-8" in err, err
+
+
+def test_overwrite_does_not_blame_a_missing_flag_for_a_directory_in_the_way(tmp_path: Path) -> None:
+    """Was: with --overwrite given, a directory in the way still said 'pass --overwrite'."""
+    (tmp_path / "dst" / "w.bin").mkdir(parents=True)
+    src = tmp_path / "w.bin"
+    src.write_bytes(b"weights")
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--overwrite").start()
+    try:
+        proc = rq_send([src], recv)
+    finally:
+        recv.stop()
+    err = proc.stderr.decode()
+    assert proc.returncode == 9, err
+    assert "replaces files, not directories" in err and "pass --overwrite" not in err
