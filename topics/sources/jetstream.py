@@ -37,6 +37,7 @@ from topics.sources.natswire import (
     certificate_refused,
     client_certificate_refused,
     client_certificate_rejected,
+    closed_after_client_certificate,
     no_client_certificate,
     refuse_plain,
 )
@@ -61,6 +62,18 @@ class _Refusal(Exception):
         self.error = error
 
 
+def _cut_off(exc: BaseException) -> bool:
+    """A connection the server reset or closed (anywhere in the exception's context chain)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionError | ssl.SSLEOFError | ssl.SSLZeroReturnError):
+            return True
+        if isinstance(seen, ssl.SSLError) and "UNEXPECTED_EOF" in str(seen):
+            return True
+        seen = seen.__context__ or seen.__cause__
+    return False
+
+
 def _client(access: Access, where: str) -> Any:
     """A nats-py client that checks the server's INFO on the connection it uses: where TLS was asked
     for, nats-py would otherwise go on in the clear when that INFO does not require TLS (it upgrades
@@ -81,6 +94,7 @@ def _client(access: Access, where: str) -> Any:
                 raise _Refusal(SourceUnreachable(refuse_plain(where)))
             if info.get("tls_verify") and access.cert is None:
                 raise _Refusal(no_client_certificate(where))
+            self.rq_client_cert_checked = bool(info.get("tls_verify"))
             await super()._process_info(info, initial_connection)
 
     return Checked()
@@ -143,6 +157,8 @@ class _Conn:
             return AccessDenied(certificate_refused(self.where, cause), credentials=False)
         if isinstance(cause, ssl.SSLError) and client_certificate_refused(cause):
             return client_certificate_rejected(self.where, cause)
+        if getattr(self.nc, "rq_client_cert_checked", False) and _cut_off(exc):
+            return closed_after_client_certificate(self.where)
         if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower():
             return AccessDenied(
                 f"NATS at {self.where} refused rq {self.access.who()}: authorization violation"

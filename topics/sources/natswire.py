@@ -88,6 +88,17 @@ def client_certificate_rejected(where: str, exc: ssl.SSLError) -> AccessDenied:
     )
 
 
+def closed_after_client_certificate(where: str) -> AccessDenied:
+    """A server that wants a client certificate, took ours through the handshake and then cut the
+    connection: with TLS 1.3 it checks the certificate after the client's side is done, and its
+    alert is lost when the reset comes first (which one the client sees is a race)."""
+    return AccessDenied(
+        f"NATS at {where} requires a client certificate and closed the connection once it had rq's: "
+        "it most likely refused it; check NATS_CERT and NATS_KEY",
+        credentials=False,
+    )
+
+
 def certificate_refused(where: str, exc: ssl.SSLCertVerificationError) -> str:
     return f"NATS at {where}: the server's certificate was refused ({exc.verify_message}); {tls_hint(exc, 'NATS_CA')}"
 
@@ -223,9 +234,14 @@ class OrderedReader:
             "tls_required": bool(meta.get("tls_required")),
             **connect_auth(self.access),
         }
-        self._send(b"CONNECT " + orjson.dumps(connect) + b"\r\nPING\r\n")
-        while True:
+        try:
+            self._send(b"CONNECT " + orjson.dumps(connect) + b"\r\nPING\r\n")
             line = self._line()
+        except SourceUnreachable:
+            if meta.get("tls_verify") and self.access.cert is not None:
+                raise closed_after_client_certificate(self.where) from None
+            raise
+        while True:
             if line == b"PONG":
                 break
             if line.startswith(b"-ERR"):
@@ -233,6 +249,7 @@ class OrderedReader:
                 if "authorization violation" in said.lower():
                     raise AccessDenied(f"NATS at {self.where} refused rq {self.access.who()}: {said}")
                 raise SourceUnreachable(f"NATS refused the connection: {said}")
+            line = self._line()
         self._send(f"SUB {self.api_inbox} 2\r\n".encode())
 
     def _start_tls(self) -> None:
