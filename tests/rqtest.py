@@ -58,6 +58,23 @@ def run_rq(
     )
 
 
+def popen_rq(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Starts `rq ARGS` in the background (a follower to read line by line, then signal or wait)."""
+    return subprocess.Popen(
+        [*rq_command(), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def read_lines(proc: subprocess.Popen[bytes], lines: list[bytes]) -> None:
+    """Asserts the process's next stdout lines are `lines` (each given without its newline)."""
+    assert proc.stdout is not None
+    for want in lines:
+        assert proc.stdout.readline() == want + b"\n"
+
+
 def rdma_device_present() -> bool:
     tool = shutil.which("ibv_devices")
     if tool is None:

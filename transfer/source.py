@@ -87,7 +87,7 @@ def _walk(src: Path, base: str, found: dict[str, tuple[SourceFile, int]], skippe
             sent_under.add(Path(root).relative_to(src))
     for d in walked:
         if d.relative_to(src) not in sent_under:
-            skipped.append(Skipped(d, "empty directory (directories are not sent on their own)"))
+            skipped.append(Skipped(d, "no file to send under it (directories are not sent on their own)"))
 
 
 def _not_regular(path: Path) -> str | None:

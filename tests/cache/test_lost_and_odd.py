@@ -139,7 +139,8 @@ def test_one_object_bigger_than_the_cap_fails_alone(tmp_path: Path, ram_dir: Pat
     assert failed(out.stdout) == {str(src / "huge"): "no_space"}
     summary = events(out.stdout)[-1]
     assert (summary["objects"], summary["aborted"]) == (20, False)  # was 0 objects, aborted
-    assert b"huge" not in out.stderr or b"cap" in out.stderr
+    why = next(e["message"] for e in events(out.stdout) if e["event"] == "failed")
+    assert "disk tier's cap of 200.0 KiB" in why and "--disk-limit" in why, why
 
 
 def test_filters_that_match_nothing_and_empty_sources_are_errors(tmp_path: Path) -> None:

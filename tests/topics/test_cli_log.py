@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from rqtest import rq_command, run_rq
+from rqtest import popen_rq, read_lines, rq_command, run_rq
 
 from topics.embedded.log import LogWriter
 
@@ -412,15 +412,8 @@ def test_follow_sees_new_records_and_idle_timeout_ends_it(env: dict[str, str]) -
 
 def test_sigterm_stops_a_committing_follower_like_ctrl_c(env: dict[str, str]) -> None:
     produce(env, "svc", b"".join(b"%d\n" % i for i in range(50)))
-    proc = subprocess.Popen(
-        [*rq_command(), "replay", "svc", "-f", "--group", "svc", "--commit", "--format", "raw"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, **env},
-    )
-    assert proc.stdout is not None
-    for i in range(50):
-        assert proc.stdout.readline() == b"%d\n" % i
+    proc = popen_rq("replay", "svc", "-f", "--group", "svc", "--commit", "--format", "raw", env=env)
+    read_lines(proc, [b"%d" % i for i in range(50)])
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 130
     off = jlines(run_rq("offsets", "svc", "--json", env=env).stdout)[0]
@@ -848,15 +841,8 @@ def test_an_empty_spec_replays_as_empty(env: dict[str, str], tmp_path: Path) -> 
 def test_ctrl_c_during_a_follow_saves_the_spec_where_it_stopped(env: dict[str, str], tmp_path: Path) -> None:
     produce(env, "cc", b"".join(b"%d\n" % i for i in range(5)))
     spec = tmp_path / "f.json"
-    proc = subprocess.Popen(
-        [*rq_command(), "replay", "cc", "-f", "--format", "raw", "--save-spec", str(spec)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, **env},
-    )
-    assert proc.stdout is not None
-    for i in range(5):
-        assert proc.stdout.readline() == b"%d\n" % i
+    proc = popen_rq("replay", "cc", "-f", "--format", "raw", "--save-spec", str(spec), env=env)
+    read_lines(proc, [b"%d" % i for i in range(5)])
     proc.send_signal(signal.SIGINT)
     assert proc.wait(30) == 130
     saved = json.loads(spec.read_bytes())

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import rq_command, run_rq
+from rqtest import popen_rq, read_lines, rq_command, run_rq
 
 pytestmark = pytest.mark.integration
 
@@ -296,32 +296,14 @@ def test_follow_sees_new_messages_and_flow_control_keeps_up(
 ) -> None:
     """Follow mode on the wire-level reader: a backlog larger than flow-control windows, then live
     messages, then the idle timeout ends it."""
-    import os
-
     make_stream(nats_url, stream_name)
     publish(nats_url, f"{stream_name}.x", [b"%d" % i for i in range(3000)])
-    proc = subprocess.Popen(
-        [
-            *rq_command(),
-            "replay",
-            f"{nats_url}/{stream_name}",
-            "--from",
-            "start",
-            "-f",
-            "--timeout",
-            "5",  # counted from when rq got the backlog, which can be a while before we read it
-            "--format",
-            "raw",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env={**os.environ, **env},
-    )
-    assert proc.stdout is not None
-    for i in range(3000):
-        assert proc.stdout.readline() == b"%d\n" % i
+    # --timeout counts from when rq got the backlog, which can be a while before we read it
+    args = ["--from", "start", "-f", "--timeout", "5", "--format", "raw"]
+    proc = popen_rq("replay", f"{nats_url}/{stream_name}", *args, env=env)
+    read_lines(proc, [b"%d" % i for i in range(3000)])
     publish(nats_url, f"{stream_name}.x", [b"live"], headers={"h": "v"})
-    assert proc.stdout.readline() == b"live\n"
+    read_lines(proc, [b"live"])
     assert proc.wait(30) == 0
 
 
