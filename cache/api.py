@@ -24,7 +24,7 @@ import xxhash
 from cache import events as ev
 from cache import orphans
 from cache.digests import file_digest
-from cache.errors import BadSourceError, CacheError, DeniedError, NotFoundError, VerifyError
+from cache.errors import BadSourceError, CacheError, DeniedError, NotFoundError, UncacheableError, VerifyError
 from cache.fetcher import Fetcher, Job
 from cache.index import Entry, Index
 from cache.landing import ObjectInfo
@@ -74,8 +74,8 @@ class Cache:
         cache_dir: str | os.PathLike[str] | None = None,
         *,
         ram_dir: str | os.PathLike[str] | None = None,
-        ram_limit: int | str | None = None,
-        disk_limit: int | str | None = None,
+        ram_limit: int | float | str | None = None,
+        disk_limit: int | float | str | None = None,
         endpoint_url: str | None = None,
         profile: str | None = None,
         max_age: float = DEFAULT_MAX_AGE,
@@ -187,7 +187,7 @@ class Cache:
                     Index.delete(db, url)
 
     def _caps(
-        self, index: Index, ram_limit: int | str | None, disk_limit: int | str | None
+        self, index: Index, ram_limit: int | float | str | None, disk_limit: int | float | str | None
     ) -> dict[str, int]:
         caps: dict[str, int] = {}
         for tier, given in (("ram", ram_limit), ("disk", disk_limit)):
@@ -411,6 +411,8 @@ class Cache:
                 raise NotFoundError(failure.message)
             if failure.kind == "denied":
                 raise DeniedError(failure.message)
+            if failure.kind == "uncacheable":
+                raise UncacheableError(failure.message)
             raise CacheError(failure.message)
         entry = result.landed[0]
         return entry, result.kept.get(entry.url, -1)
@@ -446,9 +448,28 @@ class Cache:
             raise NotFoundError(f"not cached: {url}")
         return entry
 
-    def path(self, url: str) -> Path:
+    def path(self, url: str, *, fresh: bool = False) -> Path:
+        """The file holding a cached URL (NotFoundError when not cached). With `fresh`, the entry is
+        first revalidated the way `open` does (a local origin always, S3 after `max_age`), and
+        fetched again when the origin has a new version or the cached file has gone; the bytes
+        are not re-hashed (that is `open`'s or `verify`'s job)."""
         entry = self.stat(url)
-        return self.layout.blob_path(entry.tier, entry.blob)
+        path = self.layout.blob_path(entry.tier, entry.blob)
+        if not fresh:
+            return path
+        info = None
+        if self._stale(entry):
+            info = origin_for_url(entry.url, self.s3_settings).stat(entry.url)
+            if info.version == entry.version:
+                self._state().index.mark_checked([entry.url], time.time())
+                if path.exists():
+                    return path
+        elif path.exists():
+            return path
+        fetched, _ = self._fetch_one(entry.url, entry.tier, info)  # changed at the origin, or gone here
+        if entry.pinned:
+            self._state().index.set_pinned([entry.url], True)
+        return self.layout.blob_path(fetched.tier, fetched.blob)
 
     def usage(self) -> dict[str, dict[str, int]]:
         out = self._state().index.usage()

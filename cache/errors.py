@@ -31,6 +31,11 @@ class DeniedError(CacheError):
     permission): it fails alone and the others go on, unlike AuthError's wrong credentials."""
 
 
+class UncacheableError(CacheError):
+    """A file whose contents cannot be captured faithfully: a /proc or /sys pseudo-file states a
+    size of 0 and reads back text made up anew on every read. It fails alone, without retries."""
+
+
 class UnreachableError(CacheError):
     """The origin could not be reached, or the connection was lost and retries ran out."""
 

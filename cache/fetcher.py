@@ -36,6 +36,7 @@ from cache.errors import (
     DeniedError,
     NotFoundError,
     OriginError,
+    UncacheableError,
     UnreachableError,
     VerifyError,
 )
@@ -63,6 +64,7 @@ def error_kind(exc: BaseException) -> str:
     for cls, kind in (
         (NotFoundError, "not_found"),
         (DeniedError, "denied"),
+        (UncacheableError, "uncacheable"),
         (AuthError, "auth"),
         (UnreachableError, "unreachable"),
         (ChangedError, "changed"),
@@ -631,7 +633,7 @@ class Fetcher:
         if isinstance(err, UnreachableError | CacheFullError | AuthError) or fatal is not None:
             self._release(job, keep=resumable)
             return fatal or err
-        if isinstance(err, NotFoundError | DeniedError) or not isinstance(err, CacheError):
+        if isinstance(err, NotFoundError | DeniedError | UncacheableError) or not isinstance(err, CacheError):
             self._release(job, keep=False)
             job.done = True
             failure = ev.Failed(job.info.url, error_kind(err), str(err) or type(err).__name__)

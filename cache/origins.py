@@ -22,6 +22,7 @@ from cache.errors import (
     ChangedError,
     DeniedError,
     NotFoundError,
+    UncacheableError,
     UnreachableError,
 )
 from cache.landing import Checksums, Landing, ObjectInfo
@@ -251,6 +252,11 @@ class LocalOrigin:
                     break
                 landing.write(view[:n], offset, inline=True)
                 offset += n
+            if info.size == 0 and os.pread(fd, 1, 0):
+                # /proc and /sys files say 0 bytes and yet read back text that changes per read
+                raise UncacheableError(
+                    f"{info.url} says it holds 0 bytes yet reads back data (a /proc or /sys file?)"
+                )
             if local_version(os.fstat(fd)) != info.version:
                 raise ChangedError(f"{info.url} changed while it was copied")
         finally:

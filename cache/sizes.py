@@ -12,8 +12,15 @@ MAX_SIZE = 2**63 - 1
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 
-def parse_size(text: str | int) -> int:
-    """Bytes from `text`; units are binary (K = 1024) whether written `K`, `KB` or `KiB`."""
+def parse_size(text: str | int | float) -> int:
+    """Bytes from `text`; units are binary (K = 1024) whether written `K`, `KB` or `KiB`.
+    A number is a count of bytes (`1.5e9` is fine; `1.5` is not a whole number of bytes)."""
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise BadSourceError(f"not a size: {text!r} (use bytes as an int, or text such as 512M, 4G, 1.5T)")
+    if isinstance(text, float):
+        if not text.is_integer():
+            raise BadSourceError(f"not a whole number of bytes: {text!r} (use e.g. '1.5G' for 1.5 GiB)")
+        text = int(text)
     if isinstance(text, int):
         size = text
     else:

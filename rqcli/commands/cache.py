@@ -153,16 +153,25 @@ def stat(url: str, cache_dir: Path | None) -> None:
 
 @cache.command("path")
 @click.argument("url")
+@click.option(
+    "--no-check",
+    is_flag=True,
+    help="Print the entry's file as cached, without asking the origin whether it changed.",
+)
 @cache_dir_option
 @output_options
-def path(url: str, cache_dir: Path | None) -> None:
+def path(url: str, no_check: bool, cache_dir: Path | None) -> None:
     """The local file holding a cached URL (read-only; do not write to it).
+
+    Like `rq cache cat`, it first revalidates the entry (a directory origin always, S3 after 60 s)
+    and fetches it again if the origin changed or the cached file is gone. A URL that is not
+    cached exits 3.
 
     Example: tar tf "$(rq cache path s3://bucket/shard-0001.tar)"
     """
     out = get_output()
     c = open_existing(cache_dir)
-    p = _guard(lambda: c.path(url))
+    p = _guard(lambda: c.path(url, fresh=not no_check))
     out.emit({"event": "summary", "url": url, "path": str(p)})
     if not out.json:
         click.echo(str(p))

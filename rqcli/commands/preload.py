@@ -27,6 +27,7 @@ def cache_error_to_cli(exc: Exception) -> CliError:
         (e.UnsafeDirError, ExitCode.USAGE, None),
         (e.NotFoundError, ExitCode.NOT_FOUND, "check the bucket, prefix or path"),
         (e.DeniedError, ExitCode.AUTH, "check the permissions of the file or directory"),
+        (e.UncacheableError, ExitCode.UNSUPPORTED, "copy it to a regular file first"),
         (e.TlsError, ExitCode.AUTH, None),  # its own hint: what to fix depends on the refusal
         (e.AuthError, ExitCode.AUTH, "check AWS_PROFILE / AWS_ACCESS_KEY_ID and the endpoint"),
         (
@@ -93,6 +94,7 @@ EXIT_FOR_KIND = {
     "changed": ExitCode.VERIFY,
     "no_space": ExitCode.NO_SPACE,
     "unreachable": ExitCode.UNREACHABLE,
+    "uncacheable": ExitCode.UNSUPPORTED,
 }
 
 
@@ -192,8 +194,9 @@ def preload(
                     out.info(f"would fetch {safe_text(event.url)} ({event.size} bytes)")
             elif isinstance(event, ev.Failed):
                 out.emit({"event": "failed", "url": event.url, "kind": event.kind, "message": event.message})
-                if not out.json:
-                    out.warn(f"{safe_text(event.url)}: {safe_text(event.message)}")
+                if not out.json:  # most messages name the object already: say it once
+                    named = event.url in event.message
+                    out.warn(safe_text(event.message if named else f"{event.url}: {event.message}"))
             elif isinstance(event, ev.Retrying):
                 out.debug(
                     f"retry {event.attempt} of {safe_text(event.url)} in {event.delay_s:.1f}s: {event.reason}"

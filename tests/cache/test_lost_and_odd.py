@@ -19,7 +19,7 @@ import pytest
 from rqtest import random_files, run_rq
 
 from cache import Cache
-from cache.errors import BadSourceError, NotFoundError
+from cache.errors import BadSourceError, NotFoundError, UncacheableError
 from cache.landing import ObjectInfo
 from cache.origins import LocalOrigin, local_version
 
@@ -219,3 +219,54 @@ def test_prefetch_follows_an_order_that_repeats_urls(tmp_path: Path, ram_dir: Pa
     c.close()
     assert warm == len(epoch1), f"{warm}/{len(epoch1)} warm"  # 22/60 in the review's run
     assert pre.errors == []
+
+
+# --- second review round (2026-11-23, later session) -------------------------------------------
+
+
+def test_a_pseudo_file_that_says_zero_bytes_is_refused_not_cached_empty(tmp_path: Path) -> None:
+    """/proc files say 0 bytes and read back text: caching them empty (the old result, exit 0) is a
+    wrong copy. They fail alone as `uncacheable` (exit 10), at once, and a real empty file lands."""
+    (tmp_path / "empty").write_bytes(b"")
+    cache = ["--cache-dir", str(tmp_path / "c")]
+    out = run_rq("preload", "/proc/self/status", *cache, "--json")
+    assert out.returncode == 10, out.stderr
+    assert failed(out.stdout) == {"/proc/self/status": "uncacheable"}
+    assert "/proc or /sys" in events(out.stdout)[0]["message"]
+    out = run_rq("preload", "/proc/self/status", *cache)
+    assert out.returncode == 10 and out.stderr.count(b"/proc/self/status") == 1, out.stderr
+    out = run_rq("preload", str(tmp_path / "empty"), *cache)
+    assert out.returncode == 0, out.stderr
+    c = Cache(tmp_path / "c")
+    with pytest.raises(UncacheableError):
+        c.open("/proc/self/status")
+    assert c.read_bytes(str(tmp_path / "empty")) == b""
+    c.close()
+
+
+def test_a_size_that_is_no_whole_number_of_bytes_is_a_clear_error(tmp_path: Path) -> None:
+    for bad in (1.5, True, [1 << 30]):
+        with pytest.raises(BadSourceError, match=r"size|bytes"):
+            Cache(tmp_path / "c", ram_limit=bad)  # type: ignore[arg-type]  # was TypeError from re
+    c = Cache(tmp_path / "c", ram_limit=2e9)  # a float holding a whole number is bytes
+    assert c.caps["ram"] == 2_000_000_000
+    c.close()
+
+
+def test_cache_path_revalidates_like_cat_unless_told_not_to(tmp_path: Path) -> None:
+    src = random_files(tmp_path / "src", 1, 1000)
+    f = next(src.iterdir())
+    cache = ["--cache-dir", str(tmp_path / "c")]
+    assert run_rq("preload", str(src), *cache).returncode == 0
+    first = Path(run_rq("cache", "path", str(f), *cache).stdout.decode().strip())
+    f.write_bytes(b"new contents")
+    os.utime(f, ns=(1, 1))  # a new version whatever the clock's resolution
+    out = run_rq("cache", "path", str(f), *cache, "--no-check")
+    assert Path(out.stdout.decode().strip()) == first and first.read_bytes() != b"new contents"
+    out = run_rq("cache", "path", str(f), *cache)
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.decode().strip()).read_bytes() == b"new contents"  # was the old copy
+    Path(out.stdout.decode().strip()).unlink()  # a cleaner removed the cached file
+    out = run_rq("cache", "path", str(f), *cache)
+    assert out.returncode == 0 and Path(out.stdout.decode().strip()).read_bytes() == b"new contents"
+    assert run_rq("cache", "path", str(tmp_path / "never"), *cache).returncode == 3
