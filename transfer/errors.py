@@ -67,6 +67,20 @@ class BusyError(ExistsError):
     code = "busy"
 
 
+class ChunkSizeError(TransferError):
+    """The receiver holds verified chunks of these very files cut at another chunk size: the sender
+    should re-plan with `chunk_size` (the receiver's) so that none of them is sent again."""
+
+    code = "chunk-size"
+
+    def __init__(self, message: str, chunk_size: int = 0):
+        super().__init__(message)
+        self.chunk_size = chunk_size
+
+    def details(self) -> dict[str, int]:
+        return {"chunk_size": self.chunk_size}
+
+
 class NoSpaceError(TransferError):
     """The receiver ran out of disk space; what was verified so far is kept for resume."""
 
@@ -104,6 +118,7 @@ _BY_CODE: dict[str, type[TransferError]] = {
         ExistsError,
         DirectoryInTheWayError,
         BusyError,
+        ChunkSizeError,
         NoSpaceError,
         PeerUnreachableError,
         UnsupportedError,
@@ -112,6 +127,12 @@ _BY_CODE: dict[str, type[TransferError]] = {
 }
 
 
-def error_from_code(code: str, message: str) -> TransferError:
-    """The exception a sender raises for the receiver's ERROR frame."""
-    return _BY_CODE.get(code, TransferError)(message)
+def error_from_code(code: str, message: str, info: dict[str, object] | None = None) -> TransferError:
+    """The exception a sender raises for the receiver's ERROR frame (`info`: the frame's JSON)."""
+    cls = _BY_CODE.get(code, TransferError)
+    if cls is ChunkSizeError:
+        size = (info or {}).get("chunk_size")
+        if not isinstance(size, int) or isinstance(size, bool):
+            return ProtocolError(f"{message} (no chunk size given)")
+        return ChunkSizeError(message, size)
+    return cls(message)

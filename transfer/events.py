@@ -60,6 +60,15 @@ class SourceSkipped:
 
 
 @dataclass(frozen=True)
+class ChunkSizeAdopted:
+    """Sender: the receiver holds verified chunks of these files cut at `chunk_size`, so the
+    transfer goes on at that size instead of `asked` (nothing that arrived is sent again)."""
+
+    chunk_size: int
+    asked: int
+
+
+@dataclass(frozen=True)
 class TransferFailed:
     error: str
     code: str
@@ -72,6 +81,7 @@ Event = (
     | ChunkResent
     | Retrying
     | SourceSkipped
+    | ChunkSizeAdopted
     | TransferFinished
     | TransferFailed
 )

@@ -129,8 +129,8 @@ def parse_pairs(body: memoryview) -> list[tuple[int, int]]:
     return [PAIR.unpack_from(body, i) for i in range(0, len(body), PAIR.size)]
 
 
-def error_frame(code: str, message: str) -> bytes:
-    return control(FrameType.ERROR, {"code": code, "message": message})
+def error_frame(code: str, message: str, details: dict[str, Any] | None = None) -> bytes:
+    return control(FrameType.ERROR, {**(details or {}), "code": code, "message": message})
 
 
 class BodyPool:

@@ -10,7 +10,7 @@ or out-of-range byte ranges: it can only name chunks that exist.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 import xxhash
@@ -41,6 +41,10 @@ class FileEntry:
     mode: int
     key: str  # hex xxh3-128 of (name, size, mtime_ns, inode, chunk size): this version of this file
     elem: int = 2  # element size for byte grouping: 2 (bf16/fp16) or 4 (fp32)
+    # hex xxh3-128 of (name, size, mtime_ns, inode): this version of this file whatever the chunk
+    # size, so a receiver can tell a re-run with another --chunk-size from a changed source.
+    # Optional on the wire ("" from an older sender): outside the transfer id, so older peers agree.
+    ident: str = ""
 
     def chunks(self, chunk_size: int) -> int:
         return -(-self.size // chunk_size)
@@ -70,12 +74,21 @@ class Manifest:
                 "version": self.version,
                 "transfer_id": self.transfer_id,
                 "chunk_size": self.chunk_size,
-                "files": [
-                    {"name": f.name, "size": f.size, "mode": f.mode, "key": f.key, "elem": f.elem}
-                    for f in self.files
-                ],
+                "files": [_entry_json(f) for f in self.files],
             }
         )
+
+
+def _entry_json(f: FileEntry) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": f.name, "size": f.size, "mode": f.mode, "key": f.key, "elem": f.elem}
+    if f.ident:
+        out["ident"] = f.ident
+    return out
+
+
+def file_ident(name: str, size: int, mtime_ns: int, inode: int) -> str:
+    """The identity of one version of a source file, independent of the chunk size."""
+    return xxhash.xxh3_128_hexdigest(orjson.dumps([name, size, mtime_ns, inode]))
 
 
 def file_key(name: str, size: int, mtime_ns: int, inode: int, chunk_size: int) -> str:
@@ -135,6 +148,7 @@ def _parse_entry(item: Any) -> FileEntry:
     if not isinstance(item, dict):
         raise ProtocolError("manifest file entry must be an object")
     name, size, mode, key, elem = (item.get(k) for k in ("name", "size", "mode", "key", "elem"))
+    ident = item.get("ident", "")
     if not isinstance(name, str):
         raise ProtocolError("manifest file name must be a string")
     validate_name(name)
@@ -142,11 +156,17 @@ def _parse_entry(item: Any) -> FileEntry:
         raise ProtocolError(f"bad size {size!r} for a file")
     if not isinstance(mode, int) or not 0 <= mode <= 0o7777:
         raise ProtocolError(f"bad mode {mode!r} for a file")
-    if not isinstance(key, str) or len(key) != 32 or any(c not in "0123456789abcdef" for c in key):
+    if not _is_hex32(key):
         raise ProtocolError("bad file key in manifest")
+    if ident != "" and not _is_hex32(ident):
+        raise ProtocolError("bad file identity in manifest")
     if elem not in (1, 2, 4):
         raise ProtocolError(f"bad element size {elem!r}")
-    return FileEntry(name=name, size=size, mode=mode, key=key, elem=elem)
+    return FileEntry(name=name, size=size, mode=mode, key=key, elem=elem, ident=ident)
+
+
+def _is_hex32(value: Any) -> TypeGuard[str]:
+    return isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)
 
 
 def _check_tree(files: list[FileEntry]) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transfer.errors import NoSpaceError, PeerUnreachableError, TransferError
+from transfer.errors import ChunkSizeError, NoSpaceError, PeerUnreachableError, TransferError
 from transfer.events import (
     ChunkMoved,
     ChunkResent,
@@ -270,7 +270,8 @@ class Receiver:
                 core.fail(exc)
                 with contextlib.suppress(Exception):
                     self._send(ch, core)
-                self.on_event(TransferFailed(str(exc), exc.code))
+                if not isinstance(exc, ChunkSizeError):  # a redirect the sender follows, not a refusal
+                    self.on_event(TransferFailed(str(exc), exc.code))
         except TimeoutError:
             pass  # the sender went quiet; what is durable stays, the sender resumes
         except OSError as exc:

@@ -18,10 +18,18 @@ from pathlib import Path
 from typing import Any
 
 from transfer import codec
-from transfer.errors import BusyError, PeerUnreachableError, ProtocolError, TransferError, VerifyError
+from transfer.errors import (
+    BusyError,
+    ChunkSizeError,
+    PeerUnreachableError,
+    ProtocolError,
+    TransferError,
+    VerifyError,
+)
 from transfer.events import (
     ChunkMoved,
     ChunkResent,
+    ChunkSizeAdopted,
     EventCallback,
     Retrying,
     SourceSkipped,
@@ -30,7 +38,7 @@ from transfer.events import (
     ignore,
 )
 from transfer.frames import ChunkHeader, Frame, FrameType, chunk_frame_header, header
-from transfer.manifest import DEFAULT_CHUNK, Manifest
+from transfer.manifest import DEFAULT_CHUNK, MAX_CHUNK, MIN_CHUNK, Manifest
 from transfer.session import CONTROL, DATA, Accepted, Acked, Done, Nacked, Ready, SenderChannel, SenderEvent
 from transfer.source import Reader, Skipped, SourceFile, check_unchanged, scan
 from transfer.transport import Channel, Connection, ConnectOptions, Transport
@@ -338,6 +346,7 @@ def send(
     started = time.monotonic()
     attempt = 0
     last_progress = time.monotonic()
+    adopted = False
     while True:
         # Progress is what the receiver acknowledged: chunks merely sent may be lost with the
         # connection, and counting those let a send that could never finish retry forever.
@@ -345,6 +354,15 @@ def send(
         try:
             done = _attempt(manifest, files, transport, copts, token, opts, stats, on_event, attempt)
             break
+        except ChunkSizeError as exc:
+            # The receiver holds verified chunks of these very files at another chunk size (an
+            # interrupted run with another --chunk-size): re-plan at its size, once, and keep them.
+            if adopted or not MIN_CHUNK <= exc.chunk_size <= MAX_CHUNK:
+                raise
+            adopted = True
+            on_event(ChunkSizeAdopted(exc.chunk_size, opts.chunk_size))
+            opts = replace(opts, chunk_size=exc.chunk_size)
+            manifest, files = scan(sources, opts.chunk_size, [])
         except RETRIED as exc:
             busy = isinstance(exc, BusyError)
             if isinstance(exc, TransferError) and not isinstance(exc, PeerUnreachableError | BusyError):
@@ -381,6 +399,7 @@ def send(
         "attempts": attempt + 1,
         "verified": bool(done.get("verified")),
         "skipped": len(skipped),
+        "chunk_size": opts.chunk_size,
     }
     on_event(TransferFinished(summary))
     return summary

@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from transfer import codec
-from transfer.errors import AuthError, ProtocolError, TransferError, VerifyError, error_from_code
+from transfer.errors import (
+    AuthError,
+    ChunkSizeError,
+    ProtocolError,
+    TransferError,
+    VerifyError,
+    error_from_code,
+)
 from transfer.frames import (
     ChunkHeader,
     Frame,
@@ -259,7 +266,8 @@ class ReceiverChannel:
         self.state = "closed"
 
     def fail(self, exc: TransferError) -> None:
-        self.outbox.append(error_frame(exc.code, str(exc)))
+        details = exc.details() if isinstance(exc, ChunkSizeError) else None
+        self.outbox.append(error_frame(exc.code, str(exc), details))
         self.state = "closed"
 
 
@@ -319,7 +327,7 @@ class SenderChannel:
     def handle(self, frame: Frame) -> list[SenderEvent]:
         if frame.type is FrameType.ERROR:
             info = frame.json_object()
-            raise error_from_code(str(info.get("code")), f"receiver refused: {info.get('message')}")
+            raise error_from_code(str(info.get("code")), f"receiver refused: {info.get('message')}", info)
         if self.state == "challenge":
             if frame.type is not FrameType.CHALLENGE:
                 raise ProtocolError(f"expected CHALLENGE, got {frame.type.name}")

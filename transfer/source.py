@@ -10,7 +10,7 @@ from pathlib import Path
 
 from transfer import aligned, cachestat
 from transfer.errors import SourceChangedError, TransferError
-from transfer.manifest import FileEntry, Manifest, file_key, make_manifest
+from transfer.manifest import FileEntry, Manifest, file_ident, file_key, make_manifest
 from transfer.names import validate_name
 
 
@@ -60,6 +60,7 @@ def scan(
                 size=sf.size,
                 mode=mode,
                 key=file_key(name, sf.size, sf.mtime_ns, sf.inode, chunk_size),
+                ident=file_ident(name, sf.size, sf.mtime_ns, sf.inode),
             )
         )
     manifest = make_manifest(chunk_size, entries)

@@ -29,6 +29,7 @@ from transfer.aligned import ALIGN, O_DIRECT, is_aligned
 from transfer.codec import root_digest
 from transfer.errors import (
     BusyError,
+    ChunkSizeError,
     DirectoryInTheWayError,
     ExistsError,
     NoSpaceError,
@@ -194,6 +195,7 @@ class Store:
                 self._check_target(entry.name, entry.key)
             except ExistsError as exc:
                 raise self._explain_partial_rerun(manifest, entry, exc) from None
+        self._check_chunk_size(manifest)
         restarted = self._drop_stale(manifest)
         with _disk_errors():
             self._write_state_file(f"{manifest.transfer_id}.manifest.json", manifest.to_json())
@@ -395,10 +397,8 @@ class Store:
             return False
         return (part.st_dev, part.st_ino) == (st.st_dev, st.st_ino)
 
-    def _drop_stale(self, manifest: Manifest) -> list[str]:
-        """Removes partial state of an older version of any file this manifest sends (changed source)."""
-        ours = {f.name: f.key for f in manifest.files}
-        restarted: list[str] = []
+    def _other_manifests(self, manifest: Manifest) -> Iterator[tuple[str, Manifest]]:
+        """The manifests of other transfers planned here and not finished (state file, manifest)."""
         for entry in os.listdir(self.state_fd):
             if not entry.endswith(".manifest.json") or entry == f"{manifest.transfer_id}.manifest.json":
                 continue
@@ -410,6 +410,49 @@ class Store:
                     )
             except (OSError, TransferError):
                 continue
+            yield entry, old
+
+    def _check_chunk_size(self, manifest: Manifest) -> None:
+        """Refuses (ChunkSizeError, which a sender answers by re-planning) a manifest whose files
+        this receiver already holds verified chunks of, cut at another chunk size: the same file
+        versions (same `ident`) re-sent with another --chunk-size. The chunk size with the most
+        verified bytes wins; keeping them beats re-sending them whatever size the re-run asked for.
+        Re-cutting the journal instead would mean reading and hashing those bytes again."""
+        ours = {f.name: f.ident for f in manifest.files if f.ident}
+        if not ours:
+            return  # an older sender: no identity to compare, so nothing can be kept (as before)
+        best: dict[int, int] = {}
+        example: dict[int, str] = {}
+        for _, old in self._other_manifests(manifest):
+            cs = old.chunk_size
+            if cs == manifest.chunk_size:
+                continue
+            for f in old.files:
+                if not f.ident or ours.get(f.name) != f.ident or not self._exists(f"{f.key}.part"):
+                    continue
+                have = recorded(self.state_fd, f"{f.key}.journal", f.key, f.size, cs, f.chunks(cs))
+                got = sum(f.chunk_len(k, cs) for k in have)
+                if got:
+                    best[cs] = best.get(cs, 0) + got
+                    example.setdefault(cs, f.name)
+        if not best:
+            return
+        cs = max(best, key=lambda c: best[c])
+        raise ChunkSizeError(
+            f"{display_name(example[cs])} has {best[cs]} bytes verified here from an earlier run with "
+            f"chunk size {cs}; re-run with --chunk-size {cs} to keep them",
+            cs,
+        )
+
+    def _drop_stale(self, manifest: Manifest) -> list[str]:
+        """Removes partial state of an older version of any file this manifest sends (changed source).
+
+        The same version cut at another chunk size (same `ident`: _check_chunk_size found nothing
+        verified to keep) is dropped too, but not reported as restarted: its source did not change."""
+        ours = {f.name: f.key for f in manifest.files}
+        idents = {f.name: f.ident for f in manifest.files}
+        restarted: list[str] = []
+        for entry, old in self._other_manifests(manifest):
             if not any(f.name in ours for f in old.files):
                 continue
             clash = [f.name for f in old.files if f.name in ours and ours[f.name] != f.key]
@@ -422,7 +465,8 @@ class Store:
                 )
             for f in old.files:
                 if f.name in ours and ours[f.name] != f.key:
-                    restarted.append(f.name)
+                    if not f.ident or idents[f.name] != f.ident:
+                        restarted.append(f.name)
                     for suffix in (".part", ".journal"):
                         unlink_quiet_at(f"{f.key}{suffix}", self.state_fd)
             # the older transfer's commit, if a crash cut it short, cannot be finished any more:

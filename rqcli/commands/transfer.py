@@ -657,11 +657,26 @@ def _distinct_sources(args: tuple[str, ...], out: Output) -> list[Path]:
     return sources
 
 
+def _size_text(n: int) -> str:
+    """A chunk size the way --chunk-size takes it back: 4 MiB, 256 KiB, or bytes."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
 SKIPPED_SHOWN = 10  # warnings for skipped entries before the rest are only counted
 
 
 def _send_progress(out: Output, bar: Any) -> Any:
-    from transfer.events import ChunkMoved, ChunkResent, Retrying, SourceSkipped, TransferPlanned
+    from transfer.events import (
+        ChunkMoved,
+        ChunkResent,
+        ChunkSizeAdopted,
+        Retrying,
+        SourceSkipped,
+        TransferPlanned,
+    )
 
     state: dict[str, Any] = {"task": None, "resent": 0, "skipped": 0}
     lock = threading.Lock()
@@ -675,6 +690,12 @@ def _send_progress(out: Output, bar: Any) -> Any:
                     out.warn(f"not sending {safe_text(ev.path)}: {ev.reason}")
                 elif state["skipped"] == SKIPPED_SHOWN + 1:
                     out.warn("more entries not sent; --json lists them all")
+            if isinstance(ev, ChunkSizeAdopted):
+                out.emit({"event": "chunk_size", "chunk_size": ev.chunk_size, "asked": ev.asked})
+                out.warn(
+                    f"resuming with chunk size {_size_text(ev.chunk_size)}, the size the receiver's "
+                    f"partial files were cut at (asked: {_size_text(ev.asked)}); what arrived is kept"
+                )
             if isinstance(ev, Retrying):
                 out.emit(
                     {
