@@ -19,6 +19,12 @@ from transfer.errors import LimitError, ProtocolError
 from transfer.names import validate_name
 
 PROTOCOL_VERSION = 1
+# A manifest that lists directories (empty ones: the others arrive as parents of their files) says
+# version 2, so that an older receiver refuses it with one line ("unsupported protocol version 2")
+# instead of silently dropping them; a manifest without directories stays version 1, which every
+# receiver takes. The frame header's wire version is unchanged.
+DIRS_VERSION = 2
+MANIFEST_VERSIONS = (PROTOCOL_VERSION, DIRS_VERSION)
 MIN_CHUNK = 64 * 1024
 MAX_CHUNK = 64 * 1024 * 1024
 DEFAULT_CHUNK = 4 * 1024 * 1024
@@ -59,6 +65,7 @@ class Manifest:
     files: tuple[FileEntry, ...]
     version: int = PROTOCOL_VERSION
     transfer_id: str = field(default="")
+    dirs: tuple[str, ...] = ()  # directories to create (relative names, validated like file names)
 
     @property
     def total_bytes(self) -> int:
@@ -69,14 +76,15 @@ class Manifest:
         return sum(f.chunks(self.chunk_size) for f in self.files)
 
     def to_json(self) -> bytes:
-        return orjson.dumps(
-            {
-                "version": self.version,
-                "transfer_id": self.transfer_id,
-                "chunk_size": self.chunk_size,
-                "files": [_entry_json(f) for f in self.files],
-            }
-        )
+        body: dict[str, Any] = {
+            "version": self.version,
+            "transfer_id": self.transfer_id,
+            "chunk_size": self.chunk_size,
+            "files": [_entry_json(f) for f in self.files],
+        }
+        if self.dirs:
+            body["dirs"] = list(self.dirs)
+        return orjson.dumps(body)
 
 
 def _entry_json(f: FileEntry) -> dict[str, Any]:
@@ -96,14 +104,24 @@ def file_key(name: str, size: int, mtime_ns: int, inode: int, chunk_size: int) -
     return xxhash.xxh3_128_hexdigest(orjson.dumps([name, size, mtime_ns, inode, chunk_size]))
 
 
-def transfer_id(chunk_size: int, files: tuple[FileEntry, ...]) -> str:
+def transfer_id(chunk_size: int, files: tuple[FileEntry, ...], dirs: tuple[str, ...] = ()) -> str:
     """The same sources, unchanged, give the same id: that is how a re-run finds its journal."""
-    return xxhash.xxh3_128_hexdigest(orjson.dumps([chunk_size, [(f.name, f.key) for f in files]]))
+    listed: list[Any] = [chunk_size, [(f.name, f.key) for f in files]]
+    if dirs:  # only then: a manifest without directories keeps the id older rq computes
+        listed.append(list(dirs))
+    return xxhash.xxh3_128_hexdigest(orjson.dumps(listed))
 
 
-def make_manifest(chunk_size: int, files: list[FileEntry]) -> Manifest:
+def make_manifest(chunk_size: int, files: list[FileEntry], dirs: list[str] | None = None) -> Manifest:
     ordered = tuple(sorted(files, key=lambda f: f.name))
-    return Manifest(chunk_size=chunk_size, files=ordered, transfer_id=transfer_id(chunk_size, ordered))
+    dirs_t = tuple(sorted(set(dirs or ())))
+    return Manifest(
+        chunk_size=chunk_size,
+        files=ordered,
+        version=DIRS_VERSION if dirs_t else PROTOCOL_VERSION,
+        transfer_id=transfer_id(chunk_size, ordered, dirs_t),
+        dirs=dirs_t,
+    )
 
 
 def parse_manifest(body: bytes | memoryview, limits: Limits) -> Manifest:
@@ -116,20 +134,35 @@ def parse_manifest(body: bytes | memoryview, limits: Limits) -> Manifest:
         raise ProtocolError(f"manifest is not JSON: {exc}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("files"), list):
         raise ProtocolError("manifest must be an object with a list of files")
-    if raw.get("version") != PROTOCOL_VERSION:
+    version = raw.get("version")
+    if version not in MANIFEST_VERSIONS or isinstance(version, bool):
         raise ProtocolError(
-            f"unsupported protocol version {raw.get('version')!r} (this rq speaks {PROTOCOL_VERSION})"
+            f"unsupported protocol version {version!r} (this rq speaks {PROTOCOL_VERSION}-{DIRS_VERSION}); "
+            "upgrade rq on the older side"
         )
     chunk_size = raw.get("chunk_size")
     if not isinstance(chunk_size, int) or not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
         raise ProtocolError(f"chunk size {chunk_size!r} outside {MIN_CHUNK}..{MAX_CHUNK}")
     items = raw["files"]
-    if len(items) > limits.max_files:
-        raise LimitError(f"manifest lists {len(items)} files, more than the {limits.max_files} allowed")
+    dir_items = raw.get("dirs", [])
+    if version == PROTOCOL_VERSION and "dirs" in raw:
+        raise ProtocolError("a version 1 manifest cannot list directories")
+    if not isinstance(dir_items, list) or not all(isinstance(d, str) for d in dir_items):
+        raise ProtocolError("manifest dirs must be a list of names")
+    if len(items) + len(dir_items) > limits.max_files:
+        raise LimitError(
+            f"manifest lists {len(items) + len(dir_items)} files and directories, "
+            f"more than the {limits.max_files} allowed"
+        )
     files = [_parse_entry(item) for item in items]
     _check_tree(files)
+    dirs = _parse_dirs(dir_items, files)
     manifest = Manifest(
-        chunk_size=chunk_size, files=tuple(files), transfer_id=str(raw.get("transfer_id", ""))
+        chunk_size=chunk_size,
+        files=tuple(files),
+        version=version,
+        transfer_id=str(raw.get("transfer_id", "")),
+        dirs=dirs,
     )
     if manifest.total_chunks > limits.max_chunks:
         raise LimitError(
@@ -139,7 +172,7 @@ def parse_manifest(body: bytes | memoryview, limits: Limits) -> Manifest:
         raise LimitError(
             f"transfer is {manifest.total_bytes} bytes, more than --max-bytes {limits.max_bytes}"
         )
-    if manifest.transfer_id != transfer_id(chunk_size, manifest.files):
+    if manifest.transfer_id != transfer_id(chunk_size, manifest.files, manifest.dirs):
         raise ProtocolError("manifest transfer id does not match its contents")
     return manifest
 
@@ -182,3 +215,20 @@ def _check_tree(files: list[FileEntry]) -> None:
     keys = {f.key for f in files}
     if len(keys) != len(files):
         raise ProtocolError("manifest repeats a file key")
+
+
+def _parse_dirs(items: list[str], files: list[FileEntry]) -> tuple[str, ...]:
+    """Directory names pass the same checks as file names (no absolute path, no `..`, no control
+    characters, nothing inside .rq-partial), appear once, in order, and are neither a file of the
+    manifest nor under one."""
+    for name in items:
+        validate_name(name)
+    if len(set(items)) != len(items) or items != sorted(items):
+        raise ProtocolError("manifest directories must be sorted and listed once")
+    names = {f.name for f in files}
+    for name in items:
+        parts = name.split("/")
+        for i in range(1, len(parts) + 1):
+            if "/".join(parts[:i]) in names:
+                raise ProtocolError(f"manifest uses {'/'.join(parts[:i])!r} as both a file and a directory")
+    return tuple(items)

@@ -388,6 +388,7 @@ def send(
     summary = {
         "transfer_id": manifest.transfer_id,
         "files": len(manifest.files),
+        "dirs": len(manifest.dirs),
         "bytes_total": manifest.total_bytes,
         "bytes_raw": stats.raw,
         "bytes_on_wire": stats.wire,

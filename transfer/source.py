@@ -39,17 +39,18 @@ def scan(
     sources: list[Path], chunk_size: int, skipped: list[Skipped] | None = None
 ) -> tuple[Manifest, list[SourceFile]]:
     """A file argument is sent under its base name; a directory under its own name with its tree
-    (like `cp -r`). Symlinks to files are followed; symlinked directories, special files, broken
-    symlinks and directories with nothing to send are not: each is appended to `skipped`, so the
-    caller can say so instead of dropping them silently."""
+    (like `cp -r`), empty directories included (manifest dirs). Symlinks to files are followed;
+    symlinked directories, special files and broken symlinks are not: each is appended to
+    `skipped`, so the caller can say so instead of dropping them silently."""
     found: dict[str, tuple[SourceFile, int]] = {}
+    dirs: list[str] = []
     out = skipped if skipped is not None else []
     for src in sources:
         if not src.exists():
             raise FileNotFoundError(2, "source does not exist", str(src))
         base = src.resolve().name if src.name in ("", ".", "..") else src.name
         if src.is_dir():
-            _walk(src, base, found, out)
+            _walk(src, base, found, out, dirs)
         else:
             _add(found, base, src)
     entries: list[FileEntry] = []
@@ -63,12 +64,18 @@ def scan(
                 ident=file_ident(name, sf.size, sf.mtime_ns, sf.inode),
             )
         )
-    manifest = make_manifest(chunk_size, entries)
+    manifest = make_manifest(chunk_size, entries, dirs)
     by_name = {name: sf for name, (sf, _) in found.items()}
     return manifest, [by_name[f.name] for f in manifest.files]
 
 
-def _walk(src: Path, base: str, found: dict[str, tuple[SourceFile, int]], skipped: list[Skipped]) -> None:
+def _walk(
+    src: Path,
+    base: str,
+    found: dict[str, tuple[SourceFile, int]],
+    skipped: list[Skipped],
+    empty_dirs: list[str],
+) -> None:
     sent_under: set[Path] = set()  # directories that get a file (they arrive as its parents)
     walked: list[Path] = []
     for root, dirs, files in os.walk(src):
@@ -88,7 +95,10 @@ def _walk(src: Path, base: str, found: dict[str, tuple[SourceFile, int]], skippe
             sent_under.add(Path(root).relative_to(src))
     for d in walked:
         if d.relative_to(src) not in sent_under:
-            skipped.append(Skipped(d, "no file to send under it (directories are not sent on their own)"))
+            # no file under it: sent as a directory entry (manifest version 2), like rsync -a
+            name = os.path.normpath((Path(base) / d.relative_to(src)).as_posix())
+            validate_name(name)
+            empty_dirs.append(name)
 
 
 def _not_regular(path: Path) -> str | None:

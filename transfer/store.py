@@ -22,8 +22,10 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import orjson
+import xxhash
 
 from transfer.aligned import ALIGN, O_DIRECT, is_aligned
 from transfer.codec import root_digest
@@ -51,6 +53,15 @@ _DIRECT_MIN = 256 * 1024
 _RESERVE_MIN = 1 << 20
 
 
+# What became of a file rq placed in the destination earlier (Store._placed_state).
+INTACT, GONE, CHANGED, UNKNOWN = "intact", "gone", "changed", "unknown"
+
+
+def _placed_name(name: str) -> str:
+    """The state file recording the placement of final name `name` (one per name)."""
+    return f"{xxhash.xxh3_128_hexdigest(name.encode('utf-8', 'surrogatepass'))}.placed"
+
+
 def unlink_quiet_at(name: str, dir_fd: int) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(name, dir_fd=dir_fd)
@@ -73,6 +84,7 @@ class FileState:
     journal: Journal
     have: dict[int, bytes]
     dirty: set[int] = field(default_factory=set)  # written, not yet fdatasync'ed + journaled
+    placed: bool = False  # already in place from an earlier transfer: nothing to write or move
 
 
 @dataclass
@@ -191,10 +203,23 @@ class Store:
     def plan(self, manifest: Manifest) -> Plan:
         """Accepts a validated manifest: checks the destination, then opens (or resumes) partial files."""
         for entry in manifest.files:
+            state = self._placed_state(entry, manifest.chunk_size)
+            if state == INTACT:
+                continue  # placed here before and untouched since: nothing to send or check
+            if state == CHANGED and not self.overwrite:
+                raise ExistsError(
+                    f"{display_name(entry.name)} was changed in the destination after rq placed it there "
+                    "(its size, mtime or inode differ); rq never replaces a file without --overwrite: "
+                    "run `rq recv` with --overwrite to send it again, or move it out of the way"
+                )
+            if state in (GONE, CHANGED):
+                unlink_quiet_at(_placed_name(entry.name), self.state_fd)  # it is sent again
             try:
                 self._check_target(entry.name, entry.key)
             except ExistsError as exc:
                 raise self._explain_partial_rerun(manifest, entry, exc) from None
+        for name in manifest.dirs:
+            self._check_dir_target(name)
         self._check_chunk_size(manifest)
         restarted = self._drop_stale(manifest)
         with _disk_errors():
@@ -211,9 +236,122 @@ class Store:
             self._redo_commit(manifest)
         if not self._exists(name):
             return False
-        # A file moved or deleted since: not complete, send it again. The marker stays, so that a
-        # refusal of the files still in place can say why (_explain_partial_rerun).
-        return all(self._final_size(entry.name) == entry.size for entry in manifest.files)
+        # A file moved or deleted since: not complete, send it again (plan() keeps the files still
+        # in place, see _placed_state). A done marker from before placed records were kept (no
+        # record) counts the file by its size, as it did then.
+        if not all(self._still_placed(entry, manifest.chunk_size) for entry in manifest.files):
+            return False
+        return all(self._is_dir(name) for name in manifest.dirs)  # one removed since: make it again
+
+    def _is_dir(self, name: str) -> bool:
+        st = self._final_stat(name)
+        return st is not None and stat.S_ISDIR(st.st_mode)
+
+    def _check_dir_target(self, name: str) -> None:
+        """A directory entry: every component that exists must be a plain directory (a symlink
+        planted under DEST is refused, never followed), and a file in its place is not replaced."""
+        fd = os.dup(self.fd)
+        try:
+            for comp in validate_name(name):
+                try:
+                    nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    return  # made at commit, with what is under it
+                except OSError as exc:
+                    try:
+                        is_file = stat.S_ISREG(os.stat(comp, dir_fd=fd, follow_symlinks=False).st_mode)
+                    except OSError:
+                        is_file = False
+                    if is_file:
+                        raise ExistsError(
+                            f"{display_name(name)}: {display_name(comp)} exists in the destination as a "
+                            "file where the transfer has a directory (rq does not replace files with "
+                            "directories; remove or rename it)"
+                        ) from exc
+                    raise UnsafeNameError(
+                        f"{display_name(name)}: {display_name(comp)} in the destination is not a plain directory"
+                    ) from exc
+                os.close(fd)
+                fd = nfd
+        finally:
+            os.close(fd)
+
+    def make_dirs(self, manifest: Manifest) -> None:
+        """Creates the manifest's directories under DEST, component by component relative to its
+        descriptor without following links (a symlink planted since planning is refused here too)."""
+        for name in manifest.dirs:
+            parent = os.dup(self.fd)
+            try:
+                for comp in validate_name(name):
+                    made = False
+                    try:
+                        os.mkdir(comp, 0o755, dir_fd=parent)
+                        made = True
+                    except FileExistsError:
+                        pass
+                    try:
+                        nfd = os.open(comp, _DIR_FLAGS, dir_fd=parent)
+                    except OSError as exc:
+                        raise UnsafeNameError(
+                            f"{display_name(name)}: {display_name(comp)} is not a plain directory"
+                        ) from exc
+                    if made:
+                        os.fsync(parent)
+                    os.close(parent)
+                    parent = nfd
+            finally:
+                os.close(parent)
+
+    def _still_placed(self, entry: FileEntry, chunk_size: int) -> bool:
+        state = self._placed_state(entry, chunk_size)
+        return state == INTACT or (state == UNKNOWN and self._final_size(entry.name) == entry.size)
+
+    def _placed_state(self, entry: FileEntry, chunk_size: int) -> str:
+        """What became of this file version since rq placed it here (its placed record):
+        INTACT (same size, mtime and inode, and its journal still holds every chunk digest),
+        GONE, CHANGED, or UNKNOWN (never placed here, or the record or journal is missing).
+        A stat per file, like rsync's quick check: nothing is read or hashed."""
+        rec = self._read_placed(entry.name)
+        if rec is None or rec.get("key") != entry.key or rec.get("name") != entry.name:
+            return UNKNOWN
+        st = self._final_stat(entry.name)
+        if st is None:
+            return GONE
+        now = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+        if not stat.S_ISREG(st.st_mode) or now != rec.get("stat") or st.st_size != entry.size:
+            return CHANGED
+        chunks = entry.chunks(chunk_size)
+        have = recorded(self.state_fd, f"{entry.key}.journal", entry.key, entry.size, chunk_size, chunks)
+        return INTACT if len(have) == chunks else UNKNOWN
+
+    def _read_placed(self, name: str) -> dict[str, Any] | None:
+        try:
+            fd = os.open(_placed_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            try:
+                rec = orjson.loads(fh.read())
+            except orjson.JSONDecodeError:
+                return None
+        return rec if isinstance(rec, dict) else None
+
+    def _record_placed(self, entry: FileEntry) -> None:
+        """Remembers the file just placed (its stat) under its name, so that a later re-run can
+        tell it is still there untouched and send only what is missing (_placed_state). One record
+        per name: placing another version replaces it."""
+        st = self._final_stat(entry.name)
+        if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
+            return
+        now = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+        rec = self._read_placed(entry.name)
+        if rec is not None and rec.get("key") == entry.key and rec.get("stat") == now:
+            return
+        body = {"name": entry.name, "key": entry.key, "stat": now}
+        self._write_state_file(_placed_name(entry.name), orjson.dumps(body))
+        old = rec.get("key") if rec is not None else None
+        if isinstance(old, str) and old != entry.key and not self._exists(f"{old}.part"):
+            unlink_quiet_at(f"{old}.journal", self.state_fd)  # another version's: replaced here
 
     def _explain_partial_rerun(self, manifest: Manifest, entry: FileEntry, exc: ExistsError) -> ExistsError:
         """A file of this very transfer, complete here before, is still in place while another one
@@ -271,6 +409,11 @@ class Store:
         return True
 
     def _final_size(self, name: str) -> int | None:
+        st = self._final_stat(name)
+        return st.st_size if st is not None and stat.S_ISREG(st.st_mode) else None
+
+    def _final_stat(self, name: str) -> os.stat_result | None:
+        """lstat of a final name, reached without following any link; None if it is not there."""
         parts = validate_name(name)
         fd = os.dup(self.fd)
         try:
@@ -278,8 +421,7 @@ class Store:
                 nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = nfd
-            st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
-            return st.st_size if stat.S_ISREG(st.st_mode) else None
+            return os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
         except OSError:
             return None
         finally:
@@ -304,6 +446,14 @@ class Store:
         for entry in manifest.files:
             chunks = entry.chunks(manifest.chunk_size)
             part, flags = f"{entry.key}.part", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+            if self._placed_state(entry, manifest.chunk_size) == INTACT:
+                # in place from an earlier transfer: its journal (kept) gives every digest, and
+                # no chunk of it is written (the sender is told it has them all)
+                journal = Journal(
+                    self.state_fd, f"{entry.key}.journal", entry.key, entry.size, manifest.chunk_size, chunks
+                )
+                files.append(FileState(entry, chunks, journal, dict(journal.initial), placed=True))
+                continue
             try:
                 os.close(os.open(part, flags, dir_fd=self.state_fd))
             except FileNotFoundError:
@@ -541,7 +691,11 @@ class Store:
         Idempotent, so a commit a crash cut short is finished by running it again: a .part that is
         gone was placed already (or by another process of this receiver a moment ago)."""
         for entry in manifest.files:
+            if self._placed_state(entry, manifest.chunk_size) == INTACT:
+                continue  # placed by an earlier transfer and untouched: a .part of its key is not ours
             self.place(entry, overwrite)
+            self._record_placed(entry)
+        self.make_dirs(manifest)
         # Remember the transfer finished: a sender killed between our DONE and reading it re-runs
         # the same command and must hear "complete", not "exists".
         marker = [[f.name, f.size] for f in manifest.files]
@@ -607,9 +761,10 @@ class Store:
         plan.close()
 
     def _forget_state(self, manifest: Manifest) -> None:
-        """Drops a finished transfer's journals, manifest and commit marker (its done marker stays)."""
+        """Drops a finished transfer's manifest and commit marker. Its done marker stays, and so do
+        its journals: with the placed records they let a re-run skip the files still in place
+        (their chunk digests give the sender its root digests without reading a byte)."""
         tid = manifest.transfer_id
-        names = [f"{f.key}.journal" for f in manifest.files]
-        for name in [*names, f"{tid}.manifest.json", f"{tid}.commit.json", f"{tid}.live"]:
+        for name in [f"{tid}.manifest.json", f"{tid}.commit.json", f"{tid}.live"]:
             unlink_quiet_at(name, self.state_fd)
         os.fsync(self.state_fd)

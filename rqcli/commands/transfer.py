@@ -97,6 +97,10 @@ def _cli_error(exc: Exception) -> CliError:
         hint = "remove or rename that directory on the receiver, then re-run"
     if isinstance(exc, BusyError):
         hint = "two transfers cannot write one file at once: re-run when the other one has finished"
+    if "unsupported protocol version" in str(exc):
+        hint = (
+            "the two sides run different rq versions (empty directories need manifest version 2): upgrade rq"
+        )
     return CliError(safe_text(str(exc)), code, hint=hint)
 
 
@@ -622,7 +626,9 @@ def send(
         raise CliError(f"source not found: {exc.filename}", ExitCode.NOT_FOUND) from None
     out.emit({"event": "summary", **summary})
     out.info(
-        f"sent {summary['files']} file(s), {summary['bytes_total']} bytes: {summary['bytes_raw']} moved "
+        f"sent {summary['files']} file(s)"
+        + (f" and {summary['dirs']} empty director(ies)" if summary.get("dirs") else "")
+        + f", {summary['bytes_total']} bytes: {summary['bytes_raw']} moved "
         f"({summary['bytes_on_wire']} on the wire, ratio {summary['ratio']}) in {summary['seconds']}s, "
         f"{summary['mb_per_s']} MB/s, {summary['chunks_resent']} chunk(s) resent, verified"
         + (f"; {summary['skipped']} entries not sent (see above)" if summary.get("skipped") else "")
