@@ -263,7 +263,19 @@ class LocalOrigin:
             os.close(fd)
 
 
+def _check_not_a_mistyped_url(text: str) -> None:
+    """`s3:/bucket/x` or `s3:bucket/x` is a URL with a slash missing, not a relative directory
+    named `s3:` (unless one exists): say so instead of "directory not found"."""
+    scheme, colon, rest = text.partition(":")
+    if colon and scheme.lower() in _URL_SCHEMES and not rest.startswith("//") and not os.path.lexists(text):
+        raise BadSourceError(f"malformed URL {text!r}: did you mean {scheme}://{rest.lstrip('/')}?")
+
+
+_URL_SCHEMES = frozenset({"s3", "file", "http", "https", "gs", "az", "abfs", "hf"})
+
+
 def parse_source(text: str, settings: S3Settings) -> S3Origin | LocalOrigin:
+    _check_not_a_mistyped_url(text)
     if text.startswith("s3://"):
         bucket, prefix = split_s3_url(text)
         return S3Origin(bucket, prefix, settings)
@@ -284,6 +296,7 @@ def normalise_url(url: str) -> str:
     """Cache keys: s3:// URLs as given, local paths made absolute (no symlink resolution).
     Raises BadSourceError for another scheme (it is not a relative path named `http:`) and for
     a name that is not UTF-8 (the index keys entries by URL text)."""
+    _check_not_a_mistyped_url(url)
     scheme, sep, rest = url.partition("://")
     if sep and scheme.lower() == "s3":
         return f"s3://{rest}"

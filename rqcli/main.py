@@ -156,6 +156,21 @@ class _NeverRaised(click.ClickException):
 _SHOW_HELP: type[click.ClickException] = getattr(click.exceptions, "NoArgsIsHelpError", _NeverRaised)
 
 
+def _command_path(args: list[str]) -> str:
+    """`rq send` for `rq -q send --pin`: the (sub)commands named in args, for a usage hint."""
+    path, group = ["rq"], cli
+    for arg in args:
+        if arg == "--":
+            break
+        if not isinstance(group, click.Group) or arg.startswith("-"):
+            continue
+        ctx = click.Context(group, info_name=path[-1])
+        if arg in group.list_commands(ctx):
+            path.append(arg)
+            group = group.get_command(ctx, arg)  # type: ignore[assignment]
+    return " ".join(path)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: runs `rq` and turns every failure into one stderr line and an exit code."""
     console = argv is None
@@ -181,7 +196,8 @@ def main(argv: list[str] | None = None) -> None:
         code = exc.exit_code
     except click.UsageError as exc:
         # One line like every other error (Click's own shape is four), with where to look.
-        where = exc.ctx.command_path if exc.ctx is not None else "rq"
+        # (Click's parser raises some, such as a missing option value, without a context)
+        where = exc.ctx.command_path if exc.ctx is not None else _command_path(argv or sys.argv[1:])
         err = CliError(exc.format_message(), ExitCode.USAGE, hint=f"see `{where} --help`")
         click.echo(f"rq: error: {err.one_line()}", err=True)
         code = exc.exit_code

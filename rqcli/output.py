@@ -81,6 +81,13 @@ class Output:
             self.stdout.write(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
             self.stdout.flush()
 
+    def result(self, text: str) -> None:
+        """A line of what the command was asked for (a listing, a path, an entry's fields) on
+        stdout: silent under --json, which carries the same data, but not under --quiet, which
+        drops chatter, not answers (`rq -q cache ls | wc -l` must count entries)."""
+        if not self.json:
+            click.echo(text, file=self.stdout)
+
     def info(self, text: str) -> None:
         """A human line on stdout; silent under --json and --quiet."""
         if not (self.json or self.quiet):

@@ -66,6 +66,7 @@ def _nothing_matched(pattern: str) -> CliError:
 
 
 @click.group()
+@output_options  # `rq cache --json du` as well as `rq --json cache du` and `rq cache du --json`
 def cache() -> None:
     """Inspect and manage the local cache (see docs/cache.md for the layout).
 
@@ -104,7 +105,7 @@ def ls(pattern: str | None, cache_dir: Path | None) -> None:
         )
         if not out.json:
             pin = "P" if e.pinned else "-"
-            out.info(f"{e.tier:<4} {pin} {e.size:>14}  {safe_text(e.url)}")
+            out.result(f"{e.tier:<4} {pin} {e.size:>14}  {safe_text(e.url)}")
     if pattern is not None and not entries:
         raise _nothing_matched(pattern)
 
@@ -122,9 +123,9 @@ def du(cache_dir: Path | None) -> None:
     usage = _guard(c.usage)
     out.emit({"event": "summary", "cache_dir": str(c.root), "ram_dir": str(c.layout.ram_root), **usage})
     if not out.json:
-        out.info(f"cache {c.root} (RAM tier {c.layout.ram_root})")
+        out.result(f"cache {c.root} (RAM tier {c.layout.ram_root})")
         for tier, u in usage.items():
-            out.info(
+            out.result(
                 f"{tier:<4} {u['objects']:>8} objects  {_size(u['bytes']):>11} of {_size(u['limit']):>11}"
                 f"  pinned {_size(u['pinned'])}  in flight {_size(u['held'])}"
             )
@@ -148,7 +149,7 @@ def stat(url: str, cache_dir: Path | None) -> None:
         for key, value in data.items():
             if key in ("last_access", "checked_at", "created"):
                 value = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(value)))
-            out.info(f"{key:<12} {safe_text(str(value))}")
+            out.result(f"{key:<12} {safe_text(str(value))}")
 
 
 @cache.command("path")
@@ -173,8 +174,7 @@ def path(url: str, no_check: bool, cache_dir: Path | None) -> None:
     c = open_existing(cache_dir)
     p = _guard(lambda: c.path(url, fresh=not no_check))
     out.emit({"event": "summary", "url": url, "path": str(p)})
-    if not out.json:
-        click.echo(str(p))
+    out.result(str(p))
 
 
 @cache.command("cat")
@@ -291,7 +291,7 @@ def unpin(pattern: str, cache_dir: Path | None) -> None:
 
 @cache.command("clear")
 @cache_dir_option
-@click.option("--yes", is_flag=True, help="Do not ask.")
+@click.option("--yes", is_flag=True, help="Do not ask (required when stdin is not a terminal).")
 @output_options
 def clear(cache_dir: Path | None, yes: bool) -> None:
     """Remove every entry not open by a reader (pins too) and leftover partial downloads.
@@ -300,8 +300,11 @@ def clear(cache_dir: Path | None, yes: bool) -> None:
     """
     out = get_output()
     c = open_existing(cache_dir)
-    if not yes and sys.stdin.isatty() and not click.confirm(f"clear {c.root}?"):
-        raise CliError("not cleared", ExitCode.USAGE)
+    if not yes:
+        if not sys.stdin.isatty():  # nobody to ask: a script must say it means it, as with rm -i
+            raise CliError(f"not cleared: {c.root}", ExitCode.USAGE, hint="pass --yes to clear without asking")
+        if not click.confirm(f"clear {c.root}?"):
+            raise CliError("not cleared", ExitCode.USAGE)
     done, skipped = _guard(c.clear)
     out.emit({"event": "summary", "removed": done, "kept_open": skipped})
     if not out.json:
@@ -367,7 +370,7 @@ def orphans(remove: bool, min_age: float) -> None:
                 "removing": "left half-deleted by an interrupted removal",
             }[root.state]
             done = "removed  " if gone else ""
-            out.info(f"{done}{root.path}  {_size(root.size):>11}  {what}")
+            out.result(f"{done}{root.path}  {_size(root.size):>11}  {what}")
     left = sum(1 for r in roots if r.state != "unclaimed") - removed
     out.emit(
         {"event": "summary", "found": len(roots), "removed": removed, "freed_bytes": freed, "left": left}

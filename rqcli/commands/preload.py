@@ -73,6 +73,30 @@ def open_cache(cache_dir: Path | None, **kwargs: Any) -> Any:
         raise cache_error_to_cli(exc) from None
 
 
+def _requested_root(cache_dir: Path | None) -> Path:
+    from cache.api import default_cache_dir
+
+    return cache_dir if cache_dir is not None else default_cache_dir()
+
+
+def _scratch_for_dry_run(cache_dir: Path | None) -> Any:
+    """A dry run creates nothing: where no cache exists yet it plans against an empty throwaway
+    one (everything would be fetched), after the same check a real run makes of the directory."""
+    import tempfile
+
+    from cache import CacheError
+    from cache.layout import INDEX_NAME, check_cache_dir
+
+    root = _requested_root(cache_dir)
+    if (root / INDEX_NAME).is_file():
+        return None
+    try:
+        check_cache_dir(root)
+    except CacheError as exc:
+        raise cache_error_to_cli(exc) from None
+    return tempfile.TemporaryDirectory(prefix="rq-dry-run-")
+
+
 def size_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
     """Checked before the cache opens, so a bad --disk-limit cannot leave a new --ram-limit stored."""
     from cache.errors import BadSourceError
@@ -171,8 +195,10 @@ def preload(
     # the listing runs on the CRT's threads while the rest of the cache is imported and opened
     start_listings(S3Settings(endpoint_url=endpoint_url, profile=profile), list(sources))
     out = get_output()
+    scratch = _scratch_for_dry_run(cache_dir) if dry_run else None
     c = open_cache(
-        cache_dir,
+        cache_dir if scratch is None else Path(scratch.name) / "cache",
+        ram_dir=None if scratch is None else Path(scratch.name) / "ram",
         # a dry run changes nothing: a limit given with it is not remembered for later runs
         ram_limit=None if dry_run else ram_limit,
         disk_limit=None if dry_run else disk_limit,
@@ -180,6 +206,7 @@ def preload(
         profile=profile,
         durable=not no_fsync,
     )
+    root = c.root if scratch is None else _requested_root(cache_dir)
     tally = Tally()
     started = time.monotonic()
     # a dry run prints its plan as it is listed (a line per object): no bar to draw around it
@@ -229,11 +256,14 @@ def preload(
         except CacheError as exc:
             err = cache_error_to_cli(exc)
             # what was done before the abort still lands in the summary: scripts read it either way
-            summary = tally.summary(time.monotonic() - started, tier, c.root, err, dry_run)
-            report(out, summary, dry_run=dry_run)
+            summary = tally.summary(time.monotonic() - started, tier, root, err, dry_run)
+            if out.json or tally.planned or tally.skipped or tally.landed or tally.failed:
+                report(out, summary, dry_run=dry_run)  # (a bad URL had nothing to report but itself)
             raise err from None
         finally:
             c.close()
+            if scratch is not None:
+                scratch.cleanup()
     # every byte is written (and fsynced, unless --no-fsync) and the index is closed: what the
     # interpreter's teardown would do (free objects, join idle threads) no longer matters
     teardown.skip_teardown()
@@ -251,7 +281,7 @@ def preload(
         "seconds": round(result.seconds, 3),
         "mb_per_s": round(result.mb_per_s, 1),
         "tier": tier,
-        "cache_dir": str(c.root),
+        "cache_dir": str(root),
         "dry_run": dry_run,
         "evicted_own": result.evicted_own,
         "demoted_own": result.demoted_own,

@@ -236,3 +236,49 @@ def test_inspecting_a_cache_that_does_not_exist_says_so_and_creates_nothing(tmp_
         r = run_rq("cache", *args, "--cache-dir", str(missing))
         assert r.returncode == 3 and b"no rq cache at" in r.stderr, (args, r.stderr)
     assert not missing.exists()  # it used to create an empty cache (and a /dev/shm root) there
+
+
+# --- from a review of the docs against behaviour (2026-11-23, later session) --------------------
+
+
+def test_quiet_drops_chatter_not_answers(filled: Path, src: Path) -> None:
+    ls = run_rq("-q", "cache", "ls", "--cache-dir", str(filled))
+    assert ls.returncode == 0 and len(ls.stdout.splitlines()) == 5, ls  # printed nothing before
+    stat = run_rq("cache", "stat", f"{src}/0.bin", "-q", "--cache-dir", str(filled))
+    assert b"xxh3" in stat.stdout, stat
+    evict = run_rq("cache", "evict", f"{src}/0.bin", "-q", "--cache-dir", str(filled))
+    assert evict.returncode == 0 and evict.stdout == b"", evict  # "evicted 1" is chatter
+    du = run_rq("cache", "--json", "du", "--cache-dir", str(filled))  # was "No such option"
+    assert du.returncode == 0 and json_lines(du.stdout)[-1]["disk"]["objects"] == 4, du  # type: ignore[index]
+
+
+def test_clear_without_yes_and_nobody_to_ask_refuses(filled: Path) -> None:
+    res = run_rq("cache", "clear", "--cache-dir", str(filled), input=b"")
+    assert res.returncode == ExitCode.USAGE and b"--yes" in res.stderr, res  # cleared everything before
+    ls = run_rq("cache", "ls", "--cache-dir", str(filled))
+    assert len(ls.stdout.splitlines()) == 5
+
+
+def test_a_dry_run_where_no_cache_exists_creates_nothing(tmp_path: Path, src: Path) -> None:
+    missing = tmp_path / "typo"
+    res = run_rq("preload", str(src), "--dry-run", "--json", "--cache-dir", str(missing))
+    assert res.returncode == 0, res.stderr
+    last = json_lines(res.stdout)[-1]
+    assert last["objects"] == 5 and last["cache_dir"] == str(missing)
+    assert not missing.exists()  # it created index, objects/, tmp/ and a RAM root before
+
+
+def test_a_url_missing_a_slash_is_a_bad_url_in_one_line(tmp_path: Path) -> None:
+    for url in ("s3:/bucket/x", "s3:bucket/x"):
+        res = run_rq("preload", url, "--cache-dir", str(tmp_path / "c"))
+        assert res.returncode == ExitCode.USAGE, res.stderr  # was 3, "directory not found: …/s3:/bucket/x"
+        assert res.stdout == b"" and b"did you mean s3://bucket/x" in res.stderr, res
+
+
+def test_a_usage_hint_names_the_subcommand(tmp_path: Path) -> None:
+    for args, where in (
+        (["send", "--pin"], b"rq send --help"),
+        (["cache", "ls", "--cache-dir"], b"rq cache ls --help"),
+    ):
+        res = run_rq(*args)
+        assert res.returncode == ExitCode.USAGE and where in res.stderr, res.stderr  # said `rq --help`
