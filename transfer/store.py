@@ -20,7 +20,7 @@ import os
 import stat
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from transfer.errors import (
     VerifyError,
 )
 from transfer.journal import Journal, recorded
-from transfer.manifest import FileEntry, Limits, Manifest, parse_manifest
+from transfer.manifest import MAX_CHUNK, MIN_CHUNK, FileEntry, Limits, Manifest, parse_manifest
 from transfer.names import STATE_DIR_NAME, display_name, validate_name
 from transfer.reserve import reserve
 
@@ -202,6 +202,7 @@ class Store:
 
     def plan(self, manifest: Manifest) -> Plan:
         """Accepts a validated manifest: checks the destination, then opens (or resumes) partial files."""
+        self._check_chunk_size(manifest)  # first: files kept at another size are not "in the way"
         for entry in manifest.files:
             state = self._placed_state(entry, manifest.chunk_size)
             if state == INTACT:
@@ -220,7 +221,6 @@ class Store:
                 raise self._explain_partial_rerun(manifest, entry, exc) from None
         for name in manifest.dirs:
             self._check_dir_target(name)
-        self._check_chunk_size(manifest)
         restarted = self._drop_stale(manifest)
         with _disk_errors():
             self._write_state_file(f"{manifest.transfer_id}.manifest.json", manifest.to_json())
@@ -336,7 +336,7 @@ class Store:
                 return None
         return rec if isinstance(rec, dict) else None
 
-    def _record_placed(self, entry: FileEntry) -> None:
+    def _record_placed(self, entry: FileEntry, chunk_size: int) -> None:
         """Remembers the file just placed (its stat) under its name, so that a later re-run can
         tell it is still there untouched and send only what is missing (_placed_state). One record
         per name: placing another version replaces it."""
@@ -347,7 +347,13 @@ class Store:
         rec = self._read_placed(entry.name)
         if rec is not None and rec.get("key") == entry.key and rec.get("stat") == now:
             return
-        body = {"name": entry.name, "key": entry.key, "stat": now}
+        body = {
+            "name": entry.name,
+            "key": entry.key,
+            "stat": now,
+            "ident": entry.ident,
+            "chunk_size": chunk_size,
+        }
         self._write_state_file(_placed_name(entry.name), orjson.dumps(body))
         old = rec.get("key") if rec is not None else None
         if isinstance(old, str) and old != entry.key and not self._exists(f"{old}.part"):
@@ -585,11 +591,24 @@ class Store:
                 if got:
                     best[cs] = best.get(cs, 0) + got
                     example.setdefault(cs, f.name)
+        # files placed here at another chunk size and untouched since count too: a re-run after
+        # one of them was deleted must keep the others, whatever --chunk-size it asks for
+        for entry in manifest.files:
+            rec = self._read_placed(entry.name)
+            at = rec.get("chunk_size") if rec is not None else None
+            if rec is None or not isinstance(at, int) or at == manifest.chunk_size or not entry.ident:
+                continue
+            if rec.get("ident") != entry.ident or not MIN_CHUNK <= at <= MAX_CHUNK:
+                continue
+            placed = replace(entry, key=str(rec.get("key")))
+            if self._placed_state(placed, at) == INTACT:
+                best[at] = best.get(at, 0) + entry.size
+                example.setdefault(at, entry.name)
         if not best:
             return
         cs = max(best, key=lambda c: best[c])
         raise ChunkSizeError(
-            f"{display_name(example[cs])} has {best[cs]} bytes verified here from an earlier run with "
+            f"{display_name(example[cs])} has {best[cs]} bytes verified or placed here by an earlier run with "
             f"chunk size {cs}; re-run with --chunk-size {cs} to keep them",
             cs,
         )
@@ -694,7 +713,7 @@ class Store:
             if self._placed_state(entry, manifest.chunk_size) == INTACT:
                 continue  # placed by an earlier transfer and untouched: a .part of its key is not ours
             self.place(entry, overwrite)
-            self._record_placed(entry)
+            self._record_placed(entry, manifest.chunk_size)
         self.make_dirs(manifest)
         # Remember the transfer finished: a sender killed between our DONE and reading it re-runs
         # the same command and must hear "complete", not "exists".

@@ -241,3 +241,22 @@ def test_an_unknown_manifest_version_is_refused_in_one_line() -> None:
         parse_manifest(_manifest_body(["a"], version=3), Limits())
     with pytest.raises(ProtocolError, match="version 1 manifest cannot list directories"):
         parse_manifest(_manifest_body(["a"], version=1), Limits())
+
+
+def test_a_rerun_with_another_chunk_size_after_a_deletion_keeps_the_files_in_place(tmp_path: Path) -> None:
+    """Both gaps at once: the transfer completed at 256 KiB chunks, one file was deleted on the
+    receiver, and the re-run asks for 1 MiB: the files in place are kept (the sender adopts the
+    size they were placed at) and only the deleted one moves."""
+    ckpt = make_tree(tmp_path / "src", 1_200_000, 300_000)
+    dest = tmp_path / "dst"
+    recv = Recv(dest, tmp_path / "cert", "tcp").start()
+    try:
+        assert rq_send([ckpt], recv, "--chunk-size", "256KiB").returncode == 0
+        (dest / "ckpt" / "shards" / "rand.bin").unlink()
+        proc = rq_send([ckpt], recv, "--chunk-size", "1MiB")
+    finally:
+        recv.stop()
+    assert proc.returncode == 0, proc.stderr.decode()
+    s = summary(proc)
+    assert s["bytes_raw"] == 1_200_000 and s["chunk_size"] == 256 << 10, s
+    assert tree_digest(dest / "ckpt") == tree_digest(ckpt)
