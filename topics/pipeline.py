@@ -105,12 +105,16 @@ def _context(rec: Record, decoded: Decoded) -> Context:
 
 
 class Pacer:
-    """Sleeps so records leave at their original spacing divided by `speed`."""
+    """Sleeps so records leave at their original spacing divided by `speed`; a long sleep is cut
+    into slices with `on_idle` called between them (a caller may stop there)."""
 
-    def __init__(self, speed: float):
+    SLICE_S = 0.1
+
+    def __init__(self, speed: float, on_idle: Callable[[], None] | None = None):
         self.speed = speed
         self.t0: int | None = None
         self.wall0 = 0.0
+        self.on_idle = on_idle
 
     def split(self, records: Sequence[Record]) -> Iterator[Sequence[Record]]:
         i = 0
@@ -120,8 +124,11 @@ class Pacer:
                 self.t0, self.wall0 = ts, time.monotonic()
             due = self.wall0 + (ts - self.t0) / 1000.0 / self.speed
             delay = due - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+            while delay > 0:
+                time.sleep(min(delay, self.SLICE_S) if self.on_idle is not None else delay)
+                if self.on_idle is not None:
+                    self.on_idle()
+                delay = due - time.monotonic()
             j = i + 1
             while j < len(records) and records[j][1] == ts:
                 j += 1
@@ -135,8 +142,13 @@ def run(
     emit: Emit,
     result: Result | None = None,
     on_progress: Callable[[Result], None] | None = None,
+    on_idle: Callable[[], None] | None = None,
 ) -> Result:
-    """Reads [start, stop) (or follows), emits what passes the filters; returns the tally."""
+    """Reads [start, stop) (or follows), emits what passes the filters; returns the tally.
+
+    `on_idle` is called whenever nothing is emitted for a while: the source is waiting for new
+    records (a follow polls about every 50 ms), a batch left nothing after the filters, or the
+    pacer sleeps. It may raise to end the read (the CLI does when stdout's reader has gone)."""
     res = result or Result()
     res.next_offset = req.start
 
@@ -152,7 +164,7 @@ def run(
     lo = req.time_from if req.time_from is not None else -(2**63)
     hi = req.time_to if req.time_to is not None else 2**63 - 1
     stop_on_time = req.follow and req.time_to is not None
-    pacer = Pacer(req.rate.speed) if req.rate.speed else None
+    pacer = Pacer(req.rate.speed, on_idle) if req.rate.speed else None
     remaining = req.count
     if remaining is not None and remaining <= 0:
         return res
@@ -160,6 +172,8 @@ def run(
         if not batch:
             if stop_on_time and time.time_ns() // 1_000_000 >= hi:
                 break  # --to @t with --follow: t has passed
+            if on_idle is not None:
+                on_idle()
             continue
         res.scanned += len(batch)
         read_to = batch[-1][0] + 1  # consumption position, whatever the filters keep
@@ -200,6 +214,8 @@ def run(
                 for part in pacer.split(batch):
                     emit(part, decoded[done : done + len(part)] if decoded is not None else None)
                     done += len(part)
+        elif on_idle is not None:
+            on_idle()
         if remaining is not None:
             remaining -= len(batch)
         res.next_offset = max(read_to, res.next_offset)

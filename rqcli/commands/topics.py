@@ -7,9 +7,12 @@ library renders. The read loop, SPEC grammar, filters and formats live in topics
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import select
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -49,7 +52,7 @@ from topics.record import NO_HEADERS, Headers, Record, encode_bytes_field, encod
 from topics.render import Decoded, Renderer, make_renderer
 from topics.savedspec import ReplaySpec
 from topics.sources import Sink, Source, open_sink, open_source, parse_topic
-from topics.sources.open import TopicRef
+from topics.sources.open import TopicRef, check_writable
 from topics.spec import parse_duration_ms, parse_position, resolve
 
 BATCH_RECORDS = 8192
@@ -312,6 +315,30 @@ def _stdout_gone() -> None:
         os.close(devnull)
 
 
+def _reader_watch() -> Callable[[], None] | None:
+    """`rq tail -f … | head -n 3`: after head exits, a follower would learn it only from its next
+    write, which may be hours away. Like GNU `tail -f` (coreutils >= 8.28), poll stdout while idle
+    for POLLERR/POLLHUP, which a pipe's write end reports once its reader has gone, and leave as a
+    failed write does (quietly, exit 0). Only for a pipe or FIFO: a terminal or a file never says so."""
+    poll = getattr(select, "poll", None)
+    try:
+        fd = sys.stdout.fileno()
+        if poll is None or not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return None
+    except (OSError, ValueError, AttributeError):  # no real stdout (closed, replaced)
+        return None
+    poller = poll()
+    poller.register(fd, 0)  # POLLERR and POLLHUP are reported whatever is asked for
+    gone = select.POLLERR | select.POLLHUP
+
+    def check() -> None:
+        if any(revents & gone for _, revents in poller.poll(0)):
+            _stdout_gone()
+            raise ReaderLeft
+
+    return check
+
+
 def _refuse_feedback(source: TopicRef, target: TopicRef, flag: str) -> None:
     """Following a topic while writing into it reads back its own output: a loop that only a full
     disk ends. (Without --follow the range is fixed first, so copying into the same topic ends.)"""
@@ -429,19 +456,50 @@ def _json_record(line: bytes, lineno: int) -> tuple[bytes | None, Headers, bytes
         if key is not None:
             key = encode_bytes_field(key, obj.get("key_encoding", "text"))
         headers = obj.get("headers")
-        return key, (_json_headers(headers) if headers else NO_HEADERS), value
+        return key, (_json_headers(headers, line) if headers else NO_HEADERS), value
     except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError) as exc:
         raise CliError(f"input line {lineno} is not a record: {exc}", ExitCode.USAGE) from None
 
 
-def _json_headers(obj: Any) -> Headers:
+class _NumberText(str):
+    """A JSON number as written in the line (json's parse_int/parse_float hook): orjson would turn
+    1.50 into 1.5, 1e2 into 100.0 and an integer past 64 bits into a float."""
+
+
+def _is_number(item: object) -> bool:
+    return isinstance(item, int | float) and not isinstance(item, bool)
+
+
+def _json_headers(obj: Any, line: bytes) -> Headers:
+    """Header values from a JSON line. Headers are text on every backend (bytes in the embedded
+    log, text on NATS), so a value is: a string; {"base64": …} for bytes; a number or true/false,
+    stored as its JSON text as written (what `"retries": 3` means; HTTP and NATS headers write
+    numbers the same way); a list for a repeated name. null, another object or a nested list has
+    no one text it clearly means (null is not "null", nor an absent header): refused, naming it."""
+    if not isinstance(obj, dict):
+        raise ValueError('"headers" must be an object of name: value')
+    items = [(name, item) for name, v in obj.items() for item in (v if isinstance(v, list) else [v])]
+    if any(_is_number(item) for _, item in items):
+        exact = json.loads(line, parse_int=_NumberText, parse_float=_NumberText)["headers"]
+        items = [(name, item) for name, v in exact.items() for item in (v if isinstance(v, list) else [v])]
     headers: list[tuple[str, bytes]] = []
-    for name, v in obj.items():
-        for item in v if isinstance(v, list) else [v]:
-            if isinstance(item, dict) and "base64" in item:
-                headers.append((name, encode_bytes_field(item["base64"], "base64") or b""))
-            else:
-                headers.append((name, str(item).encode("utf-8")))
+    for name, item in items:
+        if not name:
+            raise ValueError("a header name is empty")
+        if isinstance(item, str):  # a _NumberText too
+            headers.append((name, item.encode("utf-8")))
+        elif isinstance(item, bool):
+            headers.append((name, b"true" if item else b"false"))
+        elif isinstance(item, dict) and "base64" in item:
+            headers.append((name, encode_bytes_field(item["base64"], "base64") or b""))
+        else:
+            kind = (
+                "null" if item is None else "a list inside a list" if isinstance(item, list) else "an object"
+            )
+            raise ValueError(
+                f"header {name!r} is {kind}: a header value is a string, a number, true/false or "
+                '{"base64": "…"} (for an empty value write "")'
+            )
     return tuple(headers)
 
 
@@ -646,6 +704,8 @@ def tail(
         fmt = _default_format(fmt)
         writer = Writer(fmt, _fields(fields), b"\0" if null_sep else b"\n", True, out)
         filt = compile_where(where) if where else None
+        if record_to:
+            check_writable(_ref(record_to, topics_dir))  # before connecting to anything
         if record_to and (follow or ref.kind == "mqtt"):
             _refuse_feedback(ref, _ref(record_to, topics_dir), "--record")
         source = open_source(ref, idle_timeout=idle_timeout)
@@ -663,7 +723,7 @@ def tail(
             req.skip_corrupt = skip_corrupt
             req.decode_values = writer.needs_decode
             try:
-                res = run(source, req, _emitters(writer, sink, keep_time=True))
+                res = run(source, req, _emitters(writer, sink, keep_time=True), on_idle=_reader_watch())
             except ReaderLeft:
                 return
         finally:
@@ -817,6 +877,8 @@ def replay(
             if show
             else None
         )
+        if to_topic:
+            check_writable(_ref(to_topic, topics_dir))  # before connecting to anything
         if to_topic and follow:
             _refuse_feedback(ref, _ref(to_topic, topics_dir), "--to-topic")
         source = open_source(ref, idle_timeout=idle_timeout)
@@ -874,7 +936,8 @@ def replay(
                             committed_to[:] = [r.next_offset]
                             last_commit[0] = time.monotonic()
 
-                    run(source, req, _emitters(writer, sink, False, stops), res, progress)
+                    watch = _reader_watch() if writer is not None else None
+                    run(source, req, _emitters(writer, sink, False, stops), res, progress, watch)
             except KeyboardInterrupt:
                 if save_spec is not None and follow:
                     records, digest, first_off, last_off, reached_to = pinned[0]

@@ -83,21 +83,23 @@ def tls_context(access: Access) -> ssl.SSLContext | None:
     try:
         ctx = ssl.create_default_context(cafile=access.ca)
     except (OSError, ssl.SSLError) as exc:
-        raise SpecError(f"cannot use {ca_var}={access.ca}: {_reason(exc)}") from None
+        raise SpecError(f"cannot use {ca_var}={access.ca}: {reason(exc)}") from None
     if access.cert is not None:
         try:
             ctx.load_cert_chain(access.cert, access.key)
         except (OSError, ssl.SSLError) as exc:
             raise SpecError(
-                f"cannot use the client certificate {cert_var}={access.cert}: {_reason(exc)}"
+                f"cannot use the client certificate {cert_var}={access.cert}: {reason(exc)}"
             ) from None
     return ctx
 
 
-def _reason(exc: BaseException) -> str:
+def reason(exc: BaseException) -> str:
+    """Why, in words, for an error line: never empty (asyncio's and socket's timeouts, and some
+    library errors, have an empty str)."""
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
-    return str(exc) or type(exc).__name__
+    return str(exc).strip() or type(exc).__name__
 
 
 def tls_hint(exc: ssl.SSLError, ca_var: str) -> str:

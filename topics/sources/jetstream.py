@@ -17,6 +17,7 @@ import contextlib
 import re
 import socket
 import ssl
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +31,7 @@ from topics.errors import (
     TopicNotFound,
 )
 from topics.record import NO_HEADERS, Headers, Record
-from topics.sources.access import Access, hostport, nats_access, tls_context
+from topics.sources.access import Access, hostport, nats_access, reason, tls_context
 from topics.sources.base import Pending
 from topics.sources.natswire import (
     OrderedReader,
@@ -49,9 +50,7 @@ def _probe(host: str, port: int, timeout: float) -> None:
         with socket.create_connection((host, port), timeout=timeout):
             pass
     except OSError as exc:
-        raise SourceUnreachable(
-            f"cannot reach NATS at {hostport(host, port)}: {exc.strerror or exc}"
-        ) from None
+        raise SourceUnreachable(f"cannot reach NATS at {hostport(host, port)}: {reason(exc)}") from None
 
 
 class _Refusal(Exception):
@@ -109,6 +108,7 @@ class _Conn:
         self.access = nats_access(ref.user, ref.password, ref.tls)
         self.where = hostport(ref.host, ref.port)
         self.denied: str | None = None  # the last permissions violation the server reported
+        self.connect_timeout = connect_timeout
         ctx = tls_context(self.access)
         _probe(ref.host, ref.port, connect_timeout)
         auth: dict[str, Any] = {}
@@ -163,7 +163,13 @@ class _Conn:
             return AccessDenied(
                 f"NATS at {self.where} refused rq {self.access.who()}: authorization violation"
             )
-        return SourceUnreachable(f"cannot connect to NATS at {self.where}: {exc or type(exc).__name__}")
+        if isinstance(exc, TimeoutError | nats.errors.TimeoutError):
+            # connected, then nothing: not a NATS server's port, or a server too busy to greet
+            return SourceUnreachable(
+                f"cannot connect to NATS at {self.where}: no INFO from it within {self.connect_timeout:g} s "
+                "(is that port a NATS server's?)"
+            )
+        return SourceUnreachable(f"cannot connect to NATS at {self.where}: {reason(exc)}")
 
     def run(self, coro: Any) -> Any:
         try:
@@ -183,7 +189,7 @@ class _Conn:
         except nats.js.errors.NotFoundError:
             raise TopicNotFound(f"JetStream stream {self.stream} does not exist") from None
         except (nats.errors.ConnectionClosedError, nats.errors.NoServersError) as exc:
-            raise SourceUnreachable(f"lost the NATS connection: {exc}") from None
+            raise SourceUnreachable(f"lost the NATS connection: {reason(exc)}") from None
         except nats.js.errors.ServiceUnavailableError:
             raise SourceUnreachable("JetStream is not enabled on this NATS server") from None
 
@@ -447,7 +453,7 @@ class JetStreamSource:
         try:
             self.conn.run(recreate())
         except nats.js.errors.Error as exc:
-            raise TopicError(f"could not store the offset of group {group}: {exc}") from None
+            raise TopicError(f"could not store the offset of group {group}: {reason(exc)}") from None
 
     def group_lag(self, group: str) -> int:
         """Messages the durable consumer has still to deliver or to see acknowledged (honours its
@@ -478,7 +484,15 @@ _NEWLINES = str.maketrans({"\r": " ", "\n": " "})
 
 def _nats_headers(headers: Headers) -> dict[str, str] | None:
     # A byte that is not UTF-8 goes out as U+FFFD: three bytes on the wire for one.
-    return dict((k, v.decode("utf-8", "replace")) for k, v in headers) or None
+    out = dict((k, v.decode("utf-8", "replace")) for k, v in headers)
+    if len(out) < len(headers):
+        # nats-py takes one value per name: the others would be dropped without a word
+        twice = next(k for k, n in Counter(k for k, _ in headers).items() if n > 1)
+        raise SpecError(
+            f"header {twice!r} repeats in a record: rq publishes to NATS one value per header name; "
+            "join the values, or keep this topic in the embedded log"
+        )
+    return out or None
 
 
 def _header_block_size(hdrs: dict[str, str]) -> int:
@@ -541,7 +555,7 @@ class JetStreamSink:
         except nats.errors.MaxPayloadError:
             raise RecordTooLarge(f"a record is over the NATS server's max_payload ({self.url})") from None
         except Exception as exc:
-            raise SourceUnreachable(f"publishing to {self.url} failed: {exc}") from None
+            raise SourceUnreachable(f"publishing to {self.url} failed: {reason(exc)}") from None
         last = int(ack.seq)
         return last - len(records) + 1, last
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from topics.errors import AccessDenied, SourceUnreachable, SpecError, TopicError, Unsupported
 from topics.record import NO_HEADERS, Record
-from topics.sources.access import Access, hostport, mqtt_access, tls_context, tls_hint
+from topics.sources.access import Access, hostport, mqtt_access, reason, tls_context, tls_hint
 from topics.sources.base import Pending
 
 _DRAIN = 4096
@@ -64,9 +64,9 @@ def _client(ref: Any, timeout: float) -> Any:
             server="mqtt",
         ) from None
     except ssl.SSLError as exc:
-        raise SourceUnreachable(f"TLS with the MQTT broker at {where} failed: {exc}") from None
+        raise SourceUnreachable(f"TLS with the MQTT broker at {where} failed: {reason(exc)}") from None
     except OSError as exc:
-        raise SourceUnreachable(f"cannot reach MQTT broker at {where}: {exc.strerror or exc}") from None
+        raise SourceUnreachable(f"cannot reach MQTT broker at {where}: {reason(exc)}") from None
     client.loop_start()
     if not answered.wait(timeout):
         client.loop_stop()
@@ -183,6 +183,7 @@ class MqttSource:
                     ) from None
                 if self.idle_timeout is not None and time.monotonic() - idle_since > self.idle_timeout:
                     return
+                yield []  # nothing yet: the caller may stop (its reader gone, --to @t passed)
                 continue
             items = [first]
             with contextlib.suppress(queue.Empty):
@@ -231,7 +232,7 @@ class MqttSink:
             try:
                 info.wait_for_publish(timeout=30)
             except (RuntimeError, ValueError) as exc:  # paho: not connected, queue full
-                raise SourceUnreachable(f"publishing to {self.url} failed: {exc}") from None
+                raise SourceUnreachable(f"publishing to {self.url} failed: {reason(exc)}") from None
             if not info.is_published():
                 raise SourceUnreachable(f"the MQTT broker did not acknowledge a publish to {self.topic}")
         first = self.sent

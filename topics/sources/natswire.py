@@ -29,7 +29,7 @@ import orjson
 
 from topics.errors import AccessDenied, SourceUnreachable, TopicError, TopicNotFound
 from topics.record import NO_HEADERS, Headers, Record
-from topics.sources.access import Access, hostport, tls_context, tls_hint
+from topics.sources.access import Access, hostport, reason, tls_context, tls_hint
 
 _CRLF = b"\r\n"
 _RECV = 4 * 1024 * 1024
@@ -146,7 +146,7 @@ class OrderedReader:
         try:
             self.sock = socket.create_connection((host, port), timeout=timeout)
         except OSError as exc:
-            raise SourceUnreachable(f"cannot reach NATS at {host}:{port}: {exc.strerror or exc}") from None
+            raise SourceUnreachable(f"cannot reach NATS at {host}:{port}: {reason(exc)}") from None
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with contextlib.suppress(OSError):
             self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
@@ -173,7 +173,7 @@ class OrderedReader:
         try:
             self.sock.sendall(data)
         except OSError as exc:
-            raise SourceUnreachable(f"lost the NATS connection: {exc}") from None
+            raise SourceUnreachable(f"lost the NATS connection: {reason(exc)}") from None
 
     def _fill(self, timeout: float | None) -> bool:
         """Reads more bytes; False on timeout. Compacts the buffer so it is reused, never regrown
@@ -194,7 +194,7 @@ class OrderedReader:
         except TimeoutError:
             return False
         except OSError as exc:
-            raise SourceUnreachable(f"lost the NATS connection: {exc}") from None
+            raise SourceUnreachable(f"lost the NATS connection: {reason(exc)}") from None
         if n == 0:
             raise SourceUnreachable("the NATS server closed the connection")
         self.end += n
@@ -262,9 +262,9 @@ class OrderedReader:
         except ssl.SSLError as exc:
             if client_certificate_refused(exc):
                 raise client_certificate_rejected(self.where, exc) from None
-            raise SourceUnreachable(f"TLS with NATS at {self.where} failed: {exc}") from None
+            raise SourceUnreachable(f"TLS with NATS at {self.where} failed: {reason(exc)}") from None
         except OSError as exc:
-            raise SourceUnreachable(f"TLS with NATS at {self.where} failed: {exc}") from None
+            raise SourceUnreachable(f"TLS with NATS at {self.where} failed: {reason(exc)}") from None
 
     # -- the JetStream API ----------------------------------------------------------------------
 

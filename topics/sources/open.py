@@ -14,6 +14,7 @@ from topics.embedded.log import TopicConfig, check_topic_name
 from topics.errors import SpecError, TopicNotFound
 from topics.sources.access import hostport, redact_url
 from topics.sources.base import Sink, Source
+from topics.sources.subjects import check_publish_subject, check_subject
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ def parse_topic(text: str, topics_dir: Path) -> TopicRef:
 
 def _parse_url(text: str) -> TopicRef:
     shown = redact_url(text)
+    if any(c in text for c in "\t\r\n"):  # urlsplit would silently drop them
+        raise SpecError(f"bad URL {shown!r}: it contains a tab or a line break")
     try:
         parts = urlsplit(text)
     except ValueError as exc:  # e.g. an unclosed '[' of an IPv6 address
@@ -84,6 +87,7 @@ def _parse_url(text: str) -> TopicRef:
         if not stream or not _STREAM.match(stream):
             raise SpecError(f"bad JetStream URL {shown!r}: use nats://HOST:PORT/STREAM[/SUBJECT]")
         subject = unquote(subject)
+        check_subject(subject, shown)
         return TopicRef(
             "jetstream",
             host=host,
@@ -118,7 +122,17 @@ def open_source(ref: TopicRef, **options: Any) -> Source:
     return MqttSource(ref, **options)
 
 
+def check_writable(ref: TopicRef) -> None:
+    """What can be told about a topic to write to before connecting: one NATS subject or MQTT
+    topic, not a filter (a NATS publish to `a.*` would be stored under that literal name)."""
+    if ref.kind == "jetstream":
+        check_publish_subject(ref.subject or ref.stream, ref.url)
+    elif ref.kind == "mqtt" and any(c in ref.subject for c in "+#"):
+        raise SpecError(f"cannot publish to a topic filter {ref.subject!r}: name one topic")
+
+
 def open_sink(ref: TopicRef, config: TopicConfig | None = None, **options: Any) -> Sink:
+    check_writable(ref)
     if ref.kind == "embedded":
         from topics.sources.embedded import EmbeddedSink
 

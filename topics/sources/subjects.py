@@ -1,0 +1,54 @@
+"""NATS subject syntax, checked before connecting: a bad subject is the user's input, not the server's
+failure (nats-server answers a bad one with a 500 'invalid subject' only once rq is connected, and a
+wildcard given to a publish is silently stored as a literal subject named `a.*`).
+
+Rules as nats-server applies them (server/sublist.go, IsValidSubject): tokens separated by '.',
+none empty, no whitespace; `*` as a whole token matches one token, `>` as the last token matches
+the rest. rq also refuses control characters, which no tool can type back.
+"""
+
+from __future__ import annotations
+
+from topics.errors import SpecError
+
+_WHITESPACE = frozenset(" \t\n\r\f\v")
+
+
+def subject_problem(subject: str) -> str | None:
+    """Why `subject` is not a valid NATS subject (filters allowed), or None."""
+    if any(c in _WHITESPACE for c in subject):
+        return "it contains whitespace"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in subject):
+        return "it contains a control character"
+    tokens = subject.split(".")
+    if any(not t for t in tokens):
+        return "it has an empty token (a leading, trailing or doubled '.')"
+    if ">" in tokens[:-1]:
+        return "'>' may only be its last token"
+    return None
+
+
+def is_wildcard(subject: str) -> bool:
+    return any(t in ("*", ">") for t in subject.split("."))
+
+
+def check_subject(subject: str, url: str) -> None:
+    """A subject to read (wildcards allowed); an empty one means the whole stream."""
+    if not subject:
+        return
+    why = subject_problem(subject)
+    if why is not None:
+        raise SpecError(
+            f"bad NATS subject {subject!r} in {url}: {why} (write tokens separated by '.', "
+            "like orders.eu.new)"
+        )
+
+
+def check_publish_subject(subject: str, url: str) -> None:
+    """A subject to publish to: valid and literal."""
+    check_subject(subject, url)
+    if is_wildcard(subject):
+        raise SpecError(
+            f"cannot publish to the wildcard subject {subject!r} ({url}): name one subject; "
+            "* and > only filter what is read"
+        )
