@@ -941,6 +941,13 @@ def replay(
             except KeyboardInterrupt:
                 if save_spec is not None and follow:
                     records, digest, first_off, last_off, reached_to = pinned[0]
+                    # The stop may come as a batch finished going out, before the read loop
+                    # reported it: the tally already counts that batch (digested before it was
+                    # written), and all of it is out when emitted_to reaches its last record.
+                    last = res.last_offset
+                    if stops is not None and last is not None and stops.emitted_to == last + 1 > reached_to:
+                        records, digest = res.emitted, res.digest
+                        first_off, last_off, reached_to = res.first_offset, last, last + 1
                     _spec_of(ref, start, reached_to, from_spec, to_spec, group, where, fields, window_time)(
                         records, digest, first_off, last_off
                     ).save(save_spec)
