@@ -3,8 +3,10 @@
     header  = b"RQJ1" | key (16 bytes) | file size u64 | chunk size u32          (32 bytes)
     record  = chunk index u32 | xxh3-128 digest (16 bytes) | crc32 of the 20 bytes before   (24 bytes)
 
-A record is appended only after the chunk's bytes were fdatasync'ed into the .part file, so the
-journal never claims data that a crash could lose. Records are written with O_APPEND in one write
+A record is appended only after the chunk's bytes were made durable in the .part file (fdatasync, or
+one syncfs for a batch spanning many files), so the journal never claims data that a crash could
+lose. The header is not synced on its own: it reaches the disk no later than the first record's
+sync, and a header a crash lost or tore only makes the journal read as new (nothing to resume). Records are written with O_APPEND in one write
 each batch, so several receiver processes can share a journal; a torn record (a crash inside that
 write, or a disk that filled during it) fails its CRC and is skipped, costing one resent chunk, and
 the reader finds the records appended after it by sliding on until a CRC holds.
@@ -65,18 +67,23 @@ class Journal:
     """One file's journal (relative to the state directory's descriptor). It holds no descriptor open
     between calls, so a transfer of 100,000 files needs no more than a handful at any time."""
 
-    def __init__(self, dir_fd: int, name: str, key: str, size: int, chunk_size: int, chunks: int):
+    def __init__(
+        self, dir_fd: int, name: str, key: str, size: int, chunk_size: int, chunks: int, fresh: bool = False
+    ):
+        """`fresh`: the caller knows no journal of this name holds anything (it just removed it
+        with the .part file): write the header without reading first."""
         self._args = (key, size, chunk_size, chunks)
         self.name = name
         self.dir_fd = dir_fd
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if fresh else 0)
         fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
         try:
-            have = parse(_read_all(fd), *self._args)
+            have = None if fresh else parse(_read_all(fd), *self._args)
             if have is None:  # new, or left by another version of the file: start over
-                os.ftruncate(fd, 0)
+                if not fresh:
+                    os.ftruncate(fd, 0)
+                # no fsync: the first append's sync carries the header too (see the module doc)
                 os.pwrite(fd, header_bytes(key, size, chunk_size), 0)
-                os.fsync(fd)
                 have = {}
         finally:
             os.close(fd)
@@ -86,7 +93,9 @@ class Journal:
         """Everything recorded so far, including records other processes appended."""
         return recorded(self.dir_fd, self.name, *self._args)
 
-    def append(self, records: list[tuple[int, bytes]]) -> None:
+    def append(self, records: list[tuple[int, bytes]], sync: bool = True) -> None:
+        """Appends records (whose chunks are durable already). `sync=False`: the caller makes a
+        whole batch of journals durable at once (one syncfs) before it counts any record."""
         if not records:
             return
         flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -100,7 +109,8 @@ class Journal:
                 if n == 0:  # never for a regular file; a loop for ever if it were
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 view = view[n:]
-            os.fsync(fd)
+            if sync:
+                os.fsync(fd)
         finally:
             os.close(fd)
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import select
+import socket
+import ssl
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -47,6 +50,17 @@ IDLE_TIMEOUT = 300.0  # a channel that sends nothing for this long is dropped
 PRE_AUTH_TIMEOUT = 30.0
 LINGER = 5.0  # after DONE, how long to wait for the sender to close the channel
 DEFAULT_ACK_EVERY = 2  # verified chunks made durable (fdatasync + journal) and ACKed at once
+# Group commit for small chunks (many small files): a batch whose chunks average under this many
+# bytes is not made durable every `ack_every` chunks but when the channel has nothing more to read
+# right now (the sender's window is full or it has nothing left), or at the bounds below. Big
+# chunks keep the count: each of their flushes is worth its cost (docs/transfer.md).
+GROUP_BELOW = 1 << 20
+MAX_BATCH_CHUNKS = 1024
+MAX_BATCH_BYTES = 32 << 20
+# A chunk smaller than this is written in the channel's thread: handing it to the writer thread
+# costs more than the write (measured: 5,000 files of 10 KB, the hand-offs were a quarter of the
+# receiver's time).
+INLINE_BELOW = 256 * 1024
 
 
 @dataclass
@@ -76,7 +90,7 @@ class _ChunkWriter:
 
     def write(self, plan: Plan, f: int, k: int, data: bytes | memoryview, digest: bytes) -> None:
         self.wait()
-        if self._pool is None:
+        if self._pool is None or len(data) < INLINE_BELOW:
             plan.write(f, k, data)
             self._done.append((f, k, digest))
             return
@@ -112,6 +126,65 @@ class _ChunkWriter:
 
 # Out of descriptors or memory: this moment's trouble, which the sender's reconnect outlasts.
 _TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
+
+class _Readiness:
+    """Whether a channel has a frame's bytes waiting (so recv would not block): the driver's
+    optional `readable()`, else a poll of a plain socket driver's `sock`; None where neither
+    exists (then batches go by count alone)."""
+
+    def __init__(self, ch: Channel):
+        self._probe = getattr(ch, "readable", None)
+        self._sock: socket.socket | None = None
+        self._poll: select.poll | None = None
+        sock = getattr(ch, "sock", None)
+        if not callable(self._probe) and isinstance(sock, socket.socket):
+            self._sock = sock
+            self._poll = select.poll()
+            self._poll.register(sock.fileno(), select.POLLIN)
+
+    @property
+    def known(self) -> bool:
+        return callable(self._probe) or self._poll is not None
+
+    def __call__(self) -> bool:
+        if callable(self._probe):
+            return bool(self._probe())
+        if self._poll is None:
+            return True
+        if isinstance(self._sock, ssl.SSLSocket) and self._sock.pending():
+            return True
+        return bool(self._poll.poll(0))
+
+
+class _Batch:
+    """The verified chunks of one channel not yet durable, and when to make them so."""
+
+    def __init__(self, ack_every: int, readiness: _Readiness):
+        self.pending: list[tuple[int, int, bytes]] = []  # written (the write returned), not durable
+        self.count = 0  # chunks handed to the writer since the last flush (pending + in flight)
+        self.bytes = 0
+        self.ack_every = ack_every
+        self.group = readiness.known
+
+    def add(self, nbytes: int) -> None:
+        self.count += 1
+        self.bytes += nbytes
+
+    def cleared(self) -> None:
+        self.count = self.bytes = 0
+
+    def small(self) -> bool:
+        """Group commit applies: the driver can say whether more is waiting, and the chunks of
+        this batch average under GROUP_BELOW bytes."""
+        return self.group and self.bytes < GROUP_BELOW * max(1, self.count)
+
+    def full(self) -> bool:
+        """Time to flush after adding a chunk: every ack_every chunks for big chunks (as before;
+        the write in flight counts), at the group-commit bounds for small ones."""
+        if not self.small():
+            return self.count >= self.ack_every
+        return self.count >= MAX_BATCH_CHUNKS or self.bytes >= MAX_BATCH_BYTES
 
 
 class Receiver:
@@ -173,18 +246,25 @@ class Receiver:
         """Serves one channel until the sender closes it or something fails; never raises."""
         core = ReceiverChannel(self.token, os.urandom(16), self.limits)
         shared: _Shared | None = None
-        pending: list[tuple[int, int, bytes]] = []
-        writer = _ChunkWriter(ch, pending)
         every = (
             self.flush_every if self.flush_every is not None else getattr(ch, "ack_every", DEFAULT_ACK_EVERY)
         )
-        ack_every = max(1, every)
+        readiness = _Readiness(ch)
+        batch = _Batch(max(1, every), readiness)
+        pending = batch.pending
+        writer = _ChunkWriter(ch, pending)
         committed = False
         authenticated = False
         _set_frame_limit(ch, PRE_AUTH_LIMIT)  # drivers that support it refuse big frames before AUTH
         try:
             while True:
                 writer.before_recv()
+                if shared is not None and batch.count and batch.small() and not readiness():
+                    # group commit: nothing more to read right now, so make what arrived durable
+                    # and ACK it before waiting (the sender may be waiting for this very ACK)
+                    writer.wait()
+                    self._flush(shared, core, batch)
+                    self._send(ch, core)
                 # After DONE, wait (briefly) for the sender to hang up: that is how we know DONE
                 # arrived, before `rq recv --once` may exit and take the connection down with it.
                 timeout = IDLE_TIMEOUT if authenticated else PRE_AUTH_TIMEOUT
@@ -198,18 +278,19 @@ class Receiver:
                             core.durable([(ev.file, ev.index)])  # a resend after a lost ACK
                             continue
                         writer.write(shared.plan, ev.file, ev.index, ev.data, ev.digest)
+                        batch.add(len(ev.data))
                         shared.raw += len(ev.data)
                         shared.wire += ev.wire_bytes
                         self.on_event(ChunkMoved(len(ev.data), ev.wire_bytes))
                         # the write in flight counts: a sender whose window equals ack_every
                         # (an older rq's 8) must get its ACKs without a ninth chunk arriving
-                        if len(pending) + writer.in_flight >= ack_every:
+                        if batch.full():
                             writer.wait()
-                            self._flush(shared, core, pending)
+                            self._flush(shared, core, batch)
                     elif isinstance(ev, FlushRequested):
                         assert shared is not None
                         writer.wait()
-                        self._flush(shared, core, pending)
+                        self._flush(shared, core, batch)
                     elif isinstance(ev, ChunkRejected):
                         if shared is not None:
                             shared.resent += 1
@@ -249,7 +330,7 @@ class Receiver:
                     elif isinstance(ev, CommitRequested):
                         assert shared is not None
                         writer.wait()
-                        self._flush(shared, core, pending)
+                        self._flush(shared, core, batch)
                         total = shared.plan.finalize(ev.roots, self.overwrite)
                         summary = {
                             "transfer_id": shared.plan.manifest.transfer_id,
@@ -293,7 +374,7 @@ class Receiver:
                 self.completed.set()
             if shared is not None:
                 with contextlib.suppress(TransferError, OSError):
-                    self._flush(shared, None, pending)  # keep what arrived, so a resume skips it
+                    self._flush(shared, None, batch)  # keep what arrived, so a resume skips it
                 self._release(shared.plan.manifest.transfer_id, shared)
             with contextlib.suppress(Exception):
                 ch.close()
@@ -337,15 +418,15 @@ class Receiver:
         with self._lock:
             return manifest.transfer_id not in self._plans and self.store.completed(manifest)
 
-    def _flush(
-        self, shared: _Shared, core: ReceiverChannel | None, pending: list[tuple[int, int, bytes]]
-    ) -> None:
+    def _flush(self, shared: _Shared, core: ReceiverChannel | None, batch: _Batch) -> None:
+        pending = batch.pending
         if not pending:
             return
         shared.plan.make_durable(pending)
         if core is not None:
             core.durable([(f, k) for f, k, _ in pending])
         pending.clear()
+        batch.cleared()
 
     @staticmethod
     def _send(ch: Channel, core: ReceiverChannel) -> None:

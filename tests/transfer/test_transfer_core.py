@@ -452,12 +452,13 @@ class _Overlapping:
 
 
 def test_chunk_writer_keeps_one_write_in_flight_and_never_journals_a_failed_one() -> None:
-    from transfer.receiver import _ChunkWriter
+    from transfer.receiver import INLINE_BELOW, _ChunkWriter
 
     plan, done = _SlowPlan(), []
+    big = bytes(INLINE_BELOW)  # smaller chunks are written inline (next test)
     w = _ChunkWriter(_Overlapping(), done)  # type: ignore[arg-type]
     w.before_recv()  # frame 0 arrives
-    w.write(plan, 0, 0, b"a", b"d0")  # type: ignore[arg-type]
+    w.write(plan, 0, 0, big, b"d0")  # type: ignore[arg-type]
     w.before_recv()  # frame 1 may arrive while chunk 0 is written: no waiting
     assert done == [] and plan.started == [0]
     waiter = threading.Thread(target=w.before_recv)  # frame 2 reuses frame 0's buffer: must wait
@@ -468,7 +469,7 @@ def test_chunk_writer_keeps_one_write_in_flight_and_never_journals_a_failed_one(
     waiter.join(5)
     assert done == [(0, 0, b"d0")]
     plan.fail_on = 1
-    w.write(plan, 0, 1, b"b", b"d1")  # type: ignore[arg-type]
+    w.write(plan, 0, 1, big, b"d1")  # type: ignore[arg-type]
     with pytest.raises(OSError):
         w.close()
     assert done == [(0, 0, b"d0")]  # chunk 1's write failed: it must not reach the journal
@@ -482,6 +483,18 @@ def test_chunk_writer_writes_inline_where_the_driver_reuses_bodies_at_once() -> 
     w = _ChunkWriter(object(), done)  # type: ignore[arg-type]  # no body_lifetime: 1, like RDMA
     w.write(plan, 0, 3, b"c", b"d3")  # type: ignore[arg-type]
     assert done == [(0, 3, b"d3")]  # written before write() returned
+    w.close()
+
+
+def test_chunk_writer_writes_small_chunks_inline_even_where_it_could_overlap() -> None:
+    """A small file's chunk costs less to write than to hand to the writer thread."""
+    from transfer.receiver import _ChunkWriter
+
+    plan, done = _SlowPlan(), []
+    plan.release.set()
+    w = _ChunkWriter(_Overlapping(), done)  # type: ignore[arg-type]
+    w.write(plan, 0, 4, b"small", b"d4")  # type: ignore[arg-type]
+    assert done == [(0, 4, b"d4")] and w.in_flight == 0
     w.close()
 
 

@@ -73,16 +73,16 @@ class _Killed(Exception):
 def _commit_killed_after_first_placement(
     store: Store, m: Manifest, roots: list[str], overwrite: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    place = Store.place
+    link_one = Store._link_one
 
-    def place_then_die(self: Store, entry: FileEntry, overwrite: bool) -> None:
-        place(self, entry, overwrite)
+    def place_then_die(self: Store, entry: FileEntry, final: str, parent: int, overwrite: bool) -> bool:
+        link_one(self, entry, final, parent, overwrite)
         raise _Killed
 
-    monkeypatch.setattr(Store, "place", place_then_die)
+    monkeypatch.setattr(Store, "_link_one", place_then_die)
     with pytest.raises(_Killed):
         store.plan(m).finalize(roots, overwrite)
-    monkeypatch.setattr(Store, "place", place)
+    monkeypatch.setattr(Store, "_link_one", link_one)
 
 
 def _two_files(tmp_path: Path) -> tuple[Store, Manifest, list[bytes], list[str]]:
