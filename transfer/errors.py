@@ -93,6 +93,17 @@ class PeerUnreachableError(TransferError):
     code = "unreachable"
 
 
+class StalledError(PeerUnreachableError):
+    """The receiver confirmed nothing for the ack timeout while chunks waited (stopped, hung, or
+    its disk stalled): the connection is dropped and retried like a lost one."""
+
+
+class TlsMismatchError(TransferError):
+    """One side runs TCP with --tls and the other without: a flag to fix, not a peer to retry."""
+
+    code = "tls-mismatch"
+
+
 class UnsupportedError(TransferError):
     """The requested transport or feature is not available on this machine."""
 
@@ -123,6 +134,7 @@ _BY_CODE: dict[str, type[TransferError]] = {
         PeerUnreachableError,
         UnsupportedError,
         UnknownTransferError,
+        TlsMismatchError,
     )
 }
 

@@ -23,6 +23,7 @@ from transfer.errors import (
     ChunkSizeError,
     PeerUnreachableError,
     ProtocolError,
+    StalledError,
     TransferError,
     VerifyError,
 )
@@ -67,6 +68,9 @@ class SendOptions:
     compress: codec.CompressMode = "auto"
     window: int | None = None  # unacknowledged chunks per channel; None: the transport's send_window
     retry_for: float = 60.0  # give up after this long without progress
+    # a connection whose receiver confirms nothing for this long while chunks wait is dropped: a
+    # stopped or hung receiver (TCP would otherwise block in sendall on a zero window for ever)
+    ack_timeout: float = 30.0
 
 
 @dataclass
@@ -76,6 +80,7 @@ class Stats:
     resent: int = 0
     chunks: int = 0
     acked: int = 0  # chunks the receiver confirmed durable: the progress --retry-for measures
+    had_bytes: int = 0  # bytes the receiver already held when it last accepted the manifest
     connected: bool = False  # the receiver accepted a manifest at least once
     sent: set[tuple[int, int]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -184,9 +189,20 @@ class ChannelSender:
         self.window = opts.window or DEFAULT_WINDOW
 
     def _read_replies(self) -> None:
+        wait = self.opts.ack_timeout
         try:
             while True:
-                frame = self.ch.recv(timeout=None)
+                try:
+                    frame = self.ch.recv(timeout=wait)
+                except TimeoutError:
+                    with self.work.cond:
+                        waiting = bool(self.inflight)
+                    if not waiting:
+                        continue  # nothing asked of the receiver: its silence is no stall
+                    self.ch.close()  # unblocks a send stuck on a full socket buffer
+                    raise StalledError(
+                        f"the receiver confirmed nothing for {wait:.0f} s (stopped, hung, or its disk stalled)"
+                    ) from None
                 if frame is None:
                     raise PeerUnreachableError("receiver closed the channel")
                 self._on_frame(frame)
@@ -257,10 +273,13 @@ class ChannelSender:
                 flushed = False
         except BaseException as exc:
             self.work.again(sorted(self.inflight), count=False)
-            if isinstance(exc, PeerUnreachableError) and replies.is_alive():
-                # The receiver usually says why before it hangs up (disk full, refused): prefer that.
+            if isinstance(exc, PeerUnreachableError):
+                # The receiver usually says why before it hangs up (disk full, refused): prefer
+                # that, and the reader's own verdict on a stalled receiver to the broken send after
                 replies.join(1.0)
-                if isinstance(self.error, TransferError) and not isinstance(self.error, PeerUnreachableError):
+                if isinstance(self.error, StalledError) or (
+                    isinstance(self.error, TransferError) and not isinstance(self.error, PeerUnreachableError)
+                ):
                     raise self.error from None
             raise
 
@@ -342,8 +361,75 @@ def send(
     manifest, files = scan(sources, opts.chunk_size, skipped)
     for sk in skipped:
         on_event(SourceSkipped(str(sk.path), sk.reason))
-    stats = Stats()
+    run = _Run(manifest, files, opts)
     started = time.monotonic()
+    try:
+        done = _send_retrying(sources, transport, copts, token, run, on_event)
+    except BaseException as exc:
+        # what was done before it stopped: the CLI still ends its --json output with a summary
+        exc.partial_summary = _summary(run, started, skipped, {})  # type: ignore[attr-defined]
+        raise
+    summary = _summary(run, started, skipped, done)
+    on_event(TransferFinished(summary))
+    return summary
+
+
+@dataclass
+class _Run:
+    """One `send` across its attempts: what it sends (re-planned if the receiver's chunk size is
+    adopted) and what happened so far."""
+
+    manifest: Manifest
+    files: list[SourceFile]
+    opts: SendOptions
+    stats: Stats = field(default_factory=Stats)
+    attempts: int = 0
+
+
+def _summary(run: _Run, started: float, skipped: list[Skipped], done: dict[str, Any]) -> dict[str, Any]:
+    """The --json summary; `done` is empty when the send stopped before the end."""
+    manifest, stats = run.manifest, run.stats
+    seconds = time.monotonic() - started
+    with stats.lock:
+        acked = stats.acked
+    return {
+        "transfer_id": manifest.transfer_id,
+        "files": len(manifest.files),
+        "dirs": len(manifest.dirs),
+        "bytes_total": manifest.total_bytes,
+        "bytes_raw": stats.raw,
+        "bytes_on_wire": stats.wire,
+        "ratio": round(stats.wire / stats.raw, 4) if stats.raw else 1.0,
+        "seconds": round(seconds, 3),
+        "mb_per_s": round(stats.raw / seconds / 1e6, 1) if seconds > 0 else 0.0,
+        "chunks_sent": stats.chunks,
+        "chunks_resent": stats.resent,
+        "chunks_acked": acked,
+        "attempts": run.attempts,
+        "verified": bool(done.get("verified")),
+        "complete": bool(done),
+        "skipped": len(skipped),
+        "chunk_size": run.opts.chunk_size,
+        # the receiver holds part of it (this run's acknowledged chunks or an earlier run's): a re-run resumes
+        "resumable": not done and (acked > 0 or stats.had_bytes > 0),
+    }
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError) and not isinstance(exc, TransferError):
+        return "no answer from the receiver within the timeout"  # (a socket's own text: "timed out")
+    return str(exc) or type(exc).__name__
+
+
+def _send_retrying(
+    sources: list[Path],
+    transport: Transport,
+    copts: ConnectOptions,
+    token: bytes,
+    run: _Run,
+    on_event: EventCallback,
+) -> dict[str, Any]:
+    stats = run.stats
     attempt = 0
     last_progress = time.monotonic()
     adopted = False
@@ -351,18 +437,18 @@ def send(
         # Progress is what the receiver acknowledged: chunks merely sent may be lost with the
         # connection, and counting those let a send that could never finish retry forever.
         before = stats.acked
+        run.attempts += 1
         try:
-            done = _attempt(manifest, files, transport, copts, token, opts, stats, on_event, attempt)
-            break
+            return _attempt(run.manifest, run.files, transport, copts, token, run.opts, stats, on_event, attempt)
         except ChunkSizeError as exc:
             # The receiver holds verified chunks of these very files at another chunk size (an
             # interrupted run with another --chunk-size): re-plan at its size, once, and keep them.
             if adopted or not MIN_CHUNK <= exc.chunk_size <= MAX_CHUNK:
                 raise
             adopted = True
-            on_event(ChunkSizeAdopted(exc.chunk_size, opts.chunk_size))
-            opts = replace(opts, chunk_size=exc.chunk_size)
-            manifest, files = scan(sources, opts.chunk_size, [])
+            on_event(ChunkSizeAdopted(exc.chunk_size, run.opts.chunk_size))
+            run.opts = replace(run.opts, chunk_size=exc.chunk_size)
+            run.manifest, run.files = scan(sources, run.opts.chunk_size, [])
         except RETRIED as exc:
             busy = isinstance(exc, BusyError)
             if isinstance(exc, TransferError) and not isinstance(exc, PeerUnreachableError | BusyError):
@@ -375,35 +461,16 @@ def send(
                 last_progress = time.monotonic()
                 attempt = 0  # it was moving: retry quickly
             # Until the receiver has answered once, a wrong address should not hang for a minute.
-            limit = opts.retry_for if stats.connected else min(opts.retry_for, FIRST_CONNECT_GRACE)
-            if time.monotonic() - last_progress > limit:
+            limit = run.opts.retry_for if stats.connected else min(run.opts.retry_for, FIRST_CONNECT_GRACE)
+            waited = time.monotonic() - last_progress
+            if waited > limit:
                 if busy:
                     raise
-                raise PeerUnreachableError(f"gave up after {limit:.0f}s without progress: {exc}") from None
+                raise PeerUnreachableError(f"gave up after {waited:.0f}s without progress: {_reason(exc)}") from None
             attempt += 1
             delay = min(2.0, 0.1 * 2**attempt)
-            on_event(Retrying(attempt, str(exc) or type(exc).__name__, delay))
+            on_event(Retrying(attempt, _reason(exc), delay))
             time.sleep(delay)
-    seconds = time.monotonic() - started
-    summary = {
-        "transfer_id": manifest.transfer_id,
-        "files": len(manifest.files),
-        "dirs": len(manifest.dirs),
-        "bytes_total": manifest.total_bytes,
-        "bytes_raw": stats.raw,
-        "bytes_on_wire": stats.wire,
-        "ratio": round(stats.wire / stats.raw, 4) if stats.raw else 1.0,
-        "seconds": round(seconds, 3),
-        "mb_per_s": round(stats.raw / seconds / 1e6, 1) if seconds > 0 else 0.0,
-        "chunks_sent": stats.chunks,
-        "chunks_resent": stats.resent,
-        "attempts": attempt + 1,
-        "verified": bool(done.get("verified")),
-        "skipped": len(skipped),
-        "chunk_size": opts.chunk_size,
-    }
-    on_event(TransferFinished(summary))
-    return summary
 
 
 def _attempt(
@@ -439,6 +506,7 @@ def _attempt(
         cs = manifest.chunk_size
         todo = [(f, k) for f, e in enumerate(manifest.files) for k in range(e.chunks(cs)) if k not in have[f]]
         have_bytes = manifest.total_bytes - sum(manifest.files[f].chunk_len(k, cs) for f, k in todo)
+        stats.had_bytes = have_bytes
         on_event(
             TransferPlanned(
                 manifest.transfer_id,

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from transfer import aligned
 from transfer.credentials import fingerprint, normalise_pin
-from transfer.errors import AuthError, PeerUnreachableError, TransferError
-from transfer.frames import CHUNK, HEADER, PRE_AUTH_LIMIT, Frame, parse_header
+from transfer.errors import AuthError, PeerUnreachableError, TlsMismatchError, TransferError
+from transfer.frames import CHUNK, HEADER, PRE_AUTH_LIMIT, Frame, error_frame, parse_header
 from transfer.slots import MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_PEER, PreAuthSlots
 from transfer.transport import Channel, ConnectOptions, ListenOptions
 
@@ -136,6 +136,12 @@ class TcpChannel:
         self._set_timeout(timeout)
         if not self._read_exact(memoryview(self._head), deadline):
             return None
+        if pre_auth and self._head[:1] == TLS_HANDSHAKE and not isinstance(self.sock, ssl.SSLSocket):
+            # a sender with --tls at a receiver without it: say so, or it only sees its handshake
+            # fail and retries for a minute (its TLS client reads this frame as "wrong version number")
+            with contextlib.suppress(OSError):
+                self.sock.sendall(error_frame(TlsMismatchError.code, _NO_TLS_HERE))
+            raise TlsMismatchError(_NO_TLS_HERE)
         kind, length = parse_header(self._head, self._max, self._frame_limit)
         self._turn ^= 1
         buf = self._bodies[self._turn]
@@ -151,6 +157,10 @@ class TcpChannel:
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
         self.release_slot()
+
+
+TLS_HANDSHAKE = b"\x16"  # the first byte of a TLS connection (a handshake record); rq frames start "RQ"
+_NO_TLS_HERE = "this receiver does not use TLS: drop --tls from rq send (or run rq recv with --tls)"
 
 
 def _tune(sock: socket.socket) -> None:
@@ -186,7 +196,15 @@ class TcpConnection:
             ctx.verify_mode = ssl.CERT_NONE  # the pin below is the check: a self-signed cert by design
             try:
                 sock = ctx.wrap_socket(sock, server_hostname="rq-recv")
-            except (ssl.SSLError, OSError) as exc:
+            except ssl.SSLError as exc:
+                sock.close()
+                if exc.reason == "WRONG_VERSION_NUMBER":  # plain rq frames came back: see _mismatched
+                    raise TlsMismatchError(
+                        f"the receiver at {o.host}:{o.port} does not use TLS: drop --tls from rq send "
+                        "(or run rq recv with --tls)"
+                    ) from None
+                raise PeerUnreachableError(f"TLS handshake with {o.host}:{o.port} failed: {exc}") from None
+            except OSError as exc:
                 sock.close()
                 raise PeerUnreachableError(f"TLS handshake with {o.host}:{o.port} failed: {exc}") from None
             der = sock.getpeercert(binary_form=True) or b""
@@ -269,8 +287,12 @@ class TcpListener:
         the channel's frame limit (the peer proved the token) or the channel ends."""
         ch: TcpChannel | None = None
         try:
-            conn.settimeout(None)
             _tune(conn)
+            if self._ctx is not None and self._plain_sender(conn):
+                _drop(conn)
+                release()
+                return
+            conn.settimeout(None)
             if self._ctx is not None:
                 conn.settimeout(10)
                 conn = self._ctx.wrap_socket(conn, server_side=True)
@@ -284,6 +306,25 @@ class TcpListener:
             self.handler(ch)
         finally:
             ch.release_slot()
+
+    def _plain_sender(self, conn: socket.socket) -> bool:
+        """A sender without --tls at this --tls receiver would only see its connection reset and
+        retry for a minute: tell it in a plain ERROR frame and hang up. (The other way round is
+        caught by TcpChannel.recv.) True also for a connection that sends nothing or fails: it is
+        dropped, as the TLS handshake's own timeout would."""
+        conn.settimeout(10)  # what the handshake allowed before
+        try:
+            first = conn.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return True
+        if first == TLS_HANDSHAKE:
+            return False
+        if first:
+            with contextlib.suppress(OSError):
+                conn.sendall(
+                    error_frame(TlsMismatchError.code, "this receiver requires TLS: add --tls to rq send")
+                )
+        return True
 
     def close(self) -> None:
         self._closed.set()

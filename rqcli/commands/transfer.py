@@ -65,6 +65,7 @@ def _exit_code(exc: Exception) -> ExitCode:
         (e.UnsupportedError, ExitCode.UNSUPPORTED),
         (e.PeerUnreachableError, ExitCode.UNREACHABLE),
         (e.UnsafeNameError, ExitCode.FAILURE),
+        (e.TlsMismatchError, ExitCode.USAGE),
     ]
     for cls, code in table:
         if isinstance(exc, cls):
@@ -544,6 +545,15 @@ def _recv_event(out: Output, ev: Any) -> None:
     show_default=True,
     help="Keep reconnecting for this many seconds without progress.",
 )
+@click.option(
+    "--timeout",
+    "ack_timeout",
+    type=click.FloatRange(min=1),
+    default=30.0,
+    show_default=True,
+    help="Drop a connection whose receiver confirms nothing for this many seconds while chunks "
+    "wait (a stopped or hung receiver); --retry-for then decides whether to reconnect.",
+)
 @output_options
 def send(
     args: tuple[str, ...],
@@ -561,6 +571,7 @@ def send(
     chunk_size: int,
     compress: str,
     retry_for: float,
+    ack_timeout: float,
 ) -> None:
     """Send files and directories to `rq recv`; re-run the same command to resume.
 
@@ -616,14 +627,24 @@ def send(
             chunk_size=chunk_size or 0,
             compress=cast("CompressMode", compress),
             retry_for=retry_for,
+            ack_timeout=ack_timeout,
         )
         with out.progress() as bar:
             on_event = _send_progress(out, bar)
             summary = do_send(sources, driver, copts, token, opts, on_event)
     except TransferError as exc:
-        raise _cli_error(exc) from None
+        err = _cli_error(exc)
+        partial = getattr(exc, "partial_summary", None)
+        if err.code == ExitCode.UNREACHABLE and partial and partial["resumable"]:
+            # the receiver holds verified parts of it: exit 8, "re-run the same command to resume"
+            err = CliError(err.message, ExitCode.RESUMABLE, hint="re-run the same command to resume")
+        _emit_partial(out, partial, err.one_line())
+        raise err from None
     except FileNotFoundError as exc:
         raise CliError(f"source not found: {exc.filename}", ExitCode.NOT_FOUND) from None
+    except BaseException as exc:  # Ctrl-C, SIGTERM, an unexpected error: the summary still comes last
+        _emit_partial(out, getattr(exc, "partial_summary", None), type(exc).__name__)
+        raise
     out.emit({"event": "summary", **summary})
     out.info(
         f"sent {summary['files']} file(s)"
@@ -633,6 +654,13 @@ def send(
         f"{summary['mb_per_s']} MB/s, {summary['chunks_resent']} chunk(s) resent, verified"
         + (f"; {summary['skipped']} entries not sent (see above)" if summary.get("skipped") else "")
     )
+
+
+def _emit_partial(out: Output, partial: dict[str, Any] | None, error: str) -> None:
+    """The summary of a send that stopped before the end (`"complete": false`), so that `tail -n1`
+    of --json output is its result whatever happened (docs/cli.md)."""
+    if partial is not None:
+        out.emit({"event": "summary", **partial, "error": error})
 
 
 def _distinct_sources(args: tuple[str, ...], out: Output) -> list[Path]:

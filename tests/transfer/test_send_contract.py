@@ -1,0 +1,125 @@
+"""What `rq send` tells a script when it stops before the end (review of the docs against
+behaviour, 2026-11-23): the --json output still ends with its summary, a receiver that stops
+answering is dropped instead of waited on for ever, the exit code says whether a re-run resumes,
+and --tls on one side only is named as such."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from xfer_kit import REPO, Recv, journal_records, rq_cmd, rq_env, send, summary, wait_for
+
+from rqcli.exitcodes import ExitCode
+
+
+def _big_file(tmp_path: Path, mib: int = 300) -> Path:
+    src = tmp_path / "big.bin"
+    with open(src, "wb") as fh:
+        for _ in range(mib):
+            fh.write(os.urandom(1 << 20))
+    return src
+
+
+def test_a_receiver_that_stops_answering_is_dropped_and_the_send_ends_resumable(tmp_path: Path) -> None:
+    src = _big_file(tmp_path)
+    recv = Recv(tmp_path / "dest", tmp_path / "cert").start()
+    assert recv.proc is not None
+    proc = subprocess.Popen(
+        rq_cmd(
+            "send",
+            str(src),
+            recv.url,
+            *recv.send_args(),
+            "--json",
+            "--chunk-size",
+            "1M",
+            "--timeout",
+            "2",
+            "--retry-for",
+            "1",
+        ),
+        env=rq_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    try:
+        assert wait_for(lambda: journal_records(tmp_path / "dest") > 0, 30, step=0.005)
+        recv.proc.send_signal(signal.SIGSTOP)  # stopped (^Z, a debugger, a hung disk): the socket stays open
+        out, err = proc.communicate(timeout=60)  # it waited for ever before
+    finally:
+        recv.proc.send_signal(signal.SIGCONT)
+    assert proc.returncode == ExitCode.RESUMABLE, err  # 8: part of it is there, a re-run resumes
+    assert b"confirmed nothing for 2 s" in err or b"without progress" in err, err
+    last = json.loads(out.splitlines()[-1])  # no summary line at all before
+    assert last["event"] == "summary" and last["complete"] is False and last["resumable"] is True, last
+    assert 0 < last["chunks_acked"] < 300 and last["error"], last
+    again = send([src], recv, "--chunk-size", "1M")
+    assert again.returncode == 0, again.stderr
+    assert summary(again)["bytes_raw"] < 300 << 20  # resumed, not started over
+    assert (tmp_path / "dest" / "big.bin").read_bytes() == src.read_bytes()
+    recv.stop()
+
+
+def test_ctrl_c_mid_send_still_ends_the_json_with_a_summary(tmp_path: Path) -> None:
+    src = _big_file(tmp_path)
+    recv = Recv(tmp_path / "dest", tmp_path / "cert").start()
+    assert recv.proc is not None
+    recv.proc.send_signal(signal.SIGSTOP)  # holds the send mid-way until the Ctrl-C
+    proc = subprocess.Popen(
+        rq_cmd("send", str(src), recv.url, *recv.send_args(), "--json", "--chunk-size", "1M"),
+        env=rq_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    try:
+        recv.proc.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: journal_records(tmp_path / "dest") > 0, 30, step=0.005)
+        recv.proc.send_signal(signal.SIGSTOP)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        recv.proc.send_signal(signal.SIGCONT)
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    last = json.loads(out.splitlines()[-1])
+    assert last["event"] == "summary" and last["complete"] is False and last["chunks_sent"] > 0, last
+    recv.stop()
+
+
+def test_tls_on_one_side_only_is_a_usage_error_that_says_so(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"x" * 1000)
+    with_tls = Recv(tmp_path / "d1", tmp_path / "cert", "tcp", "--tls").start()
+    plain = Recv(tmp_path / "d2", tmp_path / "cert").start()
+    try:
+        res = subprocess.run(
+            rq_cmd("send", str(tmp_path / "f"), with_tls.url, "--transport", "tcp"),
+            env=rq_env(),
+            capture_output=True,
+            timeout=60,
+            cwd=REPO,
+            check=False,
+        )
+        assert res.returncode == ExitCode.USAGE, res.stderr  # was 6 after a minute of retries
+        assert b"requires TLS: add --tls" in res.stderr and len(res.stderr.splitlines()) == 1, res.stderr
+        assert with_tls.pin is not None
+        res = subprocess.run(
+            rq_cmd(
+                "send", str(tmp_path / "f"), plain.url, "--transport", "tcp", "--tls", "--pin", with_tls.pin
+            ),
+            env=rq_env(),
+            capture_output=True,
+            timeout=60,
+            cwd=REPO,
+            check=False,
+        )
+        assert res.returncode == ExitCode.USAGE, res.stderr
+        assert b"does not use TLS: drop --tls" in res.stderr, res.stderr
+        assert send([tmp_path / "f"], with_tls).returncode == 0  # both sides agreeing still works
+    finally:
+        with_tls.stop()
+        plain.stop()
