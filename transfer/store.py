@@ -408,7 +408,11 @@ class Store:
             "ident": entry.ident,
             "chunk_size": chunk_size,
         }
-        self._write_state_file(_placed_name(entry.name), orjson.dumps(body), sync=sync)
+        # a first record goes straight to its name (one file created instead of a temp name and a
+        # rename): a crash that tears it leaves a record that reads as absent, which the commit's
+        # redo writes again; replacing another version's record stays atomic
+        name, data = _placed_name(entry.name), orjson.dumps(body)
+        self._write_state_file(name, data, sync=sync, atomic=sync or rec is not None)
         old = rec.get("key") if rec is not None else None
         if isinstance(old, str) and old != entry.key and not self._exists(f"{old}.part"):
             unlink_quiet_at(f"{old}.journal", self.state_fd)  # another version's: replaced here
@@ -718,10 +722,11 @@ class Store:
             unlink_quiet_at(entry, self.state_fd)
         return restarted
 
-    def _write_state_file(self, name: str, data: bytes, sync: bool = True) -> None:
+    def _write_state_file(self, name: str, data: bytes, sync: bool = True, atomic: bool = True) -> None:
         """Temp name, write, rename. `sync=False`: the caller syncs a whole batch of these at once
-        (a reader of a torn or missing one treats it as absent)."""
-        tmp = f"{name}.tmp{os.getpid()}.{threading.get_ident()}"
+        (a reader of a torn or missing one treats it as absent). `atomic=False`: written in place,
+        for a file no one has yet (whose torn form reads as absent)."""
+        tmp = f"{name}.tmp{os.getpid()}.{threading.get_ident()}" if atomic else name
         fd = os.open(
             tmp,
             os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -734,7 +739,8 @@ class Store:
                 os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, name, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd)
+        if atomic:
+            os.replace(tmp, name, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd)
         if sync:
             os.fsync(self.state_fd)
 
