@@ -82,6 +82,14 @@ class Cache:
         tier: str = "disk",
         durable: bool = True,
     ):
+        # arguments first: a bad one must not leave a new cache dir and /dev/shm root behind
+        if cache_dir is not None and not isinstance(cache_dir, str | os.PathLike):
+            raise BadSourceError(f"cache_dir must be a path, not {type(cache_dir).__name__}")
+        for given in (ram_limit, disk_limit):
+            if given is not None:
+                parse_size(given)
+        if isinstance(max_age, bool) or not isinstance(max_age, int | float) or not max_age >= 0:
+            raise BadSourceError(f"max_age must be seconds (a number >= 0), not {max_age!r}")
         self.durable = durable
         self._ram_pid = 0  # the process whose hold on the RAM root this object counts in (cache.orphans)
         self.root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -277,6 +285,8 @@ class Cache:
         _check_tier(tier)
         if url.endswith("/"):
             raise BadSourceError(f"{url} names a prefix or directory, not one object")
+        if url.startswith("s3://") and "/" not in url[5:]:
+            raise BadSourceError(f"{url} names a bucket, not an object (s3://bucket/key)")
         state = self._state()
         if self._prefetcher is not None:
             self._prefetcher.advance(url)
@@ -420,6 +430,8 @@ class Cache:
     def prefetch(self, urls: Iterable[str], ahead: int = 64, tier: str = "ram") -> Prefetcher:
         """Keeps the next `ahead` items of `urls` (in the order `open` will ask for them) cached in
         `tier`, fetching from the origin or promoting from disk in a background thread."""
+        if isinstance(urls, str | bytes):
+            raise BadSourceError("prefetch takes the URLs in the order they will be read, not one URL")
         _check_tier(tier)
         self._state()
         if self._prefetcher is not None:
@@ -566,6 +578,9 @@ class Prefetcher:
                 self.again.setdefault(u, [j]).append(i)
         self.position = 0
         self.errors: list[str] = []
+        # reads in other processes (DataLoader workers) reach us through the index's LRU stamps
+        self._since = time.time()
+        self._seen: dict[str, float] = {}
         self._wake = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="rq-prefetch", daemon=True)
@@ -584,8 +599,19 @@ class Prefetcher:
         i = self._place(url)
         if i is not None and i >= self.position:
             with self._wake:
-                self.position = i
+                self._move_to(i)
                 self._wake.notify_all()
+
+    def _move_to(self, i: int) -> None:
+        """Moves the window (caller holds _wake). The URLs passed get a stamp: a read of one of
+        them counts for _follow_other_processes only if it is newer (the same URL again, later in
+        the list, is read again only after this)."""
+        if i <= self.position:
+            return
+        now = time.time()
+        for url in self.urls[self.position : i + 1]:
+            self._seen[url] = now
+        self.position = i
 
     def _place(self, url: str) -> int | None:
         """The position a read of `url` stands for: its next occurrence from here, unless it is a
@@ -617,15 +643,42 @@ class Prefetcher:
         have = self.cache._state().index.get_many(window)
         return [u for u in window if u not in have or have[u].tier != self.tier]
 
+    def _follow_other_processes(self) -> bool:
+        """Moves the window past items read by other processes since it started: a prefetch made
+        in the training process and reads in its forked or spawned DataLoader workers. Their reads
+        are known from the LRU stamps they write to the index (batched: about a second late), a
+        stamp newer than the entry itself being a read rather than the landing."""
+        start = self.position
+        window = self.urls[start : start + self.ahead]
+        have = self.cache._state().index.get_many(set(window))
+        furthest = -1
+        for i, url in enumerate(window, start):
+            e = have.get(url)
+            if e is not None and e.last_access > max(e.created, self._since, self._seen.get(url, 0.0)):
+                furthest = i
+        with self._wake:
+            self._move_to(furthest)
+        return furthest > start
+
     def _run(self) -> None:
         done_upto = -1
         while True:
             with self._wake:
-                while not self._stop and self.position + self.ahead - 1 <= done_upto:
-                    self._wake.wait(timeout=1.0)
+                if not self._stop and self.position + self.ahead - 1 <= done_upto:
+                    self._wake.wait(timeout=0.5)
                 if self._stop or self.position >= len(self.urls):
                     return
+            try:
+                # before warming a window, skip what workers already read: warming it would
+                # promote those entries and with them lose the stamps that say they were read
+                while self._follow_other_processes():
+                    pass
+            except Exception as exc:  # the index busy or gone: the next look may do better
+                self._error(f"{type(exc).__name__}: {exc}")
+            with self._wake:
                 start = self.position
+                if start + self.ahead - 1 <= done_upto or start >= len(self.urls):
+                    continue
             try:
                 self._warm(start)
             except Exception as exc:  # a prefetch thread must not die of one bad item

@@ -7,8 +7,9 @@ class CacheError(Exception):
     """Base of every error the cache library raises on purpose."""
 
 
-class BadSourceError(CacheError):
-    """A URL or path that is not a usable origin (wrong scheme, empty bucket name, …)."""
+class BadSourceError(CacheError, ValueError):
+    """A URL, path or argument rq cannot use (wrong scheme, empty bucket name, a size that is not
+    one, a URL that is not text, …). Also a ValueError, as the bad value it is."""
 
 
 class NotFoundError(CacheError):

@@ -296,6 +296,8 @@ def normalise_url(url: str) -> str:
     """Cache keys: s3:// URLs as given, local paths made absolute (no symlink resolution).
     Raises BadSourceError for another scheme (it is not a relative path named `http:`) and for
     a name that is not UTF-8 (the index keys entries by URL text)."""
+    if not isinstance(url, str):
+        raise BadSourceError(f"a URL or path must be text (str), not {type(url).__name__}")
     _check_not_a_mistyped_url(url)
     scheme, sep, rest = url.partition("://")
     if sep and scheme.lower() == "s3":

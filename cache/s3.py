@@ -32,6 +32,7 @@ from cache.errors import (
     UnreachableError,
 )
 from cache.tls import TlsCheck, crt_tls_options
+from cache.watchdog import Ticket, Watchdog
 
 if TYPE_CHECKING:
     from cache.ranged import RangedGets
@@ -177,6 +178,25 @@ def map_error(
     return OriginError(f"{what}: {name} {error}")
 
 
+def _content_length(headers: list[tuple[str, str]]) -> int:
+    for name, value in headers:
+        if name.lower() == "content-length":
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+def _silent(what: str, endpoint: str, ticket: Ticket, kind: type[CacheError]) -> CacheError:
+    """The error of a request the watchdog cancelled: a lost connection (retried per object) for
+    a body, the store unreachable for a request someone waits on."""
+    err = kind(
+        f"{endpoint} accepted the connection but sent nothing for {ticket.allowance:.0f} s ({what}): "
+        "a stalled store or proxy"
+    )
+    err.lost_connection = True  # type: ignore[attr-defined]
+    err.throttled = False  # type: ignore[attr-defined]
+    return err
+
+
 def map_error_safely(
     operation: str, what: str, error: BaseException, status: int | None, body: bytes | None, endpoint: str
 ) -> CacheError:
@@ -279,6 +299,7 @@ class S3:
         self._listings_lock = threading.Lock()
         self._ranged: RangedGets | None = None
         self._ranged_lock = threading.Lock()
+        self.watchdog = Watchdog()
 
     @property
     def ranged(self) -> RangedGets:
@@ -322,24 +343,30 @@ class S3:
         endpoint = self.endpoint_text
 
         tls = self.tls
+        ticket = self.watchdog.watch()
 
         def on_headers(status_code: int, headers: list, **_: Any) -> None:
+            ticket.alive()
             if tls is not None:
                 tls.passed()  # an answer is coming over TLS
             got["headers"] = headers
 
         def on_body(chunk: bytes, offset: int, **_: Any) -> None:
+            ticket.alive()
             body.extend(chunk)
 
         def on_done(error: BaseException | None = None, status_code: int | None = None, **kw: Any) -> None:
+            ticket.close()
             mapped = None
             if tls is not None and status_code:
                 tls.passed()  # an answer came over TLS
-            if error is not None:
+            if ticket.timed_out:
+                mapped = _silent(what, endpoint, ticket, UnreachableError)
+            elif error is not None:
                 mapped = map_error_safely(operation, what, error, status_code, kw.get("error_body"), endpoint)
             on_result(int(status_code or 0), got.get("headers", []), bytes(body), mapped)
 
-        self.client.make_request(
+        ticket.request = self.client.make_request(
             type=s3.S3RequestType.DEFAULT,
             operation_name=operation,
             request=self._request(
@@ -418,30 +445,43 @@ class S3:
         endpoint = self.endpoint_text
         tls = self.tls
 
+        ticket = self.watchdog.watch()
+
+        def _progress(progress: int, **_: Any) -> None:
+            ticket.alive()
+            if on_progress is not None:
+                on_progress(progress)
+
         def _headers(status_code: int, headers: list, **_: Any) -> None:
             keep_thread_state()
+            ticket.alive(_content_length(headers))
             if tls is not None:
                 tls.passed()  # an answer is coming over TLS
             if status_code < 300:
                 on_headers(headers)
 
         def _done(error: BaseException | None = None, status_code: int | None = None, **kw: Any) -> None:
+            ticket.close()
             if tls is not None and status_code:
                 tls.passed()  # an answer came over TLS
+            if ticket.timed_out:
+                on_done(_silent(what, endpoint, ticket, OriginError))  # retried, like a lost connection
+                return
             if error is None:
                 on_done(None)
                 return
             on_done(map_error_safely("GetObject", what, error, status_code, kw.get("error_body"), endpoint))
 
-        return self.client.make_request(
+        ticket.request = self.client.make_request(
             type=s3.S3RequestType.DEFAULT,
             operation_name="GetObject",
             request=self._request("GET", host, path, [("x-amz-checksum-mode", "ENABLED")]),
             on_headers=_headers,
             recv_filepath=recv_filepath,
             on_done=_done,
-            on_progress=(lambda progress, **_: on_progress(progress)) if on_progress else None,
+            on_progress=_progress if on_progress else None,
         )
+        return ticket.request
 
 
 Item = tuple[str, int, str, str | None]  # (key, size, etag, version id)

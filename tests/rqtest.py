@@ -139,3 +139,34 @@ def random_files(directory: Path, count: int, size: int, prefix: str = "", suffi
     for i in range(count):
         (directory / f"{prefix}{i}{suffix}").write_bytes(os.urandom(size))
     return directory
+
+
+@contextmanager
+def silent_server() -> Iterator[int]:
+    """A TCP port that accepts connections and never says a word: a hung server, a half-dead
+    proxy or port-forward, a wrong port. Yields the port."""
+    import socket
+    import threading
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(0.2)
+    held: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield srv.getsockname()[1]
+    finally:
+        done.set()
+        t.join()
+        for c in held:
+            c.close()
+        srv.close()

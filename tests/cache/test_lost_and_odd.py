@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import random_files, run_rq
+from rqtest import random_files, run_rq, silent_server
 
 from cache import Cache
 from cache.errors import BadSourceError, NotFoundError, UncacheableError
@@ -270,3 +270,78 @@ def test_cache_path_revalidates_like_cat_unless_told_not_to(tmp_path: Path) -> N
     out = run_rq("cache", "path", str(f), *cache)
     assert out.returncode == 0 and Path(out.stdout.decode().strip()).read_bytes() == b"new contents"
     assert run_rq("cache", "path", str(tmp_path / "never"), *cache).returncode == 3
+
+
+@pytest.fixture
+def silent_store() -> Any:
+    """A 'store' that accepts connections and never says a word (a half-dead proxy or port-forward)."""
+    with silent_server() as port:
+        yield f"http://127.0.0.1:{port}"
+
+
+def test_a_store_that_accepts_and_never_answers_is_unreachable_not_a_hang(
+    tmp_path: Path, silent_store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    import cache.watchdog
+    from cache.errors import UnreachableError
+
+    monkeypatch.setattr(cache.watchdog, "SILENCE_S", 1.0)  # 30 s in real life
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    c = Cache(tmp_path / "c", endpoint_url=silent_store, max_age=0)
+    started = time.monotonic()
+    with pytest.raises(UnreachableError, match="sent nothing for 1 s"):
+        c.open("s3://bucket/key")  # waited for ever before
+    with pytest.raises(UnreachableError, match="sent nothing"):
+        c.preload(["s3://bucket/prefix/"])  # the listing, the same
+    assert time.monotonic() - started < 20
+    c.close()
+
+
+def _read_in_order(c: Cache, urls: list[str]) -> int:
+    for url in urls:
+        c.read_bytes(url)
+    c.close()  # flushes this worker's LRU stamps
+    return len(urls)
+
+
+def test_a_prefetch_follows_reads_made_in_dataloader_style_workers(tmp_path: Path, ram_dir: Path) -> None:
+    """The training process prefetches the epoch order; forked workers do the reading (each its
+    share, in order). The window used to stay at 0 for ever: a child's reads never reached it."""
+    import multiprocessing as mp
+    import time
+
+    src = random_files(tmp_path / "src", 40, 1000)
+    order = [str(src / str(i)) for i in range(40)]
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    pre = c.prefetch(order, ahead=4, tier="ram")
+    assert pre.wait_warm(30)
+    with mp.get_context("fork").Pool(2) as pool:
+        assert sum(pool.starmap(_read_in_order, [(c, order[:20]), (c, order[20:])])) == 40
+    deadline = time.monotonic() + 15
+    while pre.position < 36 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pre.position >= 36, pre.position  # 0 before
+    assert pre.errors == []
+    c.close()
+
+
+def test_bad_arguments_are_clear_errors_that_leave_nothing_behind(tmp_path: Path, ram_dir: Path) -> None:
+    for kwargs in ({"ram_limit": "abc"}, {"disk_limit": -1}, {"max_age": "60"}, {"max_age": -1}):
+        with pytest.raises(BadSourceError):
+            Cache(tmp_path / "new", ram_dir=ram_dir, **kwargs)  # type: ignore[arg-type]
+        assert not (tmp_path / "new").exists()  # made the cache dir and a RAM root before failing
+    with pytest.raises(BadSourceError):
+        Cache(5)  # type: ignore[arg-type]
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    for bad in (None, 3, b"s3://b/k"):
+        with pytest.raises(BadSourceError):
+            c.open(bad)  # type: ignore[arg-type]  # AttributeError / TypeError from inside before
+    with pytest.raises(BadSourceError, match="bucket, not an object"):
+        c.open("s3://bucket")  # fetched the bucket listing as a 0-byte object before
+    with pytest.raises(BadSourceError, match="not one URL"):
+        c.prefetch(str(tmp_path / "x"))  # prefetched each character as a path before
+    c.close()

@@ -6,16 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import popen_rq, read_lines, rq_command, run_rq
+from rqtest import popen_rq, read_lines, rq_command, run_rq, silent_server
 
 pytestmark = pytest.mark.integration
 
@@ -205,29 +203,10 @@ def test_a_header_value_with_no_one_text_is_refused_naming_it(
 # -- 4. every NATS connect error says why ----------------------------------------------------------
 
 
-@pytest.fixture
-def silent_server() -> Iterator[int]:
-    """Accepts TCP connections and never says a word (no INFO): a wrong port, a hung server."""
-    srv = socket.create_server(("127.0.0.1", 0))
-    srv.settimeout(0.2)
-    held: list[socket.socket] = []
-    done = threading.Event()
-
-    def accept() -> None:
-        while not done.is_set():
-            try:
-                held.append(srv.accept()[0])
-            except OSError:
-                pass
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    yield srv.getsockname()[1]
-    done.set()
-    t.join()
-    for c in held:
-        c.close()
-    srv.close()
+@pytest.fixture(name="silent_server")
+def silent_server_port() -> Iterator[int]:
+    with silent_server() as port:
+        yield port
 
 
 def test_a_server_that_sends_no_info_is_named_as_such(silent_server: int, env: dict[str, str]) -> None:

@@ -1,0 +1,83 @@
+"""Cancels S3 requests that hear nothing for too long.
+
+The CRT client has a connect timeout but no read timeout: a store that accepts connections and
+then stays silent (a half-dead proxy or port-forward, a frozen server) held `Cache.open` and
+`rq preload` for ever. Each request takes a ticket; its callbacks mark activity; one daemon thread
+per process cancels a request whose allowance of silence ran out, and the request's `on_done`
+(which the CRT still calls, with a cancel error) reads `ticket.timed_out` to say what happened.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from typing import Any
+
+SILENCE_S = 30.0  # as cache.ranged.READ_TIMEOUT_S: this long without a byte is a lost connection
+# A body the CRT writes to a file reports no progress to Python (a callback per chunk would cost a
+# GIL hand-off each): once headers came, its allowance grows with its size at this slowest rate.
+SLOWEST_BYTES_PER_S = 256 << 10
+
+
+class Ticket:
+    """One request's watch: `alive()` on every sign of life, `close()` when it is done."""
+
+    __slots__ = ("allowance", "dog", "id", "last", "request", "timed_out")
+
+    def __init__(self, dog: Watchdog, ident: int, allowance: float):
+        self.dog, self.id, self.allowance = dog, ident, allowance
+        self.last = time.monotonic()
+        self.request: Any = None  # the CRT's S3Request, set once make_request returned it
+        self.timed_out = False
+
+    def alive(self, body_bytes: int = 0) -> None:
+        """A sign of life; `body_bytes`: the size of a body that will now arrive unobserved."""
+        self.last = time.monotonic()
+        if body_bytes:
+            self.allowance = self.dog.silence + body_bytes / SLOWEST_BYTES_PER_S
+
+    def close(self) -> None:
+        self.dog.forget(self)
+
+
+class Watchdog:
+    def __init__(self, silence: float | None = None):
+        self.silence = SILENCE_S if silence is None else silence
+        self._lock = threading.Lock()
+        self._tickets: dict[int, Ticket] = {}
+        self._ids = itertools.count()
+        self._pid = 0
+
+    def watch(self) -> Ticket:
+        with self._lock:
+            if self._pid != os.getpid():  # first use, or a forked child: threads do not survive fork
+                self._pid = os.getpid()
+                self._tickets.clear()
+                threading.Thread(target=self._run, name="rq-s3-watchdog", daemon=True).start()
+            ticket = Ticket(self, next(self._ids), self.silence)
+            self._tickets[ticket.id] = ticket
+            return ticket
+
+    def forget(self, ticket: Ticket) -> None:
+        with self._lock:
+            self._tickets.pop(ticket.id, None)
+
+    def _run(self) -> None:
+        pid = os.getpid()
+        while pid == self._pid:
+            time.sleep(min(1.0, self.silence / 4))
+            now = time.monotonic()
+            with self._lock:
+                late = [
+                    t for t in self._tickets.values() if t.request is not None and now - t.last > t.allowance
+                ]
+                for t in late:
+                    del self._tickets[t.id]
+            for t in late:
+                t.timed_out = True
+                try:
+                    t.request.cancel()
+                except Exception:  # already finished: its on_done has run or is running
+                    pass
