@@ -326,6 +326,11 @@ class QuicChannel:
         except RuntimeError:
             raise PeerUnreachableError("QUIC connection is closed") from None
 
+    def readable(self) -> bool:
+        """A frame (or the end) is queued: recv would not block. The receiver makes a batch of
+        small chunks durable when this turns False (receiver._Readiness)."""
+        return not self.frames.empty()
+
     def recv(self, timeout: float | None = None) -> Frame | None:
         # the body handed out last is the caller's no longer: its buffer takes a later chunk
         while self._lent:

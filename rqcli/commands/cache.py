@@ -302,7 +302,9 @@ def clear(cache_dir: Path | None, yes: bool) -> None:
     c = open_existing(cache_dir)
     if not yes:
         if not sys.stdin.isatty():  # nobody to ask: a script must say it means it, as with rm -i
-            raise CliError(f"not cleared: {c.root}", ExitCode.USAGE, hint="pass --yes to clear without asking")
+            raise CliError(
+                f"not cleared: {c.root}", ExitCode.USAGE, hint="pass --yes to clear without asking"
+            )
         if not click.confirm(f"clear {c.root}?"):
             raise CliError("not cleared", ExitCode.USAGE)
     done, skipped = _guard(c.clear)

@@ -1187,13 +1187,17 @@ def offsets(
         from rich.text import Text
 
         console = out.console()
-        out.info(f"{safe_text(ref.url)}: first {first}, last {last}, {records} records")
+        shown_last = "-" if last is None else last  # (an empty topic)
+        out.info(f"{safe_text(ref.url)}: first {first}, last {shown_last}, {records} records")
         if rows:
             table = Table(show_edge=False)
             for col in ("group", "committed", "lag"):
                 table.add_column(col)
             for row in rows:
-                table.add_row(Text(safe_text(str(row["group"]))), str(row["committed"]), str(row["lag"]))
+                shown = (
+                    "-" if row["committed"] is None else str(row["committed"])
+                )  # nothing committed yet
+                table.add_row(Text(safe_text(str(row["group"]))), shown, str(row["lag"]))
             console.print(table)
 
 

@@ -217,3 +217,12 @@ def test_a_server_that_sends_no_info_is_named_as_such(silent_server: int, env: d
     assert line.count("\n") == 0
     reason = line.split(f"127.0.0.1:{silent_server}", 1)[1].split("—")[0]
     assert "no INFO" in reason, line  # it said ": " and nothing else
+
+
+def test_offsets_shows_a_dash_not_python_none(env: dict[str, str]) -> None:
+    """A group with nothing committed and an empty topic printed `None` (a Python repr)."""
+    assert run_rq("produce", "ev", "--format", "json", input=b'{"value": "a"}\n', env=env).returncode == 0
+    assert run_rq("produce", "empty", input=b"", env=env).returncode == 0
+    for args in (["ev", "--group", "nosuch"], ["empty"]):
+        r = run_rq("offsets", *args, env=env)
+        assert r.returncode == 0 and b"None" not in r.stdout and b"-" in r.stdout, r

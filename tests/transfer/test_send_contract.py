@@ -9,11 +9,24 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from xfer_kit import REPO, Recv, journal_records, rq_cmd, rq_env, send, summary, wait_for
 
 from rqcli.exitcodes import ExitCode
+
+
+@pytest.fixture
+def receivers() -> Iterator[list[Recv]]:
+    """Receivers a test starts; stopped whatever the test's outcome (a stopped one is woken first)."""
+    started: list[Recv] = []
+    yield started
+    for r in started:
+        if r.proc is not None and r.proc.poll() is None:
+            r.proc.send_signal(signal.SIGCONT)
+        r.stop()
 
 
 def _big_file(tmp_path: Path, mib: int = 300) -> Path:
@@ -24,9 +37,12 @@ def _big_file(tmp_path: Path, mib: int = 300) -> Path:
     return src
 
 
-def test_a_receiver_that_stops_answering_is_dropped_and_the_send_ends_resumable(tmp_path: Path) -> None:
+def test_a_receiver_that_stops_answering_is_dropped_and_the_send_ends_resumable(
+    tmp_path: Path, receivers: list[Recv]
+) -> None:
     src = _big_file(tmp_path)
     recv = Recv(tmp_path / "dest", tmp_path / "cert").start()
+    receivers.append(recv)
     assert recv.proc is not None
     proc = subprocess.Popen(
         rq_cmd(
@@ -48,7 +64,8 @@ def test_a_receiver_that_stops_answering_is_dropped_and_the_send_ends_resumable(
         cwd=REPO,
     )
     try:
-        assert wait_for(lambda: journal_records(tmp_path / "dest") > 0, 30, step=0.005)
+        # a few batches journalled, so the sender has heard ACKs (not only the receiver written them)
+        assert wait_for(lambda: journal_records(tmp_path / "dest") > 24, 30, step=0.005)
         recv.proc.send_signal(signal.SIGSTOP)  # stopped (^Z, a debugger, a hung disk): the socket stays open
         out, err = proc.communicate(timeout=60)  # it waited for ever before
     finally:
@@ -62,12 +79,12 @@ def test_a_receiver_that_stops_answering_is_dropped_and_the_send_ends_resumable(
     assert again.returncode == 0, again.stderr
     assert summary(again)["bytes_raw"] < 300 << 20  # resumed, not started over
     assert (tmp_path / "dest" / "big.bin").read_bytes() == src.read_bytes()
-    recv.stop()
 
 
-def test_ctrl_c_mid_send_still_ends_the_json_with_a_summary(tmp_path: Path) -> None:
+def test_ctrl_c_mid_send_still_ends_the_json_with_a_summary(tmp_path: Path, receivers: list[Recv]) -> None:
     src = _big_file(tmp_path)
     recv = Recv(tmp_path / "dest", tmp_path / "cert").start()
+    receivers.append(recv)
     assert recv.proc is not None
     recv.proc.send_signal(signal.SIGSTOP)  # holds the send mid-way until the Ctrl-C
     proc = subprocess.Popen(
@@ -88,38 +105,33 @@ def test_ctrl_c_mid_send_still_ends_the_json_with_a_summary(tmp_path: Path) -> N
     assert proc.returncode == ExitCode.INTERRUPTED, err
     last = json.loads(out.splitlines()[-1])
     assert last["event"] == "summary" and last["complete"] is False and last["chunks_sent"] > 0, last
-    recv.stop()
 
 
-def test_tls_on_one_side_only_is_a_usage_error_that_says_so(tmp_path: Path) -> None:
+def test_tls_on_one_side_only_is_a_usage_error_that_says_so(tmp_path: Path, receivers: list[Recv]) -> None:
     (tmp_path / "f").write_bytes(b"x" * 1000)
     with_tls = Recv(tmp_path / "d1", tmp_path / "cert", "tcp", "--tls").start()
+    receivers.append(with_tls)
     plain = Recv(tmp_path / "d2", tmp_path / "cert").start()
-    try:
-        res = subprocess.run(
-            rq_cmd("send", str(tmp_path / "f"), with_tls.url, "--transport", "tcp"),
-            env=rq_env(),
-            capture_output=True,
-            timeout=60,
-            cwd=REPO,
-            check=False,
-        )
-        assert res.returncode == ExitCode.USAGE, res.stderr  # was 6 after a minute of retries
-        assert b"requires TLS: add --tls" in res.stderr and len(res.stderr.splitlines()) == 1, res.stderr
-        assert with_tls.pin is not None
-        res = subprocess.run(
-            rq_cmd(
-                "send", str(tmp_path / "f"), plain.url, "--transport", "tcp", "--tls", "--pin", with_tls.pin
-            ),
-            env=rq_env(),
-            capture_output=True,
-            timeout=60,
-            cwd=REPO,
-            check=False,
-        )
-        assert res.returncode == ExitCode.USAGE, res.stderr
-        assert b"does not use TLS: drop --tls" in res.stderr, res.stderr
-        assert send([tmp_path / "f"], with_tls).returncode == 0  # both sides agreeing still works
-    finally:
-        with_tls.stop()
-        plain.stop()
+    receivers.append(plain)
+    res = subprocess.run(
+        rq_cmd("send", str(tmp_path / "f"), with_tls.url, "--transport", "tcp"),
+        env=rq_env(),
+        capture_output=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    assert res.returncode == ExitCode.USAGE, res.stderr  # was 6 after a minute of retries
+    assert b"requires TLS: add --tls" in res.stderr and len(res.stderr.splitlines()) == 1, res.stderr
+    assert with_tls.pin is not None
+    res = subprocess.run(
+        rq_cmd("send", str(tmp_path / "f"), plain.url, "--transport", "tcp", "--tls", "--pin", with_tls.pin),
+        env=rq_env(),
+        capture_output=True,
+        timeout=60,
+        cwd=REPO,
+        check=False,
+    )
+    assert res.returncode == ExitCode.USAGE, res.stderr
+    assert b"does not use TLS: drop --tls" in res.stderr, res.stderr
+    assert send([tmp_path / "f"], with_tls).returncode == 0  # both sides agreeing still works
