@@ -360,22 +360,26 @@ class S3:
             mapped = None
             if tls is not None and status_code:
                 tls.passed()  # an answer came over TLS
-            if ticket.timed_out:
+            if error is not None and ticket.timed_out:  # (an answer that beat the cancel stands)
                 mapped = _silent(what, endpoint, ticket, UnreachableError)
             elif error is not None:
                 mapped = map_error_safely(operation, what, error, status_code, kw.get("error_body"), endpoint)
             on_result(int(status_code or 0), got.get("headers", []), bytes(body), mapped)
 
-        ticket.request = self.client.make_request(
-            type=s3.S3RequestType.DEFAULT,
-            operation_name=operation,
-            request=self._request(
-                method, host, path, [("x-amz-checksum-mode", "ENABLED")] if checksum_mode else []
-            ),
-            on_headers=on_headers,
-            on_body=on_body,
-            on_done=on_done,
-        )
+        try:
+            ticket.request = self.client.make_request(
+                type=s3.S3RequestType.DEFAULT,
+                operation_name=operation,
+                request=self._request(
+                    method, host, path, [("x-amz-checksum-mode", "ENABLED")] if checksum_mode else []
+                ),
+                on_headers=on_headers,
+                on_body=on_body,
+                on_done=on_done,
+            )
+        except BaseException:
+            ticket.close()  # never started: nothing to watch
+            raise
 
     def _call(
         self, operation: str, method: str, bucket: str, key: str, query: str = "", checksum_mode: bool = False
@@ -464,7 +468,7 @@ class S3:
             ticket.close()
             if tls is not None and status_code:
                 tls.passed()  # an answer came over TLS
-            if ticket.timed_out:
+            if error is not None and ticket.timed_out:
                 on_done(_silent(what, endpoint, ticket, OriginError))  # retried, like a lost connection
                 return
             if error is None:
@@ -472,15 +476,19 @@ class S3:
                 return
             on_done(map_error_safely("GetObject", what, error, status_code, kw.get("error_body"), endpoint))
 
-        ticket.request = self.client.make_request(
-            type=s3.S3RequestType.DEFAULT,
-            operation_name="GetObject",
-            request=self._request("GET", host, path, [("x-amz-checksum-mode", "ENABLED")]),
-            on_headers=_headers,
-            recv_filepath=recv_filepath,
-            on_done=_done,
-            on_progress=_progress if on_progress else None,
-        )
+        try:
+            ticket.request = self.client.make_request(
+                type=s3.S3RequestType.DEFAULT,
+                operation_name="GetObject",
+                request=self._request("GET", host, path, [("x-amz-checksum-mode", "ENABLED")]),
+                on_headers=_headers,
+                recv_filepath=recv_filepath,
+                on_done=_done,
+                on_progress=_progress if on_progress else None,
+            )
+        except BaseException:
+            ticket.close()  # never started: nothing to watch
+            raise
         return ticket.request
 
 

@@ -24,17 +24,19 @@ SLOWEST_BYTES_PER_S = 256 << 10
 class Ticket:
     """One request's watch: `alive()` on every sign of life, `close()` when it is done."""
 
-    __slots__ = ("allowance", "dog", "id", "last", "request", "timed_out")
+    __slots__ = ("allowance", "answered", "dog", "id", "last", "request", "timed_out")
 
     def __init__(self, dog: Watchdog, ident: int, allowance: float):
         self.dog, self.id, self.allowance = dog, ident, allowance
         self.last = time.monotonic()
+        self.answered = False  # headers came: the store is working on this one
         self.request: Any = None  # the CRT's S3Request, set once make_request returned it
         self.timed_out = False
 
     def alive(self, body_bytes: int = 0) -> None:
         """A sign of life; `body_bytes`: the size of a body that will now arrive unobserved."""
-        self.last = time.monotonic()
+        self.last = self.dog.heard = time.monotonic()
+        self.answered = True
         if body_bytes:
             self.allowance = self.dog.silence + body_bytes / SLOWEST_BYTES_PER_S
 
@@ -49,6 +51,7 @@ class Watchdog:
         self._tickets: dict[int, Ticket] = {}
         self._ids = itertools.count()
         self._pid = 0
+        self.heard = time.monotonic()  # the last sign of life from the store on any request
 
     def watch(self) -> Ticket:
         with self._lock:
@@ -64,19 +67,27 @@ class Watchdog:
         with self._lock:
             self._tickets.pop(ticket.id, None)
 
+    def _late(self, now: float) -> list[Ticket]:
+        """The requests to give up on. One that the store answered: when its own allowance ran
+        out. One still waiting for an answer (it may be queued in the CRT behind others, on a
+        slow link): only when the store said nothing on any request for the allowance and no
+        answered request is still within its own, i.e. the store as a whole went silent."""
+        tickets = [t for t in self._tickets.values() if t.request is not None]
+        busy = any(t.answered and now - t.last <= t.allowance for t in tickets)
+        silent = now - self.heard > self.silence and not busy
+        return [t for t in tickets if now - t.last > t.allowance and (t.answered or silent)]
+
     def _run(self) -> None:
         pid = os.getpid()
         while pid == self._pid:
             time.sleep(min(1.0, self.silence / 4))
             now = time.monotonic()
             with self._lock:
-                late = [
-                    t for t in self._tickets.values() if t.request is not None and now - t.last > t.allowance
-                ]
+                late = self._late(now)
                 for t in late:
                     del self._tickets[t.id]
+                    t.timed_out = True  # decided here: on_done reads it only with the cancel's error
             for t in late:
-                t.timed_out = True
                 try:
                     t.request.cancel()
                 except Exception:  # already finished: its on_done has run or is running

@@ -69,8 +69,11 @@ class SendOptions:
     window: int | None = None  # unacknowledged chunks per channel; None: the transport's send_window
     retry_for: float = 60.0  # give up after this long without progress
     # a connection whose receiver confirms nothing for this long while chunks wait is dropped: a
-    # stopped or hung receiver (TCP would otherwise block in sendall on a zero window for ever)
-    ack_timeout: float = 30.0
+    # stopped or hung receiver (TCP would otherwise block in sendall on a zero window for ever).
+    # Off (0) by default: on a slow link one ACK batch (8 chunks on TCP) can take longer than any
+    # fixed value, and on TCP the timeout also bounds each chunk's sendall (a reviewer's run at
+    # 1.5 MB/s with 64 MiB chunks was given up on, healthy). A progress-aware check is left to do.
+    ack_timeout: float = 0.0
 
 
 @dataclass
@@ -189,7 +192,7 @@ class ChannelSender:
         self.window = opts.window or DEFAULT_WINDOW
 
     def _read_replies(self) -> None:
-        wait = self.opts.ack_timeout
+        wait = self.opts.ack_timeout or None
         try:
             while True:
                 try:
@@ -439,7 +442,9 @@ def _send_retrying(
         before = stats.acked
         run.attempts += 1
         try:
-            return _attempt(run.manifest, run.files, transport, copts, token, run.opts, stats, on_event, attempt)
+            return _attempt(
+                run.manifest, run.files, transport, copts, token, run.opts, stats, on_event, attempt
+            )
         except ChunkSizeError as exc:
             # The receiver holds verified chunks of these very files at another chunk size (an
             # interrupted run with another --chunk-size): re-plan at its size, once, and keep them.
@@ -466,7 +471,9 @@ def _send_retrying(
             if waited > limit:
                 if busy:
                     raise
-                raise PeerUnreachableError(f"gave up after {waited:.0f}s without progress: {_reason(exc)}") from None
+                raise PeerUnreachableError(
+                    f"gave up after {waited:.0f}s without progress: {_reason(exc)}"
+                ) from None
             attempt += 1
             delay = min(2.0, 0.1 * 2**attempt)
             on_event(Retrying(attempt, _reason(exc), delay))

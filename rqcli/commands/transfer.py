@@ -548,11 +548,13 @@ def _recv_event(out: Output, ev: Any) -> None:
 @click.option(
     "--timeout",
     "ack_timeout",
-    type=click.FloatRange(min=1),
-    default=30.0,
+    type=click.FloatRange(min=0),
+    default=0.0,
     show_default=True,
     help="Drop a connection whose receiver confirms nothing for this many seconds while chunks "
-    "wait (a stopped or hung receiver); --retry-for then decides whether to reconnect.",
+    "wait (a stopped or hung receiver; TCP would wait for ever); --retry-for then decides whether "
+    "to reconnect. 0: off. Set it above the time one ACK batch takes on the link (8 chunks on TCP): "
+    "a slower link is taken for a stalled receiver.",
 )
 @output_options
 def send(

@@ -345,3 +345,20 @@ def test_bad_arguments_are_clear_errors_that_leave_nothing_behind(tmp_path: Path
     with pytest.raises(BadSourceError, match="not one URL"):
         c.prefetch(str(tmp_path / "x"))  # prefetched each character as a path before
     c.close()
+
+
+def test_the_watchdog_spares_queued_requests_while_the_store_is_busy() -> None:
+    """On a slow link a request may wait in the CRT's queue behind a long body: the store is not
+    silent then, and cancelling the queued one would turn a healthy run into exit 6."""
+    import time
+
+    from cache.watchdog import Watchdog
+
+    dog = Watchdog(silence=1.0)
+    body, queued = dog.watch(), dog.watch()
+    body.request = queued.request = object()
+    now = time.monotonic()
+    body.alive(body_bytes=10 << 20)  # answered: a 10 MiB body may take 1 s + 40 s
+    assert dog._late(now + 5) == []  # the queued one waited 5 s: spared, the store is busy
+    body.last -= 100  # that body then outlasted its allowance: the store went silent
+    assert set(dog._late(now + 5)) == {body, queued}
