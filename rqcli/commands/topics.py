@@ -1194,9 +1194,7 @@ def offsets(
             for col in ("group", "committed", "lag"):
                 table.add_column(col)
             for row in rows:
-                shown = (
-                    "-" if row["committed"] is None else str(row["committed"])
-                )  # nothing committed yet
+                shown = "-" if row["committed"] is None else str(row["committed"])  # nothing committed yet
                 table.add_row(Text(safe_text(str(row["group"]))), shown, str(row["lag"]))
             console.print(table)
 
