@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -170,3 +171,19 @@ def silent_server() -> Iterator[int]:
         for c in held:
             c.close()
         srv.close()
+
+
+def js_call(url: str, fn: Any) -> Any:
+    """Runs `await fn(jetstream)` on a fresh nats-py connection to `url` (test set-up and checks)."""
+    import asyncio
+
+    import nats
+
+    async def go() -> Any:
+        nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0)
+        try:
+            return await fn(nc.jetstream())
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())

@@ -330,27 +330,7 @@ class Store:
         """Creates the manifest's directories under DEST, component by component relative to its
         descriptor without following links (a symlink planted since planning is refused here too)."""
         for name in manifest.dirs:
-            parent = os.dup(self.fd)
-            try:
-                for comp in _components(name):
-                    made = False
-                    try:
-                        os.mkdir(comp, 0o755, dir_fd=parent)
-                        made = True
-                    except FileExistsError:
-                        pass
-                    try:
-                        nfd = os.open(comp, _DIR_FLAGS, dir_fd=parent)
-                    except OSError as exc:
-                        raise UnsafeNameError(
-                            f"{display_name(name)}: {display_name(comp)} is not a plain directory"
-                        ) from exc
-                    if made:
-                        os.fsync(parent)
-                    os.close(parent)
-                    parent = nfd
-            finally:
-                os.close(parent)
+            os.close(self._open_parent(name, tuple(_components(name)), sync_new=True))
 
     def _still_placed(self, entry: FileEntry, chunk_size: int) -> bool:
         state = self._placed_state(entry, chunk_size)
@@ -880,14 +860,19 @@ class Store:
             return False
         return True
 
-    def _open_parent(self, name: str, dirs: tuple[str, ...]) -> int:
-        """The directory a file goes into, made as needed, component by component from DEST's
-        descriptor without following links."""
+    def _open_parent(self, name: str, dirs: tuple[str, ...], sync_new: bool = False) -> int:
+        """The directory a file goes into (or, for an empty directory of the manifest, that
+        directory), made as needed, component by component from DEST's descriptor without following
+        links. `sync_new`: fsync the parent of each directory made, so it survives a crash by itself."""
         parent = os.dup(self.fd)
         try:
             for comp in dirs:
+                made = False
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(comp, 0o755, dir_fd=parent)
+                    made = True
+                if made and sync_new:
+                    os.fsync(parent)
                 try:
                     nfd = os.open(comp, _DIR_FLAGS, dir_fd=parent)
                 except OSError as exc:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
@@ -12,22 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import popen_rq, read_lines, rq_command, run_rq
+from rqtest import js_call, popen_rq, read_lines, rq_command, run_rq
 
 pytestmark = pytest.mark.integration
-
-
-def js_call(url: str, fn: Any) -> Any:
-    import nats
-
-    async def go() -> Any:
-        nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0)
-        try:
-            return await fn(nc.jetstream())
-        finally:
-            await nc.close()
-
-    return asyncio.run(go())
 
 
 def make_stream(url: str, name: str) -> None:

@@ -3,17 +3,15 @@ a follower whose pipe reader left, bad NATS subjects, JSON header values, connec
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from rqtest import popen_rq, read_lines, rq_command, run_rq, silent_server
+from rqtest import js_call, popen_rq, read_lines, rq_command, run_rq, silent_server
 
 pytestmark = pytest.mark.integration
 
@@ -21,19 +19,6 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def env(tmp_path: Path) -> dict[str, str]:
     return {"RQ_TOPICS_DIR": str(tmp_path / "topics")}
-
-
-def js_call(url: str, fn: Any) -> Any:
-    import nats
-
-    async def go() -> Any:
-        nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0)
-        try:
-            return await fn(nc.jetstream())
-        finally:
-            await nc.close()
-
-    return asyncio.run(go())
 
 
 def stream_exists(url: str, name: str) -> bool:
