@@ -147,6 +147,13 @@ class QuicChannel:
         self._holding = False
         self._pre_end = False
         self._on_authenticated = on_authenticated
+        self._handed = 0  # bytes given to the QUIC library for this stream
+
+    def progress(self) -> int:
+        """A count that grows as the bytes sent reach the peer (see TcpChannel.progress): those
+        handed to the library less the backlog it still holds for the peer to acknowledge. qh3
+        keeps its backlog out of sight: there, bytes handed over."""
+        return self._handed - self._backlog()
 
     # called on the loop thread
     def _deliver(self, data: bytes, end: bool) -> None:
@@ -316,6 +323,7 @@ class QuicChannel:
         try:
             for p in parts:
                 self._proto._quic.send_stream_data(self.stream_id, p, False)
+                self._handed += len(p)
             self._proto.transmit()
         except BaseException as exc:
             self._error = exc

@@ -68,12 +68,13 @@ class SendOptions:
     compress: codec.CompressMode = "auto"
     window: int | None = None  # unacknowledged chunks per channel; None: the transport's send_window
     retry_for: float = 60.0  # give up after this long without progress
-    # a connection whose receiver confirms nothing for this long while chunks wait is dropped: a
-    # stopped or hung receiver (TCP would otherwise block in sendall on a zero window for ever).
-    # Off (0) by default: on a slow link one ACK batch (8 chunks on TCP) can take longer than any
-    # fixed value, and on TCP the timeout also bounds each chunk's sendall (a reviewer's run at
-    # 1.5 MB/s with 64 MiB chunks was given up on, healthy). A progress-aware check is left to do.
-    ack_timeout: float = 0.0
+    # A connection over which nothing moves for this long while chunks wait on the receiver (no
+    # byte of theirs reaches it and it confirms nothing) is dropped and retried like a lost one: a
+    # stopped or hung receiver, or one whose disk stalled; TCP would otherwise block in sendall on a
+    # zero window for ever. Bytes still draining to the receiver count as movement, so a slow link
+    # is not taken for a stalled one (a fixed ACK deadline was: one ACK batch of 8 × 64 MiB chunks
+    # takes minutes at 1.5 MB/s). Time spent reading the source is not counted. 0: off.
+    ack_timeout: float = 120.0
 
 
 @dataclass
@@ -190,29 +191,50 @@ class ChannelSender:
         self.inflight: set[Pair] = set()
         self.error: BaseException | None = None
         self.window = opts.window or DEFAULT_WINDOW
+        self._moved = 0  # chunks handed to the channel and ACK/NACK frames heard: the watchdog's signal
+        self._reading = False  # reading the source: time the receiver is not to blame for
+        self._ended = threading.Event()
+
+    def _fail(self, exc: BaseException) -> None:
+        with self.work.cond:
+            if self.error is None:  # the first cause wins over what closing the channel caused
+                self.error = exc
+            self.work.cond.notify_all()
 
     def _read_replies(self) -> None:
-        wait = self.opts.ack_timeout or None
         try:
             while True:
-                try:
-                    frame = self.ch.recv(timeout=wait)
-                except TimeoutError:
-                    with self.work.cond:
-                        waiting = bool(self.inflight)
-                    if not waiting:
-                        continue  # nothing asked of the receiver: its silence is no stall
-                    self.ch.close()  # unblocks a send stuck on a full socket buffer
-                    raise StalledError(
-                        f"the receiver confirmed nothing for {wait:.0f} s (stopped, hung, or its disk stalled)"
-                    ) from None
+                frame = self.ch.recv(timeout=None)
                 if frame is None:
                     raise PeerUnreachableError("receiver closed the channel")
+                self._moved += 1
                 self._on_frame(frame)
         except BaseException as exc:
-            self.error = exc
+            self._fail(exc)
+
+    def _watch(self, limit: float) -> None:
+        """Drops the channel when nothing has moved for `limit` seconds while chunks wait on the
+        receiver: neither an ACK or NACK heard, nor a chunk handed over, nor (where the channel can
+        tell: TcpChannel.progress) a byte of one reaching the receiver."""
+        progress: Callable[[], int] | None = getattr(self.ch, "progress", None)
+        last: tuple[int, int] | None = None
+        since = time.monotonic()
+        while not self._ended.wait(min(1.0, limit / 4)):
+            seen = (self._moved, progress() if progress is not None else 0)
             with self.work.cond:
-                self.work.cond.notify_all()
+                waiting = bool(self.inflight) and not self._reading and self.error is None
+            now = time.monotonic()
+            if not waiting or seen != last:
+                last, since = seen, now
+            elif now - since >= limit:
+                self._fail(
+                    StalledError(
+                        f"nothing reached the receiver and it confirmed nothing for {limit:g} s "
+                        "(stopped, hung, or its disk stalled)"
+                    )
+                )
+                self.ch.close()  # unblocks a send stuck on a full socket buffer, and the reader
+                return
 
     def _on_frame(self, frame: Frame) -> None:
         for ev in self.core.handle(frame):
@@ -238,6 +260,14 @@ class ChannelSender:
     def run(self) -> None:
         replies = threading.Thread(target=self._read_replies, daemon=True)
         replies.start()
+        if self.opts.ack_timeout > 0:
+            threading.Thread(target=self._watch, args=(self.opts.ack_timeout,), daemon=True).start()
+        try:
+            self._run(replies)
+        finally:
+            self._ended.set()
+
+    def _run(self, replies: threading.Thread) -> None:
         flushed = True
         m = self.core.manifest
         window = self.window
@@ -288,11 +318,16 @@ class ChannelSender:
 
     def _send_chunk(self, m: Manifest, f: int, k: int) -> None:
         length = m.files[f].chunk_len(k, m.chunk_size)
-        data = self.reader.read(f, k, length)
-        dig = codec.digest(data)
-        self.digests[f][k] = dig
-        kind, payload = codec.encode(data, self.opts.compress, self.elem[f])
+        self._reading = True
+        try:
+            data = self.reader.read(f, k, length)
+            dig = codec.digest(data)
+            self.digests[f][k] = dig
+            kind, payload = codec.encode(data, self.opts.compress, self.elem[f])
+        finally:
+            self._reading = False
         self.ch.send(chunk_frame_header(ChunkHeader(f, k, length, kind, dig), len(payload)), payload)
+        self._moved += 1
         if self.stats.add(length, len(payload) + 37, (f, k)):
             self.on_event(ChunkResent("sent again"))
         self.on_event(ChunkMoved(length, len(payload) + 37, f, k))

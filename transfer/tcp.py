@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import socket
 import ssl
+import struct
 import tempfile
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +38,9 @@ _MAX_BACKOFF = 1.0
 # a deadline is checked after every recv; the socket timeout is refreshed when it would overshoot
 # the deadline by more than this, so a long frame costs a timeout update a second, not one per recv
 _DEADLINE_SLACK = 1.0
+# a chunk goes to the kernel in pieces of this size, each counted as it goes (TcpChannel.progress):
+# a stalled receiver then shows as a count that stops, whatever the chunk size
+_SEND_PIECE = 1 << 20
 
 
 def _body_buffer(size: int) -> memoryview:
@@ -69,17 +75,35 @@ class TcpChannel:
         # each fdatasync here commits ext4's journal, ~2.5 ms; the sender's window (send_window) is
         # four times this, so it never waits for an ACK
         self.ack_every = 8
+        self._handed = 0  # bytes sendall has handed to the kernel
 
     def send(self, *parts: bytes | bytearray | memoryview) -> None:
         try:
             with self._send_lock:
                 if sum(len(p) for p in parts) <= 64 * 1024:
-                    self.sock.sendall(b"".join(parts))
-                else:
-                    for p in parts:
-                        self.sock.sendall(p)
+                    joined = b"".join(parts)
+                    self.sock.sendall(joined)
+                    self._handed += len(joined)
+                    return
+                for p in parts:
+                    view = memoryview(p).cast("B")
+                    for at in range(0, len(view), _SEND_PIECE):
+                        piece = view[at : at + _SEND_PIECE]
+                        self.sock.sendall(piece)
+                        self._handed += len(piece)
         except (ssl.SSLError, OSError) as exc:
             raise PeerUnreachableError(f"connection lost while sending: {exc}") from None
+
+    def progress(self) -> int:
+        """A count that grows as the bytes sent reach the peer: those handed to the kernel less
+        those still in its send queue (unsent or unacknowledged). It stands still when the peer
+        stops reading, however long a chunk is. With TLS the queue holds records, not plain bytes,
+        so it is a signal that moves, not an exact count."""
+        try:
+            queued = struct.unpack("i", fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+        except (OSError, ValueError):
+            queued = 0  # closed, or not a socket the ioctl knows: bytes handed still count
+        return self._handed - queued
 
     @property
     def frame_limit(self) -> int | None:

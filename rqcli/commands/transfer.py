@@ -549,12 +549,12 @@ def _recv_event(out: Output, ev: Any) -> None:
     "--timeout",
     "ack_timeout",
     type=click.FloatRange(min=0),
-    default=0.0,
+    default=120.0,
     show_default=True,
-    help="Drop a connection whose receiver confirms nothing for this many seconds while chunks "
-    "wait (a stopped or hung receiver; TCP would wait for ever); --retry-for then decides whether "
-    "to reconnect. 0: off. Set it above the time one ACK batch takes on the link (8 chunks on TCP): "
-    "a slower link is taken for a stalled receiver.",
+    help="Drop a connection over which nothing moves for this many seconds while chunks wait "
+    "(no byte reaches the receiver and it confirms nothing: stopped, hung, or its disk stalled); "
+    "--retry-for then decides whether to reconnect. Bytes still draining count as movement, so a "
+    "slow link is not taken for a stalled receiver. 0: wait for ever.",
 )
 @output_options
 def send(

@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from xfer_kit import REPO, Recv, journal_records, rq_cmd, rq_env, send, summary, wait_for
+from xfer_kit import REPO, Recv, Relay, journal_records, rq_cmd, rq_env, send, summary, wait_for
 
 from rqcli.exitcodes import ExitCode
 
@@ -79,6 +81,65 @@ def test_a_receiver_that_stops_answering_is_dropped_and_the_send_ends_resumable(
     assert again.returncode == 0, again.stderr
     assert summary(again)["bytes_raw"] < 300 << 20  # resumed, not started over
     assert (tmp_path / "dest" / "big.bin").read_bytes() == src.read_bytes()
+
+
+class SlowLink(Relay):
+    """Carries the sender's bytes to the receiver at `rate` bytes/s (the receiver's ACKs go back at
+    full speed): a healthy link slower than one ACK batch per --timeout."""
+
+    def __init__(self, target_port: int, rate: int):
+        self.rate = rate
+        self.piece = max(1, rate // 20)
+        super().__init__(target_port)
+
+    def accepted(self, client: socket.socket) -> None:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+
+    def carry(self, data: bytes, seen: int) -> bytes:
+        time.sleep(len(data) / self.rate)
+        return data
+
+
+def test_a_slow_link_is_not_taken_for_a_stalled_receiver(tmp_path: Path, receivers: list[Recv]) -> None:
+    """The receiver confirms in batches of 8 chunks; here each batch takes ~3 s on the wire, three
+    times --timeout. Bytes draining to it are movement: the old ACK deadline dropped this link."""
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(12 * 64 << 10))  # 12 chunks of 64 KiB: the first ACK after 8
+    recv = Recv(tmp_path / "dest", tmp_path / "cert", "tcp").start()
+    receivers.append(recv)
+    link = SlowLink(recv.port, 192 << 10)
+    try:
+        res = subprocess.run(
+            rq_cmd(
+                "send",
+                str(src),
+                f"rq://127.0.0.1:{link.port}",
+                "--transport",
+                "tcp",
+                "--json",
+                "--chunk-size",
+                "64K",
+                "--compress",
+                "none",
+                "--streams",
+                "1",
+                "--timeout",
+                "1",
+                "--retry-for",
+                "0",
+            ),
+            env=rq_env(),
+            capture_output=True,
+            timeout=90,
+            cwd=REPO,
+            check=False,
+        )
+    finally:
+        link.close()
+    assert res.returncode == 0, res.stderr
+    done = summary(res)
+    assert done["complete"] and done["attempts"] == 1 and done["chunks_resent"] == 0, done
+    assert (tmp_path / "dest" / "model.bin").read_bytes() == src.read_bytes()
 
 
 def test_ctrl_c_mid_send_still_ends_the_json_with_a_summary(tmp_path: Path, receivers: list[Recv]) -> None:

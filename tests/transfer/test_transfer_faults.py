@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import zstandard
-from xfer_kit import TOKEN, Recv, free_port, journal_records, rq_cmd, rq_env, send, summary, wait_for
+from xfer_kit import TOKEN, Recv, Relay, free_port, journal_records, rq_cmd, rq_env, send, summary, wait_for
 
 from transfer import codec, journal
 from transfer.frames import ChunkHeader, FrameType, chunk_frame_header, control, header
@@ -160,44 +160,24 @@ def test_changed_source_restarts_instead_of_mixing(tmp_path: Path) -> None:
 # -- bit flips in flight -------------------------------------------------------------------------
 
 
-class FlipProxy:
+class FlipProxy(Relay):
     """A TCP proxy that flips one bit, once, at a fixed offset of the sender→receiver byte stream."""
 
     def __init__(self, target_port: int, offset: int, every: int = 0):
-        self.target_port, self.offset, self.every = target_port, offset, every
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
+        self.offset, self.every = offset, every
         self.flipped = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target_port)
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
-            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, flip: bool) -> None:
-        seen = 0
+    def carry(self, data: bytes, seen: int) -> bytes:
         target = self.offset
-        with contextlib.suppress(OSError):
-            while data := src.recv(1 << 16):
-                if flip and (self.every or not self.flipped.is_set()) and seen <= target < seen + len(data):
-                    buf = bytearray(data)
-                    buf[target - seen] ^= 0x10
-                    data = bytes(buf)
-                    self.flipped.set()
-                    target += self.every  # with `every`, a broken link: it corrupts again and again
-                seen += len(data)
-                dst.sendall(data)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        self.sock.close()
+        if self.every:  # a broken link: it corrupts again and again, every `every` bytes
+            target += max(0, (seen - self.offset + self.every - 1) // self.every) * self.every
+        if (self.every or not self.flipped.is_set()) and seen <= target < seen + len(data):
+            buf = bytearray(data)
+            buf[target - seen] ^= 0x10
+            self.flipped.set()
+            return bytes(buf)
+        return data
 
 
 def test_bit_flip_in_flight_is_detected_and_resent(tmp_path: Path) -> None:

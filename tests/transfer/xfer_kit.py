@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -220,3 +222,50 @@ def resident_pages(path: Path) -> int:
             return sum(b & 1 for b in vec.raw)
         finally:
             libc.munmap(addr, size)
+
+
+class Relay:
+    """A TCP relay in front of a receiver: each connection it accepts is pumped both ways, and
+    `carry` decides what the sender's bytes become on their way (subclasses: a bit flip, a slow
+    link). `piece` is the most it reads at a time from the sender."""
+
+    piece = 1 << 16
+
+    def __init__(self, target_port: int):
+        self.target_port = target_port
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.closing = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted(client)
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def accepted(self, client: socket.socket) -> None:
+        """A hook for the sender's side of a new connection (socket options)."""
+
+    def carry(self, data: bytes, seen: int) -> bytes:
+        """What goes on for `data`, which starts `seen` bytes into a sender's connection."""
+        return data
+
+    def _pump(self, src: socket.socket, dst: socket.socket, outbound: bool) -> None:
+        seen = 0
+        with contextlib.suppress(OSError):
+            while not self.closing.is_set() and (data := src.recv(self.piece if outbound else 1 << 16)):
+                sent = self.carry(data, seen) if outbound else data
+                seen += len(data)
+                dst.sendall(sent)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.closing.set()
+        self.sock.close()
