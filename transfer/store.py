@@ -121,7 +121,8 @@ class FileState:
     chunks: int
     journal: Journal
     have: dict[int, bytes]
-    dirty: set[int] = field(default_factory=set)  # written, not yet fdatasync'ed + journaled
+    # written, not yet durable and journaled: chunk -> Store.write_back_errors when it was written
+    dirty: dict[int, int] = field(default_factory=dict)
     placed: bool = False  # already in place from an earlier transfer: nothing to write or move
 
 
@@ -166,6 +167,7 @@ class Plan:
                     while view:
                         n = os.pwrite(fd, view, off)
                         view, off = view[n:], off + n
+        self.files[f].dirty[k] = self.store.write_back_errors
 
     def make_durable(self, done: list[tuple[int, int, bytes]]) -> None:
         """Makes the files these chunks went to durable, then journals them: data first, record
@@ -177,18 +179,36 @@ class Plan:
             by_file.setdefault(f, []).append((k, dig))
         with _disk_errors():
             if len(by_file) >= SYNCFS_MIN_FILES and self.store.syncfs():
+                self._check_write_back(by_file)
                 for f, recs in by_file.items():
                     self.files[f].journal.append(recs, sync=False)
                 self.store.syncfs()  # the records are durable only now: count none before
             else:
                 for f in by_file:
                     with self.store.part(self.files[f].entry.key) as fd:
-                        os.fdatasync(fd)
+                        self.store.flush_data(fd)
+                self._check_write_back(by_file)
                 for f, recs in by_file.items():
                     self.files[f].journal.append(recs)
             for f, recs in by_file.items():
+                fs = self.files[f]
                 with self.lock:
-                    self.files[f].have.update(recs)
+                    fs.have.update(recs)
+                    for k, _ in recs:
+                        fs.dirty.pop(k, None)
+
+    def _check_write_back(self, by_file: dict[int, list[tuple[int, bytes]]]) -> None:
+        """Refuses to journal chunks written before a write-back error that another channel's
+        flush was told of. Linux reports such an error once per open file description: a syncfs
+        or fdatasync after it returns 0 for the other channels, whose pages may have been lost
+        too. Those chunks then stay missing and are sent again, not recorded as durable."""
+        now = self.store.write_back_errors
+        for f, recs in by_file.items():
+            dirty = self.files[f].dirty
+            if any(dirty.get(k, now) != now for k, _ in recs):
+                raise OSError(
+                    errno.EIO, "a write-back error on the destination's disk may have lost these chunks"
+                )
 
     def finalize(self, roots: list[str], overwrite: bool) -> int:
         """Checks every file is complete and matches its root digest, then moves it into place."""
@@ -229,6 +249,9 @@ class Store:
         self.overwrite = overwrite
         self.limits = limits or Limits()
         self._direct = bool(O_DIRECT)
+        # write-back errors any flush here was told of (_check_write_back): each is reported once
+        self.write_back_errors = 0
+        self._errors_lock = threading.Lock()
         dest.mkdir(parents=True, exist_ok=True)
         self.fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         with contextlib.suppress(FileExistsError):
@@ -246,7 +269,24 @@ class Store:
 
     def syncfs(self) -> bool:
         """Flushes the destination's file system (False where syncfs(2) is missing)."""
-        return _syncfs(self.state_fd)
+        with self._counting_errors():
+            return _syncfs(self.state_fd)
+
+    def flush_data(self, fd: int) -> None:
+        """fdatasync(2) of one open .part file."""
+        with self._counting_errors():
+            os.fdatasync(fd)
+
+    @contextlib.contextmanager
+    def _counting_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError:
+            # any error a flush returns (EIO, or ENOSPC from delayed allocation) may stand for
+            # pages of other channels' chunks too
+            with self._errors_lock:
+                self.write_back_errors += 1
+            raise
 
     # -- planning -------------------------------------------------------------------------------
 

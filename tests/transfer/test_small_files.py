@@ -7,6 +7,7 @@ and the placed record's fsync + directory fsync); the batched one makes a few pe
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import threading
@@ -187,6 +188,60 @@ def test_one_big_file_keeps_its_own_fdatasync_not_syncfs(tmp_path: Path, syncs: 
     assert syncs == Counter({"fdatasync": 1, "fsync": 1}), syncs
     plan.close()
     store.close()
+
+
+def _eio_once(monkeypatch: pytest.MonkeyPatch, target: Any, name: str) -> list[int]:
+    """Makes `target.name` (a flush) fail once with EIO, as a flush told of a write-back error does."""
+    real = getattr(target, name)
+    calls: list[int] = []
+
+    def failing(fd: int) -> Any:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd)
+
+    monkeypatch.setattr(target, name, failing)
+    return calls
+
+
+def test_a_write_back_error_told_to_one_channel_keeps_the_others_chunks_unrecorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Linux tells each open file of a write-back error once: channel A's fdatasync gets EIO, and
+    channel B's, on a descriptor opened after, returns 0 although B's chunk was written before the
+    error and may be lost with it. B's batch must fail too, not journal the chunk as durable."""
+    data = os.urandom(2 * CS)
+    entry = FileEntry(name="big.bin", size=len(data), mode=0o644, key=file_key("big", len(data), 1, 1, CS))
+    plan = Store(tmp_path).plan(make_manifest(CS, [entry]))
+    plan.write(0, 0, data[:CS])  # channel A's chunk
+    plan.write(0, 1, data[CS:])  # channel B's, before the error
+    _eio_once(monkeypatch, os, "fdatasync")
+    dig = [codec.digest(data[:CS]), codec.digest(data[CS:])]
+    with pytest.raises(OSError, match="Input/output"):
+        plan.make_durable([(0, 0, dig[0])])
+    with pytest.raises(OSError, match="write-back error"):
+        plan.make_durable([(0, 1, dig[1])])  # its own fdatasync said 0
+    assert not plan.has(0, 1) and not plan.files[0].journal.reload()
+    plan.write(0, 1, data[CS:])  # sent again: written after the error, it counts
+    plan.make_durable([(0, 1, dig[1])])
+    assert plan.has(0, 1) and list(plan.files[0].journal.reload()) == [1]
+
+
+def test_a_write_back_error_told_to_one_syncfs_batch_fails_the_other_batch_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    m, datas = _small_manifest(8)
+    plan = Store(tmp_path).plan(m)
+    for f, d in enumerate(datas):
+        plan.write(f, 0, d)
+    _eio_once(monkeypatch, store_mod, "_syncfs")
+    recs = [(f, 0, codec.digest(d)) for f, d in enumerate(datas)]
+    with pytest.raises(OSError, match="Input/output"):
+        plan.make_durable(recs[:4])
+    with pytest.raises(OSError, match="write-back error"):
+        plan.make_durable(recs[4:])
+    assert not any(plan.has(f, 0) for f in range(8))
 
 
 # -- kill -9 in the middle of a batch of small files, then the same send again ----------------------
