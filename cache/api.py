@@ -24,7 +24,15 @@ import xxhash
 from cache import events as ev
 from cache import orphans
 from cache.digests import file_digest
-from cache.errors import BadSourceError, CacheError, DeniedError, NotFoundError, UncacheableError, VerifyError
+from cache.errors import (
+    BadSourceError,
+    CacheError,
+    DeniedError,
+    NotFoundError,
+    UncacheableError,
+    UnsafeDirError,
+    VerifyError,
+)
 from cache.fetcher import Fetcher, Job
 from cache.index import Entry, Index
 from cache.landing import ObjectInfo
@@ -47,6 +55,14 @@ def default_cache_dir() -> Path:
     from platformdirs import user_cache_path
 
     return user_cache_path("rq") / "cache"
+
+
+def _check_apart(ram_dir: Path, root: Path) -> None:
+    """The RAM tier's directory must not be the cache dir, inside it, or hold it: each tier
+    sweeps what it does not know, so the two would delete each other's files."""
+    a, b = ram_dir.resolve(), root.resolve()
+    if a == b or a in b.parents or b in a.parents:
+        raise UnsafeDirError(f"the RAM tier directory {ram_dir} must be apart from the cache dir {root}")
 
 
 class _Gone(Exception):
@@ -92,8 +108,15 @@ class Cache:
             raise BadSourceError(f"max_age must be seconds (a number >= 0), not {max_age!r}")
         self.durable = durable
         self._ram_pid = 0  # the process whose hold on the RAM root this object counts in (cache.orphans)
-        self.root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        # absolute once: a training launcher that changes directory (Hydra's run dirs) must not
+        # move the blobs' paths away from the index that names them
+        self.root = (Path(cache_dir) if cache_dir is not None else default_cache_dir()).absolute()
+        ram_given = Path(ram_dir).absolute() if ram_dir else None
         check_cache_dir(self.root)
+        if ram_given is not None:
+            _check_apart(ram_given, self.root)
+            if not (self.root / INDEX_NAME).exists():
+                check_cache_dir(ram_given, "RAM tier directory")  # before the new cache dir is made
         self.root.mkdir(parents=True, exist_ok=True)
         self.s3_settings = S3Settings(endpoint_url=endpoint_url, profile=profile)
         self.max_age = max_age
@@ -109,8 +132,8 @@ class Cache:
         index = Index(self.root / INDEX_NAME)
         try:
             known = index.setting("ram_root")
-            ram_root = Path(ram_dir) if ram_dir else Path(known or self._new_ram_root())
-            if known != str(ram_root) and ram_dir is not None:
+            ram_root = ram_given or Path(known or self._new_ram_root())
+            if known != str(ram_root) and ram_given is not None:
                 check_cache_dir(ram_root, "RAM tier directory")  # a directory given to us: empty
             self.layout = Layout(self.root, ram_root)
             wiped = known == str(ram_root) and not ram_root.exists()

@@ -156,6 +156,9 @@ class LocalOrigin:
             st = self.root.stat()
             yield ObjectInfo(str(self.root), self.root.name, st.st_size, local_version(st))
             return
+        if not self.root.is_dir():
+            raise NotFoundError(f"not a regular file or directory: {self.root}")
+        self._check_not_own(self.root)
         stack = [self.root]
         while stack:
             here = stack.pop()
@@ -186,6 +189,21 @@ class LocalOrigin:
                     raise CacheError(f"cannot read {item.path}: {exc.strerror}") from None
                 rel = os.path.relpath(item.path, self.root).replace(os.sep, "/")
                 yield ObjectInfo(os.path.abspath(item.path), rel, st.st_size, local_version(st))
+
+    def _check_not_own(self, root: Path) -> None:
+        """Refuses a source that is the cache's own directory or inside it: its index and blobs
+        change as they are copied, and each run would cache the last run's copies again."""
+        if not self.skip_dirs:
+            return
+        for d in (root, *root.parents):
+            try:
+                st = os.stat(d)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in self.skip_dirs:
+                raise BadSourceError(
+                    f"{root} is inside this cache's own directory {d}: it cannot be preloaded"
+                )
 
     def _skipped(self, item: os.DirEntry[str]) -> bool:
         if not self.skip_dirs or not any(item.inode() == ino for _, ino in self.skip_dirs):
@@ -298,6 +316,8 @@ def normalise_url(url: str) -> str:
     a name that is not UTF-8 (the index keys entries by URL text)."""
     if not isinstance(url, str):
         raise BadSourceError(f"a URL or path must be text (str), not {type(url).__name__}")
+    if not url:
+        raise BadSourceError("empty URL or path")  # it would name the current directory
     _check_not_a_mistyped_url(url)
     scheme, sep, rest = url.partition("://")
     if sep and scheme.lower() == "s3":

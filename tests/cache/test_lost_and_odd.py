@@ -19,7 +19,7 @@ import pytest
 from rqtest import random_files, run_rq, silent_server
 
 from cache import Cache
-from cache.errors import BadSourceError, NotFoundError, UncacheableError
+from cache.errors import BadSourceError, CacheError, NotFoundError, UncacheableError
 from cache.landing import ObjectInfo
 from cache.origins import LocalOrigin, local_version
 
@@ -362,3 +362,61 @@ def test_the_watchdog_spares_queued_requests_while_the_store_is_busy() -> None:
     assert dog._late(now + 5) == []  # the queued one waited 5 s: spared, the store is busy
     body.last -= 100  # that body then outlasted its allowance: the store went silent
     assert set(dog._late(now + 5)) == {body, queued}
+
+
+def test_a_relative_cache_dir_stays_put_when_the_process_changes_directory(
+    tmp_path: Path, ram_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launcher that changes directory after making the Cache (Hydra's run dirs): blobs were
+    written under the new directory's rc/ (outside the cache) while the index stayed behind."""
+    (tmp_path / "src").mkdir()
+    for name in ("a", "b"):
+        (tmp_path / "src" / name).write_bytes(name.encode() * 10)
+    monkeypatch.chdir(tmp_path)
+    c = Cache("rc", ram_dir=ram_dir)
+    assert c.read_bytes(str(tmp_path / "src" / "a")) == b"a" * 10
+    (tmp_path / "elsewhere" / "rc" / "tmp").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "rc" / "objects").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert c.read_bytes(str(tmp_path / "src" / "b")) == b"b" * 10
+    c.close()
+    assert not any(p.is_file() for p in (tmp_path / "elsewhere").rglob("*"))
+    monkeypatch.chdir(tmp_path)
+    res = run_rq("cache", "verify", "--cache-dir", str(tmp_path / "rc"))
+    assert res.returncode == 0, res.stderr
+
+
+def test_preloading_the_cache_into_itself_is_refused(tmp_path: Path, ram_dir: Path) -> None:
+    """The cache dir as a source cached its own index and blobs, and each run the copies again."""
+    src = tmp_path / "src"
+    random_files(src, 3, 1000)
+    cache_dir = tmp_path / "c"
+    Cache(cache_dir, ram_dir=ram_dir).close()  # fixes the RAM root for this cache dir
+    assert run_rq("preload", str(src), "--cache-dir", str(cache_dir)).returncode == 0
+    for inside in (cache_dir, cache_dir / "objects", ram_dir):
+        res = run_rq("preload", f"{inside}/", "--cache-dir", str(cache_dir))
+        assert res.returncode == 2, res.stderr
+        assert b"own directory" in res.stderr and len(res.stderr.splitlines()) == 1, res.stderr
+    listed = run_rq("cache", "ls", "--cache-dir", str(cache_dir)).stdout.decode()
+    assert str(cache_dir) not in listed.replace(f"{cache_dir}/objects", ""), listed
+    assert len(listed.splitlines()) == 3, listed
+
+
+def test_odd_sources_and_ram_dirs_are_refused_cleanly(tmp_path: Path, ram_dir: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    res = run_rq("preload", str(fifo), "--cache-dir", str(tmp_path / "c"))
+    assert res.returncode == 3 and b"not a regular file or directory" in res.stderr, (
+        res.stderr
+    )  # "cannot list"
+    c = Cache(tmp_path / "c2", ram_dir=ram_dir)
+    with pytest.raises(BadSourceError, match="empty"):
+        c.open("")  # read the current directory before
+    c.close()
+    with pytest.raises(CacheError, match="apart from the cache dir"):
+        Cache(tmp_path / "c3", ram_dir=tmp_path / "c3")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_bytes(b"x")
+    with pytest.raises(CacheError, match="not empty"):
+        Cache(tmp_path / "c4", ram_dir=tmp_path / "full")
+    assert not (tmp_path / "c3").exists() and not (tmp_path / "c4").exists()  # an index was left before
