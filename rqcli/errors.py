@@ -23,3 +23,13 @@ class CliError(Exception):
         text = self.message if not self.hint else f"{self.message} — {self.hint}"
         # One line, whatever the library put in it, and no terminal escapes from names in it.
         return safe_text(" ".join(text.split()))
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a CI job cancelled, a pod stopped), raised in the main thread so that it stops a
+    command the way Ctrl-C does: cleanups run, a partial summary still ends --json, exit 130."""
+
+
+def interruption(exc: BaseException) -> str:
+    """What stopped the command, for a summary's `error` and the last stderr line."""
+    return "stopped by SIGTERM" if isinstance(exc, Terminated) else "interrupted"

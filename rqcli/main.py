@@ -7,6 +7,7 @@ import gc
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import click
 
 from rqcli import teardown
 from rqcli.config import check_config, load_config
-from rqcli.errors import CliError
+from rqcli.errors import CliError, Terminated, interruption
 from rqcli.exitcodes import EXIT_CODE_HELP, ExitCode
 from rqcli.output import Output
 
@@ -38,6 +39,14 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 OWN_GC = {"preload"}
 
 
+class _Interrupted(BaseException):
+    """Carries a command's KeyboardInterrupt (or Terminated) out past Click to main()."""
+
+    def __init__(self, cause: KeyboardInterrupt):
+        super().__init__()
+        self.cause = cause
+
+
 class LazyGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -48,6 +57,10 @@ class LazyGroup(click.Group):
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
             raise click.exceptions.Exit(0) from None
+        except KeyboardInterrupt as exc:
+            # past Click, which would print an empty line to stderr before its Abort: the stderr
+            # of an interrupted command is the one line main() writes
+            raise _Interrupted(exc) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [name for name, (mod, _, _) in COMMANDS.items() if importlib.util.find_spec(mod) is not None]
@@ -171,6 +184,10 @@ def _command_path(args: list[str]) -> str:
     return " ".join(path)
 
 
+def _terminate(_signum: int, _frame: Any) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: runs `rq` and turns every failure into one stderr line and an exit code."""
     console = argv is None
@@ -178,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"})
         for a in (argv or sys.argv[1:])
     )
+    signal.signal(signal.SIGTERM, _terminate)  # commands that serve (rq recv) set their own
     try:
         rv: Any = cli.main(args=argv, prog_name="rq", standalone_mode=False, auto_envvar_prefix="RQ")
         code = int(rv) if isinstance(rv, int) else 0
@@ -188,8 +206,8 @@ def main(argv: list[str] | None = None) -> None:
         code = int(exc.code)
     except click.exceptions.Exit as exc:
         code = exc.exit_code
-    except click.exceptions.Abort:
-        click.echo("rq: interrupted", err=True)
+    except click.exceptions.Abort as exc:  # Click's wrapping of KeyboardInterrupt (and Terminated)
+        click.echo(f"rq: {interruption(exc.__cause__ or exc)}", err=True)
         code = int(ExitCode.INTERRUPTED)
     except _SHOW_HELP as exc:  # plain `rq`: the help is the answer (exit 2, as Click has it)
         exc.show()
@@ -204,8 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     except click.ClickException as exc:
         click.echo(f"rq: error: {CliError(exc.format_message()).one_line()}", err=True)
         code = exc.exit_code
-    except KeyboardInterrupt:
-        click.echo("rq: interrupted", err=True)
+    except (KeyboardInterrupt, _Interrupted) as exc:
+        click.echo(f"rq: {interruption(exc.cause if isinstance(exc, _Interrupted) else exc)}", err=True)
         code = int(ExitCode.INTERRUPTED)
     except OSError as exc:
         if verbose:

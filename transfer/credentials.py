@@ -32,6 +32,9 @@ def load_token(path: Path | None, env_value: str | None, create: bool) -> bytes:
             raise AuthError(f"token file {path} is empty")
         return text.encode()
     if env_value:
+        if not env_value.strip():
+            # a lookup that returned a newline must not become an empty secret any sender knows
+            raise AuthError("RQ_TOKEN is blank (only whitespace); set it to the receiver's token")
         return env_value.strip().encode()
     raise AuthError("no token: pass --token-file FILE or set RQ_TOKEN")
 

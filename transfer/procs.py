@@ -9,9 +9,12 @@ progress and the digests it computed through one queue.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import multiprocessing as mp
+import os
 import queue
+import signal
 from typing import Any
 
 from transfer.errors import PeerUnreachableError, TransferError, error_from_code
@@ -21,9 +24,23 @@ from transfer.source import SourceFile
 from transfer.transport import ConnectOptions, Transport
 
 Pair = tuple[int, int]
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int | None = None) -> None:
+    """Asks the kernel for SIGTERM when this process's parent dies, kill -9 included: a child
+    that outlived `rq send` went on sending and then hung for ever at exit, on a queue nobody
+    read. Exits at once if the parent died before the request was made (`parent`: its pid, or
+    None to take reparenting to init as the sign)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    ppid = os.getppid()
+    if ppid == 1 or (parent is not None and ppid != parent):
+        os._exit(1)
 
 
 def _child(
+    parent: int,
     name: str,
     copts: ConnectOptions,
     token: bytes,
@@ -33,6 +50,7 @@ def _child(
     todo: list[Pair],
     out: Any,
 ) -> None:
+    die_with_parent(parent)
     from transfer.sender import Stats, Work, run_connection
     from transfer.transport import get_transport
 
@@ -86,7 +104,17 @@ def move_in_processes(
     procs = [
         ctx.Process(
             target=_child,
-            args=(transport.name, _port(copts, data_ports, i), token, manifest, files, opts, share, out),
+            args=(
+                os.getpid(),
+                transport.name,
+                _port(copts, data_ports, i),
+                token,
+                manifest,
+                files,
+                opts,
+                share,
+                out,
+            ),
             daemon=True,
         )
         for i, share in enumerate(shares)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transfer.errors import ChunkSizeError, NoSpaceError, PeerUnreachableError, TransferError
+from transfer.errors import AuthError, ChunkSizeError, NoSpaceError, PeerUnreachableError, TransferError
 from transfer.events import (
     ChunkMoved,
     ChunkResent,
@@ -197,6 +197,8 @@ class Receiver:
         on_event: EventCallback = ignore,
         flush_every: int | None = None,
     ):
+        if not token.strip():
+            raise AuthError("the receiver's token is empty: any sender would be let in")
         self.limits = limits or Limits()
         self.store = Store(dest, overwrite=overwrite, limits=self.limits)
         self.token = token

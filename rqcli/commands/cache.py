@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -16,6 +15,7 @@ from rqcli.commands.preload import cache_error_to_cli, open_cache
 from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
 from rqcli.output import get_output, output_options, safe_text
+from rqcli.params import Seconds
 
 cache_dir_option = click.option(
     "--cache-dir",
@@ -313,12 +313,6 @@ def clear(cache_dir: Path | None, yes: bool) -> None:
         out.info(f"removed {done}; kept {skipped} open by readers")
 
 
-def _finite(value: float) -> float:
-    if not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a number of seconds")
-    return value
-
-
 def _json_path(path: Path) -> str:
     """A path for --json, whose encoder takes only valid UTF-8: undecodable bytes as \\xNN."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
@@ -328,8 +322,7 @@ def _json_path(path: Path) -> str:
 @click.option("--remove", is_flag=True, help="Remove the orphaned and empty ones.")
 @click.option(
     "--min-age",
-    type=click.FloatRange(min=0),
-    callback=lambda _ctx, _param, value: _finite(value),
+    type=Seconds(),
     default=60.0,
     show_default=True,
     help="Seconds a tier must have been left unchanged to count.",

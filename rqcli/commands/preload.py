@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from rqcli import malloc, teardown
-from rqcli.errors import CliError
+from rqcli.errors import CliError, interruption
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
 
@@ -260,6 +260,12 @@ def preload(
             if out.json or tally.planned or tally.skipped or tally.landed or tally.failed:
                 report(out, summary, dry_run=dry_run)  # (a bad URL had nothing to report but itself)
             raise err from None
+        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the summary of what landed, then exit 130
+            stopped = CliError(interruption(exc), ExitCode.INTERRUPTED)
+            report(
+                out, tally.summary(time.monotonic() - started, tier, root, stopped, dry_run), dry_run=dry_run
+            )
+            raise
         finally:
             c.close()
             if scratch is not None:

@@ -27,6 +27,7 @@ from platformdirs import user_data_path
 from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
+from rqcli.params import Seconds
 from topics.embedded.format import MAX_BATCH_PAYLOAD, RECORD_SIZE
 from topics.embedded.groups import check_group_name
 from topics.embedded.log import TopicConfig
@@ -196,17 +197,10 @@ def _duration_option(_ctx: click.Context, _param: click.Parameter, value: str | 
     return ms
 
 
-def _positive_seconds(_ctx: click.Context, _param: click.Parameter, value: float | None) -> float | None:
-    if value is not None and not value > 0:  # `not >` catches nan too, which would never time out
-        raise click.BadParameter(f"{value} is not a positive number of seconds")
-    return value
-
-
 idle_timeout_option = click.option(
     "--timeout",
     "idle_timeout",
-    type=float,
-    callback=_positive_seconds,
+    type=Seconds(positive=True),
     help="With --follow: exit after this many seconds without a record.",
 )
 

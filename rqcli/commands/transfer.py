@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -17,9 +18,10 @@ from urllib.parse import parse_qs, urlsplit
 import click
 from platformdirs import user_config_path, user_data_path
 
-from rqcli.errors import CliError
+from rqcli.errors import CliError, interruption
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
+from rqcli.params import Seconds
 
 if TYPE_CHECKING:
     from transfer.codec import CompressMode
@@ -271,7 +273,9 @@ def recv(
     out = get_output()
     _quick_gil_handoff(transport)
     if worker:
-        _die_with_parent()
+        from transfer.procs import die_with_parent
+
+        die_with_parent()
     spawn = workers > 1 and transport == "quic" and not worker
     cert_dir = cert_dir or user_data_path("rq") / "transfer"
     host, port = _host_port(listen)
@@ -318,10 +322,11 @@ def recv(
     if pin:
         line += f" --pin {pin}"
     if token_file is not None:
-        line += f" --token-file {token_file}"
+        line += f" --token-file {shlex.quote(str(token_file))}"
     if spawn:
         line += f" --connections {workers}"
     children: list[subprocess.Popen[bytes]] = []
+    ports: dict[subprocess.Popen[bytes], int] = {}  # live workers' data ports
     if spawn:  # each worker process listens on a port of its own; ACCEPT tells senders which
         child_args = [
             "--json",
@@ -349,6 +354,7 @@ def recv(
         child_args += ["--once"] * once + ["--overwrite"] * overwrite
         started = [_start_worker(child_args, out) for _ in range(workers - 1)]
         children = [proc for proc, _ in started]
+        ports = dict(started)
         receiver.data_ports = [addr_port] + [port for _, port in started]
     # before the listening line: a script may send SIGTERM as soon as it has read it
     stop = threading.Event()
@@ -375,6 +381,7 @@ def recv(
         with out.progress() as bar:
             receiver.on_event = _recv_progress(out, bar)
             while not stop.is_set() and server.is_alive():
+                _drop_dead_workers(receiver, ports, out)
                 # with --workers, the transfer's control channel may have landed in a child
                 if once and (receiver.completed.wait(0.2) or any(c.poll() == 0 for c in children)):
                     break
@@ -401,20 +408,24 @@ def recv(
                 child.wait(timeout=10)
 
 
+def _drop_dead_workers(receiver: Any, ports: dict[subprocess.Popen[bytes], int], out: Output) -> None:
+    """A worker that died (OOM, kill -9) stops being offered to senders: they kept retrying its
+    port on every transfer, ten times slower, and nobody was told."""
+    for child in [c for c in ports if c.poll() not in (None, 0)]:
+        port = ports.pop(child)
+        receiver.data_ports = [p for p in receiver.data_ports if p != port]
+        out.warn(
+            f"a --workers receiver process (data port {port}) died (exit {child.returncode}); "
+            f"going on with {len(receiver.data_ports)} process(es)"
+        )
+
+
 def _serve(listener: Any, died: list[BaseException]) -> None:
     """The listener's loop, keeping what stopped it for the main thread (no thread traceback)."""
     try:
         listener.serve_forever()
     except Exception as exc:
         died.append(exc)
-
-
-def _die_with_parent() -> None:
-    """A --workers child must not outlive its parent (kill -9 included): ask the kernel for SIGTERM."""
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _start_worker(args: list[str], out: Output) -> tuple[subprocess.Popen[bytes], int]:
@@ -540,7 +551,7 @@ def _recv_event(out: Output, ev: Any) -> None:
 )
 @click.option(
     "--retry-for",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     default=60.0,
     show_default=True,
     help="Keep reconnecting for this many seconds without progress.",
@@ -548,7 +559,7 @@ def _recv_event(out: Output, ev: Any) -> None:
 @click.option(
     "--timeout",
     "ack_timeout",
-    type=click.FloatRange(min=0),
+    type=Seconds(),
     default=120.0,
     show_default=True,
     help="Drop a connection over which nothing moves for this many seconds while chunks wait "
@@ -645,7 +656,8 @@ def send(
     except FileNotFoundError as exc:
         raise CliError(f"source not found: {exc.filename}", ExitCode.NOT_FOUND) from None
     except BaseException as exc:  # Ctrl-C, SIGTERM, an unexpected error: the summary still comes last
-        _emit_partial(out, getattr(exc, "partial_summary", None), type(exc).__name__)
+        why = interruption(exc) if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
+        _emit_partial(out, getattr(exc, "partial_summary", None), why)
         raise
     out.emit({"event": "summary", **summary})
     out.info(
@@ -672,6 +684,9 @@ def _distinct_sources(args: tuple[str, ...], out: Output) -> list[Path]:
     seen: set[tuple[Path, str]] = set()
     names: dict[str, str] = {}
     for arg in args:
+        if not arg:
+            # Path("") is ".": an unset "$CKPT" would send the working directory (cp, scp refuse it)
+            raise CliError("SOURCE is an empty string (an unset variable?)", ExitCode.USAGE)
         path = Path(arg)
         try:
             real = path.resolve()

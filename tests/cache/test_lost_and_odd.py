@@ -9,9 +9,11 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -420,3 +422,42 @@ def test_odd_sources_and_ram_dirs_are_refused_cleanly(tmp_path: Path, ram_dir: P
     with pytest.raises(CacheError, match="not empty"):
         Cache(tmp_path / "c4", ram_dir=tmp_path / "full")
     assert not (tmp_path / "c3").exists() and not (tmp_path / "c4").exists()  # an index was left before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_preload_stopped_by_a_signal_still_ends_with_its_summary(
+    tmp_path: Path, ram_dir: Path, sig: signal.Signals
+) -> None:
+    """Ctrl-C printed no summary (rq send does), and SIGTERM killed it outright (exit 143)."""
+    src = tmp_path / "src"
+    random_files(src, 3000, 100)
+    Cache(tmp_path / "c", ram_dir=ram_dir).close()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rqcli",
+            "--json",
+            "preload",
+            str(src),
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    objects = tmp_path / "c" / "objects"
+    deadline = time.monotonic() + 30
+    while sum(1 for _ in objects.rglob("*")) < 100 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the run is landing objects
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("the preload finished before the signal")  # (3,000 files on a fast machine)
+    assert proc.returncode == 130, err
+    last = json.loads(out.splitlines()[-1])
+    assert last["event"] == "summary" and last["aborted"] is True, last
+    assert last["error"] == ("interrupted" if sig == signal.SIGINT else "stopped by SIGTERM"), last
+    assert err.decode().strip().splitlines()[-1].startswith("rq: "), err

@@ -142,7 +142,11 @@ def test_a_slow_link_is_not_taken_for_a_stalled_receiver(tmp_path: Path, receive
     assert (tmp_path / "dest" / "model.bin").read_bytes() == src.read_bytes()
 
 
-def test_ctrl_c_mid_send_still_ends_the_json_with_a_summary(tmp_path: Path, receivers: list[Recv]) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_mid_send_still_ends_the_json_with_a_summary(
+    tmp_path: Path, receivers: list[Recv], sig: signal.Signals
+) -> None:
+    """SIGTERM (a CI cancel, a pod stop) killed the sender outright: exit 143, no summary."""
     src = _big_file(tmp_path)
     recv = Recv(tmp_path / "dest", tmp_path / "cert").start()
     receivers.append(recv)
@@ -159,13 +163,16 @@ def test_ctrl_c_mid_send_still_ends_the_json_with_a_summary(tmp_path: Path, rece
         recv.proc.send_signal(signal.SIGCONT)
         assert wait_for(lambda: journal_records(tmp_path / "dest") > 0, 30, step=0.005)
         recv.proc.send_signal(signal.SIGSTOP)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
     finally:
         recv.proc.send_signal(signal.SIGCONT)
     assert proc.returncode == ExitCode.INTERRUPTED, err
+    why = "interrupted" if sig == signal.SIGINT else "stopped by SIGTERM"
+    assert err.decode().splitlines() == [f"rq: {why}"], err  # (Click added an empty line before)
     last = json.loads(out.splitlines()[-1])
     assert last["event"] == "summary" and last["complete"] is False and last["chunks_sent"] > 0, last
+    assert last["error"] == why, last  # "KeyboardInterrupt" before
 
 
 def test_tls_on_one_side_only_is_a_usage_error_that_says_so(tmp_path: Path, receivers: list[Recv]) -> None:
