@@ -26,6 +26,7 @@ from cache.errors import (
     AuthError,
     BadSourceError,
     CacheError,
+    CacheFullError,
     ChangedError,
     NotFoundError,
     OriginError,
@@ -160,6 +161,10 @@ def map_error(
         err.throttled = code in THROTTLE_CODES or status in (429, 503)  # type: ignore[attr-defined]
         return err
     name = getattr(error, "name", "") or type(error).__name__
+    if "NO_SPACE" in name:
+        # the CRT writes a body straight to its file: ENOSPC comes back as one of its errors.
+        # A full disk stops the run (exit 7); retrying each object only fails again, slowly
+        return CacheFullError(f"no space left on the file system writing {what} ({name})")
     if "SLOW_DOWN" in name or "THROTTL" in name:
         err = OriginError(f"{what}: throttled by the store ({name})")
         err.throttled = True  # type: ignore[attr-defined]

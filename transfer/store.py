@@ -754,11 +754,18 @@ class Store:
             dir_fd=self.state_fd,
         )
         try:
-            os.write(fd, data)
-            if sync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+            try:
+                view = memoryview(data)
+                while view:  # a short write (ENOSPC part-way) must not be renamed into place torn
+                    view = view[os.write(fd, view) :]
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        except BaseException:
+            if atomic:  # a full disk left the temp file behind for good
+                unlink_quiet_at(tmp, self.state_fd)
+            raise
         if atomic:
             os.replace(tmp, name, src_dir_fd=self.state_fd, dst_dir_fd=self.state_fd)
         if sync:

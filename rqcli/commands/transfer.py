@@ -609,6 +609,14 @@ def send(
     use_tls = True if transport in ("quic", "rdma") else bool(tls)  # RDMA sets up over TLS
     if not MIN_CHUNK <= (chunk_size or 0) <= MAX_CHUNK:
         raise CliError(f"--chunk-size must be between {MIN_CHUNK} and {MAX_CHUNK} bytes", ExitCode.USAGE)
+    given = click.get_current_context().get_parameter_source("pin")
+    if not use_tls and (url_pin or given is click.core.ParameterSource.COMMANDLINE):
+        # a script passing a pin believes the certificate is checked: plain TCP has none to check
+        raise CliError(
+            "--pin checks the receiver's certificate, which TCP has only with TLS: add --tls "
+            "(and run rq recv with --tls), or drop the pin",
+            ExitCode.USAGE,
+        )
     try:
         driver = get_transport(transport)  # first: "this machine has no RDMA" beats "no --pin"
         if use_tls:

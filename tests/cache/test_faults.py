@@ -362,6 +362,23 @@ def test_full_disk_is_a_clear_error_and_the_cache_stays_consistent(
     assert entry_count(cache_dir) < 30  # what landed is whole and verified; the rest is not there at all
 
 
+def test_a_big_object_into_a_full_disk_stops_the_run_with_exit_7(
+    s3_client: Any, bucket: str, aws_env: dict[str, str], small_fs: Path, ram_dir: Path
+) -> None:
+    """A big object's body is written by the CRT itself: its AWS_ERROR_NO_SPACE was an origin error,
+    retried ~5 times per object and exit 1, not the full disk it is."""
+    s3_client.put_object(Bucket=bucket, Key="big/one.bin", Body=os.urandom(6 << 20))
+    from cache import Cache
+
+    cache_dir = small_fs / "cache"
+    Cache(cache_dir, ram_dir=ram_dir, disk_limit="1G").close()
+    proc = run_rq("preload", f"s3://{bucket}/big/", "--json", env={**aws_env, "RQ_CACHE_DIR": str(cache_dir)})
+    assert proc.returncode == 7, proc.stderr
+    assert b"no space left" in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert summary(proc)["aborted"] is True
+    assert_consistent({**aws_env, "RQ_CACHE_DIR": str(cache_dir)})
+
+
 def test_one_vanished_object_is_a_failure_line_and_a_nonzero_exit(
     s3_client: Any, bucket: str, cache_env: dict[str, str], proxy_factory: Any
 ) -> None:

@@ -134,3 +134,11 @@ def test_a_dead_workers_process_is_no_longer_offered_to_senders(tmp_path: Path) 
     finally:
         _, _, err = recv.stop()
     assert "receiver process (data port" in err and "died" in err, err
+
+
+def test_a_pin_on_plain_tcp_is_a_usage_error_not_silently_ignored(tmp_path: Path) -> None:
+    """A script that passes a pin believes the certificate is checked; plain TCP has none."""
+    (tmp_path / "f").write_bytes(b"x")
+    for where in (["rq://127.0.0.1:9?pin=sha256:zz"], ["rq://127.0.0.1:9", "--pin", "sha256:" + "ab" * 32]):
+        res = _run("send", str(tmp_path / "f"), *where, "--transport", "tcp")
+        assert res.returncode == ExitCode.USAGE and b"add --tls" in res.stderr, res.stderr

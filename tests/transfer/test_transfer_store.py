@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -327,3 +329,27 @@ def test_a_reservation_that_cannot_be_had_is_not_an_error(tmp_path: Path) -> Non
         assert reserve(fh.fileno(), 1 << 62) is False
         assert reserve(fh.fileno(), 1 << 20) is True
     assert (tmp_path / "f").read_bytes()[:4] == b"kept"
+
+
+def test_a_state_file_that_hits_a_full_disk_leaves_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A temp file from a failed write stayed in .rq-partial for good; a short write would have
+    been renamed into place torn."""
+    store = Store(tmp_path)
+    real_write = os.write
+    calls: list[int] = []
+
+    def short_then_full(fd: int, data: Any) -> int:
+        calls.append(fd)
+        if len(calls) == 1:
+            return real_write(fd, bytes(data)[:3])  # part of it, as a nearly full disk does
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", short_then_full)
+    with pytest.raises(OSError):
+        store._write_state_file("t.manifest.json", b"0123456789")
+    monkeypatch.undo()
+    assert len(calls) == 2  # the rest was tried, not dropped
+    assert sorted(os.listdir(tmp_path / ".rq-partial")) == []
+    store.close()
