@@ -83,8 +83,9 @@ class Receiver:
 
 
 def _send(src: Path, recv: Receiver, transport: str, tmp: Path) -> subprocess.Popen[bytes]:
+    pin = ["--pin", str(recv.pin)] if recv.pin else []  # plain TCP has no certificate to pin
     return subprocess.Popen(
-        _rq("--json", "send", str(src), f"rq://{recv.address}", "--transport", transport, "--pin", str(recv.pin)),
+        _rq("--json", "send", str(src), f"rq://{recv.address}", "--transport", transport, *pin),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(tmp),
     )  # fmt: skip
 
