@@ -49,8 +49,24 @@ def _validate_url(url: str, schemes: tuple[str, ...], what: str) -> Any:
         from topics.sources.access import redact_url
 
         shown = redact_url(url)
-        raise CliError(f"{what} {shown!r} is not a URL", ExitCode.USAGE, hint=f"use {schemes[0]}://HOST:PORT")
+        raise CliError(
+            f"{what} {shown!r} is not a {schemes[0]}:// URL",
+            ExitCode.USAGE,
+            hint=f"use {schemes[0]}://HOST:PORT",
+        )
     return parsed
+
+
+def _from_environment(
+    check: str, url: str, schemes: tuple[str, ...], what: str, variable: str
+) -> Finding | None:
+    """A bad URL in a shared environment variable is a finding to warn about, not a reason to stop
+    the whole doctor (docs/cli.md): the user did not ask for it on this command line."""
+    try:
+        _validate_url(url, schemes, what)
+    except CliError as exc:
+        return Finding(check, "warn", f"{exc.message} (from {variable})", exc.hint or "", int(ExitCode.USAGE))
+    return None
 
 
 def check_s3(endpoint: str | None, bucket: str | None, explicit: bool) -> Finding:
@@ -102,6 +118,11 @@ def check_s3(endpoint: str | None, bucket: str | None, explicit: bool) -> Findin
             if "mismatch" in str(exc) or "doesn't match" in str(exc)  # (OpenSSL's words; urllib3's)
             else "a private CA? point AWS_CA_BUNDLE at its certificates",
             int(ExitCode.AUTH),
+        )
+    except botocore.exceptions.ParamValidationError:
+        # boto's text is a page of regular expressions; the name is what the user can fix
+        return Finding(
+            "s3", "fail", f"bucket name {bucket!r} is not valid", "check --bucket", int(ExitCode.USAGE)
         )
     except botocore.exceptions.EndpointConnectionError as exc:
         return Finding(
@@ -308,12 +329,18 @@ def _gib(n: int) -> str:
 def run_checks(
     endpoint: str | None, bucket: str | None, nats_url: str | None, cache_dir: Path
 ) -> list[Finding]:
-    env_endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    variable = "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+    env_endpoint = os.environ.get(variable)
+    bad_s3 = None
+    if not endpoint and env_endpoint:
+        bad_s3 = _from_environment("s3", env_endpoint, ("http", "https"), "S3 endpoint", variable)
+    env_nats = os.environ.get("RQ_NATS_URL")
+    bad_nats = None
+    if not nats_url and env_nats:
+        bad_nats = _from_environment("nats", env_nats, ("nats", "tls"), "NATS URL", "RQ_NATS_URL")
     findings = [
-        check_s3(endpoint or env_endpoint, bucket, explicit=bool(endpoint or bucket)),
-        check_nats(
-            nats_url or os.environ.get("RQ_NATS_URL", "nats://127.0.0.1:4222"), explicit=bool(nats_url)
-        ),
+        bad_s3 or check_s3(endpoint or env_endpoint, bucket, explicit=bool(endpoint or bucket)),
+        bad_nats or check_nats(nats_url or env_nats or "nats://127.0.0.1:4222", explicit=bool(nats_url)),
         check_quic_backends(),
         check_udp_buffers(),
         check_rdma(),

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
+from rqtest import run_rq
 
 from rqcli.commands import doctor
 
@@ -54,3 +59,29 @@ def test_table_prints_bracketed_text_verbatim(monkeypatch: pytest.MonkeyPatch) -
     result = CliRunner().invoke(cli, ["doctor"], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "pip install 'rqcli[rdma]'" in result.output
+
+
+def test_a_bad_shared_environment_url_is_a_warning_not_a_stop(tmp_path: Path) -> None:
+    """A stale RQ_NATS_URL or AWS_ENDPOINT_URL aborted the whole doctor (exit 2, no findings);
+    docs/cli.md says it only warns. Given as a flag, it is still a usage error."""
+    env = {**os.environ, "RQ_NATS_URL": "http://127.0.0.1:14222", "AWS_ENDPOINT_URL": "garbage"}
+    res = run_rq("--json", "doctor", "--cache-dir", str(tmp_path / "c"), env=env)
+    found = {f["check"]: f for f in map(json.loads, res.stdout.splitlines()) if f.get("event") == "finding"}
+    assert (
+        found["nats"]["status"] == "warn"
+        and "not a nats:// URL (from RQ_NATS_URL)" in found["nats"]["detail"]
+    )
+    assert found["s3"]["status"] == "warn" and "(from AWS_ENDPOINT_URL)" in found["s3"]["detail"]
+    assert json.loads(res.stdout.splitlines()[-1])["event"] == "summary", res.stdout
+    res = run_rq("doctor", "--nats-url", "http://127.0.0.1:14222", env=env)
+    assert res.returncode == 2 and b"not a nats:// URL" in res.stderr, res.stderr
+
+
+def test_a_bad_bucket_name_is_a_usage_error_in_one_short_line(tmp_path: Path) -> None:
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"}
+    res = run_rq("doctor", "--bucket", "bad bucket!", "--endpoint-url", "http://127.0.0.1:9", env=env)
+    assert res.returncode == 2, res.stderr  # exit 6 with boto's page of regular expressions before
+    assert (
+        res.stderr.decode().splitlines()[-1]
+        == "rq: error: bucket name 'bad bucket!' is not valid — check --bucket"
+    )
