@@ -9,6 +9,7 @@ import importlib.util
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -195,7 +196,8 @@ def main(argv: list[str] | None = None) -> None:
         a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"})
         for a in (argv or sys.argv[1:])
     )
-    signal.signal(signal.SIGTERM, _terminate)  # commands that serve (rq recv) set their own
+    if threading.current_thread() is threading.main_thread():  # (signal.signal's own rule)
+        signal.signal(signal.SIGTERM, _terminate)  # commands that serve (rq recv) set their own
     try:
         rv: Any = cli.main(args=argv, prog_name="rq", standalone_mode=False, auto_envvar_prefix="RQ")
         code = int(rv) if isinstance(rv, int) else 0
