@@ -27,16 +27,15 @@ Pair = tuple[int, int]
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent: int | None = None) -> None:
+def die_with_parent(parent: int | None = None) -> bool:
     """Asks the kernel for SIGTERM when this process's parent dies, kill -9 included: a child
     that outlived `rq send` went on sending and then hung for ever at exit, on a queue nobody
-    read. Exits at once if the parent died before the request was made (`parent`: its pid, or
-    None to take reparenting to init as the sign)."""
+    read. False if the parent died before the request was made (`parent`: its pid, or None to
+    take reparenting to init as the sign): the caller then stops at once."""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     ppid = os.getppid()
-    if ppid == 1 or (parent is not None and ppid != parent):
-        os._exit(1)
+    return not (ppid == 1 or (parent is not None and ppid != parent))
 
 
 def _child(
@@ -50,7 +49,8 @@ def _child(
     todo: list[Pair],
     out: Any,
 ) -> None:
-    die_with_parent(parent)
+    if not die_with_parent(parent):
+        return  # nobody is left to read what this child would report
     from transfer.sender import Stats, Work, run_connection
     from transfer.transport import get_transport
 

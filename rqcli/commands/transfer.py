@@ -275,7 +275,8 @@ def recv(
     if worker:
         from transfer.procs import die_with_parent
 
-        die_with_parent()
+        if not die_with_parent():
+            raise CliError("the rq recv that started this worker is gone", ExitCode.FAILURE)
     spawn = workers > 1 and transport == "quic" and not worker
     cert_dir = cert_dir or user_data_path("rq") / "transfer"
     host, port = _host_port(listen)
