@@ -369,6 +369,9 @@ def recv(
             "send": line,
         }
     )
+    if out.quiet:
+        # -q drops chatter, not answers: the line to paste is how a script learns a `:0` port
+        out.result(line)
     out.info(f"receiving into {dest_dir} on {addr_host}:{addr_port}; on the sender run:\n  {line}")
     if token_file is None and not os.environ.get("RQ_TOKEN") and not worker:
         out.info(
