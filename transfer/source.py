@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transfer import aligned, cachestat
-from transfer.errors import SourceChangedError, TransferError
+from transfer.errors import SourceChangedError, TransferError, UnsafeNameError
 from transfer.manifest import FileEntry, Manifest, file_ident, file_key, make_manifest
 from transfer.names import validate_name
 
@@ -50,6 +50,7 @@ def scan(
             raise FileNotFoundError(2, "source does not exist", str(src))
         base = src.resolve().name if src.name in ("", ".", "..") else src.name
         if src.is_dir():
+            validate_name(base)  # an argument the user named is refused, not skipped
             _walk(src, base, found, out, dirs)
         else:
             _add(found, base, src)
@@ -81,12 +82,16 @@ def _walk(
     for root, dirs, files in os.walk(src):
         dirs.sort()
         walked.append(Path(root))
-        for dname in dirs:
-            if os.path.islink(os.path.join(root, dname)):  # os.walk does not descend into these
-                skipped.append(Skipped(Path(root) / dname, "symlink to a directory"))
+        for dname in list(dirs):
+            full = Path(root) / dname
+            if os.path.islink(full):  # os.walk does not descend into these
+                skipped.append(Skipped(full, "symlink to a directory"))
+            elif (reason := _unsendable(base, src, full)) is not None:
+                skipped.append(Skipped(full, reason))
+                dirs.remove(dname)  # not walked: each file under it would be refused alike
         for fname in sorted(files):
             full = Path(root) / fname
-            reason = _not_regular(full)
+            reason = _not_regular(full) or _unsendable(base, src, full)
             if reason is not None:
                 skipped.append(Skipped(full, reason))
                 continue
@@ -99,6 +104,17 @@ def _walk(
             name = os.path.normpath((Path(base) / d.relative_to(src)).as_posix())
             validate_name(name)
             empty_dirs.append(name)
+
+
+def _unsendable(base: str, src: Path, path: Path) -> str | None:
+    """Why the protocol cannot carry `path`'s name (a backslash, a control character, bytes that
+    are not UTF-8: names are data on the receiver, never paths); None when it can. Such an entry
+    is skipped with a warning like a FIFO, instead of refusing the whole tree for one name."""
+    try:
+        validate_name((Path(base) / path.relative_to(src)).as_posix())
+    except UnsafeNameError as exc:
+        return f"name cannot be sent ({exc})"
+    return None
 
 
 def _not_regular(path: Path) -> str | None:

@@ -3,12 +3,14 @@ how a directory send treated names and refusals."""
 
 from __future__ import annotations
 
+import json
+import os
 import select
 import subprocess
 import sys
 from pathlib import Path
 
-from xfer_kit import REPO, rq_cmd, rq_env
+from xfer_kit import REPO, Recv, rq_cmd, rq_env, send, summary
 
 from rqcli.exitcodes import ExitCode
 
@@ -17,9 +19,25 @@ def test_quiet_recv_still_prints_the_line_to_paste(tmp_path: Path) -> None:
     """With `--listen :0` that line is the only way a script learns the port; -q printed nothing."""
     env = rq_env()
     recv = subprocess.Popen(
-        [sys.executable, "-m", "rqcli", "-q", "recv", str(tmp_path / "d"), "--listen", "127.0.0.1:0",
-         "--transport", "tcp", "--once", "--cert-dir", str(tmp_path / "cert")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "rqcli",
+            "-q",
+            "recv",
+            str(tmp_path / "d"),
+            "--listen",
+            "127.0.0.1:0",
+            "--transport",
+            "tcp",
+            "--once",
+            "--cert-dir",
+            str(tmp_path / "cert"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=REPO,
     )
     try:
         assert recv.stdout is not None
@@ -42,3 +60,44 @@ def test_quiet_recv_still_prints_the_line_to_paste(tmp_path: Path) -> None:
         if recv.poll() is None:
             recv.kill()
             recv.wait()
+
+
+def test_a_name_the_protocol_cannot_carry_is_skipped_not_the_whole_tree(tmp_path: Path) -> None:
+    """A backslash (legal on Linux, refused by every receiver) aborted the whole directory send."""
+    ckpt = tmp_path / "src" / "ckpt"
+    ckpt.mkdir(parents=True)
+    (ckpt / "w.bin").write_bytes(os.urandom(50_000))
+    (ckpt / "a\\b").write_bytes(b"x")
+    (ckpt / "bell\x07").write_bytes(b"y")
+    (ckpt / "dir\\x").mkdir()
+    with open(os.path.join(os.fsencode(ckpt), b"latin\xe9"), "wb") as fh:
+        fh.write(b"not utf-8")
+    (ckpt / "dir\\x" / "inner").write_bytes(b"z")
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--once").start()
+    try:
+        proc = send([ckpt], recv)
+        assert proc.returncode == ExitCode.OK, proc.stderr.decode()
+        assert recv.wait()[0] == ExitCode.OK
+    finally:
+        recv.stop()
+    lines = [json.loads(x) for x in proc.stdout.decode().splitlines()]
+    skipped = sorted(Path(x["path"]).name for x in lines if x.get("event") == "skipped")
+    assert skipped == ["a\\b", "bell\\x07", "dir\\x", "latin\\xe9"], skipped  # one for the dir
+    assert summary(proc)["skipped"] == 4 and summary(proc)["files"] == 1
+    assert "backslash not allowed" in proc.stderr.decode()
+    assert (tmp_path / "dst" / "ckpt" / "w.bin").read_bytes() == (ckpt / "w.bin").read_bytes()
+    assert {p.name for p in (tmp_path / "dst" / "ckpt").iterdir()} - {".rq-partial"} == {"w.bin"}
+
+
+def test_a_directory_argument_whose_own_name_cannot_be_sent_is_refused(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ck\\pt"
+    ckpt.mkdir()
+    (ckpt / "f").write_bytes(b"x")
+    res = subprocess.run(
+        rq_cmd("send", str(ckpt), "rq://127.0.0.1:9", "--transport", "tcp"),
+        env=rq_env(),
+        capture_output=True,
+        timeout=60,
+    )
+    assert res.returncode == ExitCode.FAILURE and b"backslash not allowed" in res.stderr, res.stderr
+    assert len(res.stderr.decode().strip().splitlines()) == 1

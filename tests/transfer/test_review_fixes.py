@@ -356,7 +356,14 @@ def test_a_non_utf8_file_name_is_called_that(tmp_path: Path) -> None:
     src.mkdir()
     with open(os.path.join(os.fsencode(src), b"bad\xff.bin"), "wb") as fh:
         fh.write(b"x")
-    proc = _rq("send", str(src), "rq://127.0.0.1:9", "--transport", "tcp")
+    # named as the SOURCE it is refused; inside a directory it is skipped (test_review_edges.py)
+    proc = _rq(
+        "send",
+        os.fsdecode(os.path.join(os.fsencode(src), b"bad\xff.bin")),
+        "rq://127.0.0.1:9",
+        "--transport",
+        "tcp",
+    )
     err = proc.stderr.decode()
     assert proc.returncode == 1 and "not valid UTF-8" in err, err
 
