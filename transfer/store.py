@@ -241,6 +241,16 @@ class Plan:
                 self.live_fd = -1
 
 
+def _all_in_the_way(errors: list[tuple[str, ExistsError]]) -> ExistsError:
+    """The first refusal, naming how many more files are in the way and the first few of them."""
+    first = errors[0][1]
+    if len(errors) == 1:
+        return first
+    shown = ", ".join(display_name(name) for name, _ in errors[1:4])
+    more = f" and {len(errors) - 4} more" if len(errors) > 4 else ""
+    return type(first)(f"{first}; also in the way: {shown}{more}")
+
+
 class Store:
     """The destination directory, held open by descriptor."""
 
@@ -294,6 +304,7 @@ class Store:
         """Accepts a validated manifest: checks the destination, then opens (or resumes) partial files."""
         self._check_chunk_size(manifest)  # first: files kept at another size are not "in the way"
         states = [self._placed_state(entry, manifest.chunk_size) for entry in manifest.files]
+        in_the_way: list[tuple[str, ExistsError]] = []
         for entry, state in zip(manifest.files, states, strict=True):
             if state == INTACT:
                 continue  # placed here before and untouched since: nothing to send or check
@@ -308,7 +319,13 @@ class Store:
             try:
                 self._check_target(entry.name, entry.key)
             except ExistsError as exc:
-                raise self._explain_partial_rerun(manifest, entry, exc) from None
+                # all of them, so that one re-run after moving them out of the way succeeds
+                first = not in_the_way
+                in_the_way.append(
+                    (entry.name, self._explain_partial_rerun(manifest, entry, exc) if first else exc)
+                )
+        if in_the_way:
+            raise _all_in_the_way(in_the_way)
         for name in manifest.dirs:
             self._check_dir_target(name)
         restarted = self._drop_stale(manifest)

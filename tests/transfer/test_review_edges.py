@@ -101,3 +101,24 @@ def test_a_directory_argument_whose_own_name_cannot_be_sent_is_refused(tmp_path:
     )
     assert res.returncode == ExitCode.FAILURE and b"backslash not allowed" in res.stderr, res.stderr
     assert len(res.stderr.decode().strip().splitlines()) == 1
+
+
+def test_an_exists_refusal_names_every_file_in_the_way(tmp_path: Path) -> None:
+    """It named the first only: moving it aside and re-running met the next, one re-run per file."""
+    ckpt = tmp_path / "src" / "ck"
+    ckpt.mkdir(parents=True)
+    (tmp_path / "dst" / "ck").mkdir(parents=True)
+    for i in range(8):
+        (ckpt / f"f{i}").write_bytes(b"%d" % i)
+        if i % 4:  # f1 f2 f3 f5 f6 f7 are in the way
+            (tmp_path / "dst" / "ck" / f"f{i}").write_bytes(b"theirs")
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp").start()
+    try:
+        proc = send([ckpt], recv)
+    finally:
+        recv.stop()
+    err = proc.stderr.decode()
+    assert proc.returncode == ExitCode.EXISTS, err
+    assert "ck/f1 already exists in the destination; also in the way: ck/f2, ck/f3, ck/f5 and 2 more" in err
+    assert all((tmp_path / "dst" / "ck" / f"f{i}").read_bytes() == b"theirs" for i in (1, 2, 3, 5, 6, 7))
+    assert not (tmp_path / "dst" / "ck" / "f0").exists()
