@@ -344,7 +344,9 @@ class Receiver:
                         self._send(ch, core)
                         self.summaries.append(summary)
                         self.on_event(
-                            TransferFinished({**summary, "seconds": time.monotonic() - shared.started})
+                            TransferFinished(
+                                {**summary, "seconds": round(time.monotonic() - shared.started, 3)}
+                            )
                         )
                         committed = True
                 self._send(ch, core)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -51,7 +52,8 @@ def test_checkpoint_arrives_identical(
     # journal (chunk digests) and placed record, so that a re-run sends only what went missing
     assert leftovers == []
     assert len(list((tmp_path / "dst" / ".rq-partial").glob("*.placed"))) == 4
-    assert '"event":"done"' in out
+    done = [json.loads(x) for x in out.splitlines() if '"event":"done"' in x]
+    assert done and done[0]["seconds"] == round(done[0]["seconds"], 3)  # like the sender's summary
 
 
 def test_bf16_weights_compress_on_the_wire(tmp_path: Path) -> None:
