@@ -7,6 +7,7 @@ library renders. The read loop, SPEC grammar, filters and formats live in topics
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -565,41 +566,95 @@ def produce(
                 config.retention_ms = retention_age
         hdrs = _parse_headers(headers)
         key_b = key.encode("utf-8") if key is not None else None
-        sink = open_sink(ref, config)
+        try:
+            sink = open_sink(ref, config)
+        except OSError as exc:
+            full = _full_disk(exc, ref, 0)
+            if full is None:
+                raise
+            raise full from None
         started = time.perf_counter()
         total, first, last = 0, None, None
         acks = True
         try:
-            stdin = sys.stdin.buffer
-            for batch in _batches(stdin, fmt, b"\0" if null_sep else b"\n", key_b, hdrs):
-                a, b = sink.append(batch)
-                total += len(batch)
-                first = a if first is None else first
-                last = b
-                if acks:
-                    try:
-                        out.emit({"event": "ack", "first_offset": a, "last_offset": b, "records": len(batch)})
-                    except BrokenPipeError:
-                        # Nobody reads the acks any more (`rq produce --json | head -1`): that must
-                        # not cut stdin short behind an exit 0, so the records still all go in.
-                        _stdout_gone()
-                        acks = False
-        finally:
-            sink.close()
-        secs = time.perf_counter() - started
-        summary = {
-            "event": "done",
-            "topic": ref.url,
-            "records": total,
-            "first_offset": first,
-            "last_offset": last,
-            "seconds": round(secs, 3),
-            "records_per_s": round(total / secs) if secs > 0 else None,
-        }
+            try:
+                stdin = sys.stdin.buffer
+                for batch in _batches(stdin, fmt, b"\0" if null_sep else b"\n", key_b, hdrs):
+                    a, b = sink.append(batch)
+                    total += len(batch)
+                    first = a if first is None else first
+                    last = b
+                    if acks:
+                        try:
+                            out.emit(
+                                {"event": "ack", "first_offset": a, "last_offset": b, "records": len(batch)}
+                            )
+                        except BrokenPipeError:
+                            # Nobody reads the acks any more (`rq produce --json | head -1`): that must
+                            # not cut stdin short behind an exit 0, so the records still all go in.
+                            _stdout_gone()
+                            acks = False
+            finally:
+                sink.close()
+        except (Exception, KeyboardInterrupt) as exc:
+            # what was acknowledged before the failure is in the log: a script's last line says so
+            _produced(out, ref, total, first, last, started, exc)
+            full = _full_disk(exc, ref, total) if isinstance(exc, OSError) else None
+            if full is not None:
+                raise full from None
+            raise
+        _produced(out, ref, total, first, last, started, None)
+
+
+def _full_disk(exc: OSError, ref: TopicRef, acknowledged: int) -> CliError | None:
+    """ENOSPC under an embedded topic, said with its place and what it kept; None for other errors."""
+    if exc.errno != errno.ENOSPC:
+        return None
+    where = f" holding {ref.path}" if ref.path is not None else ""
+    return CliError(
+        f"the disk{where} is full: "
+        + (
+            f"the {acknowledged} record(s) acknowledged before it stay readable"
+            if acknowledged
+            else "nothing was appended"
+        ),
+        ExitCode.NO_SPACE,
+        hint="free space and run it again: appending resumes where it stopped",
+    )
+
+
+def _produced(
+    out: Output,
+    ref: TopicRef,
+    total: int,
+    first: int | None,
+    last: int | None,
+    started: float,
+    error: BaseException | None,
+) -> None:
+    """`rq produce`'s done line (--json) or its one human line, also after a failure."""
+    secs = time.perf_counter() - started
+    summary: dict[str, Any] = {
+        "event": "done",
+        "topic": ref.url,
+        "records": total,
+        "first_offset": first,
+        "last_offset": last,
+        "seconds": round(secs, 3),
+        "records_per_s": round(total / secs) if secs > 0 else None,
+    }
+    if error is not None:
+        summary["error"] = (
+            "interrupted"
+            if isinstance(error, KeyboardInterrupt)
+            else (error.strerror if isinstance(error, OSError) and error.strerror else str(error))
+            or type(error).__name__
+        )
+    with contextlib.suppress(BrokenPipeError):
         out.emit(summary)
-        if not out.json and not out.quiet:
-            span = f" (offsets {first}..{last})" if total else ""
-            click.echo(f"produced {total} records to {safe_text(ref.url)}{span}", err=True)
+    if error is None and not out.json and not out.quiet:
+        span = f" (offsets {first}..{last})" if total else ""
+        click.echo(f"produced {total} records to {safe_text(ref.url)}{span}", err=True)
 
 
 def _batches(
