@@ -120,8 +120,9 @@ def _check_key(
             table[param.name] = table.pop(key)
             key = param.name
     if param is None:
-        known = sorted(params) + subcommands
-        near = difflib.get_close_matches(key, known, n=1)
+        # named as the docs and --help name them (`to`, `dry-run`), not as Click's parameters
+        known = sorted(flag.replace("_", "-") for flag in _by_flag(command)) + subcommands
+        near = difflib.get_close_matches(key.replace("_", "-"), known, n=1)
         hint = f"did you mean {near[0]!r}?" if near else f"known here: {', '.join(known) or 'none'}"
         what = "option" if name else "command or option"
         raise CliError(f"config file {where}: {label}: no such {what}", ExitCode.USAGE, hint=hint)

@@ -185,8 +185,23 @@ def test_odd_config_is_a_one_line_usage_error(tmp_path: Path, body: bytes, text:
         (b"[preload]\nworkers = [1]\n", ["preload", "/nonexistent"], b"[preload] workers:"),
         (b"[preload]\nbogus_option = 1\n", ["preload", "/nonexistent"], b"[preload] bogus_option: no such"),
         (b"[prelod]\nworkers = 1\n", ["doctor"], b"did you mean 'preload'"),
+        # the keys as --help names them: it listed Click's `json_`, `to_spec` and the argument `words`
+        (
+            b"[offsets.reset]\nto = 'start'\n",
+            ["offsets", "t"],
+            b"known here: dry-run, group, json, quiet, to, topics-dir, verbose",
+        ),
+        (b"[offsets]\ntoo = 'start'\n", ["offsets", "t"], b"did you mean 'to'?"),
     ],
-    ids=["group-key-not-a-table", "wrong-type", "list-for-a-scalar", "unknown-key", "unknown-table"],
+    ids=[
+        "group-key-not-a-table",
+        "wrong-type",
+        "list-for-a-scalar",
+        "unknown-key",
+        "unknown-table",
+        "known-keys-as-flags",
+        "near-key-as-a-flag",
+    ],
 )
 def test_config_keys_and_types_are_checked(tmp_path: Path, body: bytes, args: list[str], text: bytes) -> None:
     cfg = tmp_path / "c.toml"
