@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import click
@@ -27,3 +28,16 @@ class Seconds(click.FloatRange):
 
     def get_metavar(self, *args: Any, **kwargs: Any) -> str:
         return "SECONDS"
+
+
+class CommandEnvFirst(click.Option):
+    """An option with a well-known environment variable (RQ_CACHE_DIR, AWS_ENDPOINT_URL) that the
+    command's own RQ_<COMMAND>_<OPTION> still overrides. Click reads the named variable first and
+    the command's only when it is unset; the more specific setting should win, as a flag beats both."""
+
+    def resolve_envvar_value(self, ctx: click.Context) -> str | None:
+        if self.allow_from_autoenv and ctx.auto_envvar_prefix is not None and self.name:
+            value = os.environ.get(f"{ctx.auto_envvar_prefix}_{self.name.upper()}")
+            if value:
+                return value
+        return super().resolve_envvar_value(ctx)

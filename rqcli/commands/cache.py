@@ -15,12 +15,13 @@ from rqcli.commands.preload import cache_error_to_cli, open_cache
 from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
 from rqcli.output import get_output, output_options, safe_text
-from rqcli.params import Seconds
+from rqcli.params import CommandEnvFirst, Seconds
 
 cache_dir_option = click.option(
     "--cache-dir",
     type=click.Path(file_okay=False, path_type=Path),
     envvar="RQ_CACHE_DIR",
+    cls=CommandEnvFirst,
     help="Cache directory (default: ~/.cache/rq/cache; env RQ_CACHE_DIR).",
 )
 
@@ -180,8 +181,10 @@ def path(url: str, no_check: bool, cache_dir: Path | None) -> None:
 @cache.command("cat")
 @click.argument("url")
 @cache_dir_option
-@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint, for a miss.")
-@click.option("--profile", envvar="AWS_PROFILE", help="AWS profile, for a miss.")
+@click.option(
+    "--endpoint-url", envvar="AWS_ENDPOINT_URL", cls=CommandEnvFirst, help="S3 endpoint, for a miss."
+)
+@click.option("--profile", envvar="AWS_PROFILE", cls=CommandEnvFirst, help="AWS profile, for a miss.")
 @output_options
 def cat(url: str, cache_dir: Path | None, endpoint_url: str | None, profile: str | None) -> None:
     """Write a cached object to stdout (a miss is fetched, verified and cached first).

@@ -21,6 +21,7 @@ from cache.layout import default_ram_root
 from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
 from rqcli.output import get_output, output_options
+from rqcli.params import CommandEnvFirst
 
 # aioquic/qh3 throughput on loopback rises with socket buffers up to ~8 MiB (FIELD-NOTES).
 UDP_BUFFER_WANT = 8 * 1024 * 1024
@@ -368,6 +369,7 @@ STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
     "--cache-dir",
     type=click.Path(path_type=Path),
     envvar="RQ_CACHE_DIR",
+    cls=CommandEnvFirst,
     default=lambda: str(default_cache_dir()),
     show_default="RQ_CACHE_DIR, else the user cache dir",
     help="Cache directory whose free space to report.",

@@ -16,6 +16,7 @@ from rqcli import malloc, teardown
 from rqcli.errors import CliError, interruption
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
+from rqcli.params import CommandEnvFirst
 
 
 def cache_error_to_cli(exc: Exception) -> CliError:
@@ -135,6 +136,7 @@ EXIT_FOR_KIND = {
     "--cache-dir",
     type=click.Path(file_okay=False, path_type=Path),
     envvar="RQ_CACHE_DIR",
+    cls=CommandEnvFirst,
     help="Cache directory (default: ~/.cache/rq/cache; env RQ_CACHE_DIR).",
 )
 @click.option(
@@ -152,8 +154,13 @@ EXIT_FOR_KIND = {
 @click.option(
     "--workers", type=click.IntRange(1, 4096), default=256, show_default=True, help="Requests in flight."
 )
-@click.option("--endpoint-url", envvar="AWS_ENDPOINT_URL", help="S3 endpoint (MinIO, SeaweedFS, …).")
-@click.option("--profile", envvar="AWS_PROFILE", help="AWS profile for credentials.")
+@click.option(
+    "--endpoint-url",
+    envvar="AWS_ENDPOINT_URL",
+    cls=CommandEnvFirst,
+    help="S3 endpoint (MinIO, SeaweedFS, …).",
+)
+@click.option("--profile", envvar="AWS_PROFILE", cls=CommandEnvFirst, help="AWS profile for credentials.")
 @click.option("--dry-run", is_flag=True, help="List what would be fetched; fetch nothing.")
 @click.option(
     "--no-fsync",

@@ -28,7 +28,7 @@ from platformdirs import user_data_path
 from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
-from rqcli.params import Seconds
+from rqcli.params import CommandEnvFirst, Seconds
 from topics.embedded.format import MAX_BATCH_PAYLOAD, RECORD_SIZE
 from topics.embedded.groups import check_group_name
 from topics.embedded.log import TopicConfig
@@ -209,6 +209,7 @@ topics_dir_option = click.option(
     "--topics-dir",
     type=click.Path(file_okay=False, path_type=Path),
     envvar="RQ_TOPICS_DIR",
+    cls=CommandEnvFirst,
     help="Where named embedded topics live (default: the user data dir, e.g. ~/.local/share/rq/topics).",
 )
 

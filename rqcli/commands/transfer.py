@@ -21,7 +21,7 @@ from platformdirs import user_config_path, user_data_path
 from rqcli.errors import CliError, interruption
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
-from rqcli.params import Seconds
+from rqcli.params import CommandEnvFirst, Seconds
 
 if TYPE_CHECKING:
     from transfer.codec import CompressMode
@@ -530,7 +530,10 @@ def _recv_event(out: Output, ev: Any) -> None:
 @click.argument("args", nargs=-1, required=True, metavar="SOURCE... rq://HOST:PORT")
 @_common
 @click.option(
-    "--pin", envvar="RQ_PIN", help="Receiver certificate fingerprint (sha256:…) printed by `rq recv`."
+    "--pin",
+    envvar="RQ_PIN",
+    cls=CommandEnvFirst,
+    help="Receiver certificate fingerprint (sha256:…) printed by `rq recv`.",
 )
 @click.option(
     "--connections",

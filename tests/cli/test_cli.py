@@ -259,3 +259,12 @@ def test_a_default_config_path_that_is_a_directory_is_a_usage_error(tmp_path: Pa
     res = run_rq("doctor", env={"XDG_CONFIG_HOME": str(tmp_path / "xdg")})
     assert res.returncode == ExitCode.USAGE, res.stderr
     assert b"cannot be read" in res.stderr and res.stderr.count(b"\n") == 1
+
+
+def test_a_commands_own_variable_beats_the_well_known_one(tmp_path: Path) -> None:
+    """RQ_CACHE_DU_CACHE_DIR was ignored whenever RQ_CACHE_DIR was set: the general beat the specific."""
+    env = {"RQ_CACHE_DIR": str(tmp_path / "general"), "RQ_CACHE_DU_CACHE_DIR": str(tmp_path / "specific")}
+    res = run_rq("cache", "du", env=env)
+    assert res.returncode == ExitCode.NOT_FOUND and b"specific" in res.stderr, res.stderr
+    res = run_rq("cache", "du", env={"RQ_CACHE_DIR": str(tmp_path / "general")})
+    assert res.returncode == ExitCode.NOT_FOUND and b"general" in res.stderr, res.stderr
