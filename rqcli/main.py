@@ -170,6 +170,21 @@ class _NeverRaised(click.ClickException):
 _SHOW_HELP: type[click.ClickException] = getattr(click.exceptions, "NoArgsIsHelpError", _NeverRaised)
 
 
+def _name_the_variable(exc: click.UsageError) -> None:
+    """A bad value that came from the environment names its variable, not only the flag nobody
+    typed: `Invalid value for '--workers' (from RQ_PRELOAD_WORKERS)`."""
+    if not isinstance(exc, click.BadParameter) or exc.ctx is None or exc.param is None or exc.param_hint:
+        return
+    param, ctx = exc.param, exc.ctx
+    if not param.name or ctx.get_parameter_source(param.name) is not click.core.ParameterSource.ENVIRONMENT:
+        return
+    named = param.envvar if isinstance(param.envvar, list | tuple) else [param.envvar] if param.envvar else []
+    auto = [f"{ctx.auto_envvar_prefix}_{param.name.upper()}"] if ctx.auto_envvar_prefix else []
+    variable = next((v for v in [*auto, *named] if os.environ.get(v)), None)
+    if variable is not None:
+        exc.param_hint = f"{param.get_error_hint(ctx)} (from {variable})"
+
+
 def _command_path(args: list[str]) -> str:
     """`rq send` for `rq -q send --pin`: the (sub)commands named in args, for a usage hint."""
     path, group = ["rq"], cli
@@ -218,6 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         # One line like every other error (Click's own shape is four), with where to look.
         # (Click's parser raises some, such as a missing option value, without a context)
         where = exc.ctx.command_path if exc.ctx is not None else _command_path(argv or sys.argv[1:])
+        _name_the_variable(exc)
         err = CliError(exc.format_message(), ExitCode.USAGE, hint=f"see `{where} --help`")
         click.echo(f"rq: error: {err.one_line()}", err=True)
         code = exc.exit_code

@@ -41,3 +41,16 @@ class CommandEnvFirst(click.Option):
             if value:
                 return value
         return super().resolve_envvar_value(ctx)
+
+
+def documented_env_names(command: click.Command, name: str) -> None:
+    """The documented rule is RQ_<COMMAND>_<OPTION>, from the flag; Click's automatic name comes
+    from the Python parameter (RQ_REPLAY_FMT for --format, RQ_REPLAY_FROM_SPEC for --from). Each
+    option whose two differ reads the documented name (and still the automatic one)."""
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.envvar is not None or not param.name:
+            continue
+        longs = [o for o in param.opts if o.startswith("--")]
+        flag = longs[0][2:].replace("-", "_").upper() if longs else ""
+        if flag and flag != param.name.upper():
+            param.envvar = [f"RQ_{name.upper()}_{flag}", f"RQ_{name.upper()}_{param.name.upper()}"]

@@ -28,7 +28,7 @@ from platformdirs import user_data_path
 from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
-from rqcli.params import CommandEnvFirst, Seconds
+from rqcli.params import CommandEnvFirst, Seconds, documented_env_names
 from topics.embedded.format import MAX_BATCH_PAYLOAD, RECORD_SIZE
 from topics.embedded.groups import check_group_name
 from topics.embedded.log import TopicConfig
@@ -1278,21 +1278,9 @@ def _reset(
         source.close()
     out.emit({"topic": ref.url, "group": group, "before": before, "after": target, "dry_run": dry_run})
     verb = "would move" if dry_run else "moved"
-    out.info(f"{verb} group {safe_text(group)} on {safe_text(ref.url)} from {before} to {target}")
-
-
-def _documented_env_names(command: click.Command, name: str) -> None:
-    """The documented rule is RQ_<COMMAND>_<OPTION>, from the flag; Click's automatic name comes
-    from the Python parameter (RQ_REPLAY_FMT for --format, RQ_REPLAY_FROM_SPEC for --from). Each
-    option whose two differ reads the documented name (and still the automatic one)."""
-    for param in command.params:
-        if not isinstance(param, click.Option) or param.envvar is not None or not param.name:
-            continue
-        longs = [o for o in param.opts if o.startswith("--")]
-        flag = longs[0][2:].replace("-", "_").upper() if longs else ""
-        if flag and flag != param.name.upper():
-            param.envvar = [f"RQ_{name.upper()}_{flag}", f"RQ_{name.upper()}_{param.name.upper()}"]
+    shown = "-" if before is None else before  # a new group: as `rq offsets` shows it
+    out.info(f"{verb} group {safe_text(group)} on {safe_text(ref.url)} from {shown} to {target}")
 
 
 for _command, _name in ((produce, "produce"), (tail, "tail"), (replay, "replay"), (offsets, "offsets")):
-    _documented_env_names(_command, _name)
+    documented_env_names(_command, _name)

@@ -21,7 +21,7 @@ from platformdirs import user_config_path, user_data_path
 from rqcli.errors import CliError, interruption
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
-from rqcli.params import CommandEnvFirst, Seconds
+from rqcli.params import CommandEnvFirst, Seconds, documented_env_names
 
 if TYPE_CHECKING:
     from transfer.codec import CompressMode
@@ -785,3 +785,7 @@ def _send_progress(out: Output, bar: Any) -> Any:
                 bar.update(state["task"], description=f"sending ({state['resent']} resent)")
 
     return on_event
+
+
+for _command, _name in ((send, "send"), (recv, "recv")):
+    documented_env_names(_command, _name)

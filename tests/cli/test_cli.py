@@ -268,3 +268,24 @@ def test_a_commands_own_variable_beats_the_well_known_one(tmp_path: Path) -> Non
     assert res.returncode == ExitCode.NOT_FOUND and b"specific" in res.stderr, res.stderr
     res = run_rq("cache", "du", env={"RQ_CACHE_DIR": str(tmp_path / "general")})
     assert res.returncode == ExitCode.NOT_FOUND and b"general" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "text"),
+    [
+        (["preload", "/nonexistent"], {"RQ_PRELOAD_WORKERS": "x"}, b"'--workers' (from RQ_PRELOAD_WORKERS)"),
+        # RQ_SEND_TIMEOUT was not read at all: Click's name for it was RQ_SEND_ACK_TIMEOUT
+        (
+            ["send", "/etc/hostname", "rq://127.0.0.1:9", "--transport", "tcp"],
+            {"RQ_SEND_TIMEOUT": "nan", "RQ_TOKEN": "t"},
+            b"'--timeout' (from RQ_SEND_TIMEOUT)",
+        ),
+    ],
+    ids=["workers", "send-timeout"],
+)
+def test_a_bad_value_from_the_environment_names_its_variable(
+    args: list[str], env: dict[str, str], text: bytes
+) -> None:
+    res = run_rq(*args, env=env)
+    assert res.returncode == ExitCode.USAGE and text in res.stderr, res.stderr
+    assert res.stderr.count(b"\n") == 1
