@@ -246,3 +246,20 @@ def test_a_certificate_for_another_name_says_to_use_that_name(
     assert proc.returncode == 4, lines
     assert len(lines) == 1 and "mismatch" in lines[0] and "host name" in lines[0], lines
     assert "AWS_CA_BUNDLE" not in lines[0]  # the bundle is right: pointing at it would mislead
+
+
+def test_a_fast_failure_never_crashes_the_exit(tmp_path: Path) -> None:
+    """The TLS probe's daemon thread was still inside OpenSSL (loading the trust store) when a
+    preload that failed fast exited: libcrypto's exit handler freed its locks under it, and the
+    process died of SIGSEGV (exit 139) in about one run of five instead of exiting 6."""
+    env = {
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_REGION": "us-east-1",
+        "RQ_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    codes = [
+        run_rq("preload", "s3://b/x/", "-q", "--endpoint-url", "https://rq-test.invalid", env=env).returncode
+        for _ in range(15)
+    ]
+    assert set(codes) == {6}, codes
