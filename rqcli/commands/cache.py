@@ -25,6 +25,21 @@ cache_dir_option = click.option(
     help="Cache directory (default: ~/.cache/rq/cache; env RQ_CACHE_DIR).",
 )
 
+# The commands that may reach the origin: a miss is fetched, and a cached S3 entry older than its
+# max age (60 s) is revalidated there first, so a store that is not AWS needs its endpoint on a hit too.
+endpoint_option = click.option(
+    "--endpoint-url",
+    envvar="AWS_ENDPOINT_URL",
+    cls=CommandEnvFirst,
+    help="S3 endpoint (MinIO, SeaweedFS, …), to revalidate a stale entry or fetch a miss (env AWS_ENDPOINT_URL).",
+)
+profile_option = click.option(
+    "--profile",
+    envvar="AWS_PROFILE",
+    cls=CommandEnvFirst,
+    help="AWS profile, to revalidate a stale entry or fetch a miss (env AWS_PROFILE).",
+)
+
 
 def _size(n: int) -> str:
     from cache.sizes import format_size
@@ -41,9 +56,9 @@ def _guard(fn: Callable[[], Any]) -> Any:
         raise cache_error_to_cli(exc) from None
 
 
-def open_existing(cache_dir: Path | None) -> Any:
+def open_existing(cache_dir: Path | None, **kwargs: Any) -> Any:
     """The cache these commands inspect or change must exist: a typo in --cache-dir should say
-    so, not show an empty cache it has just created."""
+    so, not show an empty cache it has just created. `kwargs` go to Cache (the S3 settings)."""
     from cache.api import default_cache_dir
     from cache.layout import INDEX_NAME
 
@@ -54,7 +69,7 @@ def open_existing(cache_dir: Path | None) -> Any:
             ExitCode.NOT_FOUND,
             hint="check --cache-dir / RQ_CACHE_DIR; `rq preload` creates the cache",
         )
-    return open_cache(root)
+    return open_cache(root, **kwargs)
 
 
 def _nothing_matched(pattern: str) -> CliError:
@@ -161,18 +176,23 @@ def stat(url: str, cache_dir: Path | None) -> None:
     help="Print the entry's file as cached, without asking the origin whether it changed.",
 )
 @cache_dir_option
+@endpoint_option
+@profile_option
 @output_options
-def path(url: str, no_check: bool, cache_dir: Path | None) -> None:
+def path(
+    url: str, no_check: bool, cache_dir: Path | None, endpoint_url: str | None, profile: str | None
+) -> None:
     """The local file holding a cached URL (read-only; do not write to it).
 
     Like `rq cache cat`, it first revalidates the entry (a directory origin always, S3 after 60 s)
-    and fetches it again if the origin changed or the cached file is gone. A URL that is not
+    and fetches it again if the origin changed or the cached file is gone, so a store that is not
+    AWS needs --endpoint-url (or AWS_ENDPOINT_URL) here as for `rq preload`. A URL that is not
     cached exits 3.
 
-    Example: tar tf "$(rq cache path s3://bucket/shard-0001.tar)"
+    Example: tar tf "$(rq cache path s3://bucket/shard-0001.tar --endpoint-url http://minio:9000)"
     """
     out = get_output()
-    c = open_existing(cache_dir)
+    c = open_existing(cache_dir, endpoint_url=endpoint_url, profile=profile)
     p = _guard(lambda: c.path(url, fresh=not no_check))
     out.emit({"event": "summary", "url": url, "path": str(p)})
     out.result(str(p))
@@ -181,13 +201,12 @@ def path(url: str, no_check: bool, cache_dir: Path | None) -> None:
 @cache.command("cat")
 @click.argument("url")
 @cache_dir_option
-@click.option(
-    "--endpoint-url", envvar="AWS_ENDPOINT_URL", cls=CommandEnvFirst, help="S3 endpoint, for a miss."
-)
-@click.option("--profile", envvar="AWS_PROFILE", cls=CommandEnvFirst, help="AWS profile, for a miss.")
+@endpoint_option
+@profile_option
 @output_options
 def cat(url: str, cache_dir: Path | None, endpoint_url: str | None, profile: str | None) -> None:
-    """Write a cached object to stdout (a miss is fetched, verified and cached first).
+    """Write a cached object to stdout (a miss is fetched, verified and cached first; a cached S3
+    entry older than 60 s is first revalidated at the origin, as with `rq cache path`).
 
     Example: rq cache cat s3://bucket/meta.json | jq .
     """

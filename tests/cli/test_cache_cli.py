@@ -282,3 +282,79 @@ def test_a_usage_hint_names_the_subcommand(tmp_path: Path) -> None:
     ):
         res = run_rq(*args)
         assert res.returncode == ExitCode.USAGE and where in res.stderr, res.stderr  # said `rq --help`
+
+
+@pytest.fixture
+def stale_s3_entry(
+    cache_dir: Path,
+    bucket: str,
+    s3_client: object,
+    aws_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[str, str]:
+    """An S3 entry cached through --endpoint-url (nothing in the environment names the store), then
+    changed at the origin, its last check made older than max_age: the next fresh look revalidates
+    it there. Returns (url, endpoint)."""
+    from cache import Cache
+
+    endpoint = aws_env["AWS_ENDPOINT_URL"]
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    s3_client.put_object(Bucket=bucket, Key="shard.tar", Body=b"v1" * 100)  # type: ignore[attr-defined]
+    url = f"s3://{bucket}/shard.tar"
+    res = run_rq("preload", url, "--cache-dir", str(cache_dir), "--endpoint-url", endpoint, "-q")
+    assert res.returncode == 0, res.stderr
+    s3_client.put_object(Bucket=bucket, Key="shard.tar", Body=b"v2" * 100)  # type: ignore[attr-defined]
+    with Cache(cache_dir) as c:
+        c._state().index.mark_checked([url], 0.0)
+    return url, endpoint
+
+
+def test_cache_path_revalidates_a_stale_s3_entry_at_the_given_endpoint(
+    cache_dir: Path, stale_s3_entry: tuple[str, str]
+) -> None:
+    """`rq cache path` revalidates an S3 entry older than 60 s, yet had no --endpoint-url: with a
+    store that is not AWS it was "No such option" (exit 2), and without the flag it asked AWS."""
+    url, endpoint = stale_s3_entry
+    res = run_rq("cache", "path", url, "--cache-dir", str(cache_dir), "--endpoint-url", endpoint)
+    assert res.returncode == 0, res.stderr
+    assert Path(res.stdout.decode().strip()).read_bytes() == b"v2" * 100  # the new version, fetched
+
+
+def test_cache_path_takes_the_endpoint_from_a_profile(
+    cache_dir: Path, stale_s3_entry: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, endpoint = stale_s3_entry
+    key, secret = os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    (tmp_path / "config").write_text(f"[profile rqtest]\nendpoint_url = {endpoint}\nregion = us-east-1\n")
+    (tmp_path / "credentials").write_text(
+        f"[rqtest]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n"
+    )
+    env = {
+        "AWS_CONFIG_FILE": str(tmp_path / "config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "credentials"),
+    }
+    res = run_rq("cache", "path", url, "--cache-dir", str(cache_dir), "--profile", "rqtest", env=env)
+    assert res.returncode == 0, res.stderr
+    assert Path(res.stdout.decode().strip()).read_bytes() == b"v2" * 100
+
+
+def test_cache_path_reads_its_endpoint_from_its_own_env_before_aws_endpoint_url(
+    cache_dir: Path, stale_s3_entry: tuple[str, str]
+) -> None:
+    url, endpoint = stale_s3_entry
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "RQ_CACHE_PATH_ENDPOINT_URL": endpoint}
+    res = run_rq("cache", "path", url, "--cache-dir", str(cache_dir), env=env)
+    assert res.returncode == 0, res.stderr
+    assert Path(res.stdout.decode().strip()).read_bytes() == b"v2" * 100
+
+
+@pytest.mark.parametrize("command", ["path", "cat"])
+def test_cache_commands_that_revalidate_say_a_hit_needs_the_endpoint_too(command: str) -> None:
+    """`rq cache cat --help` said the endpoint was "for a miss"; a stale hit is revalidated there too."""
+    res = run_rq("cache", command, "--help")
+    assert res.returncode == 0, res.stderr
+    text = b" ".join(res.stdout.split())
+    assert b"--endpoint-url" in text and b"--profile" in text
+    assert b"revalidate a stale entry" in text and b"for a miss." not in text
