@@ -315,14 +315,15 @@ def test_moving_a_group_keeps_the_consumers_settings_and_other_subjects_groups_a
     r = run_rq("offsets", "reset", f"{base}/{stream_name}.x", "--group", "app", "--to", "3", env=env)
     assert r.returncode == 0, r.stderr
     cfg = js_call(nats_url, lambda js: js.consumer_info(stream_name, "app")).config
-    assert (cfg.deliver_subject, cfg.description, cfg.ack_wait, cfg.max_deliver, cfg.opt_start_seq) == (
+    assert (cfg.deliver_subject, cfg.description, cfg.ack_wait, cfg.max_deliver) == (
         "app.inbox",
         "the trainer's feed",
         77,
         5,
-        3,
     )
     assert cfg.filter_subject == f"{stream_name}.x"
+    xgroups = ["offsets", f"{base}/{stream_name}.x", "--group", "app", "--json"]
+    assert jlines(run_rq(*xgroups, env=env).stdout)[0]["groups"][0]["committed"] == 3
     # Through another subject (or the whole stream) the group is not this reader's: refused, untouched.
     for args in (
         ["offsets", "reset", f"{base}/{stream_name}.y", "--group", "app", "--to", "1"],
@@ -332,7 +333,7 @@ def test_moving_a_group_keeps_the_consumers_settings_and_other_subjects_groups_a
         r = run_rq(*args, env=env)
         err = r.stderr.decode()
         assert r.returncode == 2 and "reads" in err and err.count("\n") == 1, (args, err)
-    assert js_call(nats_url, lambda js: js.consumer_info(stream_name, "app")).config.opt_start_seq == 3
+    assert jlines(run_rq(*xgroups, env=env).stdout)[0]["groups"][0]["committed"] == 3
     listed = jlines(run_rq("offsets", f"{base}/{stream_name}.y", "--json", env=env).stdout)[0]
     assert listed["groups"] == []
     listed = jlines(run_rq("offsets", f"{base}/{stream_name}.x", "--json", env=env).stdout)[0]

@@ -4,7 +4,7 @@ The stream sequence is the offset; a record's key is its subject. Reads use an e
 push consumer with a callback (FIELD-NOTES: 3x faster than `async for`, 5x faster than pull fetch),
 so reading has no side effects on the server beyond a consumer that deletes itself. Consumer groups
 are durable consumers: the committed offset is the consumer's next sequence, and committing
-re-creates the durable consumer at the new position.
+moves the durable consumer there in one server request (see JetStreamSource.commit).
 
 nats-py is asyncio; this class owns a private event loop and drives it from the synchronous
 iterator, so the callback and the caller run on one thread with no queue hand-off per message.
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import re
 import socket
 import ssl
@@ -210,6 +212,24 @@ _DURABLE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 _LAST_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: the last instant datetime can hold
 
 
+_COMMIT_TRIES = 8
+# "start sequence can not be updated" (and its kin): the add of a consumer another writer created
+_CONSUMER_EXISTS = {10012, 10013, 10148, 10105}
+_MARKER_PREFIX = "rq-moving-"
+_MARKER_GROUP = "rq.group"
+_MARKER_CONFIG = "rq.config"
+
+
+def _marker_name(group: str) -> str:
+    """The marker consumer of a group being moved: a fixed name per group (a group name may be
+    128 characters: hashed to stay within NATS's limits)."""
+    return _MARKER_PREFIX + hashlib.sha256(group.encode()).hexdigest()[:24]
+
+
+def _crash_point(where: str) -> None:
+    """Where a move can be cut short; tests replace this to kill it there."""
+
+
 def _durable(group: str) -> str:
     """A group is a durable consumer name; NATS refuses '.', '*', '>' and spaces in those."""
     if not _DURABLE.match(group):
@@ -396,15 +416,18 @@ class JetStreamSource:
 
     # -- consumer groups ------------------------------------------------------------------------
 
-    def _consumer(self, group: str) -> Any:
+    def _consumer(self, group: str, recover: bool = True) -> Any:
         """The durable consumer `group`'s info, or None when there is none. One that reads other
-        subjects than this source is another reader's: refused (SpecError), never read or moved."""
+        subjects than this source is another reader's: refused (SpecError), never read or moved.
+        A group missing because a move was killed half-way is re-created first (see _move)."""
         import nats.js.errors
 
         try:
             info = self.conn.run(self.conn.js.consumer_info(self.conn.stream, _durable(group)))
         except nats.js.errors.NotFoundError:
-            return None
+            if not (recover and self._recover(group)):
+                return None
+            return self._consumer(group, recover=False)
         theirs, ours = _filters(info.config), {self.subject} if self.subject else set()
         if theirs != ours:
             raise SpecError(
@@ -425,35 +448,170 @@ class JetStreamSource:
         return int(seq) + 1
 
     def commit(self, group: str, offset: int) -> None:
-        """Re-creates the durable consumer `group` so that the next message it delivers is `offset`.
+        """Moves the durable consumer `group` so that the next message it delivers is `offset`.
+
+        An existing consumer is moved in place by the server (CONSUMER.RESET, nats-server 2.14+):
+        one atomic request, so a process killed at any point leaves either the old position or the
+        new one, and two commits at once end with one of their positions. Only a consumer the server
+        cannot move there (one bound to a start sequence above `offset`, or a server older than 2.14)
+        is re-created, and then its target is first written down in a marker consumer that any rq
+        run finds and finishes from should this one die between the delete and the add (`_move`).
         An existing consumer keeps every other setting (an application's deliver subject, ack
-        wait, max deliver, description...): only its start position changes."""
+        wait, max deliver, description...): only its position changes."""
+        import nats.errors
+        import nats.js.errors
+
+        offset = max(offset, 1)
+        try:
+            for _ in range(_COMMIT_TRIES):
+                existing = self._consumer(group)
+                if existing is None:
+                    if self._create(group, offset):
+                        return
+                    continue  # another commit created it first: move that one
+                outcome = self._reset(group, offset)
+                if outcome == "moved":
+                    return
+                if outcome == "refused":
+                    self._move(group, existing.config, offset)
+                    return
+                # "gone": it went away between its info and the reset (a concurrent move): again
+        except (nats.js.errors.Error, nats.errors.Error) as exc:
+            raise TopicError(f"could not store the offset of group {group}: {reason(exc)}") from None
+        raise TopicError(
+            f"could not store the offset of group {group}: other writers kept moving it "
+            f"({_COMMIT_TRIES} tries); try again"
+        )
+
+    def _group_config(self, group: str, offset: int) -> Any:
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+        return ConsumerConfig(
+            durable_name=group,
+            ack_policy=AckPolicy.EXPLICIT,
+            filter_subject=self.subject or None,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=offset,
+        )
+
+    def _create(self, group: str, offset: int) -> bool:
+        """A new group at `offset` (one request: there is no position to lose). False when another
+        writer created the group first with another position (the server refuses the update)."""
+        import nats.js.errors
+
+        try:
+            self.conn.run(self.conn.js.add_consumer(self.conn.stream, self._group_config(group, offset)))
+        except nats.js.errors.ServerError as exc:
+            if exc.err_code in _CONSUMER_EXISTS:
+                return False
+            raise
+        return True
+
+    def _reset(self, group: str, offset: int) -> str:
+        """Moves the consumer in place: "moved"; "refused" when the server cannot (one older than
+        2.14, or a start sequence above `offset`); "gone" when the consumer is (the server does not
+        answer a reset of a missing consumer)."""
+        import nats.errors
+        import nats.js.errors
+
+        if not self._can_reset():
+            return "refused"
+        try:
+            self.conn.run(self.conn.js.reset_consumer(self.conn.stream, group, offset, timeout=3.0))
+        except nats.js.errors.ConsumerInvalidResetError:
+            return "refused"
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            if self._consumer(group, recover=False) is None:
+                return "gone"
+            raise
+        return "moved"
+
+    def _can_reset(self) -> bool:
+        version = self.conn.nc.connected_server_version
+        return (int(version.major), int(version.minor)) >= (2, 14)
+
+    def _move(self, group: str, config: Any, offset: int) -> None:
+        """Re-creates the consumer at `offset`, its target written down first (see _marker)."""
         import dataclasses
 
         import nats.js.errors
+        from nats.js.api import DeliverPolicy
+
+        target = dataclasses.replace(
+            config, opt_start_time=None, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=offset
+        )
+        marker = _marker_name(group)
+        self._write_marker(group, target)
+        _crash_point("marker written")
+        for _ in range(_COMMIT_TRIES):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                self.conn.run(self.conn.js.delete_consumer(self.conn.stream, group))
+            _crash_point("group deleted")
+            try:
+                self.conn.run(self.conn.js.add_consumer(self.conn.stream, target))
+                break
+            except nats.js.errors.ServerError as exc:
+                if exc.err_code not in _CONSUMER_EXISTS:
+                    raise
+                # another writer's consumer came in between: ours replaces it (one of the two wins)
+        else:
+            raise TopicError(
+                f"other writers kept re-creating group {group} ({_COMMIT_TRIES} tries); try again"
+            )
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            self.conn.run(self.conn.js.delete_consumer(self.conn.stream, marker))
+
+    def _write_marker(self, group: str, target: Any) -> None:
+        """A consumer that delivers nothing (pull, only new messages, never pulled) and carries the
+        group's whole target configuration in its metadata: written before the group is deleted,
+        so the group can be re-created from it by whoever finds the group missing."""
+        import nats.js.errors
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-        existing = self._consumer(group)
-        start = {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": max(offset, 1)}
-        if existing is not None:
-            config = dataclasses.replace(existing.config, opt_start_time=None, **start)
-        else:
-            config = ConsumerConfig(
-                durable_name=group,
-                ack_policy=AckPolicy.EXPLICIT,
-                filter_subject=self.subject or None,
-                **start,  # type: ignore[arg-type]
-            )
-
-        async def recreate() -> None:
+        filters = _filters(target)
+        marker = ConsumerConfig(
+            durable_name=_marker_name(group),
+            description=f"rq: consumer group {group} is being moved; rq re-creates it from here",
+            deliver_policy=DeliverPolicy.NEW,
+            ack_policy=AckPolicy.NONE,
+            filter_subject=next(iter(filters)) if len(filters) == 1 else None,
+            filter_subjects=sorted(filters) if len(filters) > 1 else None,
+            metadata={_MARKER_GROUP: group, _MARKER_CONFIG: json.dumps(target.as_dict())},
+        )
+        for _ in range(_COMMIT_TRIES):
+            # an older marker (a move killed earlier) is replaced: its config cannot be updated
             with contextlib.suppress(nats.js.errors.NotFoundError):
-                await self.conn.js.delete_consumer(self.conn.stream, group)
-            await self.conn.js.add_consumer(self.conn.stream, config)
+                self.conn.run(self.conn.js.delete_consumer(self.conn.stream, marker.durable_name))
+            try:
+                self.conn.run(self.conn.js.add_consumer(self.conn.stream, marker))
+                return
+            except nats.js.errors.ServerError as exc:
+                if exc.err_code not in _CONSUMER_EXISTS:
+                    raise
+        raise TopicError(f"other writers kept moving group {group} ({_COMMIT_TRIES} tries); try again")
+
+    def _recover(self, group: str) -> bool:
+        """The group is missing: re-create it from a marker a killed move left (True), if any."""
+        import nats.js.errors
+        from nats.js.api import ConsumerConfig
 
         try:
-            self.conn.run(recreate())
-        except nats.js.errors.Error as exc:
-            raise TopicError(f"could not store the offset of group {group}: {reason(exc)}") from None
+            info = self.conn.run(self.conn.js.consumer_info(self.conn.stream, _marker_name(group)))
+        except nats.js.errors.NotFoundError:
+            return False
+        meta = info.config.metadata or {}
+        if meta.get(_MARKER_GROUP) != group or _MARKER_CONFIG not in meta:
+            return False
+        target = ConsumerConfig.from_response(json.loads(meta[_MARKER_CONFIG]))
+        try:
+            self.conn.run(self.conn.js.add_consumer(self.conn.stream, target))
+        except nats.js.errors.ServerError as exc:
+            if exc.err_code not in _CONSUMER_EXISTS:
+                raise
+            # a concurrent reader re-created it first (the same target)
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            self.conn.run(self.conn.js.delete_consumer(self.conn.stream, _marker_name(group)))
+        return True
 
     def group_lag(self, group: str) -> int:
         """Messages the durable consumer has still to deliver or to see acknowledged (honours its
@@ -468,7 +626,11 @@ class JetStreamSource:
         infos = self.conn.run(self.conn.js.consumers_info(self.conn.stream))
         ours = {self.subject} if self.subject else set()
         return sorted(
-            i.config.durable_name for i in infos if i.config.durable_name and _filters(i.config) == ours
+            i.config.durable_name
+            for i in infos
+            if i.config.durable_name
+            and not i.config.durable_name.startswith(_MARKER_PREFIX)
+            and _filters(i.config) == ours
         )
 
     def close(self) -> None:
