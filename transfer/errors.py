@@ -49,6 +49,18 @@ class SourceChangedError(VerifyError):
     code = "changed"
 
 
+class SourceUnreadableError(SourceChangedError):
+    """A SOURCE cannot be sent as asked: not a regular file or directory (a FIFO, a device), a
+    directory that cannot be listed, a file that cannot be read. No re-run helps until it is fixed.
+    `denied`: the reason is a permission (EACCES/EPERM)."""
+
+    code = "unreadable"
+
+    def __init__(self, message: str, denied: bool = False):
+        super().__init__(message)
+        self.denied = denied
+
+
 class ExistsError(TransferError):
     """A destination file exists and overwriting was not allowed."""
 
@@ -126,6 +138,7 @@ _BY_CODE: dict[str, type[TransferError]] = {
         AuthError,
         VerifyError,
         SourceChangedError,
+        SourceUnreadableError,
         ExistsError,
         DirectoryInTheWayError,
         BusyError,

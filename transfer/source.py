@@ -5,11 +5,12 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from transfer import aligned, cachestat
-from transfer.errors import SourceChangedError, TransferError, UnsafeNameError
+from transfer.errors import SourceChangedError, SourceUnreadableError, TransferError, UnsafeNameError
 from transfer.manifest import FileEntry, Manifest, file_ident, file_key, make_manifest
 from transfer.names import validate_name
 
@@ -53,6 +54,9 @@ def scan(
             validate_name(base)  # an argument the user named is refused, not skipped
             _walk(src, base, found, out, dirs)
         else:
+            reason = _not_regular(src)
+            if reason is not None:  # a FIFO (`<(tar c …)`) or a device would arrive as an empty file
+                raise SourceUnreadableError(f"{src} is {reason}: rq sends regular files and directories")
             _add(found, base, src)
     entries: list[FileEntry] = []
     for name, (sf, mode) in found.items():
@@ -79,7 +83,7 @@ def _walk(
 ) -> None:
     sent_under: set[Path] = set()  # directories that get a file (they arrive as its parents)
     walked: list[Path] = []
-    for root, dirs, files in os.walk(src):
+    for root, dirs, files in _tree(src):
         dirs.sort()
         walked.append(Path(root))
         for dname in list(dirs):
@@ -104,6 +108,35 @@ def _walk(
             name = os.path.normpath((Path(base) / d.relative_to(src)).as_posix())
             validate_name(name)
             empty_dirs.append(name)
+
+
+def _tree(top: Path) -> Iterator[tuple[str, list[str], list[str]]]:
+    """os.walk's top-down (root, dirs, files), without following directory symlinks, except that
+    a directory that cannot be listed ends the scan (os.walk drops it without a word, and its
+    files with it: a checkpoint sent without them and called verified); and without recursion
+    (Python 3.11's os.walk recurses: a tree ~1000 levels deep raised RecursionError)."""
+    stack = [os.fspath(top)]
+    while stack:
+        root = stack.pop()
+        dirs: list[str] = []
+        files: list[str] = []
+        try:
+            with os.scandir(root) as entries:
+                for entry in entries:
+                    try:
+                        is_dir = entry.is_dir()
+                    except OSError:
+                        is_dir = False
+                    (dirs if is_dir else files).append(entry.name)
+        except OSError as exc:
+            raise SourceUnreadableError(
+                f"cannot list {root}: {exc.strerror or exc}; nothing was sent",
+                denied=isinstance(exc, PermissionError),
+            ) from None
+        yield root, dirs, files  # the caller sorts and prunes dirs, as with os.walk
+        stack.extend(
+            os.path.join(root, d) for d in reversed(dirs) if not os.path.islink(os.path.join(root, d))
+        )
 
 
 def _unsendable(base: str, src: Path, path: Path) -> str | None:
@@ -144,6 +177,8 @@ def source_error(path: Path, exc: OSError) -> SourceChangedError:
     """A local OSError on a source file being sent, as the error that ends the send at once."""
     if isinstance(exc, FileNotFoundError):
         return SourceChangedError(f"{path} disappeared while it was being sent")
+    if isinstance(exc, PermissionError):  # never readable: a re-run cannot help until it is
+        return SourceUnreadableError(f"cannot read {path}: {exc.strerror or exc}", denied=True)
     return SourceChangedError(f"{path} cannot be read any more: {exc.strerror or exc}")
 
 

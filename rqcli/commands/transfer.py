@@ -69,6 +69,8 @@ def _exit_code(exc: Exception) -> ExitCode:
         (e.UnsafeNameError, ExitCode.FAILURE),
         (e.TlsMismatchError, ExitCode.USAGE),
     ]
+    if isinstance(exc, e.SourceUnreadableError):  # as `rq preload` has them: 4 denied, 3 a FIFO
+        return ExitCode.AUTH if exc.denied else ExitCode.NOT_FOUND
     for cls, code in table:
         if isinstance(exc, cls):
             return code
@@ -92,10 +94,12 @@ _LIMIT_HINT = "the receiver's limits refuse it: raise --max-files / --max-bytes 
 
 
 def _cli_error(exc: Exception) -> CliError:
-    from transfer.errors import BusyError, DirectoryInTheWayError, LimitError
+    from transfer.errors import BusyError, DirectoryInTheWayError, LimitError, SourceChangedError
 
     code = _exit_code(exc)
     hint = _LIMIT_HINT if isinstance(exc, LimitError) else _HINTS.get(code)
+    if isinstance(exc, SourceChangedError):
+        hint = None  # not the token's fault, nor fixed by a re-run as such: the message says why
     if isinstance(exc, DirectoryInTheWayError):
         hint = "remove or rename that directory on the receiver, then re-run"
     if isinstance(exc, BusyError):

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from xfer_kit import REPO, Recv, rq_cmd, rq_env, send, summary
 
 from rqcli.exitcodes import ExitCode
@@ -122,3 +124,108 @@ def test_an_exists_refusal_names_every_file_in_the_way(tmp_path: Path) -> None:
     assert "ck/f1 already exists in the destination; also in the way: ck/f2, ck/f3, ck/f5 and 2 more" in err
     assert all((tmp_path / "dst" / "ck" / f"f{i}").read_bytes() == b"theirs" for i in (1, 2, 3, 5, 6, 7))
     assert not (tmp_path / "dst" / "ck" / "f0").exists()
+
+
+# root reads every file whatever its mode: drop the capabilities that allow it, as a user would run
+AS_USER = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search",
+           "--inh-caps", "-dac_override,-dac_read_search", "--"]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "process-substitution"])
+def test_a_source_that_is_not_a_regular_file_is_refused(tmp_path: Path, kind: str) -> None:
+    """A FIFO, `<(tar c …)` or /dev/zero arrived as an empty file, reported verified (exit 0)."""
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "ff")
+        arg = str(tmp_path / "ff")
+    else:
+        arg = "/dev/zero" if kind == "device" else "<(head -c 1000 /dev/urandom)"
+    cmd = " ".join(rq_cmd("send", arg, "rq://127.0.0.1:9", "--transport", "tcp"))
+    res = subprocess.run(["bash", "-c", cmd], env=rq_env(), capture_output=True, timeout=60)
+    assert res.returncode == ExitCode.NOT_FOUND, res.stderr
+    assert b"is not a regular file" in res.stderr and res.stderr.count(b"\n") == 1, res.stderr
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_a_directory_that_cannot_be_listed_fails_the_send_before_anything_moves(tmp_path: Path) -> None:
+    """os.walk dropped it without a word: the checkpoint went without its files, exit 0, verified."""
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "open").mkdir(parents=True)
+    (ckpt / "open" / "f").write_bytes(b"a")
+    (ckpt / "locked").mkdir()
+    (ckpt / "locked" / "g").write_bytes(b"b")
+    os.chmod(ckpt / "locked", 0)
+    os.chmod(tmp_path, 0o755)
+    try:
+        res = subprocess.run(
+            [*AS_USER, *rq_cmd("send", str(ckpt), "rq://127.0.0.1:9", "--transport", "tcp")],
+            env=rq_env(),
+            capture_output=True,
+            timeout=60,
+        )
+    finally:
+        os.chmod(ckpt / "locked", 0o755)
+    assert res.returncode == ExitCode.AUTH, res.stderr
+    assert f"cannot list {ckpt / 'locked'}: Permission denied".encode() in res.stderr, res.stderr
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux)")
+def test_an_unreadable_file_says_so_without_a_rerun_hint(tmp_path: Path) -> None:
+    """It was exit 5 'cannot be read any more … re-run the same command; changed or corrupt parts
+    are sent again': it never was readable, and no re-run helps."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "secret").write_bytes(b"s")
+    os.chmod(ckpt / "secret", 0)
+    os.chmod(tmp_path, 0o755)
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp").start()
+    try:
+        res = subprocess.run(
+            [*AS_USER, *rq_cmd("send", str(ckpt), recv.url, *recv.send_args())],
+            env=rq_env(),
+            capture_output=True,
+            timeout=60,
+        )
+    finally:
+        recv.stop()
+        os.chmod(ckpt / "secret", 0o644)
+    err = res.stderr.decode()
+    assert res.returncode == ExitCode.AUTH, err
+    assert f"cannot read {ckpt / 'secret'}: Permission denied" in err and "re-run" not in err, err
+
+
+def test_a_tree_a_thousand_levels_deep_is_sent(tmp_path: Path) -> None:
+    """Python 3.11's os.walk recurses: RecursionError, 'unexpected error', exit 1."""
+    deep = tmp_path / "src" / "deep"
+    deep.mkdir(parents=True)
+    for _ in range(1100):  # (os.makedirs and Path.mkdir(parents=True) recurse too)
+        deep = deep / "a"
+        deep.mkdir()
+    (deep / "leaf").write_bytes(b"x")
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--once").start()
+    try:
+        proc = send([tmp_path / "src" / "deep"], recv)
+        assert proc.returncode == ExitCode.OK, proc.stderr.decode()[-500:]
+        assert recv.wait()[0] == ExitCode.OK
+        assert (tmp_path / "dst" / "deep" / "/".join(["a"] * 1100) / "leaf").read_bytes() == b"x"
+    finally:
+        recv.stop()
+        for top in (tmp_path / "src" / "deep", tmp_path / "dst" / "deep"):
+            _remove_deep(top)
+
+
+def _remove_deep(top: Path) -> None:
+    """shutil.rmtree recurses too (pytest's own clean-up of old tmp dirs would fail on these):
+    down the chain of directories once, then up, removing."""
+    chain: list[Path] = []
+    path: Path | None = top
+    while path is not None and path.is_dir():
+        chain.append(path)
+        below = None
+        for entry in path.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                below = entry
+            else:
+                entry.unlink()
+        path = below
+    for directory in reversed(chain):
+        directory.rmdir()
