@@ -225,6 +225,8 @@ class Receiver:
     def _acquire(self, tid: str, manifest: Manifest | None) -> _Shared:
         with self._lock:
             shared = self._plans.get(tid)
+            if not self._plans:
+                self.store.reopen_if_removed()
             if shared is None:
                 plan = self.store.plan(manifest) if manifest is not None else self.store.join(tid)
                 shared = self._plans[tid] = _Shared(plan)
@@ -420,6 +422,8 @@ class Receiver:
 
     def _completed(self, manifest: Manifest) -> bool:
         with self._lock:
+            if not self._plans:
+                self.store.reopen_if_removed()
             return manifest.transfer_id not in self._plans and self.store.completed(manifest)
 
     def _flush(self, shared: _Shared, core: ReceiverChannel | None, batch: _Batch) -> None:

@@ -262,16 +262,37 @@ class Store:
         # write-back errors any flush here was told of (_check_write_back): each is reported once
         self.write_back_errors = 0
         self._errors_lock = threading.Lock()
-        dest.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(STATE_DIR_NAME, 0o700, dir_fd=self.fd)
+        self.fd, self.state_fd = self._open_dirs()
+
+    def _open_dirs(self) -> tuple[int, int]:
+        """Descriptors of DEST and of its state directory, made as needed."""
+        self.dest.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            self.state_fd = os.open(STATE_DIR_NAME, _DIR_FLAGS, dir_fd=self.fd)
-        except OSError as exc:
-            raise UnsafeNameError(
-                f"{dest}/{STATE_DIR_NAME} is not a plain directory ({exc.strerror})"
-            ) from None
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(STATE_DIR_NAME, 0o700, dir_fd=fd)
+            try:
+                return fd, os.open(STATE_DIR_NAME, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                raise UnsafeNameError(
+                    f"{self.dest}/{STATE_DIR_NAME} is not a plain directory ({exc.strerror})"
+                ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def reopen_if_removed(self) -> bool:
+        """Opens DEST and its state directory again if either was removed since: `rm -r
+        DEST/.rq-partial` with no transfer running forgets what arrived (docs/transfer.md), and a
+        receiver that stays up refused every later transfer, writing into a directory that was
+        gone. Call it only while no transfer is open here: the old descriptors are closed."""
+        if os.fstat(self.fd).st_nlink and os.fstat(self.state_fd).st_nlink:
+            return False
+        old = (self.fd, self.state_fd)
+        self.fd, self.state_fd = self._open_dirs()
+        for fd in old:
+            os.close(fd)
+        return True
 
     def close(self) -> None:
         os.close(self.state_fd)

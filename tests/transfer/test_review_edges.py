@@ -229,3 +229,26 @@ def _remove_deep(top: Path) -> None:
         path = below
     for directory in reversed(chain):
         directory.rmdir()
+
+
+@pytest.mark.parametrize("removed", [".rq-partial", "DEST"])
+def test_a_receiver_that_stays_up_survives_its_state_being_removed(tmp_path: Path, removed: str) -> None:
+    """`rm -r DEST/.rq-partial` with no transfer running is documented to forget what arrived;
+    the receiver kept its descriptor of the removed directory and refused every later transfer
+    ('receiver cannot write …manifest.json.tmp…: No such file or directory') until restarted."""
+    src = tmp_path / "src" / "ck"
+    src.mkdir(parents=True)
+    (src / "w.bin").write_bytes(os.urandom(200_000))
+    dst = tmp_path / "dst"
+    recv = Recv(dst, tmp_path / "cert", "tcp").start()
+    try:
+        assert send([src], recv).returncode == ExitCode.OK
+        shutil.rmtree(dst / ".rq-partial" if removed == ".rq-partial" else dst)
+        if removed == ".rq-partial":
+            shutil.rmtree(dst / "ck")
+        again = send([src], recv)
+        assert again.returncode == ExitCode.OK, again.stderr.decode()
+        assert summary(again)["bytes_raw"] == 200_000  # forgotten: sent whole again
+    finally:
+        recv.stop()
+    assert (dst / "ck" / "w.bin").read_bytes() == (src / "w.bin").read_bytes()
