@@ -107,6 +107,7 @@ class Cache:
         if isinstance(max_age, bool) or not isinstance(max_age, int | float) or not max_age >= 0:
             raise BadSourceError(f"max_age must be seconds (a number >= 0), not {max_age!r}")
         self.durable = durable
+        self._tighten = ram_dir is None  # rq's own default root: see Layout.create
         self._ram_pid = 0  # the process whose hold on the RAM root this object counts in (cache.orphans)
         # absolute once: a training launcher that changes directory (Hydra's run dirs) must not
         # move the blobs' paths away from the index that names them
@@ -137,7 +138,7 @@ class Cache:
                 check_cache_dir(ram_root, "RAM tier directory")  # a directory given to us: empty
             self.layout = Layout(self.root, ram_root)
             wiped = known == str(ram_root) and not ram_root.exists()
-            self._hold_ram_root(tighten=ram_dir is None)
+            self._hold_ram_root(tighten=self._tighten)
             if known != str(ram_root):
                 self._adopt_ram_root(index, ram_root)
             elif wiped:
@@ -216,6 +217,39 @@ class Cache:
             for url, blob in rows:
                 if not self.layout.blob_path("ram", blob).exists():
                     Index.delete(db, url)
+
+    def _ram_root_lost(self) -> bool:
+        root = self.layout.ram_root
+        return not ((root / "tmp").is_dir() and (root / "objects").is_dir())
+
+    def _ensure_ram_root(self) -> bool:
+        """Makes the RAM root again if it was removed under this running process (a tmp cleaner,
+        systemd's RemoveIPC, a container restart): __init__ does this only for a root gone before
+        the cache was opened, and without it every RAM landing failed on the missing tmp/. The
+        same checks as there (a real directory of ours, 0700), the lock held on the new directory,
+        and the RAM entries whose files went with it dropped. True when it was made again."""
+        if not self._ram_root_lost():
+            return False
+        with self._lock:
+            if not self._ram_root_lost():
+                return False  # another thread of ours made it again meanwhile
+            index = self._state().index
+            for _ in range(5):
+                self.layout.create(tighten=self._tighten)
+                if self._ram_pid == os.getpid():
+                    taken = orphans.renew(self.layout.ram_root)  # our lock is on the deleted one
+                else:
+                    taken = orphans.acquire(self.layout.ram_root)
+                if taken:
+                    self._ram_pid = os.getpid()
+                    break
+            else:
+                raise CacheError(
+                    f"RAM tier directory {self.layout.ram_root} keeps disappearing; is something deleting it?"
+                )
+            self._forget_ram_tier(index)
+            self._claim_ram_root()
+            return True
 
     def _caps(
         self, index: Index, ram_limit: int | float | str | None, disk_limit: int | float | str | None
@@ -333,6 +367,9 @@ class Cache:
             try:
                 handle = self._open_entry(entry)
             except _Gone:
+                if entry.tier == "ram" and self._ensure_ram_root():
+                    tier = tier or "ram"  # its entry is dropped: fetch it again where it was
+                    continue
                 gone += 1
                 if gone >= GONE_BEFORE_FETCH:
                     # the cached copy keeps slipping away (evicted, replaced, or locked by a landing):
@@ -436,8 +473,19 @@ class Cache:
         origin = origin_for_url(url, self.s3_settings)
         info = info or origin.stat(url)
         state = self._state()
-        fetcher = Fetcher(state.store, self.layout, tier, 16, durable=self.durable, keep_entries=True)
-        result = fetcher.run([Job(info, origin, keep_open=keep_open)])
+        if tier == "ram":
+            self._ensure_ram_root()
+        for again in (True, False):
+            fetcher = Fetcher(state.store, self.layout, tier, 16, durable=self.durable, keep_entries=True)
+            try:
+                result = fetcher.run([Job(info, origin, keep_open=keep_open)])
+            except CacheError:
+                if not (again and tier == "ram" and self._ensure_ram_root()):
+                    raise
+                continue  # the RAM root went while we fetched: once more into the new one
+            if result.failed and again and tier == "ram" and self._ensure_ram_root():
+                continue
+            break
         if result.failed:
             failure = result.failed[0]
             if failure.kind == "not_found":
@@ -507,6 +555,7 @@ class Cache:
         return self.layout.blob_path(fetched.tier, fetched.blob)
 
     def usage(self) -> dict[str, dict[str, int]]:
+        self._ensure_ram_root()  # entries whose RAM root went are no usage
         out = self._state().index.usage()
         for tier in TIERS:
             out[tier]["limit"] = self.caps[tier]
@@ -714,6 +763,8 @@ class Prefetcher:
     def _warm(self, start: int) -> None:
         cache = self.cache
         state = cache._state()
+        if self.tier == "ram":
+            cache._ensure_ram_root()  # gone under us: its entries would look warm, landings fail
         missing = self._missing(start)
         if not missing:
             return
@@ -732,7 +783,11 @@ class Prefetcher:
                     jobs.append(Job(origin.stat(url), origin))
                 except CacheError as exc:  # one missing item must not cost the whole window
                     self._error(str(exc))
-        Fetcher(state.store, cache.layout, self.tier, 32, durable=cache.durable).run(jobs)
+        result = Fetcher(state.store, cache.layout, self.tier, 32, durable=cache.durable).run(jobs)
+        for failure in result.failed:  # each item that failed alone, for whoever reads .errors
+            self._error(
+                failure.message if failure.url in failure.message else f"{failure.url}: {failure.message}"
+            )
 
 
 class _PromoteOrigin(LocalOrigin):

@@ -534,6 +534,14 @@ class Fetcher:
                 self._release(job, keep=False)
                 heapq.heappush(delayed, (time.monotonic() + 0.5, next(self._seq), job))
                 continue
+            except OSError as exc:
+                # the tier's tmp/ gone (an emptied /dev/shm) or unwritable: a partial that was never
+                # opened is no reason to keep a hold, which would count as in flight until a clear
+                self._release(job, keep=self._has_partial(job))
+                raise CacheError(
+                    f"could not start {job.info.url} in the {self.tier} tier under "
+                    f"{self.layout.tier_root(self.tier)}: {exc}"
+                ) from exc
             job.error = None
             if job.big:
                 todo = [(i, r) for i, r in enumerate(ranges) if i not in job.landing.done_pieces]
@@ -689,7 +697,13 @@ class Fetcher:
                 job.landing = None
                 self._release(job, keep=keep)
             elif job.hold:
-                self._release(job, keep=job.big)
+                self._release(job, keep=self._has_partial(job))
+
+    def _has_partial(self, job: Job) -> bool:
+        """A big object's hold is kept for a later run to resume only if its partial file is there:
+        kept without one (its landing never opened) it would count as in flight until a clear."""
+        blob = blob_name(job.info.url, job.info.version)
+        return job.big and self.layout.tmp_path(self.tier, blob, ".part").exists()
 
     def _land(self, items: list[Landed], result: FetchResult) -> None:
         """Lands a batch here and now (the end of a run, and the path without batch syncs)."""

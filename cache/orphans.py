@@ -318,6 +318,26 @@ def acquire(ram_root: Path) -> bool:
     return True
 
 
+def renew(ram_root: Path) -> bool:
+    """After `ram_root` was removed and made again under this process: the lock it holds is on the
+    deleted directory, so `rq cache orphans` would see the new one as unused. Takes the new one's
+    lock in its place, the count of users unchanged; False as acquire()."""
+    key = (os.getpid(), ram_root)
+    fd = hold(ram_root)
+    if fd is None:
+        return False
+    with _holds_lock:
+        held = _holds.get(key)
+        if held is None:
+            _holds[key] = [fd, 1]
+            return True
+        old, held[0] = held[0], fd
+    if old >= 0:
+        with contextlib.suppress(OSError):
+            os.close(old)
+    return True
+
+
 def release(ram_root: Path) -> None:
     """One user fewer; the last one lets the lock go."""
     key = (os.getpid(), ram_root)
