@@ -36,7 +36,7 @@ from cache.errors import (
 from cache.fetcher import Fetcher, Job
 from cache.index import Entry, Index
 from cache.landing import ObjectInfo
-from cache.layout import INDEX_NAME, TIERS, Layout, check_cache_dir, default_ram_root
+from cache.layout import INDEX_NAME, TIERS, Layout, check_cache_dir, default_ram_root, dir_error
 from cache.origins import LocalOrigin, Origin, normalise_pattern, normalise_url, origin_for_url
 from cache.s3 import S3Settings
 from cache.sizes import parse_size, stored_size
@@ -118,7 +118,10 @@ class Cache:
             _check_apart(ram_given, self.root)
             if not (self.root / INDEX_NAME).exists():
                 check_cache_dir(ram_given, "RAM tier directory")  # before the new cache dir is made
-        self.root.mkdir(parents=True, exist_ok=True)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise dir_error(self.root, "cache directory", exc) from None
         self.s3_settings = S3Settings(endpoint_url=endpoint_url, profile=profile)
         self.max_age = max_age
         _check_tier(tier)
@@ -164,7 +167,7 @@ class Cache:
         descriptor per process: cache.orphans). A root nobody holds, whose cache directory is
         gone, may be removed by `rq cache orphans --remove`."""
         for _ in range(5):
-            self.layout.create(tighten=tighten)
+            self._make_tiers(tighten)
             if orphans.acquire(self.layout.ram_root):
                 self._ram_pid = os.getpid()
                 return
@@ -172,6 +175,12 @@ class Cache:
         raise CacheError(
             f"RAM tier directory {self.layout.ram_root} keeps disappearing; is something deleting it?"
         )
+
+    def _make_tiers(self, tighten: bool) -> None:
+        try:
+            self.layout.create(tighten=tighten)
+        except OSError as exc:
+            raise dir_error(self.layout.ram_root, "RAM tier directory", exc) from None
 
     def _claim_ram_root(self) -> None:
         """Writes this cache's directory into its RAM root's `owner` (a moved cache claims it back)."""
@@ -235,7 +244,7 @@ class Cache:
                 return False  # another thread of ours made it again meanwhile
             index = self._state().index
             for _ in range(5):
-                self.layout.create(tighten=self._tighten)
+                self._make_tiers(self._tighten)
                 if self._ram_pid == os.getpid():
                     taken = orphans.renew(self.layout.ram_root)  # our lock is on the deleted one
                 else:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import xxhash
 
-from cache.errors import UnsafeDirError
+from cache.errors import BadSourceError, CacheError, CacheFullError, UnsafeDirError
 
 TIERS = ("ram", "disk")
 INDEX_NAME = "index.sqlite3"
@@ -88,6 +89,8 @@ def check_cache_dir(root: Path, what: str = "") -> None:
         return
     except NotADirectoryError:
         raise UnsafeDirError(f"{root} is not a directory") from None
+    except OSError as exc:
+        raise dir_error(root, "cache directory", exc) from None
     if what and names:
         raise UnsafeDirError(f"{what} {root} is not empty; give the cache a new or empty one")
     if names and INDEX_NAME not in names:
@@ -124,3 +127,11 @@ def check_private_dir(path: Path, tighten: bool = False) -> None:
         raise UnsafeDirError(
             f"RAM tier directory {path} is writable by other users; refusing to use it (chmod go-w it)"
         )
+
+
+def dir_error(path: Path, what: str, exc: OSError) -> CacheError:
+    """A directory rq cannot make or read (`/proc/x`, a read-only file system, a path through a
+    file): a bad path given to it, one line, not a bare OSError. A full file system is that."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return CacheFullError(f"no space left on the file system under {path} to make the {what}")
+    return BadSourceError(f"cannot use {path} as the {what}: {exc.strerror or exc}")

@@ -13,6 +13,7 @@ import pytest
 from rqtest import run_rq
 
 from cache import Cache, UnsafeDirError
+from cache.errors import BadSourceError, CacheError
 from cache.layout import default_ram_root
 
 
@@ -137,3 +138,23 @@ def test_a_cache_removed_with_rm_rf_leaves_no_ram_files_behind(
     assert not [p for p in (planted / "objects").rglob("*") if p.is_file()]  # orphans swept
     assert c.preload([str(source)], tier="ram").objects == 1
     c.close()
+
+
+@pytest.mark.parametrize("where", ["cache", "ram"])
+def test_a_directory_that_cannot_be_made_is_a_cache_error(tmp_path: Path, where: str) -> None:
+    """`Cache("/proc/x")` raised a bare FileNotFoundError from mkdir, outside the library's
+    hierarchy (and the CLI said exit 3 "No such file or directory"): a path it cannot use."""
+    kwargs = {"ram_dir": "/proc/rq-nowhere"} if where == "ram" else {}
+    root = "/proc/rq-nowhere" if where == "cache" else tmp_path / "c"
+    with pytest.raises(BadSourceError, match="cannot use /proc/rq-nowhere as the") as raised:
+        Cache(root, **kwargs)  # type: ignore[arg-type]
+    assert isinstance(raised.value, CacheError) and not isinstance(raised.value, OSError)
+
+
+def test_rq_says_a_cache_dir_that_cannot_be_made_is_a_bad_argument(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a").write_bytes(b"a")
+    res = run_rq("preload", str(tmp_path / "src"), "--cache-dir", "/proc/rq-nowhere")
+    assert res.returncode == 2, res.stderr
+    assert b"cannot use /proc/rq-nowhere as the cache directory" in res.stderr
+    assert len(res.stderr.splitlines()) == 1
