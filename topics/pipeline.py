@@ -71,6 +71,8 @@ class Result:
     last_offset: int | None = None  # last emitted
     next_offset: int = 0  # consumption position: last record read + 1
     skipped: list[tuple[int, int, str]] = field(default_factory=list)
+    # offsets first..last that retention deleted before the read got to them (never read)
+    gaps: list[tuple[int, int]] = field(default_factory=list)
     hasher: xxhash.xxh3_128 = field(default_factory=xxhash.xxh3_128)
 
     @property
@@ -143,6 +145,7 @@ def run(
     result: Result | None = None,
     on_progress: Callable[[Result], None] | None = None,
     on_idle: Callable[[], None] | None = None,
+    on_aged_out: Callable[[int, int], None] | None = None,
 ) -> Result:
     """Reads [start, stop) (or follows), emits what passes the filters; returns the tally.
 
@@ -168,7 +171,13 @@ def run(
     remaining = req.count
     if remaining is not None and remaining <= 0:
         return res
-    for batch in source.read(req.start, req.stop, req.follow, req.skip_corrupt, on_skip):
+
+    def on_gap(first: int, last: int) -> None:
+        res.gaps.append((first, last))
+        if on_aged_out is not None:
+            on_aged_out(first, last)  # told as it happens: a follow may run for days
+
+    for batch in source.read(req.start, req.stop, req.follow, req.skip_corrupt, on_skip, on_gap):
         if not batch:
             if stop_on_time and time.time_ns() // 1_000_000 >= hi:
                 break  # --to @t with --follow: t has passed

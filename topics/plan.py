@@ -48,9 +48,12 @@ def resolve_window(
 
     Without follow, the read never goes past the end the topic has now (it exits there).
     """
-    if start is None:
-        begin = committed if committed is not None else resolve(START, source, now_ms)
-        begin = max(begin, source.first_offset())
+    if start is None and committed is not None:
+        # Not clamped to the first offset still there: what retention deleted before the group
+        # read it is a gap the reader reports (on_gap), never skipped without a word.
+        begin = committed
+    elif start is None:
+        begin = max(resolve(START, source, now_ms), source.first_offset())
     else:
         begin = resolve(start, source, now_ms)
     end: int | None

@@ -39,6 +39,9 @@ class ReplaySpec:
     # to come starts at the end offset and drops what is stamped before it. Replayed with them.
     time_from: int | None = None
     time_to: int | None = None
+    # Offsets [first, last] inside start..stop that retention deleted before the replay read them:
+    # never replayed, so not in the digest (a copy that still holds them does not match the spec).
+    aged_out: list[list[int]] | None = None
 
     def save(self, path: Path) -> None:
         body = {"rq_replay_spec": VERSION, **asdict(self)}

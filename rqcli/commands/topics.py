@@ -386,6 +386,18 @@ def _emitters(writer: Writer | None, sink: Sink | None, keep_time: bool, stops: 
     return emit
 
 
+def _aged_out_reporter(out: Output, topic: str) -> Callable[[int, int], None]:
+    """Told when retention deleted records before the reader got to them: said at once (a follow
+    may run for days), on stderr and as a --json event; the offsets are never read."""
+
+    def report(first: int, last: int) -> None:
+        span = f"offset {first}" if first == last else f"offsets {first}..{last}"
+        out.warn(f"{span} aged out (retention) before they were read")
+        out.emit({"event": "gap", "topic": topic, "first": first, "last": last, "reason": "retention"})
+
+    return report
+
+
 def _report_skips(out: Output, res: Result) -> None:
     for first, last, where in res.skipped:
         span = f"offset {first}" if last in (first, -1) else f"offsets {first}..{last}"
@@ -773,7 +785,13 @@ def tail(
             req.skip_corrupt = skip_corrupt
             req.decode_values = writer.needs_decode
             try:
-                res = run(source, req, _emitters(writer, sink, keep_time=True), on_idle=_reader_watch())
+                res = run(
+                    source,
+                    req,
+                    _emitters(writer, sink, keep_time=True),
+                    on_idle=_reader_watch(),
+                    on_aged_out=_aged_out_reporter(out, ref.url),
+                )
             except ReaderLeft:
                 return
         finally:
@@ -987,7 +1005,8 @@ def replay(
                             last_commit[0] = time.monotonic()
 
                     watch = _reader_watch() if writer is not None else None
-                    run(source, req, _emitters(writer, sink, False, stops), res, progress, watch)
+                    gaps = _aged_out_reporter(out, ref.url)
+                    run(source, req, _emitters(writer, sink, False, stops), res, progress, watch, gaps)
             except KeyboardInterrupt:
                 if save_spec is not None and follow:
                     records, digest, first_off, last_off, reached_to = pinned[0]
@@ -998,9 +1017,11 @@ def replay(
                     if stops is not None and last is not None and stops.emitted_to == last + 1 > reached_to:
                         records, digest = res.emitted, res.digest
                         first_off, last_off, reached_to = res.first_offset, last, last + 1
-                    _spec_of(ref, start, reached_to, from_spec, to_spec, group, where, fields, window_time)(
-                        records, digest, first_off, last_off
-                    ).save(save_spec)
+                    interrupted = _spec_of(
+                        ref, start, reached_to, from_spec, to_spec, group, where, fields, window_time
+                    )(records, digest, first_off, last_off)
+                    interrupted.aged_out = [[a, b] for a, b in res.gaps if a < reached_to] or None
+                    interrupted.save(save_spec)
                 raise
             except ReaderLeft:
                 # What the reader never read is not consumed: no commit, no spec, exit 0 (like `| head`).
@@ -1026,9 +1047,11 @@ def replay(
         truncated = count is not None and res.emitted >= count
         if save_spec is not None:
             end = stop if stop is not None and not truncated else res.next_offset
-            _spec_of(ref, start, end, from_spec, to_spec, group, where, fields, window_time)(
+            spec = _spec_of(ref, start, end, from_spec, to_spec, group, where, fields, window_time)(
                 res.emitted, res.digest, res.first_offset, res.last_offset
-            ).save(save_spec)
+            )
+            spec.aged_out = [[a, b] for a, b in res.gaps if a < end] or None
+            spec.save(save_spec)
         summary: dict[str, Any] = {
             "event": "done",
             "topic": ref.url,

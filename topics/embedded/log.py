@@ -531,8 +531,9 @@ class TopicLog:
         on_corrupt: Callable[[CorruptRange], None] | None = None,
         poll_s: float = 0.05,
         idle_timeout: float | None = None,
+        on_gap: Callable[[int, int], None] | None = None,
     ) -> LogReader:
-        return LogReader(self, start, stop, follow, skip_corrupt, on_corrupt, poll_s, idle_timeout)
+        return LogReader(self, start, stop, follow, skip_corrupt, on_corrupt, poll_s, idle_timeout, on_gap)
 
 
 def _scan_end(directory: Path, base: int, view: _View) -> tuple[int, CorruptRecord | None]:
@@ -563,8 +564,12 @@ class LogReader:
         on_corrupt: Callable[[CorruptRange], None] | None,
         poll_s: float,
         idle_timeout: float | None = None,
+        on_gap: Callable[[int, int], None] | None = None,
     ):
         self.log = log
+        # Offsets first..last that retention deleted before this reader got to them: told, never
+        # read (a reader slower than retention, or one that starts below the first segment left).
+        self.on_gap = on_gap
         self.idle_timeout = idle_timeout
         self.last_data = time.monotonic()
         self.next_offset = start
@@ -584,22 +589,57 @@ class LogReader:
         return self._run()
 
     def _open_at(self, offset: int) -> tuple[int, _View, int]:
-        segs = self.log.segments()
-        while not segs:
-            if not self.follow:
-                raise _EndOfLog
-            time.sleep(self.poll_s)
+        while True:
             segs = self.log.segments()
-        if offset < segs[0]:
-            offset = segs[0]  # retention removed the records before: start at the first still there
-            self.next_offset = offset
-        i = max(bisect.bisect_right(segs, offset) - 1, 0)
-        base = segs[i]
-        view = _View(self.log.dir / fmt.segment_name(base))
-        index = _load_index(self.log.dir, base, view.size)
-        j = bisect.bisect_right(index[0], offset) - 1
-        hint = _hint(view, view.size, index, j, (offset, 2**63))
-        return base, view, hint[1] if hint is not None else 0
+            while not segs:
+                if not self.follow:
+                    raise _EndOfLog
+                time.sleep(self.poll_s)
+                segs = self.log.segments()
+            if offset < segs[0]:
+                # retention removed the records before: start at the first still there
+                self._aged_out(offset, segs[0])
+                offset = segs[0]
+                self.next_offset = offset
+            i = max(bisect.bisect_right(segs, offset) - 1, 0)
+            base = segs[i]
+            view = self._open_segment(base)
+            if view is None:
+                continue  # deleted since the listing: list again, go on from what is left
+            index = _load_index(self.log.dir, base, view.size)
+            j = bisect.bisect_right(index[0], offset) - 1
+            hint = _hint(view, view.size, index, j, (offset, 2**63))
+            return base, view, hint[1] if hint is not None else 0
+
+    def _open_segment(self, base: int) -> _View | None:
+        """The segment's file, or None when retention deleted it after it was listed."""
+        try:
+            return _View(self.log.dir / fmt.segment_name(base))
+        except FileNotFoundError:
+            return None
+
+    def _next_segment(self, done: int) -> tuple[int, _View] | None:
+        """The segment after `done`, opened (None: the read ends in a hole that is damage). One
+        deleted by retention between the listing and the open is skipped like the ones before."""
+        while True:
+            segs = self.log.segments()
+            later = [s for s in segs if s > done]
+            if not later:
+                return None  # the topic was emptied under the reader
+            if self._lost_before(later[0], segs, done):
+                return None
+            if segs[0] >= later[0]:
+                self._aged_out(self.next_offset, later[0])
+            view = self._open_segment(later[0])
+            if view is not None:
+                self.next_offset = max(self.next_offset, later[0])
+                return later[0], view
+
+    def _aged_out(self, first: int, upto: int) -> None:
+        """Offsets first..upto-1 (within the read's range) are gone to retention: tell the caller."""
+        last = upto - 1 if self.stop is None else min(upto, self.stop) - 1
+        if last >= first and self.on_gap is not None:
+            self.on_gap(first, last)
 
     def _run(self) -> Iterator[list[Record]]:
         stop = self.stop
@@ -628,13 +668,10 @@ class LogReader:
                         continue
                     elif state == "next":
                         view.close()
-                        segs = self.log.segments()
-                        later = [s for s in segs if s > base]
-                        if self._lost_before(later[0], segs, base):
+                        entered = self._next_segment(base)
+                        if entered is None:
                             return
-                        base = later[0]
-                        self.next_offset = max(self.next_offset, base)
-                        view = _View(self.log.dir / fmt.segment_name(base))
+                        base, view = entered
                         pos = 0
                         continue
                     elif not self._wait():

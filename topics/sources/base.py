@@ -34,6 +34,7 @@ class Source(Protocol):
         follow: bool,
         skip_corrupt: bool = False,
         on_skip: Callable[[int, int, str], None] | None = None,
+        on_gap: Callable[[int, int], None] | None = None,
     ) -> Iterator[list[Record]]: ...  # with follow, an empty list now and then while waiting
 
     def committed(self, group: str) -> int | None: ...

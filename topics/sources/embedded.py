@@ -42,13 +42,16 @@ class EmbeddedSource:
         follow: bool,
         skip_corrupt: bool = False,
         on_skip: Callable[[int, int, str], None] | None = None,
+        on_gap: Callable[[int, int], None] | None = None,
     ) -> Iterator[list[Record]]:
         def report(r: CorruptRange) -> None:
             if on_skip is not None:
                 on_skip(r.first, r.last, f"segment {r.segment}, byte {r.position}")
 
         return iter(
-            self.log.reader(start, stop, follow, skip_corrupt, report, idle_timeout=self.idle_timeout)
+            self.log.reader(
+                start, stop, follow, skip_corrupt, report, idle_timeout=self.idle_timeout, on_gap=on_gap
+            )
         )
 
     def committed(self, group: str) -> int | None:

@@ -404,6 +404,7 @@ class JetStreamSource:
         follow: bool,
         skip_corrupt: bool = False,
         on_skip: Callable[[int, int, str], None] | None = None,
+        on_gap: Callable[[int, int], None] | None = None,
     ) -> Iterator[list[Record]]:
         """An ordered push consumer from `start`, read by the wire-level reader (natswire.py)."""
         if stop is not None and start >= stop:

@@ -170,6 +170,7 @@ class MqttSource:
         follow: bool,
         skip_corrupt: bool = False,
         on_skip: Callable[[int, int, str], None] | None = None,
+        on_gap: Callable[[int, int], None] | None = None,
     ) -> Iterator[list[Record]]:
         n = 0
         idle_since = time.monotonic()
