@@ -14,10 +14,12 @@ Used by `rq send` / `rq recv`; a training script can use it directly:
     listener = get_transport("quic").listen(ListenOptions("0.0.0.0", 7420, ident), rx.handle_channel)
     listener.serve_forever()
 
-    # sender
-    summary = send([Path("ckpt")], get_transport("quic"),
-                   ConnectOptions("10.0.0.2", 7420, pin="sha256:…"), token=b"secret",
-                   opts=SendOptions(connections=2), on_event=print)
+    # sender: connections=2 over QUIC starts a process per connection (multiprocessing, spawn),
+    # so a script's top level must be guarded, as for any multiprocessing user
+    if __name__ == "__main__":
+        summary = send([Path("ckpt")], get_transport("quic"),
+                       ConnectOptions("10.0.0.2", 7420, pin="sha256:…"), token=b"secret",
+                       opts=SendOptions(connections=2), on_event=print)
 
 Nothing here prints or exits: errors are `transfer.errors.TransferError` subclasses, progress comes as
 `transfer.events` objects. Wire protocol: docs/protocol.md; design and driver interface: docs/transfer.md.

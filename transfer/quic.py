@@ -702,6 +702,7 @@ class QuicListener:
         )
         self._lt = _LoopThread("rq-quic-server")
         self._done = threading.Event()
+        self._sock: socket.socket | None = None
         try:
             self.server, self.address = self._lt.run(self._start(), timeout=10)
         except BaseException:
@@ -730,6 +731,7 @@ class QuicListener:
             lambda: b.server.QuicServer(configuration=cfg, create_protocol=proto_cls), sock=sock
         )
         _read_bursts(loop, sock, server, burst)
+        self._sock = sock
         return server, sock.getsockname()[:2]
 
     def _on_stream(self, proto: Any, stream_id: int) -> QuicChannel:
@@ -771,6 +773,10 @@ class QuicListener:
         with contextlib.suppress(RuntimeError):
             self._lt.loop.call_soon_threadsafe(_close)
         self._lt.stop()
+        # The transport closes its socket in a callback of the loop's next turn, which a loop
+        # stopped at once never takes: the port stayed bound for the life of the process.
+        if self._sock is not None:
+            self._sock.close()
         self._done.set()
 
 

@@ -228,3 +228,17 @@ def test_a_closed_channel_lets_its_buffers_go_without_the_garbage_collector(
         assert wait_for(lambda: all(r() is None for r in buffers), 5), "pool buffers outlived their channel"
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_close_gives_the_port_back(tmp_path: Path, backend: str) -> None:
+    """close() stopped the loop before the transport's own close ran: the UDP port stayed bound,
+    and listening on it again in the same process failed with EADDRINUSE."""
+    ident = load_identity(tmp_path / "cert")
+    extra = {"quic_backend": backend}
+    lst = QuicListener(ListenOptions("127.0.0.1", 0, ident, extra=extra), Collector())
+    port = lst.address[1]
+    for _ in range(5):
+        lst.close()
+        lst = QuicListener(ListenOptions("127.0.0.1", port, ident, extra=extra), Collector())
+    lst.close()
