@@ -155,7 +155,9 @@ def _parse_headers(items: Sequence[str]) -> Headers:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise CliError(f"bad --header {item!r}", ExitCode.USAGE, hint="use --header name=value")
-        out.append((name, value.encode("utf-8")))
+        if any("\udc80" <= ch <= "\udcff" for ch in name):  # bytes that are not UTF-8 (surrogateescape)
+            raise CliError(f"--header name '{safe_text(name)}' is not UTF-8", ExitCode.USAGE)
+        out.append((name, os.fsencode(value)))  # a value is bytes: keep them as given
     return tuple(out)
 
 
@@ -578,7 +580,7 @@ def produce(
             if retention_age:
                 config.retention_ms = retention_age
         hdrs = _parse_headers(headers)
-        key_b = key.encode("utf-8") if key is not None else None
+        key_b = os.fsencode(key) if key is not None else None  # a key is bytes: kept as given
         try:
             sink = open_sink(ref, config)
         except OSError as exc:

@@ -211,3 +211,16 @@ def test_offsets_shows_a_dash_not_python_none(env: dict[str, str]) -> None:
     for args in (["ev", "--group", "nosuch"], ["empty"]):
         r = run_rq("offsets", *args, env=env)
         assert r.returncode == 0 and b"None" not in r.stdout and b"-" in r.stdout, r
+
+
+def test_key_and_header_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    """They were 'unexpected UnicodeEncodeError' (exit 1), after the topic was created."""
+    env = {"RQ_TOPICS_DIR": str(tmp_path / "t")}
+    key, value = os.fsdecode(b"\xff"), os.fsdecode(b"h=\xfe")
+    r = run_rq("produce", "b", "-k", key, "-H", value, input=b"a\n", env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(run_rq("replay", "b", "--format", "json", env=env).stdout)
+    assert out["key"] == "/w==" and out["headers"] == {"h": {"base64": "/g=="}}  # the bytes given
+    r = run_rq("produce", "c", "-H", os.fsdecode(b"\xfe=v"), input=b"a\n", env=env)
+    assert r.returncode == 2 and b"--header name '\\xfe' is not UTF-8" in r.stderr, r.stderr
+    assert not (tmp_path / "t" / "c").exists()
