@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import run_rq
+from rqtest import run_rq
 from test_log import fill
 
 import topics.embedded.log as logmod
