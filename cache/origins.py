@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 import threading
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from cache.landing import Checksums, Landing, ObjectInfo
 from cache.s3 import S3, S3Settings, shared_client, split_s3_url
 
 Done = Callable[[BaseException | None], None]
+_MERGED_SLASHES = re.compile("/{2,}")
 
 
 class Origin(Protocol):
@@ -76,9 +78,14 @@ class S3Origin:
         base name, as a local file source is."""
         prefix = self.prefix
         exact = bool(prefix) and not prefix.endswith("/")
-        for key, size, etag, vid in self.client.list_objects(self.bucket, prefix):
+        # AWS keeps `a//b` as a key of its own; SeaweedFS merges the slashes and lists `a/b` for
+        # the prefix `a//`. Such keys are kept as listed (never rewritten), and are relative to
+        # the prefix as the store read it, so --include/--exclude and names see `b`, not `a/b`
+        merged = _MERGED_SLASHES.sub("/", prefix)
+        for key, size, etag, vid in self.client.list_objects(self.bucket, self.prefix):
             if key.endswith("/") and size == 0:
                 continue  # a "folder" marker, not data
+            prefix = self.prefix if key.startswith(self.prefix) else merged
             if not exact:
                 rel = key[len(prefix) :].lstrip("/")
             elif key == prefix:
