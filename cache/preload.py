@@ -207,6 +207,10 @@ def run_preload(
     started = time.monotonic()
     started_wall = time.time()
     state = cache._state()
+    if tier == "ram" and not dry_run:
+        # a RAM root removed under a long-running process (a tmp cleaner, RemoveIPC) is made
+        # again, as Cache.open does: every landing into it failed on the missing tmp/
+        cache._ensure_ram_root()
     state.store.collect()
     if not dry_run:
         state.store.shrink()

@@ -4,10 +4,15 @@ RAM directories, the library's RAM path, holds of killed readers, the --json fie
 from __future__ import annotations
 
 import json
+import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 from cachekit import summary
 from rqtest import run_rq
+
+from cache import Cache
 
 
 def test_double_slash_prefix_is_relative_to_what_the_store_lists(
@@ -30,3 +35,24 @@ def test_double_slash_prefix_is_relative_to_what_the_store_lists(
     if listed == {"d/x", "d/y"}:  # a store that merges the slashes (SeaweedFS)
         assert summary(again)["skipped"] == 1 and summary(again)["objects"] == 0
         assert entries == [f"s3://{bucket}/d/x"]
+
+
+def test_library_preload_to_ram_makes_a_removed_ram_root_again(tmp_path: Path, ram_dir: Path) -> None:
+    """`Cache.preload(..., tier="ram")` in a process whose RAM root was removed after the Cache
+    was made (a tmp cleaner): every object failed with 'No such file or directory: …/tmp/….part'."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"f{i}").write_bytes(os.urandom(1000) + bytes([i]))
+    cache = Cache(tmp_path / "cache", ram_dir=ram_dir)
+    try:
+        shutil.rmtree(ram_dir)
+        result = cache.preload([str(src)], tier="ram")
+        assert result.failed == [] and result.objects == 3
+        assert sorted((e.url, e.tier) for e in cache.entries()) == [
+            (str(src / f"f{i}"), "ram") for i in range(3)
+        ]
+        with cache.open(str(src / "f1")) as f:
+            assert f.read() == (src / "f1").read_bytes()
+    finally:
+        cache.close()
