@@ -13,6 +13,7 @@ import logging
 import os
 import select
 import signal
+import socket
 import stat
 import sys
 import time
@@ -344,21 +345,46 @@ def _refuse_feedback(source: TopicRef, target: TopicRef, flag: str) -> None:
         return
     if source.kind == "embedded":
         assert source.path is not None and target.path is not None
-        same = os.path.realpath(source.path) == os.path.realpath(target.path)
+        same = _same_directory(source.path, target.path)
     elif source.kind == "jetstream":
-        same = (source.host, source.port, source.stream) == (target.host, target.port, target.stream)
+        same = source.stream == target.stream and _same_server(source, target)
     else:
         from paho.mqtt.client import topic_matches_sub
 
-        same = (source.host, source.port) == (target.host, target.port) and (
-            topic_matches_sub(source.subject, target.subject)
-        )
+        same = topic_matches_sub(source.subject, target.subject) and _same_server(source, target)
     if same:
         raise CliError(
             f"{flag} {safe_text(target.url)} feeds what is being followed back into it",
             ExitCode.USAGE,
             hint=f"give {flag} another topic, or drop --follow",
         )
+
+
+def _same_directory(a: Path, b: Path) -> bool:
+    """One topic directory, however named: a symlink, `..`, a bind mount (same device and inode)."""
+    with contextlib.suppress(OSError):
+        return os.path.samefile(a, b)
+    return os.path.realpath(a) == os.path.realpath(b)  # the target is not made yet
+
+
+def _addresses(host: str, port: int) -> set[tuple[str, int]]:
+    """Where HOST:PORT connects to: `localhost`, `127.0.0.1` and `[::1]` are one server. A name
+    that does not resolve stands for itself (connecting to it fails anyway)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return {(host.lower(), port)}
+    return {(str(info[4][0]).lower(), port) for info in infos}
+
+
+def _same_server(a: TopicRef, b: TopicRef) -> bool:
+    """The two URLs reach the same server: compared by resolved address, not by spelling (the
+    port is already the scheme's default where a URL leaves it out)."""
+    if a.port != b.port:
+        return False
+    if a.host.lower() == b.host.lower():
+        return True
+    return bool(_addresses(a.host, a.port) & _addresses(b.host, b.port))
 
 
 def _default_format(fmt: str | None) -> str:

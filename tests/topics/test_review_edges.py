@@ -1,0 +1,92 @@
+"""Edge cases a review found in `rq produce/tail/replay`, each through the real CLI against real
+files and the real test servers (NATS, Mosquitto)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from rqtest import run_rq
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    return {"RQ_TOPICS_DIR": str(tmp_path / "topics")}
+
+
+def respelled(url: str, host: str) -> str:
+    """The same server's URL with its host written another way."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{host}:{parts.port}"
+
+
+def one_refusal(r: object, flag: str) -> None:
+    err = r.stderr.decode()  # type: ignore[attr-defined]
+    assert r.returncode == 2, err  # type: ignore[attr-defined]
+    assert f"{flag} " in err and "feeds what is being followed" in err and err.count("\n") == 1, err
+
+
+# -- 1. the self-feed guard compares servers by address, not by spelling ------------------------
+
+
+def test_replay_follow_into_the_same_stream_spelled_another_way_is_refused(
+    nats_url: str, stream_name: str, env: dict[str, str]
+) -> None:
+    """localhost and 127.0.0.1 are one NATS server: following a stream while republishing into it
+    was a loop that only a full disk ended (the old guard compared the host strings)."""
+    subject = f"{stream_name.lower()}.a"
+    by_ip = f"{respelled(nats_url, '127.0.0.1')}/{stream_name}/{subject}"
+    by_name = f"{respelled(nats_url, 'localhost')}/{stream_name}/{subject}"
+    assert run_rq("produce", by_ip, input=b"x\n", env=env).returncode == 0
+    r = run_rq("replay", by_name, "-f", "--to-topic", by_ip, "--timeout", "2", env=env, timeout=20)
+    one_refusal(r, "--to-topic")
+    r = run_rq("replay", by_ip, "--from", "start", "--format", "raw", env=env, timeout=20)
+    assert r.stdout == b"x\n"  # nothing was fed back
+
+
+def test_an_omitted_default_port_is_the_default_port(env: dict[str, str]) -> None:
+    """nats://localhost/S and nats://127.0.0.1:4222/S are one stream: refused before connecting."""
+    r = run_rq(
+        "replay",
+        "nats://localhost/SELF",
+        "-f",
+        "--to-topic",
+        "nats://127.0.0.1:4222/SELF",
+        env=env,
+        timeout=20,
+    )
+    one_refusal(r, "--to-topic")
+
+
+def test_tail_mqtt_record_into_the_same_broker_spelled_another_way_is_refused(
+    mqtt_url: str, env: dict[str, str]
+) -> None:
+    r = run_rq(
+        "tail",
+        f"{respelled(mqtt_url, 'localhost')}/rqedge/#",
+        "--record",
+        f"{respelled(mqtt_url, '127.0.0.1')}/rqedge/copy",
+        "--timeout",
+        "1",
+        env=env,
+        timeout=20,
+    )
+    one_refusal(r, "--record")
+
+
+def test_replay_follow_into_the_same_embedded_topic_through_a_symlink_is_refused(
+    tmp_path: Path, env: dict[str, str]
+) -> None:
+    topic = tmp_path / "topics" / "ev"
+    assert run_rq("produce", str(topic), input=b"x\n", env=env).returncode == 0
+    link = tmp_path / "link"
+    os.symlink(topic, link)
+    r = run_rq("replay", str(topic), "-f", "--to-topic", str(link), "--timeout", "1", env=env, timeout=20)
+    one_refusal(r, "--to-topic")
+    r = run_rq("replay", str(topic), "--from", "start", "--json", "--format", "raw", env=env)
+    assert json.loads(r.stdout.splitlines()[-1])["records"] == 1
