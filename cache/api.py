@@ -264,22 +264,37 @@ class Cache:
         self, index: Index, ram_limit: int | float | str | None, disk_limit: int | float | str | None
     ) -> dict[str, int]:
         caps: dict[str, int] = {}
+        # (cap before, cap given) of each tier whose limit this Cache replaced: restore_limits()
+        self._replaced: dict[str, tuple[int, int]] = {}
         for tier, given in (("ram", ram_limit), ("disk", disk_limit)):
-            if given is not None:
-                caps[tier] = parse_size(given)
-                index.set_setting(f"{tier}_limit", str(caps[tier]))
-                continue
             stored = stored_size(index.setting(f"{tier}_limit"))
-            if stored is not None:
-                caps[tier] = stored
-                continue
-            fs = os.statvfs(self.layout.tier_root(tier))
-            # defaults: a quarter of the RAM file system; 80% of what the disk has free now
-            caps[tier] = (
-                fs.f_blocks * fs.f_frsize // 4 if tier == "ram" else int(fs.f_bavail * fs.f_frsize * 0.8)
-            )
-            index.set_setting(f"{tier}_limit", str(caps[tier]))
+            if stored is None:
+                fs = os.statvfs(self.layout.tier_root(tier))
+                # defaults: a quarter of the RAM file system; 80% of what the disk has free now
+                stored = (
+                    fs.f_blocks * fs.f_frsize // 4 if tier == "ram" else int(fs.f_bavail * fs.f_frsize * 0.8)
+                )
+                index.set_setting(f"{tier}_limit", str(stored))
+            caps[tier] = stored
+            if given is not None and parse_size(given) != stored:
+                # stored at once: every process using the cache obeys the last limit set (Store.cap)
+                caps[tier] = parse_size(given)
+                self._replaced[tier] = (stored, caps[tier])
+                index.set_setting(f"{tier}_limit", str(caps[tier]))
         return caps
+
+    def restore_limits(self) -> None:
+        """Puts back the limits that this Cache's `ram_limit`/`disk_limit` replaced, unless another
+        process has set another since: `rq preload --ram-limit …` that fails keeps no new cap."""
+        replaced, self._replaced = self._replaced, {}
+        if not replaced:
+            return
+        index = self._state().index
+        with index.write() as db:
+            for tier, (before, given) in replaced.items():
+                if stored_size(Index.setting_in(db, f"{tier}_limit")) == given:
+                    Index.put_setting(db, f"{tier}_limit", str(before))
+                    self.caps[tier] = before
 
     # --- per-process state ---------------------------------------------------------------------
 

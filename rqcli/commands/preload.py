@@ -249,6 +249,7 @@ def preload(
         gc.set_threshold(20_000, 20, 20)
         gc.enable()  # off since start-up (rqcli.console)
         malloc.keep_freed_memory()
+        succeeded = False
         try:
             result = c.preload(
                 list(sources),
@@ -260,6 +261,7 @@ def preload(
                 keep_planned=False,
                 on_event=on_event,
             )
+            succeeded = not result.failed
         except CacheError as exc:
             err = cache_error_to_cli(exc)
             # what was done before the abort still lands in the summary: scripts read it either way
@@ -274,6 +276,11 @@ def preload(
             )
             raise
         finally:
+            if not succeeded:
+                # a --ram-limit/--disk-limit is remembered only by a run that ends with exit 0
+                # (it binds every process while the run lasts): a failed one puts the old cap back
+                with contextlib.suppress(CacheError):
+                    c.restore_limits()
             c.close()
             if scratch is not None:
                 scratch.cleanup()

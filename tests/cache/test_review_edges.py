@@ -56,3 +56,26 @@ def test_library_preload_to_ram_makes_a_removed_ram_root_again(tmp_path: Path, r
             assert f.read() == (src / "f1").read_bytes()
     finally:
         cache.close()
+
+
+def _limits(env: dict[str, str]) -> dict[str, int]:
+    du = json.loads(run_rq("cache", "du", "--json", env=env).stdout.decode().splitlines()[-1])
+    return {tier: du[tier]["limit"] for tier in ("ram", "disk")}
+
+
+def test_a_cap_given_to_a_failed_preload_is_not_remembered(tmp_path: Path, cache_env: dict[str, str]) -> None:
+    """`rq preload --disk-limit 500 --ram-limit 100M` that ends with exit 7 (objects bigger than the
+    cap) left both caps stored: every later run and `rq cache du` used them. Now a run that fails
+    puts the old caps back; one that succeeds keeps its own."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"f{i}").write_bytes(os.urandom(1000))
+    before = _limits(cache_env)
+    proc = run_rq("preload", str(src), "--disk-limit", "500", "--ram-limit", "100M", "--json", env=cache_env)
+    assert proc.returncode == 7, proc.stderr.decode()
+    assert summary(proc)["failed"] == 3
+    assert _limits(cache_env) == before
+    ok = run_rq("preload", str(src), "--disk-limit", "5000", "--json", env=cache_env)
+    assert ok.returncode == 0, ok.stderr.decode()
+    assert _limits(cache_env) == {**before, "disk": 5000}
