@@ -21,11 +21,18 @@ class SourceFile:
     size: int
     mtime_ns: int
     inode: int
+    # an in-place rewrite whose mtime was put back (touch -r) still moves the ctime
+    ctime_ns: int
+    dev: int
+
+    def stamp(self) -> tuple[int, int, int, int, int]:
+        """What tells this version of the file from any other (compared, and hashed into its key)."""
+        return (self.size, self.mtime_ns, self.inode, self.ctime_ns, self.dev)
 
 
 def _identity(path: Path) -> SourceFile:
     st = os.stat(path)
-    return SourceFile(path, st.st_size, st.st_mtime_ns, st.st_ino)
+    return SourceFile(path, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, st.st_dev)
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,10 @@ def scan(
                 name=name,
                 size=sf.size,
                 mode=mode,
-                key=file_key(name, sf.size, sf.mtime_ns, sf.inode, chunk_size),
-                ident=file_ident(name, sf.size, sf.mtime_ns, sf.inode),
+                key=file_key(
+                    name, sf.size, sf.mtime_ns, sf.inode, chunk_size, ctime_ns=sf.ctime_ns, dev=sf.dev
+                ),
+                ident=file_ident(name, sf.size, sf.mtime_ns, sf.inode, ctime_ns=sf.ctime_ns, dev=sf.dev),
             )
         )
     manifest = make_manifest(chunk_size, entries, dirs)
@@ -189,7 +198,7 @@ def check_unchanged(files: list[SourceFile]) -> None:
             now = _identity(sf.path)
         except OSError as exc:
             raise source_error(sf.path, exc) from None
-        if (now.size, now.mtime_ns, now.inode) != (sf.size, sf.mtime_ns, sf.inode):
+        if now.stamp() != sf.stamp():
             raise SourceChangedError(
                 f"{sf.path} changed while it was being sent; re-run to send the new version"
             )

@@ -11,43 +11,20 @@ from pathlib import Path
 
 import orjson
 import pytest
-from xfer_kit import TOKEN, Recv, journal_records, make_tree, summary, tree_digest, wait_for
+from xfer_kit import Recv, interrupt_after, journal_records, make_tree, summary, tree_digest, wait_for
 from xfer_kit import send as rq_send
 
 from transfer.errors import ProtocolError, UnsafeNameError
-from transfer.events import ChunkMoved, Event
 from transfer.frames import FrameDecoder, FrameType
 from transfer.manifest import Limits, parse_manifest, transfer_id
-from transfer.sender import SendOptions, send
 from transfer.session import ReceiverChannel, control_raw
 from transfer.store import Store
-from transfer.transport import ConnectOptions, get_transport
 
 pytestmark = pytest.mark.integration
 
 
 def _events(text: str) -> list[dict[str, object]]:
     return [json.loads(x) for x in text.splitlines() if x.strip()]
-
-
-def _interrupt_after(src: Path, recv: Recv, chunks: int, chunk_size: int) -> None:
-    """Sends `src` with the library until `chunks` chunks went out, then dies like a killed sender."""
-
-    class Stop(BaseException):
-        pass
-
-    moved = [0]
-
-    def on_event(ev: Event) -> None:
-        if isinstance(ev, ChunkMoved):
-            moved[0] += 1
-            if moved[0] > chunks:
-                raise Stop
-
-    copts = ConnectOptions("127.0.0.1", recv.port, None, tls=False)
-    opts = SendOptions(chunk_size=chunk_size, window=1, streams=1, compress="none")
-    with pytest.raises(Stop):
-        send([src], get_transport("tcp"), copts, TOKEN.encode(), opts, on_event)
 
 
 # -- 1. another --chunk-size on the re-run ------------------------------------------------------------
@@ -63,7 +40,7 @@ def test_a_rerun_with_another_chunk_size_keeps_what_arrived(tmp_path: Path) -> N
     dest = tmp_path / "dst"
     recv = Recv(dest, tmp_path / "cert", "tcp").start()
     try:
-        _interrupt_after(src, recv, 6, 256 << 10)
+        interrupt_after(src, recv, 6, 256 << 10)
         assert wait_for(lambda: journal_records(dest) >= 4, 10)
         have = journal_records(dest) * (256 << 10)
         proc = rq_send([src], recv, "--chunk-size", "1MiB", "--compress", "none")

@@ -523,7 +523,7 @@ def test_reader_reads_cached_and_uncached_chunks_alike(tmp_path: Path, cached: b
     if not cached and resident_pages(path) > 0:
         pytest.skip("this file system keeps the file cached (tmpfs?)")
     st = path.stat()
-    reader = Reader([SourceFile(path, st.st_size, st.st_mtime_ns, st.st_ino)], cs)
+    reader = Reader([SourceFile(path, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, st.st_dev)], cs)
     try:
         for k in (2, 0, 3, 1):  # any order, as the sender's channels take them
             length = min(cs, len(data) - k * cs)

@@ -269,3 +269,28 @@ class Relay:
     def close(self) -> None:
         self.closing.set()
         self.sock.close()
+
+
+def interrupt_after(src: Path, recv: Recv, chunks: int, chunk_size: int) -> None:
+    """Sends `src` with the library until `chunks` chunks went out, then dies like a killed sender."""
+    import pytest
+
+    from transfer.events import ChunkMoved, Event
+    from transfer.sender import SendOptions, send
+    from transfer.transport import ConnectOptions, get_transport
+
+    class Stop(BaseException):
+        pass
+
+    moved = [0]
+
+    def on_event(ev: Event) -> None:
+        if isinstance(ev, ChunkMoved):
+            moved[0] += 1
+            if moved[0] > chunks:
+                raise Stop
+
+    copts = ConnectOptions("127.0.0.1", recv.port, None, tls=False)
+    opts = SendOptions(chunk_size=chunk_size, window=1, streams=1, compress="none")
+    with pytest.raises(Stop):
+        send([src], get_transport("tcp"), copts, TOKEN.encode(), opts, on_event)

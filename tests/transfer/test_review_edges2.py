@@ -1,0 +1,44 @@
+"""Edges of `rq send` / `rq recv` an earlier review found (2026-11-23), each test failing before its
+fix: a source rewritten in place between an interrupted run and its resume, two receivers on one
+DEST, a file where a directory goes, a read-only DEST, a missing SOURCE under --json, file modes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from xfer_kit import TOKEN, Recv, interrupt_after, journal_records, summary, wait_for
+from xfer_kit import send as rq_send
+
+pytestmark = pytest.mark.integration
+
+
+# -- 1. a source rewritten in place, its mtime put back ---------------------------------------------
+
+
+def test_a_source_rewritten_in_place_with_its_mtime_restored_is_sent_again_whole(tmp_path: Path) -> None:
+    """Was: same size, same inode, same mtime (`touch -r`, os.utime): the resume kept the chunks of
+    the old contents and the receiver ended with a mix of both versions, reported verified. The
+    file's identity now includes its ctime (which no utime can set back): it is sent again whole."""
+    src = tmp_path / "model.bin"
+    size = 4 << 20
+    src.write_bytes(os.urandom(size))
+    st = src.stat()
+    dest = tmp_path / "dst"
+    recv = Recv(dest, tmp_path / "cert", "tcp").start()
+    try:
+        interrupt_after(src, recv, 6, 256 << 10)
+        assert wait_for(lambda: journal_records(dest) >= 4, 10)
+        new = os.urandom(size)
+        with open(src, "r+b") as fh:  # in place: same inode, same size
+            fh.write(new)
+        os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert (src.stat().st_ino, src.stat().st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+        proc = rq_send([src], recv, "--chunk-size", "256KiB", "--compress", "none")
+        assert proc.returncode == 0, proc.stderr.decode()
+    finally:
+        recv.stop()
+    assert (dest / "model.bin").read_bytes() == new, "the receiver holds a mix of both versions"
+    assert summary(proc)["bytes_raw"] == size
+
