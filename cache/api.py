@@ -36,7 +36,15 @@ from cache.errors import (
 from cache.fetcher import Fetcher, Job
 from cache.index import Entry, Index
 from cache.landing import ObjectInfo
-from cache.layout import INDEX_NAME, TIERS, Layout, check_cache_dir, default_ram_root, dir_error
+from cache.layout import (
+    INDEX_NAME,
+    TIERS,
+    Layout,
+    check_cache_dir,
+    check_private_dir,
+    default_ram_root,
+    dir_error,
+)
 from cache.origins import LocalOrigin, Origin, normalise_pattern, normalise_url, origin_for_url
 from cache.s3 import S3Settings
 from cache.sizes import parse_size, stored_size
@@ -82,6 +90,28 @@ class Problem:
     problem: str
 
 
+def _make_ram_dir(path: Path, tighten: bool) -> bool:
+    """Makes a new cache's RAM directory with its tiers' subdirectories and the checks of
+    Layout.create; True when it was not there before (so a failure after it may remove it)."""
+    existed = path.exists()
+    try:
+        check_private_dir(path, tighten)
+        for sub in ("objects", "tmp"):
+            (path / sub).mkdir(exist_ok=True)
+    except OSError as exc:
+        if not existed:
+            _unmake_ram_dir(path)
+        raise dir_error(path, "RAM tier directory", exc) from None
+    return not existed
+
+
+def _unmake_ram_dir(path: Path) -> None:
+    """Removes what _make_ram_dir made, and only that (rmdir: never a file someone put there)."""
+    for sub in ("objects", "tmp", ""):
+        with contextlib.suppress(OSError):
+            (path / sub).rmdir()
+
+
 class Cache:
     """A tiered cache directory. Thread-safe; usable from many processes at once."""
 
@@ -114,13 +144,20 @@ class Cache:
         self.root = (Path(cache_dir) if cache_dir is not None else default_cache_dir()).absolute()
         ram_given = Path(ram_dir).absolute() if ram_dir else None
         check_cache_dir(self.root)
+        made_ram = ram_checked = False
         if ram_given is not None:
             _check_apart(ram_given, self.root)
             if not (self.root / INDEX_NAME).exists():
-                check_cache_dir(ram_given, "RAM tier directory")  # before the new cache dir is made
+                ram_checked = True
+                # a new cache's RAM directory is made (and so proven usable) before the cache
+                # directory and its index: one that cannot be made or is not safe creates nothing
+                check_cache_dir(ram_given, "RAM tier directory")
+                made_ram = _make_ram_dir(ram_given, self._tighten)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
+            if made_ram and ram_given is not None:
+                _unmake_ram_dir(ram_given)
             raise dir_error(self.root, "cache directory", exc) from None
         self.s3_settings = S3Settings(endpoint_url=endpoint_url, profile=profile)
         self.max_age = max_age
@@ -137,7 +174,7 @@ class Cache:
         try:
             known = index.setting("ram_root")
             ram_root = ram_given or Path(known or self._new_ram_root())
-            if known != str(ram_root) and ram_given is not None:
+            if known != str(ram_root) and ram_given is not None and not ram_checked:
                 check_cache_dir(ram_root, "RAM tier directory")  # a directory given to us: empty
             self.layout = Layout(self.root, ram_root)
             wiped = known == str(ram_root) and not ram_root.exists()

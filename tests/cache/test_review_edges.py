@@ -9,10 +9,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cachekit import summary
 from rqtest import run_rq
 
-from cache import Cache
+from cache import Cache, CacheError
 
 
 def test_double_slash_prefix_is_relative_to_what_the_store_lists(
@@ -79,3 +80,21 @@ def test_a_cap_given_to_a_failed_preload_is_not_remembered(tmp_path: Path, cache
     ok = run_rq("preload", str(src), "--disk-limit", "5000", "--json", env=cache_env)
     assert ok.returncode == 0, ok.stderr.decode()
     assert _limits(cache_env) == {**before, "disk": 5000}
+
+
+def test_an_unusable_ram_dir_creates_nothing(tmp_path: Path, ram_dir: Path) -> None:
+    """A RAM directory that cannot be made (`/proc/…`) or is not safe (writable by others) is a
+    clear CacheError, and no cache directory or index is left behind (the index was made first)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    (tmp_path / "file").write_bytes(b"")
+    for i, bad in enumerate([Path("/proc/rq-nope"), shared, tmp_path / "file" / "sub"]):
+        root = tmp_path / f"cache{i}"
+        with pytest.raises(CacheError, match=r"RAM tier directory|is not a directory"):
+            Cache(root, ram_dir=bad)
+        assert not root.exists()
+    # and a RAM directory made for a cache directory that then cannot be made is taken back
+    with pytest.raises(CacheError, match="cache directory"):
+        Cache(Path("/proc/rq-nope/cache"), ram_dir=ram_dir)
+    assert not ram_dir.exists()
