@@ -490,7 +490,11 @@ def _json_record(line: bytes, lineno: int) -> tuple[bytes | None, Headers, bytes
         # The common line (no key, no headers) skips the field decoders: this runs per record.
         key = obj.get("key")
         if key is not None:
-            key = encode_bytes_field(key, obj.get("key_encoding", "text"))
+            key = (
+                encode_bytes_field(key, obj.get("key_encoding", "text"))
+                if isinstance(key, str)
+                else _json_key(key, line, obj.get("key_encoding", "text"))
+            )
         headers = obj.get("headers")
         return key, (_json_headers(headers, line) if headers else NO_HEADERS), value
     except (orjson.JSONDecodeError, ValueError, TypeError, AttributeError) as exc:
@@ -504,6 +508,22 @@ class _NumberText(str):
 
 def _is_number(item: object) -> bool:
     return isinstance(item, int | float) and not isinstance(item, bool)
+
+
+def _json_key(key: object, line: bytes, encoding: object) -> bytes:
+    """A key that is not a string. A key is bytes, as in kcat (`-K:` keeps the text before the
+    delimiter as typed), so a number is stored as its JSON text exactly as written ("key": 5 -> 5,
+    1.50 -> 1.50) and true/false as that word, as header values are. null is no key; an object or
+    a list has no one text: refused, saying what a key may be."""
+    if encoding != "text":
+        raise ValueError(f'"key" with "key_encoding": {json.dumps(encoding)} must be a string')
+    if isinstance(key, bool):
+        return b"true" if key else b"false"
+    if _is_number(key):
+        exact = json.loads(line, parse_int=_NumberText, parse_float=_NumberText)["key"]
+        return str(exact).encode("utf-8")
+    kind = "a list" if isinstance(key, list) else "an object"
+    raise ValueError(f'"key" is {kind}: a key is a string, a number or true/false (null or no "key": no key)')
 
 
 def _json_headers(obj: Any, line: bytes) -> Headers:

@@ -90,3 +90,38 @@ def test_replay_follow_into_the_same_embedded_topic_through_a_symlink_is_refused
     one_refusal(r, "--to-topic")
     r = run_rq("replay", str(topic), "--from", "start", "--json", "--format", "raw", env=env)
     assert json.loads(r.stdout.splitlines()[-1])["records"] == 1
+
+
+# -- 2. produce --format json: a key that is not a string ----------------------------------------
+
+
+def test_produce_json_a_number_key_is_stored_as_its_json_text(env: dict[str, str]) -> None:
+    """{"key": 5} failed with "'int' object has no attribute 'encode'"; a key is bytes, as in kcat,
+    so a number is kept as written (1.50 stays 1.50), like a header value."""
+    lines = b'{"key": 5, "value": "x"}\n{"key": 1.50, "value": 1}\n{"key": false, "value": 2}\n{"key": null, "value": 3}\n'
+    r = run_rq("produce", "keys", "--format", "json", input=lines, env=env)
+    assert r.returncode == 0, r.stderr
+    r = run_rq("tail", "keys", "--format", "{key}|{value}", env=env)
+    assert r.stdout == b"5|x\n1.50|1\nfalse|2\n|3\n"
+    r = run_rq("tail", "keys", "--where", '$key == "5"', "--format", "raw", env=env)
+    assert r.stdout == b'"x"\n'  # the JSON value as written
+
+
+@pytest.mark.parametrize(
+    ("line", "text"),
+    [
+        (b'{"key": [5], "value": "x"}', '"key" is a list: a key is a string, a number or true/false'),
+        (b'{"key": {"a": 1}, "value": "x"}', '"key" is an object'),
+        (b'{"key": 5, "key_encoding": "base64", "value": "x"}', '"key_encoding": "base64" must be a string'),
+    ],
+)
+def test_produce_json_a_key_with_no_one_text_is_refused_naming_the_line(
+    env: dict[str, str], line: bytes, text: str
+) -> None:
+    r = run_rq("produce", "keys", "--format", "json", input=b'{"value": "ok"}\n' + line + b"\n", env=env)
+    err = r.stderr.decode()
+    assert r.returncode == 2, err
+    assert err.startswith("rq: error: input line 2 is not a record: ") and text in err, err
+    assert err.count("\n") == 1 and "attribute" not in err
+    r = run_rq("offsets", "keys", "--json", env=env)
+    assert json.loads(r.stdout)["records"] == 0  # nothing of that batch was stored
