@@ -12,6 +12,7 @@ import io
 import itertools
 import os
 import random
+import sqlite3
 import threading
 import time
 from collections.abc import Iterable
@@ -617,7 +618,12 @@ class Cache:
 
     def usage(self) -> dict[str, dict[str, int]]:
         self._ensure_ram_root()  # entries whose RAM root went are no usage
-        out = self._state().index.usage()
+        state = self._state()
+        # holds of processes that died (a reader killed with -9 mid-fetch) are nobody's work in
+        # flight: given back first, not reported as `held` until a tier happens to need room
+        with contextlib.suppress(sqlite3.OperationalError):  # (a read-only cache dir: as it is)
+            state.store.collect()
+        out = state.index.usage()
         for tier in TIERS:
             out[tier]["limit"] = self.caps[tier]
         return out

@@ -6,6 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +102,41 @@ def test_an_unusable_ram_dir_creates_nothing(tmp_path: Path, ram_dir: Path) -> N
     with pytest.raises(CacheError, match="cache directory"):
         Cache(Path("/proc/rq-nope/cache"), ram_dir=ram_dir)
     assert not ram_dir.exists()
+
+
+def test_a_reader_killed_mid_fetch_leaves_no_hold_in_flight(
+    tmp_path: Path, ram_dir: Path, s3_client: Any, bucket: str, aws_env: dict[str, str], proxy_factory: Any
+) -> None:
+    """A process killed with SIGKILL inside Cache.open of an object it was fetching left its hold:
+    `rq cache du` said "in flight 7.6 MiB" (and Cache.usage() `held`) for nobody, until some
+    tier happened to need room. The hold's (pid, start time) is dead: it is given back."""
+    size = 8_000_000
+    s3_client.put_object(Bucket=bucket, Key="big", Body=os.urandom(size))
+    url = f"s3://{bucket}/big"
+    root = tmp_path / "cache"
+    Cache(root, ram_dir=ram_dir).close()
+    slow = proxy_factory(rate_bytes_per_s=1 << 20)  # ~8 s for the object: killed long before
+    child = f"from cache import Cache\nCache({str(root)!r}).open({url!r}).read()\n"
+    env = {**os.environ, **aws_env, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{slow.port}"}
+    proc = subprocess.Popen([sys.executable, "-c", child], env=env)
+    cache = Cache(root)
+    try:
+        deadline = time.monotonic() + 30
+        while cache._state().index.usage()["disk"]["held"] == 0:
+            assert proc.poll() is None and time.monotonic() < deadline, "the reader never started its fetch"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert cache.usage()["disk"]["held"] == 0
+        du = json.loads(
+            run_rq("cache", "du", "--json", "--cache-dir", str(root)).stdout.decode().splitlines()[-1]
+        )
+        assert du["disk"]["held"] == 0
+        with cache.open(url) as f:  # and the object is fetched by the next reader, not waited for
+            assert len(f.read()) == size
+        assert cache.usage()["disk"] == {**cache.usage()["disk"], "objects": 1, "held": 0}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        cache.close()
