@@ -394,7 +394,9 @@ def doctor(endpoint_url: str | None, bucket: str | None, nats_url: str | None, c
             {
                 "event": "summary",
                 "ok": not any(f.failed for f in findings),
-                "failed": [f.check for f in findings if f.failed],
+                # `failed` is a count in every summary (rq preload's too); the checks by name
+                "failed": sum(1 for f in findings if f.failed),
+                "failures": [f.check for f in findings if f.failed],
                 "seconds": round(time.perf_counter() - started, 3),
             }
         )

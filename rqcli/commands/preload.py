@@ -305,8 +305,7 @@ def preload(
         "dry_run": dry_run,
         "evicted_own": result.evicted_own,
         "demoted_own": result.demoted_own,
-        "aborted": False,
-        "error": None,
+        "aborted": False,  # (no "error" key: it comes only with "aborted": true)
     }
     report(out, summary, dry_run)
     evicted, demoted = result.evicted_own, result.demoted_own
@@ -361,17 +360,14 @@ class Tally:
             "bytes": self.planned_bytes if dry_run else nbytes,
             "skipped": self.skipped,
             "skipped_bytes": self.skipped_bytes,
-            "resumed_bytes": None,  # known only to a run that finished
-            "throttled": None,
-            "smallest_window": None,
+            # no resumed_bytes, throttled, smallest_window, evicted_own, demoted_own: known only to
+            # a run that finished (a key that does not apply is left out, never null)
             "failed": self.failed,
             "seconds": round(seconds, 3),
             "mb_per_s": round(nbytes / 1e6 / seconds, 1) if seconds > 0 else 0.0,
             "tier": tier,
             "cache_dir": str(root),
             "dry_run": dry_run,
-            "evicted_own": None,  # not checked: the run stopped
-            "demoted_own": None,
             "aborted": True,
             "error": err.one_line(),
         }

@@ -140,3 +140,41 @@ def test_a_reader_killed_mid_fetch_leaves_no_hold_in_flight(
             proc.kill()
             proc.wait()
         cache.close()
+
+
+FINISHED = {"resumed_bytes", "throttled", "smallest_window", "evicted_own", "demoted_own"}
+
+
+def test_json_summaries_use_one_meaning_per_name_and_no_nulls(
+    tmp_path: Path, cache_env: dict[str, str], aws_env: dict[str, str]
+) -> None:
+    """`failed` was an int in rq preload's summary and a list in rq doctor's; a stopped preload's
+    summary carried null for what it could not know. Now `failed` is a count everywhere (doctor's
+    names are `failures`), and keys that do not apply are left out."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"a" * 100)
+    done = summary(run_rq("preload", str(src), "--json", env=cache_env))
+    assert None not in done.values() and done.keys() >= FINISHED and "error" not in done
+    assert done["aborted"] is False and done["failed"] == 0
+    stopped_proc = run_rq("preload", str(src), str(tmp_path / "missing"), "--json", env=cache_env)
+    assert stopped_proc.returncode == 3, stopped_proc.stderr.decode()
+    stopped = summary(stopped_proc)
+    assert None not in stopped.values() and not FINISHED & stopped.keys(), stopped
+    assert stopped["aborted"] is True and "missing" in stopped["error"] and stopped["failed"] == 0
+
+    env = {**aws_env, "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}
+    doctor = run_rq(
+        "doctor",
+        "--json",
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "--endpoint-url",
+        "http://127.0.0.1:17301",
+        env=env,
+    )
+    lines = [json.loads(x) for x in doctor.stdout.decode().splitlines()]
+    last = lines[-1]
+    assert last["event"] == "summary" and last["ok"] is False
+    names = [x["check"] for x in lines if x["event"] == "finding" and x["status"] == "fail"]
+    assert last["failed"] == len(names) >= 1 and last["failures"] == names
