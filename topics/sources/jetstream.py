@@ -624,15 +624,27 @@ class JetStreamSource:
 
     def groups(self) -> list[str]:
         """The durable consumers that read what this source reads (the same subject filter)."""
-        infos = self.conn.run(self.conn.js.consumers_info(self.conn.stream))
         ours = {self.subject} if self.subject else set()
         return sorted(
             i.config.durable_name
-            for i in infos
+            for i in self._all_consumers()
             if i.config.durable_name
             and not i.config.durable_name.startswith(_MARKER_PREFIX)
             and _filters(i.config) == ours
         )
+
+    def _all_consumers(self) -> list[Any]:
+        """Every consumer of the stream: the server lists them a page at a time (256 in
+        nats-server 2.x), so one request would drop the rest without a word."""
+        found: dict[str, Any] = {}
+        offset = 0
+        while True:
+            page = self.conn.run(self.conn.js.consumers_info(self.conn.stream, offset=offset))
+            if not page:
+                return list(found.values())
+            offset += len(page)
+            # a consumer added meanwhile shifts the pages: one may come twice (kept once)
+            found.update((i.name, i) for i in page)
 
     def close(self) -> None:
         self.conn.close()
