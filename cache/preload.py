@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -338,20 +339,23 @@ def _pushed_out(
     usage = state.index.usage()[tier]
     if usage["bytes"] + usage["held"] + fetched.largest <= state.store.cap(tier):
         return 0, 0
-    counts = state.index.created_since(since, _disjoint(_url_prefix(source) for source in sources))
+    prefixes = _disjoint(p for source in sources for p in _url_prefixes(source))
+    counts = state.index.created_since(since, prefixes)
     here = counts.get(tier, 0)
     elsewhere = sum(n for t, n in counts.items() if t != tier)
     return max(0, fetched.objects - here - elsewhere), min(elsewhere, fetched.objects)
 
 
-def _url_prefix(source: str) -> str:
+def _url_prefixes(source: str) -> list[str]:
     """What the URLs of a source's objects start with (the index keys entries by URL). A
-    directory's ends with a separator, so that /d does not also cover /d2."""
+    directory's ends with a separator, so that /d does not also cover /d2. An S3 prefix with `//`
+    also covers the same prefix with the slashes merged: what a store like SeaweedFS lists for it."""
     if source.startswith("s3://"):
         bucket, prefix = split_s3_url(source)
-        return f"s3://{bucket}/{prefix}"  # (a prefix without a slash lists p* too: so it covers it)
+        # (a prefix without a slash lists p* too: so it covers it)
+        return sorted({f"s3://{bucket}/{prefix}", f"s3://{bucket}/{re.sub('/{2,}', '/', prefix)}"})
     path = os.path.abspath(source)
-    return path.rstrip(os.sep) + os.sep if os.path.isdir(path) else path
+    return [path.rstrip(os.sep) + os.sep if os.path.isdir(path) else path]
 
 
 def _disjoint(prefixes: Iterable[str]) -> list[str]:
