@@ -196,11 +196,15 @@ class Receiver:
         overwrite: bool = False,
         on_event: EventCallback = ignore,
         flush_every: int | None = None,
+        owner: str | None = None,
     ):
+        """`owner`: an id the processes of one receiver share (`rq recv --workers` passes its own to
+        each worker); another receiver on the same DEST is refused a transfer one of them is
+        writing (store.Store._owning). None: a new id, this receiver alone."""
         if not token.strip():
             raise AuthError("the receiver's token is empty: any sender would be let in")
         self.limits = limits or Limits()
-        self.store = Store(dest, overwrite=overwrite, limits=self.limits)
+        self.store = Store(dest, overwrite=overwrite, limits=self.limits, owner=owner)
         self.token = token
         self.overwrite = overwrite
         self.on_event = on_event

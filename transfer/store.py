@@ -105,6 +105,11 @@ def unlink_quiet_at(name: str, dir_fd: int) -> None:
         os.unlink(name, dir_fd=dir_fd)
 
 
+def _read_fd(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    return os.pread(fd, size, 0) if size else b""
+
+
 @contextlib.contextmanager
 def _disk_errors() -> Iterator[None]:
     try:
@@ -254,10 +259,15 @@ def _all_in_the_way(errors: list[tuple[str, ExistsError]]) -> ExistsError:
 class Store:
     """The destination directory, held open by descriptor."""
 
-    def __init__(self, dest: Path, overwrite: bool = False, limits: Limits | None = None):
+    def __init__(
+        self, dest: Path, overwrite: bool = False, limits: Limits | None = None, owner: str | None = None
+    ):
+        """`owner`: who this receiver is, shared by the processes of one `rq recv --workers`, so
+        that they may plan the same transfer while another receiver on DEST may not (_owning)."""
         self.dest = dest
         self.overwrite = overwrite
         self.limits = limits or Limits()
+        self.owner = owner or os.urandom(8).hex()
         self._direct = bool(O_DIRECT)
         # write-back errors any flush here was told of (_check_write_back): each is reported once
         self.write_back_errors = 0
@@ -323,6 +333,45 @@ class Store:
 
     def plan(self, manifest: Manifest) -> Plan:
         """Accepts a validated manifest: checks the destination, then opens (or resumes) partial files."""
+        with self._owning(manifest.transfer_id):
+            return self._plan(manifest)
+
+    @contextlib.contextmanager
+    def _owning(self, tid: str) -> Iterator[None]:
+        """Makes this receiver the one writing transfer `tid` into DEST, or raises BusyError if
+        another receiver (another `rq recv` on the same DEST, not a --workers process of this one)
+        is writing it right now. Two receivers of one transfer wrote the same partial files, and
+        the first to commit moved them away under the other, which failed with a bare 'cannot
+        write'. `<tid>.owner` names the receiver and is flocked while a plan is made, so two
+        planning at once are told apart; its owner counts only while the transfer is live (its
+        `.live` lock held), so a killed receiver's transfer is taken over like any stale one."""
+        fd = os.open(
+            f"{tid}.owner",
+            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=self.state_fd,
+        )
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                rec = orjson.loads(_read_fd(fd) or b"{}")
+            except orjson.JSONDecodeError:
+                rec = {}
+            if not isinstance(rec, dict):
+                rec = {}
+            theirs = rec.get("owner")
+            if theirs not in (None, self.owner) and self._is_live(tid):
+                pid = rec.get("pid")
+                who = f"another rq recv (pid {pid})" if isinstance(pid, int) else "another rq recv"
+                raise BusyError(f"{who} is receiving this transfer into {self.dest} right now")
+            if theirs != self.owner:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, orjson.dumps({"owner": self.owner, "pid": os.getpid()}), 0)
+            yield
+        finally:
+            os.close(fd)  # releases the flock
+
+    def _plan(self, manifest: Manifest) -> Plan:
         self._check_chunk_size(manifest)  # first: files kept at another size are not "in the way"
         states = [self._placed_state(entry, manifest.chunk_size) for entry in manifest.files]
         in_the_way: list[tuple[str, ExistsError]] = []
@@ -777,6 +826,7 @@ class Store:
             # this one may rewrite the .part files it would place
             unlink_quiet_at(f"{old.transfer_id}.commit.json", self.state_fd)
             unlink_quiet_at(f"{old.transfer_id}.live", self.state_fd)
+            unlink_quiet_at(f"{old.transfer_id}.owner", self.state_fd)
             unlink_quiet_at(entry, self.state_fd)
         return restarted
 
@@ -993,6 +1043,6 @@ class Store:
         its journals: with the placed records they let a re-run skip the files still in place
         (their chunk digests give the sender its root digests without reading a byte)."""
         tid = manifest.transfer_id
-        for name in [f"{tid}.manifest.json", f"{tid}.commit.json", f"{tid}.live"]:
+        for name in [f"{tid}.manifest.json", f"{tid}.commit.json", f"{tid}.live", f"{tid}.owner"]:
             unlink_quiet_at(name, self.state_fd)
         os.fsync(self.state_fd)

@@ -241,6 +241,9 @@ def _common(func: Any) -> Any:
     help="QUIC: receive in N processes (the extra ones on ports of their own, told to the sender); match the sender's --connections.",
 )
 @click.option("--worker", is_flag=True, hidden=True, help="Internal: one of the processes of --workers.")
+@click.option(
+    "--receiver-id", hidden=True, help="Internal: the id a --workers process shares with its parent."
+)
 @output_options
 def recv(
     dest_dir: Path,
@@ -260,6 +263,7 @@ def recv(
     cert_dir: Path | None,
     workers: int,
     worker: bool,
+    receiver_id: str | None,
 ) -> None:
     """Receive checkpoints into DEST_DIR; prints the line to paste on the sender.
 
@@ -285,6 +289,9 @@ def recv(
     cert_dir = cert_dir or user_data_path("rq") / "transfer"
     host, port = _host_port(listen)
     use_tls = True if transport in ("quic", "rdma") else bool(tls)  # RDMA sets up over TLS
+    # one id for this receiver and its --workers processes: they share transfers, another rq recv
+    # on the same DEST does not (docs/transfer.md)
+    receiver_id = receiver_id or os.urandom(8).hex()
     try:
         token = load_token(
             token_file or (None if os.environ.get("RQ_TOKEN") else _default_token_file()),
@@ -299,6 +306,7 @@ def recv(
             Limits(max_bytes=max_bytes, max_files=max_files),
             overwrite,
             on_event=lambda ev: _recv_event(out, ev),
+            owner=receiver_id,
         )
         opts = ListenOptions(
             host,
@@ -348,6 +356,8 @@ def recv(
             str(max_files),
             "--quic-backend",
             quic_backend,
+            "--receiver-id",
+            receiver_id,
         ]
         for flag, value in (
             ("--token-file", token_file),

@@ -5,11 +5,16 @@ DEST, a file where a directory goes, a read-only DEST, a missing SOURCE under --
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 from xfer_kit import TOKEN, Recv, interrupt_after, journal_records, summary, wait_for
 from xfer_kit import send as rq_send
+
+from transfer.events import ChunkMoved, Event
+from transfer.sender import SendOptions, send
+from transfer.transport import ConnectOptions, get_transport
 
 pytestmark = pytest.mark.integration
 
@@ -41,4 +46,39 @@ def test_a_source_rewritten_in_place_with_its_mtime_restored_is_sent_again_whole
         recv.stop()
     assert (dest / "model.bin").read_bytes() == new, "the receiver holds a mix of both versions"
     assert summary(proc)["bytes_raw"] == size
+
+
+# -- 2. two receivers on one DEST, the same transfer --------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_a_second_receiver_of_the_same_transfer_into_one_dest_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Was: two `rq recv` on one DEST took the same transfer at once; the one that finished first
+    placed the file, and the other failed with 'receiver cannot write 'model.bin': No such file or
+    directory'. Now the second is refused in one line (exit 9) and the first completes."""
+    src = tmp_path / "model.bin"
+    src.write_bytes(os.urandom(8 << 20))
+    dest = tmp_path / "dst"
+    first = Recv(dest, tmp_path / "cert", "tcp").start()
+    second = Recv(dest, tmp_path / "cert", "tcp").start()
+    seen: list[subprocess.CompletedProcess[bytes]] = []
+    try:
+        copts = ConnectOptions("127.0.0.1", first.port, None, tls=False)
+
+        def on_event(ev: Event) -> None:
+            if isinstance(ev, ChunkMoved) and not seen:  # the first is mid-flight: the second now
+                seen.append(rq_send([src], second, "--chunk-size", "256KiB", "--retry-for", "0"))
+
+        opts = SendOptions(chunk_size=256 << 10, window=1, streams=1, compress="none")
+        result = send([src], get_transport("tcp"), copts, TOKEN.encode(), opts, on_event)
+    finally:
+        first.stop()
+        second.stop()
+    proc = seen[0]
+    err = proc.stderr.decode()
+    assert proc.returncode == 9, err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert "another rq recv" in lines[0] and str(dest) in lines[0], err
+    assert result["verified"]
+    assert (dest / "model.bin").read_bytes() == src.read_bytes()
 
