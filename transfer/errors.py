@@ -68,7 +68,8 @@ class ExistsError(TransferError):
 
 
 class DirectoryInTheWayError(ExistsError):
-    """A destination file's name is taken by a directory, which --overwrite does not replace."""
+    """A name in the destination is taken by what --overwrite does not replace: a directory where
+    the transfer has a file, or a file where it has a directory (one wire code for both)."""
 
     code = "exists-dir"
 

@@ -246,6 +246,27 @@ class Plan:
                 self.live_fd = -1
 
 
+def _not_a_dir(parent: int, name: str, path: tuple[str, ...]) -> TransferError:
+    """Why the last of `path` (under `parent`, on the way to `name`) did not open as a directory.
+    A file (or a FIFO, a device) is in the way, exit 9 like any existing file: it is named, and
+    not replaced, --overwrite or not (like cp: "cannot overwrite non-directory with directory";
+    rsync -a would delete it, but rq never deletes a user's file to make room for a directory).
+    A symlink is an unsafe name: nothing under DEST is reached through one."""
+    try:
+        mode = os.stat(path[-1], dir_fd=parent, follow_symlinks=False).st_mode
+    except OSError:
+        mode = 0
+    if mode and not stat.S_ISLNK(mode) and not stat.S_ISDIR(mode):
+        kind = "a file" if stat.S_ISREG(mode) else "a special file"
+        return DirectoryInTheWayError(
+            f"{display_name('/'.join(path))} exists in the destination as {kind} where the transfer has a "
+            "directory (rq does not replace files with directories, --overwrite or not)"
+        )
+    return UnsafeNameError(
+        f"{display_name(name)}: {display_name(path[-1])} in the destination is not a plain directory"
+    )
+
+
 def _all_in_the_way(errors: list[tuple[str, ExistsError]]) -> ExistsError:
     """The first refusal, naming how many more files are in the way and the first few of them."""
     first = errors[0][1]
@@ -428,26 +449,15 @@ class Store:
         """A directory entry: every component that exists must be a plain directory (a symlink
         planted under DEST is refused, never followed), and a file in its place is not replaced."""
         fd = os.dup(self.fd)
+        parts = _components(name)
         try:
-            for comp in _components(name):
+            for i, comp in enumerate(parts):
                 try:
                     nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
                     return  # made at commit, with what is under it
                 except OSError as exc:
-                    try:
-                        is_file = stat.S_ISREG(os.stat(comp, dir_fd=fd, follow_symlinks=False).st_mode)
-                    except OSError:
-                        is_file = False
-                    if is_file:
-                        raise ExistsError(
-                            f"{display_name(name)}: {display_name(comp)} exists in the destination as a "
-                            "file where the transfer has a directory (rq does not replace files with "
-                            "directories; remove or rename it)"
-                        ) from exc
-                    raise UnsafeNameError(
-                        f"{display_name(name)}: {display_name(comp)} in the destination is not a plain directory"
-                    ) from exc
+                    raise _not_a_dir(fd, name, parts[: i + 1]) from exc
                 os.close(fd)
                 fd = nfd
         finally:
@@ -704,15 +714,13 @@ class Store:
         parts = _components(name)
         fd = os.dup(self.fd)
         try:
-            for comp in parts[:-1]:
+            for i, comp in enumerate(parts[:-1]):
                 try:
                     nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
                     return  # parent does not exist yet: nothing can be in the way
                 except OSError as exc:
-                    raise UnsafeNameError(
-                        f"{display_name(name)}: {display_name(comp)} in the destination is not a plain directory"
-                    ) from exc
+                    raise _not_a_dir(fd, name, parts[: i + 1]) from exc
                 os.close(fd)
                 fd = nfd
             try:
@@ -1001,7 +1009,7 @@ class Store:
         links. `sync_new`: fsync the parent of each directory made, so it survives a crash by itself."""
         parent = os.dup(self.fd)
         try:
-            for comp in dirs:
+            for i, comp in enumerate(dirs):
                 made = False
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(comp, 0o755, dir_fd=parent)
@@ -1011,9 +1019,7 @@ class Store:
                 try:
                     nfd = os.open(comp, _DIR_FLAGS, dir_fd=parent)
                 except OSError as exc:
-                    raise UnsafeNameError(
-                        f"{display_name(name)}: {display_name(comp)} is not a plain directory"
-                    ) from exc
+                    raise _not_a_dir(parent, name, dirs[: i + 1]) from exc
                 os.close(parent)
                 parent = nfd
         except BaseException:

@@ -101,9 +101,11 @@ def _cli_error(exc: Exception) -> CliError:
     if isinstance(exc, SourceChangedError):
         hint = None  # not the token's fault, nor fixed by a re-run as such: the message says why
     if isinstance(exc, DirectoryInTheWayError):
-        hint = "remove or rename that directory on the receiver, then re-run"
+        # a directory where a file goes or a file where a directory goes: --overwrite replaces
+        # files with files only (like cp), so its hint would not help here
+        hint = "remove or rename it on the receiver, then re-run"
     if isinstance(exc, BusyError):
-        hint = "two transfers cannot write one file at once: re-run when the other one has finished"
+        hint = "one file is written by one transfer at a time: re-run when the other one has finished"
     if "unsupported protocol version" in str(exc):
         hint = (
             "the two sides run different rq versions (empty directories need manifest version 2): upgrade rq"

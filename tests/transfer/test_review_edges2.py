@@ -82,3 +82,54 @@ def test_a_second_receiver_of_the_same_transfer_into_one_dest_is_refused_in_one_
     assert result["verified"]
     assert (dest / "model.bin").read_bytes() == src.read_bytes()
 
+
+# -- 3, 4. a file where the transfer has a directory ------------------------------------------------
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_file_where_a_parent_directory_goes_is_an_exists_refusal(tmp_path: Path, overwrite: bool) -> None:
+    """Was: exit 1 ('a/b.bin: a in the destination is not a plain directory'), with --overwrite too.
+    Now exit 9 like every 'in the way' refusal, naming the file, and without the --overwrite hint:
+    like cp (`cannot overwrite non-directory with directory`), rq never replaces a file by a
+    directory, --overwrite or not."""
+    src = tmp_path / "src" / "a"
+    (src / "deep").mkdir(parents=True)
+    (src / "deep" / "b.bin").write_bytes(b"payload")
+    dest = tmp_path / "dst"
+    (dest / "a").mkdir(parents=True)
+    (dest / "a" / "deep").write_bytes(b"mine")
+    extra = ("--overwrite",) if overwrite else ()
+    recv = Recv(dest, tmp_path / "cert", "tcp", *extra).start()
+    try:
+        proc = rq_send([src], recv)
+    finally:
+        recv.stop()
+    err = proc.stderr.decode()
+    assert proc.returncode == 9, err
+    assert "a/deep exists in the destination as a file where the transfer has a directory" in err, err
+    assert "pass --overwrite" not in err, err
+    assert (dest / "a" / "deep").read_bytes() == b"mine"
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_file_where_an_empty_directory_goes_gets_no_overwrite_hint(tmp_path: Path, overwrite: bool) -> None:
+    """Was: exit 9 '… (rq does not replace files with directories; remove or rename it) — pass
+    --overwrite to `rq recv` to replace existing files', even when --overwrite was given: a hint that
+    could not help. Now the hint says what does."""
+    src = tmp_path / "src" / "e"
+    (src / "empty").mkdir(parents=True)
+    (src / "f").write_bytes(b"x")
+    dest = tmp_path / "dst"
+    (dest / "e").mkdir(parents=True)
+    (dest / "e" / "empty").write_bytes(b"mine")
+    extra = ("--overwrite",) if overwrite else ()
+    recv = Recv(dest, tmp_path / "cert", "tcp", *extra).start()
+    try:
+        proc = rq_send([src], recv)
+    finally:
+        recv.stop()
+    err = proc.stderr.decode()
+    assert proc.returncode == 9, err
+    assert "e/empty exists in the destination as a file where the transfer has a directory" in err, err
+    assert "pass --overwrite" not in err and "remove or rename it" in err, err
+    assert (dest / "e" / "empty").read_bytes() == b"mine"
