@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import select
 import socket
 import ssl
@@ -31,7 +32,7 @@ from transfer.events import (
 )
 from transfer.frames import PRE_AUTH_LIMIT
 from transfer.manifest import Limits, Manifest
-from transfer.names import display_name
+from transfer.names import STATE_DIR_NAME, display_name
 from transfer.session import (
     Authenticated,
     ChunkRejected,
@@ -123,6 +124,10 @@ class _ChunkWriter:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
 
+
+# The receiver's own state files under DEST/.rq-partial (a key, transfer id or name hash first):
+# an error writing one is DEST's, reported without rq's internal names.
+_STATE_FILE = re.compile(r"^[0-9a-f]{32}\.")
 
 # Out of descriptors or memory: this moment's trouble, which the sender's reconnect outlasts.
 _TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
@@ -406,14 +411,18 @@ class Receiver:
     def _disk_error(self, exc: OSError, shared: _Shared | None) -> TransferError:
         """The receiver's own OSError as what the sender is told: its strerror and the path
         relative to DEST, a partial file by the name it is for (the receiver's layout is none of
-        the sender's business)."""
+        the sender's business). rq's own state files (a manifest's temp name, a marker) are never
+        named: the error is DEST's, and a read-only DEST (or one rq may not write in) says so."""
         where = ""
+        internal = False
         if isinstance(exc.filename, str | bytes):
             shown = os.fsdecode(exc.filename)
             key = shown.rsplit(".", 1)[0]
             if shared is not None and shown.endswith((".part", ".journal")):
                 names = [f.name for f in shared.plan.manifest.files if f.key == key]
                 shown = display_name(names[0]) if names else "its partial files"
+            elif _STATE_FILE.match(shown) or shown == STATE_DIR_NAME:
+                internal = True
             if os.path.isabs(shown):  # relative names were opened against DEST's descriptor already
                 dest = os.path.abspath(self.store.dest)
                 inside = shown.startswith(dest + os.sep)
@@ -422,7 +431,16 @@ class Receiver:
         reason = exc.strerror or type(exc).__name__
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return NoSpaceError(f"receiver disk is full writing{where}: {reason}")
-        return TransferError(f"receiver cannot write{where or ' its destination'}: {reason}")
+        denied = exc.errno in (errno.EACCES, errno.EPERM)
+        if exc.errno == errno.EROFS or (denied and (internal or not where)):
+            return TransferError(f"receiver cannot write into {self._dest_text()}: not writable ({reason})")
+        if internal or not where:
+            return TransferError(f"receiver cannot write into {self._dest_text()}: {reason}")
+        return TransferError(f"receiver cannot write{where}: {reason}")
+
+    def _dest_text(self) -> str:
+        shown = os.fspath(self.store.dest)
+        return shown if shown.isprintable() else ascii(shown)
 
     def _completed(self, manifest: Manifest) -> bool:
         with self._lock:

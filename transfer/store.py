@@ -300,8 +300,12 @@ class Store:
         self.dest.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            with contextlib.suppress(FileExistsError):
+            try:
                 os.mkdir(STATE_DIR_NAME, 0o700, dir_fd=fd)
+            except FileExistsError:
+                pass
+            except OSError as exc:  # DEST's own trouble (read-only, not ours): said of DEST
+                raise OSError(exc.errno, exc.strerror, os.fspath(self.dest)) from None
             try:
                 return fd, os.open(STATE_DIR_NAME, _DIR_FLAGS, dir_fd=fd)
             except OSError as exc:

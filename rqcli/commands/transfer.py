@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shlex
@@ -325,7 +326,12 @@ def recv(
     except OSError as exc:
         if exc.filename is not None:  # DEST, the token file or the cert dir, not the socket
             where = safe_text(os.fsdecode(exc.filename))
-            raise CliError(f"cannot use {where}: {exc.strerror or exc}", ExitCode.FAILURE) from None
+            why = exc.strerror or str(exc)
+            if exc.errno == errno.EROFS or (
+                exc.errno in (errno.EACCES, errno.EPERM) and os.fsdecode(exc.filename) == os.fspath(dest_dir)
+            ):
+                why = f"not writable ({why})"
+            raise CliError(f"cannot use {where}: {why}", ExitCode.FAILURE) from None
         raise CliError(f"cannot listen on {listen}: {exc.strerror or exc}", ExitCode.UNREACHABLE) from None
     addr_host, addr_port = listener.address
     shown_host = socket.gethostname() if addr_host in ("0.0.0.0", "::") else addr_host

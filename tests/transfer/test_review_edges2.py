@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from xfer_kit import TOKEN, Recv, interrupt_after, journal_records, summary, wait_for
+from xfer_kit import REPO, TOKEN, Recv, interrupt_after, journal_records, rq_cmd, rq_env, summary, wait_for
 from xfer_kit import send as rq_send
 
 from transfer.events import ChunkMoved, Event
@@ -133,3 +134,58 @@ def test_a_file_where_an_empty_directory_goes_gets_no_overwrite_hint(tmp_path: P
     assert "e/empty exists in the destination as a file where the transfer has a directory" in err, err
     assert "pass --overwrite" not in err and "remove or rename it" in err, err
     assert (dest / "e" / "empty").read_bytes() == b"mine"
+
+
+# -- 5. a read-only DEST ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ro_mount(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a read-only file system needs root")
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True)
+    if made.returncode:
+        pytest.skip(f"cannot mount tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
+
+
+def _remount(mnt: Path, how: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{how}", str(mnt)], check=True, capture_output=True)
+
+
+def test_a_read_only_dest_is_named_not_rq_s_internal_files(tmp_path: Path, ro_mount: Path) -> None:
+    """Was: 'cannot use .rq-partial: Read-only file system' when rq recv started, and 'receiver
+    cannot write '<hex>.manifest.json.tmp…'' when DEST became read-only under a running receiver:
+    names of rq's own state files. Now both name DEST and say it is not writable (exit 1)."""
+    dest = ro_mount / "dst"
+    dest.mkdir()
+    _remount(ro_mount, "ro")
+    started = subprocess.run(
+        rq_cmd("recv", str(dest), "--listen", "127.0.0.1:0", "--transport", "tcp", "--once"),
+        env=rq_env(),
+        capture_output=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    err = started.stderr.decode()
+    assert started.returncode == 1, err
+    assert f"cannot use {dest}: not writable (Read-only file system)" in err, err
+    _remount(ro_mount, "rw")
+    src = tmp_path / "f.bin"
+    src.write_bytes(b"payload")
+    recv = Recv(dest, tmp_path / "cert", "tcp").start()
+    try:
+        _remount(ro_mount, "ro")
+        proc = rq_send([src], recv, "--retry-for", "1")
+    finally:
+        recv.stop()
+        _remount(ro_mount, "rw")
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err
+    assert f"cannot write into {dest}: not writable (Read-only file system)" in err, err
+    assert ".rq-partial" not in err and ".tmp" not in err and ".owner" not in err, err
