@@ -597,7 +597,28 @@ def _recv_event(out: Output, ev: Any) -> None:
     "slow link is not taken for a stalled receiver. 0: wait for ever.",
 )
 @output_options
-def send(
+def send(**kwargs: Any) -> None:
+    """Send files and directories to `rq recv`; re-run the same command to resume.
+
+    \b
+    Example:
+      rq send ckpt/ rq://10.0.0.2:7420 --pin sha256:3f…  --connections 4
+    """
+    out = get_output()
+    said: list[bool] = []  # a summary was emitted
+    try:
+        _send(out, said, **kwargs)
+    except CliError as err:
+        if not said:
+            # one that could not start (a SOURCE missing, bad arguments) ends --json with a
+            # summary too, as every other failure does: `tail -n1` is the result (docs/cli.md)
+            _emit_partial(out, None, err.one_line(), said)
+        raise
+
+
+def _send(
+    out: Output,
+    said: list[bool],
     args: tuple[str, ...],
     transport: str,
     token_file: Path | None,
@@ -615,12 +636,6 @@ def send(
     retry_for: float,
     ack_timeout: float,
 ) -> None:
-    """Send files and directories to `rq recv`; re-run the same command to resume.
-
-    \b
-    Example:
-      rq send ckpt/ rq://10.0.0.2:7420 --pin sha256:3f…  --connections 4
-    """
     from transfer.credentials import load_token, normalise_pin
     from transfer.errors import TransferError
     from transfer.manifest import MAX_CHUNK, MIN_CHUNK
@@ -628,7 +643,6 @@ def send(
     from transfer.sender import send as do_send
     from transfer.transport import ConnectOptions, get_transport
 
-    out = get_output()
     _quick_gil_handoff(transport)
     if len(args) < 2:
         raise CliError("give at least one SOURCE and the rq://HOST:PORT destination", ExitCode.USAGE)
@@ -688,13 +702,13 @@ def send(
         if err.code == ExitCode.UNREACHABLE and partial and partial["resumable"]:
             # the receiver holds verified parts of it: exit 8, "re-run the same command to resume"
             err = CliError(err.message, ExitCode.RESUMABLE, hint="re-run the same command to resume")
-        _emit_partial(out, partial, err.one_line())
+        _emit_partial(out, partial, err.one_line(), said)
         raise err from None
     except FileNotFoundError as exc:
         raise CliError(f"source not found: {exc.filename}", ExitCode.NOT_FOUND) from None
     except BaseException as exc:  # Ctrl-C, SIGTERM, an unexpected error: the summary still comes last
         why = interruption(exc) if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
-        _emit_partial(out, getattr(exc, "partial_summary", None), why)
+        _emit_partial(out, getattr(exc, "partial_summary", None), why, said)
         raise
     out.emit({"event": "summary", **summary})
     out.info(
@@ -707,11 +721,35 @@ def send(
     )
 
 
-def _emit_partial(out: Output, partial: dict[str, Any] | None, error: str) -> None:
+# The summary of a send that stopped before it had a manifest (a SOURCE missing or unreadable).
+_NOT_STARTED: dict[str, Any] = {
+    "transfer_id": None,
+    "files": 0,
+    "dirs": 0,
+    "bytes_total": 0,
+    "bytes_raw": 0,
+    "bytes_on_wire": 0,
+    "ratio": 1.0,
+    "seconds": 0.0,
+    "mb_per_s": 0.0,
+    "chunks_sent": 0,
+    "chunks_resent": 0,
+    "chunks_acked": 0,
+    "attempts": 0,
+    "verified": False,
+    "complete": False,
+    "skipped": 0,
+    "chunk_size": None,
+    "resumable": False,
+}
+
+
+def _emit_partial(out: Output, partial: dict[str, Any] | None, error: str, said: list[bool]) -> None:
     """The summary of a send that stopped before the end (`"complete": false`), so that `tail -n1`
-    of --json output is its result whatever happened (docs/cli.md)."""
-    if partial is not None:
-        out.emit({"event": "summary", **partial, "error": error})
+    of --json output is its result whatever happened (docs/cli.md); `said` records that it was."""
+    if not said:
+        out.emit({"event": "summary", **(partial if partial is not None else _NOT_STARTED), "error": error})
+        said.append(True)
 
 
 def _distinct_sources(args: tuple[str, ...], out: Output) -> list[Path]:

@@ -4,6 +4,7 @@ DEST, a file where a directory goes, a read-only DEST, a missing SOURCE under --
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -189,3 +190,26 @@ def test_a_read_only_dest_is_named_not_rq_s_internal_files(tmp_path: Path, ro_mo
     assert proc.returncode == 1, err
     assert f"cannot write into {dest}: not writable (Read-only file system)" in err, err
     assert ".rq-partial" not in err and ".tmp" not in err and ".owner" not in err, err
+
+
+# -- 6. a missing SOURCE under --json ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["missing", "fifo"])
+def test_a_send_that_cannot_start_still_ends_json_with_a_summary(tmp_path: Path, kind: str) -> None:
+    """Was: `rq send --json missing rq://…` printed nothing on stdout (exit 3), where every other
+    failure ends with a summary line (docs/cli.md: `tail -n1` is the result). Now it does too."""
+    src = tmp_path / "nope"
+    if kind == "fifo":
+        os.mkfifo(src)
+    proc = subprocess.run(
+        rq_cmd("send", str(src), "rq://127.0.0.1:9", "--transport", "tcp", "--json"),
+        env=rq_env(),
+        capture_output=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert proc.returncode == 3, proc.stderr.decode()
+    last = json.loads(proc.stdout.decode().splitlines()[-1])
+    assert last["event"] == "summary" and last["complete"] is False and last["resumable"] is False, last
+    assert str(src) in last["error"], last
