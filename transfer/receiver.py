@@ -432,15 +432,12 @@ class Receiver:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return NoSpaceError(f"receiver disk is full writing{where}: {reason}")
         denied = exc.errno in (errno.EACCES, errno.EPERM)
+        # "its destination", not DEST's path: the receiver's own paths stay on the receiver
         if exc.errno == errno.EROFS or (denied and (internal or not where)):
-            return TransferError(f"receiver cannot write into {self._dest_text()}: not writable ({reason})")
+            return TransferError(f"receiver cannot write into its destination: not writable ({reason})")
         if internal or not where:
-            return TransferError(f"receiver cannot write into {self._dest_text()}: {reason}")
+            return TransferError(f"receiver cannot write into its destination: {reason}")
         return TransferError(f"receiver cannot write{where}: {reason}")
-
-    def _dest_text(self) -> str:
-        shown = os.fspath(self.store.dest)
-        return shown if shown.isprintable() else ascii(shown)
 
     def _completed(self, manifest: Manifest) -> bool:
         with self._lock:

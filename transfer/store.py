@@ -388,7 +388,8 @@ class Store:
             if theirs not in (None, self.owner) and self._is_live(tid):
                 pid = rec.get("pid")
                 who = f"another rq recv (pid {pid})" if isinstance(pid, int) else "another rq recv"
-                raise BusyError(f"{who} is receiving this transfer into {self.dest} right now")
+                # not DEST's path: the receiver's own paths stay on the receiver
+                raise BusyError(f"{who} is receiving this transfer into the same destination right now")
             if theirs != self.owner:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, orjson.dumps({"owner": self.owner, "pid": os.getpid()}), 0)

@@ -80,7 +80,8 @@ def test_a_second_receiver_of_the_same_transfer_into_one_dest_is_refused_in_one_
     err = proc.stderr.decode()
     assert proc.returncode == 9, err
     lines = [x for x in err.splitlines() if x.strip()]
-    assert "another rq recv" in lines[0] and str(dest) in lines[0], err
+    assert "another rq recv" in lines[0] and "into the same destination" in lines[0], err
+    assert str(tmp_path) not in err  # the receiver's own paths stay on the receiver
     assert result["verified"]
     assert (dest / "model.bin").read_bytes() == src.read_bytes()
 
@@ -162,7 +163,8 @@ def _remount(mnt: Path, how: str) -> None:
 def test_a_read_only_dest_is_named_not_rq_s_internal_files(tmp_path: Path, ro_mount: Path) -> None:
     """Was: 'cannot use .rq-partial: Read-only file system' when rq recv started, and 'receiver
     cannot write '<hex>.manifest.json.tmp…'' when DEST became read-only under a running receiver:
-    names of rq's own state files. Now both name DEST and say it is not writable (exit 1)."""
+    names of rq's own state files. Now rq recv names DEST, the sender hears 'its destination' (the
+    receiver's paths stay on the receiver), and both say it is not writable (exit 1)."""
     dest = ro_mount / "dst"
     dest.mkdir()
     _remount(ro_mount, "ro")
@@ -188,8 +190,9 @@ def test_a_read_only_dest_is_named_not_rq_s_internal_files(tmp_path: Path, ro_mo
         _remount(ro_mount, "rw")
     err = proc.stderr.decode()
     assert proc.returncode == 1, err
-    assert f"cannot write into {dest}: not writable (Read-only file system)" in err, err
+    assert "cannot write into its destination: not writable (Read-only file system)" in err, err
     assert ".rq-partial" not in err and ".tmp" not in err and ".owner" not in err, err
+    assert str(tmp_path) not in err  # the receiver's own paths stay on the receiver
 
 
 # -- 6. a missing SOURCE under --json ---------------------------------------------------------------

@@ -359,8 +359,9 @@ def test_reservations_never_take_the_last_of_the_disk(tmp_path: Path, small_disk
     )
     before = os.statvfs(dest).f_bavail
     store.plan(too_big).close()
-    # (a journal block and the .owner record) nothing reserved for it
-    assert os.statvfs(dest).f_bavail >= before - 3
+    # nothing reserved for it (64 MiB): only a few metadata blocks (the journal, the .owner record,
+    # a state directory that grew by a block on 1 KiB-block ext4)
+    assert os.statvfs(dest).f_bavail >= before - 8
     store.close()
 
 
