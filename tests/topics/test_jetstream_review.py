@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import js_call, run_rq
-from test_access import _free_port, _nats_server, _wait_port
+from rqtest import js_call, rq_command, run_rq
+from test_access import _env, _free_port, _nats_server, _wait_port
 from test_jetstream import make_stream, publish
 
 pytestmark = pytest.mark.integration
@@ -23,8 +25,8 @@ def private_nats(tmp_path: Path) -> Iterator[Any]:
     configure (test_access's nats_server gives only the port)."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(*flags: str) -> tuple[int, subprocess.Popen[bytes]]:
-        port = _free_port()
+    def start(*flags: str, port: int = 0) -> tuple[int, subprocess.Popen[bytes]]:
+        port = port or _free_port()  # the same port again: the same store
         where = ["-a", "127.0.0.1", "-p", str(port), "-sd", str(tmp_path / f"js{port}")]
         proc = subprocess.Popen(
             [_nats_server(), "-js", *where, *flags], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
@@ -72,3 +74,48 @@ def test_offsets_lists_every_group_past_the_servers_page(nats_url: str, stream_n
     r = run_rq("--json", "offsets", f"{nats_url}/{stream_name}/{stream_name}.x")
     assert r.returncode == 0, r.stderr
     assert [g["group"] for g in json.loads(r.stdout)["groups"]] == mine
+
+
+# -- 2. the server lost while a group's position is being stored ---------------------------------
+
+
+def test_a_server_lost_at_the_commit_is_exit_6_promptly_and_the_group_stays_uncommitted(
+    private_nats: Any, tmp_path: Path
+) -> None:
+    port, server = private_nats()
+    url = f"nats://127.0.0.1:{port}/KS"
+    env = _env(tmp_path)
+    r = run_rq("produce", f"{url}/KS.x", "-q", input=b"".join(b"%d\n" % i for i in range(10)), env=env)
+    assert r.returncode == 0, r.stderr
+    proc = subprocess.Popen(
+        [*rq_command(), "replay", url, "--group", "kg", "--commit", "-f", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        lines: list[bytes] = []
+        assert proc.stdout is not None
+        threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, b"")), daemon=True).start()
+        deadline = time.monotonic() + 20
+        while len(lines) < 10 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert len(lines) == 10, proc.stderr.read() if proc.poll() is not None else lines
+        server.kill()
+        server.wait(10)
+        lost_at = time.monotonic()
+        proc.wait(20)
+        took = time.monotonic() - lost_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read().decode()
+    assert proc.returncode == 6, err
+    assert "lost the connection to NATS" in err and "group kg" in err, err
+    assert took < 3, f"{took:.1f} s to notice the server was gone"  # a request timeout is 5 s
+    # at least once: nothing was stored, the next run reads the 10 records again
+    private_nats(port=port)
+    r = run_rq("--json", "offsets", url, env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["groups"] == [], r.stdout

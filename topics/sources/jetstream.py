@@ -105,11 +105,13 @@ class _Conn:
     """One connection and event loop shared by a source or a sink."""
 
     def __init__(self, ref: Any, connect_timeout: float = 3.0):
-        self.loop = asyncio.new_event_loop()
         self.stream: str = ref.stream
         self.access = nats_access(ref.user, ref.password, ref.tls)
         self.where = hostport(ref.host, ref.port)
         self.denied: str | None = None  # the last permissions violation the server reported
+        self.lost = False  # the connection closed under us (the server went away)
+        # set by either: what a request in flight waits on besides its answer (see run)
+        self.trouble = asyncio.Event()
         self.connect_timeout = connect_timeout
         ctx = tls_context(self.access)
         _probe(ref.host, ref.port, connect_timeout)
@@ -120,13 +122,26 @@ class _Conn:
             auth.update(user=self.access.user, password=self.access.password)
         if ctx is not None:
             auth.update(tls=ctx, tls_hostname=ref.host)
-        self.nc = _client(self.access, self.where)
+        # made after the checks above: a loop left unclosed by one of them fails at exit
+        self.loop = asyncio.new_event_loop()
+        try:
+            self.nc = _client(self.access, self.where)
+        except BaseException:
+            self.loop.close()
+            raise
 
         async def on_error(exc: Exception) -> None:
-            # errors surface through the calls that fail; a refused permission only as a timeout
-            # of the request it refused, so it is kept to say what that timeout means
+            # errors surface through the calls that fail; a refused permission only here (the
+            # request it refused would just time out), so the request in flight is ended now
             if "permissions violation" in str(exc).lower():
                 self.denied = str(exc).strip()
+                self.trouble.set()
+
+        async def on_closed() -> None:
+            # nats-py leaves a request in flight waiting for its whole timeout when the
+            # connection closes: end it now
+            self.lost = True
+            self.trouble.set()
 
         async def connect() -> None:
             await self.nc.connect(
@@ -135,6 +150,7 @@ class _Conn:
                 max_reconnect_attempts=0,
                 allow_reconnect=False,
                 error_cb=on_error,
+                closed_cb=on_closed,
                 pending_size=64 * 1024 * 1024,
                 **auth,
             )
@@ -174,14 +190,43 @@ class _Conn:
         return SourceUnreachable(f"cannot connect to NATS at {self.where}: {reason(exc)}")
 
     def run(self, coro: Any) -> Any:
+        """Runs one step on the connection. It ends as soon as the server reports a permissions
+        violation (AccessDenied) or the connection closes (SourceUnreachable), not when a
+        request those leave unanswered times out."""
+
+        async def guarded() -> Any:
+            work = asyncio.ensure_future(coro)
+            trouble = asyncio.ensure_future(self.trouble.wait())
+            try:
+                await asyncio.wait({work, trouble}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                trouble.cancel()
+            if not work.done():
+                work.cancel()
+                with contextlib.suppress(BaseException):
+                    await work
+                raise self._trouble()
+            return work.result()
+
+        if self.lost:
+            raise self._trouble()
+        self.denied = None
+        self.trouble.clear()
         try:
-            return self.loop.run_until_complete(coro)
-        except Exception:
-            if self.denied is not None:
-                raise AccessDenied(
-                    f"NATS at {self.where} denied rq {self.access.who()}: {self.denied}", credentials=False
-                ) from None
+            return self.loop.run_until_complete(guarded())
+        except TopicError:
             raise
+        except Exception:
+            if self.denied is not None or self.lost:
+                raise self._trouble() from None
+            raise
+
+    def _trouble(self) -> TopicError:
+        if self.denied is not None:
+            return AccessDenied(
+                f"NATS at {self.where} denied rq {self.access.who()}: {self.denied}", credentials=False
+            )
+        return SourceUnreachable(f"lost the connection to NATS at {self.where}")
 
     def stream_info(self, subjects_filter: str | None = None) -> Any:
         import nats.js.errors
@@ -197,7 +242,7 @@ class _Conn:
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self.run(self.nc.close())
+            self.loop.run_until_complete(self.nc.close())
         self.loop.close()
 
 
@@ -477,6 +522,20 @@ class JetStreamSource:
                     self._move(group, existing.config, offset)
                     return
                 # "gone": it went away between its info and the reset (a concurrent move): again
+        except SourceUnreachable as exc:
+            # at least once: the group stays where it was, and its records are read again
+            raise SourceUnreachable(f"could not store the offset of group {group}: {exc}") from None
+        except (
+            nats.errors.TimeoutError,
+            nats.errors.NoServersError,
+            nats.errors.ConnectionClosedError,
+            nats.errors.StaleConnectionError,
+            nats.errors.UnexpectedEOF,
+        ) as exc:
+            raise SourceUnreachable(
+                f"could not store the offset of group {group}: no answer from NATS at "
+                f"{self.conn.where} ({reason(exc)})"
+            ) from None
         except (nats.js.errors.Error, nats.errors.Error) as exc:
             raise TopicError(f"could not store the offset of group {group}: {reason(exc)}") from None
         raise TopicError(
