@@ -1,7 +1,7 @@
 """The manifest: what a transfer moves, sent first, validated by the receiver before anything is written.
 
 Each file carries its relative name, size, the sender's identity of that version of the file
-(size, mtime_ns, inode, ctime_ns, device) folded into `key`, and its element size hint for byte grouping. A file is cut
+(size, mtime_ns, inode, ctime_ns) folded into `key`, and its element size hint for byte grouping. A file is cut
 into `chunk_size` pieces; chunk k of a file covers bytes [k*chunk_size, min(size, (k+1)*chunk_size)).
 Because the receiver derives every offset from (file, k) itself, a sender cannot name overlapping
 or out-of-range byte ranges: it can only name chunks that exist.
@@ -45,9 +45,9 @@ class FileEntry:
     name: str
     size: int
     mode: int
-    key: str  # hex xxh3-128 of (name, size, mtime_ns, inode, chunk size, ctime_ns, dev): this version
+    key: str  # hex xxh3-128 of (name, size, mtime_ns, inode, chunk size, ctime_ns): this version
     elem: int = 2  # element size for byte grouping: 2 (bf16/fp16) or 4 (fp32)
-    # hex xxh3-128 of (name, size, mtime_ns, inode, ctime_ns, dev): this version whatever the chunk
+    # hex xxh3-128 of (name, size, mtime_ns, inode, ctime_ns): this version whatever the chunk
     # size, so a receiver can tell a re-run with another --chunk-size from a changed source.
     # Optional on the wire ("" from an older sender): outside the transfer id, so older peers agree.
     ident: str = ""
@@ -94,22 +94,21 @@ def _entry_json(f: FileEntry) -> dict[str, Any]:
     return out
 
 
-def file_ident(name: str, size: int, mtime_ns: int, inode: int, *, ctime_ns: int = 0, dev: int = 0) -> str:
+def file_ident(name: str, size: int, mtime_ns: int, inode: int, *, ctime_ns: int = 0) -> str:
     """The identity of one version of a source file, independent of the chunk size."""
-    return xxhash.xxh3_128_hexdigest(orjson.dumps([name, size, mtime_ns, inode, ctime_ns, dev]))
+    return xxhash.xxh3_128_hexdigest(orjson.dumps([name, size, mtime_ns, inode, ctime_ns]))
 
 
-def file_key(
-    name: str, size: int, mtime_ns: int, inode: int, chunk_size: int, *, ctime_ns: int = 0, dev: int = 0
-) -> str:
+def file_key(name: str, size: int, mtime_ns: int, inode: int, chunk_size: int, *, ctime_ns: int = 0) -> str:
     """The identity of one version of a source file: a changed file gets a new key and restarts.
 
     The ctime is in it because an in-place rewrite can keep size, inode and mtime (`touch -r`,
     os.utime put the mtime back) but never the ctime: without it a resume kept the old version's
-    chunks beside the new one's and called the mix verified. Keys made before (without ctime and
-    device) match no key made now: their journals read as another version's, and the file is sent
-    again whole, never trusted."""
-    return xxhash.xxh3_128_hexdigest(orjson.dumps([name, size, mtime_ns, inode, chunk_size, ctime_ns, dev]))
+    chunks beside the new one's and called the mix verified. The device number is not in it: an NFS
+    mount gets a new one at every mount, and a resume after a reboot must not send everything again.
+    Keys made before (without ctime) match no key made now: their journals read as another
+    version's, and the file is sent again whole, never trusted."""
+    return xxhash.xxh3_128_hexdigest(orjson.dumps([name, size, mtime_ns, inode, chunk_size, ctime_ns]))
 
 
 def transfer_id(chunk_size: int, files: tuple[FileEntry, ...], dirs: tuple[str, ...] = ()) -> str:

@@ -26,7 +26,8 @@ class SourceFile:
     dev: int
 
     def stamp(self) -> tuple[int, int, int, int, int]:
-        """What tells this version of the file from any other (compared, and hashed into its key)."""
+        """What tells this version of the file from any other during one run (the key leaves the
+        device out: it changes when an NFS share is mounted again)."""
         return (self.size, self.mtime_ns, self.inode, self.ctime_ns, self.dev)
 
 
@@ -72,10 +73,8 @@ def scan(
                 name=name,
                 size=sf.size,
                 mode=mode,
-                key=file_key(
-                    name, sf.size, sf.mtime_ns, sf.inode, chunk_size, ctime_ns=sf.ctime_ns, dev=sf.dev
-                ),
-                ident=file_ident(name, sf.size, sf.mtime_ns, sf.inode, ctime_ns=sf.ctime_ns, dev=sf.dev),
+                key=file_key(name, sf.size, sf.mtime_ns, sf.inode, chunk_size, ctime_ns=sf.ctime_ns),
+                ident=file_ident(name, sf.size, sf.mtime_ns, sf.inode, ctime_ns=sf.ctime_ns),
             )
         )
     manifest = make_manifest(chunk_size, entries, dirs)

@@ -216,3 +216,29 @@ def test_a_send_that_cannot_start_still_ends_json_with_a_summary(tmp_path: Path,
     last = json.loads(proc.stdout.decode().splitlines()[-1])
     assert last["event"] == "summary" and last["complete"] is False and last["resumable"] is False, last
     assert str(src) in last["error"], last
+
+
+def test_a_file_seen_through_another_device_number_keeps_its_identity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An NFS share gets a new device number each time it is mounted: a resume after the sender
+    # rebooted must find the same keys, not start every file over (and a finished send re-run must
+    # still be "complete", not "exists").
+    import transfer.source as source_module
+
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "w.bin").write_bytes(os.urandom(4096))
+    before, _ = source_module.scan([tmp_path / "ckpt"], 1 << 20)
+    real_stat = os.stat
+
+    def stat_on_another_mount(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        st = real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+        fields = list(st)
+        fields[2] = st.st_dev + 7  # st_dev
+        return os.stat_result(fields, {"st_mtime_ns": st.st_mtime_ns, "st_ctime_ns": st.st_ctime_ns})
+
+    monkeypatch.setattr(source_module.os, "stat", stat_on_another_mount)
+    after, files = source_module.scan([tmp_path / "ckpt"], 1 << 20)
+    assert files[0].dev == real_stat(tmp_path / "ckpt" / "w.bin").st_dev + 7  # the stub took effect
+    assert [f.key for f in after.files] == [f.key for f in before.files]
+    assert [f.ident for f in after.files] == [f.ident for f in before.files]
