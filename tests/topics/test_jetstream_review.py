@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from rqtest import js_call, rq_command, run_rq
-from test_access import _env, _free_port, _nats_server, _wait_port
+from test_access import _env, _free_port, _nats_server, _one_line, _wait_port
 from test_jetstream import make_stream, publish
 
 pytestmark = pytest.mark.integration
@@ -119,3 +119,33 @@ def test_a_server_lost_at_the_commit_is_exit_6_promptly_and_the_group_stays_unco
     r = run_rq("--json", "offsets", url, env=env)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["groups"] == [], r.stdout
+
+
+# -- 4. a permission the server denies ------------------------------------------------------------
+
+
+def test_a_denied_permission_fails_at_once_naming_the_stream_in_its_case(
+    private_nats: Any, tmp_path: Path
+) -> None:
+    conf = tmp_path / "perm.conf"
+    conf.write_text(
+        "authorization { users = [\n"
+        '  {user: alice, password: "pw-a"}\n'
+        '  {user: bob, password: "pw-b", permissions: {publish: "foo.>", subscribe: "foo.>"}}\n'
+        "] }\n"
+    )
+    port, _ = private_nats("-c", str(conf))
+    topic = f"nats://127.0.0.1:{port}/EvMixed/EvMixed.x"
+    r = run_rq(
+        "produce", topic, "-q", input=b"a\n", env=_env(tmp_path, NATS_USER="alice", NATS_PASSWORD="pw-a")
+    )
+    assert r.returncode == 0, r.stderr
+    bob = _env(tmp_path, NATS_USER="bob", NATS_PASSWORD="pw-b")
+    for cmd in (["offsets", topic], ["replay", topic, "--from", "start"], ["produce", topic]):
+        began = time.monotonic()
+        r = run_rq(*cmd, input=b"b\n", env=bob)
+        took = time.monotonic() - began
+        assert r.returncode == 4, r.stderr
+        line = _one_line(r)
+        assert '"$JS.API.STREAM.INFO.EvMixed"' in line and "as user 'bob'" in line, line
+        assert took < 3, f"{cmd[0]}: {took:.1f} s (the request's own timeout is 5 s)"

@@ -45,6 +45,14 @@ from topics.sources.natswire import (
     refuse_plain,
 )
 
+# A permissions error as nats-py hands it over (lower-cased), and the upper-case tokens of the
+# JetStream API subjects it may name ($JS.API.STREAM.INFO.<stream>, ...).
+_VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]*)"(.*)', re.IGNORECASE)
+_JS_API_TOKENS = (  # noqa: SIM905
+    "$JS ACK API STREAM STREAMS CONSUMER CONSUMERS INFO CREATE UPDATE DELETE NAMES LIST MSG GET "
+    "DIRECT DURABLE RESET PURGE LEADER STEPDOWN SNAPSHOT RESTORE NEXT PAUSE UNPIN FC _INBOX"
+).split()
+
 
 def _probe(host: str, port: int, timeout: float) -> None:
     """nats-py waits ~2 s after a refused connection before raising: fail fast on a closed port."""
@@ -110,6 +118,7 @@ class _Conn:
         self.where = hostport(ref.host, ref.port)
         self.denied: str | None = None  # the last permissions violation the server reported
         self.lost = False  # the connection closed under us (the server went away)
+        self.names: set[str] = {ref.subject} if ref.subject else set()  # consumer names, subjects used
         # set by either: what a request in flight waits on besides its answer (see run)
         self.trouble = asyncio.Event()
         self.connect_timeout = connect_timeout
@@ -134,7 +143,7 @@ class _Conn:
             # errors surface through the calls that fail; a refused permission only here (the
             # request it refused would just time out), so the request in flight is ended now
             if "permissions violation" in str(exc).lower():
-                self.denied = str(exc).strip()
+                self.denied = self._real_case(str(exc).strip())
                 self.trouble.set()
 
         async def on_closed() -> None:
@@ -220,6 +229,20 @@ class _Conn:
             if self.denied is not None or self.lost:
                 raise self._trouble() from None
             raise
+
+    def _real_case(self, text: str) -> str:
+        """nats-py lower-cases the server's -ERR text ('$js.api.stream.info.ev' for stream EV):
+        the subject is written back in its real case, token by token, from the names this
+        connection uses (unknown tokens stay as they came)."""
+        m = _VIOLATION.search(text)
+        if m is None:
+            return text
+        known = {t.lower(): t for t in _JS_API_TOKENS}
+        inbox = bytes(self.nc._resp_sub_prefix or self.nc._inbox_prefix or b"").decode(errors="replace")
+        for name in (self.stream, *self.names, inbox):
+            known.update((t.lower(), t) for t in name.split(".") if t)
+        subject = ".".join(known.get(t, t) for t in m.group(2).split("."))
+        return f'Permissions Violation for {m.group(1).title()} to "{subject}"{m.group(3)}'
 
     def _trouble(self) -> TopicError:
         if self.denied is not None:
@@ -468,6 +491,7 @@ class JetStreamSource:
         A group missing because a move was killed half-way is re-created first (see _move)."""
         import nats.js.errors
 
+        self.conn.names.add(group)
         try:
             info = self.conn.run(self.conn.js.consumer_info(self.conn.stream, _durable(group)))
         except nats.js.errors.NotFoundError:
