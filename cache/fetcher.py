@@ -47,6 +47,10 @@ from cache.origins import Origin
 from cache.store import HoldSpec, Store, fsync_dir, is_no_space, syncfs
 
 LAND_BATCH = 64
+# landed objects waiting while a batch is published (one at a time): past this, no new requests
+# start, so a slow publish (syncfs on a loaded disk) holds the run back instead of queueing without
+# bound, and with it the listing, which is planned only as work starts
+MAX_TO_LAND = 4 * LAND_BATCH
 PRUNE_MIN = 4096  # the run's list of jobs sheds finished ones once it passes this many (and doubles)
 # Whole objects under cache.digests.BIG_OBJECT (64 MiB) come through the CRT, which holds each body
 # in a buffer (grown by doubling: up to twice the size) until it is written. 256 requests in flight
@@ -329,6 +333,7 @@ class Fetcher:
                         not requests
                         and ready
                         and not self.starved
+                        and len(to_land) < MAX_TO_LAND
                         and (room >= min(32, self.window.value // 4 + 1) or inflight == 0)
                     ):
                         batch = self._take(ready, self.window.value - inflight)

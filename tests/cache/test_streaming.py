@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,43 @@ def test_the_listing_stays_a_few_pages_ahead_of_the_fetching(
     assert result.planned == [] and result.planned_objects == 3000  # counts, not a list per object
     # planned and waiting to start (< 64 + a page), two pages delivered, one being built, a batch
     # waiting to land (64) and the requests in flight: well under a thousand
+    assert origin.most_ahead < 1000, origin.most_ahead
+
+
+def test_a_slow_publish_holds_back_new_work_instead_of_queueing_it(
+    tmp_path: Path, ram_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Landed objects wait for the one batch being published (syncfs, link, syncfs); while a
+    # publish is slow (a loaded disk), fetching kept going and the objects waiting to land grew
+    # without bound (1,182 listed ahead of the landed in a loaded run). New work now waits.
+    import cache.fetcher as fetcher_module
+
+    d = tmp_path / "many"
+    d.mkdir()
+    for i in range(1500):
+        (d / f"f{i:04d}").write_bytes(b"%d" % i)
+    monkeypatch.setattr(preload_module, "PAGE", 50)
+    origin = CountingOrigin(d)
+    monkeypatch.setattr(preload_module, "parse_source", lambda source, settings: origin)
+    publish = fetcher_module.Fetcher._publish
+
+    def slow_publish(self: Any, items: Any) -> Any:
+        time.sleep(0.3)
+        return publish(self, items)
+
+    monkeypatch.setattr(fetcher_module.Fetcher, "_publish", slow_publish)
+
+    def on_event(event: ev.Event) -> None:
+        if isinstance(event, ev.Landed):
+            origin.landed += 1
+
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    try:
+        result = c.preload([str(d)], workers=4, on_event=on_event)
+    finally:
+        c.close()
+    assert result.objects == 1500 and not result.failed
+    # a batch being published, at most MAX_TO_LAND waiting, the pages and requests of the test above
     assert origin.most_ahead < 1000, origin.most_ahead
 
 
