@@ -125,3 +125,60 @@ def test_produce_json_a_key_with_no_one_text_is_refused_naming_the_line(
     assert err.count("\n") == 1 and "attribute" not in err
     r = run_rq("offsets", "keys", "--json", env=env)
     assert json.loads(r.stdout)["records"] == 0  # nothing of that batch was stored
+
+
+# -- 3. a middle segment cut short is damage (named, exit 5), not records gone to retention ------
+
+
+def segmented_topic(env: dict[str, str]) -> Path:
+    """Segments of 20 records (two batches of 10, 424 bytes each): 000…0.log holds 0..19, …40.log 40..59."""
+    topic = Path(env["RQ_TOPICS_DIR"]) / "cut"
+    for i in range(10):
+        lines = b"".join(b"%d\n" % n for n in range(i * 10, i * 10 + 10))
+        assert run_rq("produce", "cut", "--segment-bytes", "1K", "-q", input=lines, env=env).returncode == 0
+    return topic
+
+
+SEG = "00000000000000000040.log"
+
+
+@pytest.mark.parametrize(
+    ("size", "lost", "text"),
+    [
+        (600, "50..59", f"segment {SEG} is cut short (truncated at byte 600): offsets 50..59 are lost"),
+        (300, "40..59", f"segment {SEG} is cut short (truncated at byte 300): offsets 40..59 are lost"),
+        (10, "40..59", f"segment {SEG} is cut short (truncated at byte 10): offsets 40..59 are lost"),
+        (424, "50..59", f"segment {SEG} ends (byte 424) before them and the next one"),
+        (0, "40..59", f"segment {SEG} ends (byte 0) before them"),
+    ],
+)
+def test_a_middle_segment_cut_short_is_reported_as_damage_naming_the_file(
+    env: dict[str, str], size: int, lost: str, text: str
+) -> None:
+    topic = segmented_topic(env)
+    os.truncate(topic / SEG, size)
+    r = run_rq("replay", "cut", "--from", "start", "--format", "raw", "--json", env=env)
+    err = r.stderr.decode()
+    assert r.returncode == 5, err  # corruption, as docs/topics.md's table says
+    assert text in err and f"offsets {lost}" in err and "cut short" in err, err
+    assert "gone" not in err and "aged out" not in err and err.count("\n") == 1, err
+    assert b'"event":"gap"' not in r.stdout  # not retention's gap
+    r = run_rq("replay", "cut", "--from", "start", "--format", "raw", "--json", "--skip-corrupt", env=env)
+    err = r.stderr.decode()
+    assert r.returncode == 0, err
+    assert f"skipped corrupt record(s) at offsets {lost} (segment {SEG}, byte {size})" in err, err
+    first, last = (int(n) for n in lost.split(".."))
+    values = [int(v) for v in r.stdout.splitlines()[:-1]]
+    assert values == [n for n in range(100) if not first <= n <= last]
+
+
+def test_records_retention_deleted_still_age_out(env: dict[str, str]) -> None:
+    """The front of the log deleted (what retention does) stays `aged out`, exit 0."""
+    topic = segmented_topic(env)
+    assert run_rq("offsets", "reset", "cut", "--group", "g", "--to", "0", env=env).returncode == 0
+    for base in (0, 20):
+        (topic / f"{base:020d}.log").unlink()
+    r = run_rq("replay", "cut", "--group", "g", "--format", "raw", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert b"offsets 0..39 aged out (retention)" in r.stderr
+    assert b'"event":"gap"' in r.stdout and b"cut short" not in r.stderr

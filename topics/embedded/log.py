@@ -743,10 +743,13 @@ class LogReader:
         if hdr is not None:
             # A valid header whose batch runs past the end: in flight or torn, never searched
             # inside (a record value may hold bytes laid out like a batch). A sealed segment
-            # will not grow: the batch was cut, and what it held is lost.
+            # will not grow: the file was cut short, and what it held from here on is lost.
             if not sealed:
                 return "end", pos, None
-            self._report(base, pos, hdr.end - 1)
+            self._cut_short(base, size)
+            return "next", 0, None
+        if sealed and size - pos < fmt.BATCH_SIZE:
+            self._cut_short(base, size)  # less than a batch header left: cut inside one
             return "next", 0, None
         # The bytes from here on are not stable (a new writer may truncate them): searched in a
         # copy, never through the map.
@@ -764,9 +767,38 @@ class LogReader:
                 self._report(base, pos, -1)
                 self.reported_at = (base, pos)
             return "end", pos, None
-        # Bytes that do not frame, with valid batches after them or in a sealed segment.
-        self._report(base, pos, found[1].base - 1 if found else -1)
+        # Bytes that do not frame, with valid batches after them or in a sealed segment (then
+        # nothing of it can be read after them: lost up to the next segment).
+        self._report(base, pos, found[1].base - 1 if found else self._before_next(base))
         return ("skip", pos + found[0], None) if found else ("next", 0, None)
+
+    def _before_next(self, base: int) -> int:
+        """The last offset before the segment after `base` that this read wants (-1: unknown)."""
+        later = [s for s in self.log.segments() if s > base]
+        if not later:
+            return -1
+        return later[0] - 1 if self.stop is None else min(later[0], self.stop) - 1
+
+    def _cut_short(self, base: int, size: int) -> None:
+        """Sealed segment `base` ends at byte `size` inside a batch: the file was truncated, and
+        the records from the read's next offset up to the next segment are lost. Raised as
+        CorruptRecord naming the file and the offsets, or reported (on_corrupt) and skipped."""
+        seg = fmt.segment_name(base)
+        first, last = self.next_offset, self._before_next(base)
+        self.reported_in = base  # the hole up to the next segment is this one, not another
+        lost = f"offsets {first}..{last}" if last > first else f"offset {first}"
+        if not self.skip_corrupt:
+            raise CorruptRecord(
+                f"segment {seg} is cut short (truncated at byte {size}): {lost} are lost; "
+                "pass --skip-corrupt to read past them",
+                first,
+                seg,
+                size,
+            )
+        if self.on_corrupt is not None:
+            self.on_corrupt(CorruptRange(first, last, seg, size))
+        if last >= first:
+            self.next_offset = last + 1
 
     def _lost_before(self, nxt: int, segs: list[int], done: int) -> bool:
         """Offsets between the segment just read and the next one have no file: a segment was
@@ -777,17 +809,26 @@ class LogReader:
         if nxt <= first or segs[0] >= nxt or self.reported_in == done:
             return False
         last = nxt - 1 if stop is None else min(nxt, stop) - 1
-        seg = fmt.segment_name(nxt)
-        if not self.skip_corrupt:
-            raise CorruptRecord(
-                f"offsets {first}..{last} are missing: their segment file, before {seg}, is gone; "
-                "pass --skip-corrupt to read past them",
-                first,
-                seg,
-                0,
+        seg, pos = fmt.segment_name(nxt), 0
+        lost = f"offsets {first}..{last}" if last > first else f"offset {first}"
+        if done in segs:
+            # The segment just read is still there and ends short of the next one: it was cut
+            # at a batch boundary (the usual case: nothing else looks like this), or a whole
+            # segment file after it was removed by hand. Either way damage, not retention.
+            seg = fmt.segment_name(done)
+            with contextlib.suppress(OSError):
+                pos = (self.log.dir / seg).stat().st_size
+            why = (
+                f"{lost} are missing: segment {seg} ends (byte {pos}) before them and the next one, "
+                f"{fmt.segment_name(nxt)}, starts at offset {nxt}; {seg} was cut short (truncated) "
+                "or a segment file after it was deleted"
             )
+        else:
+            why = f"{lost} are missing: their segment file, before {seg}, was deleted"
+        if not self.skip_corrupt:
+            raise CorruptRecord(f"{why}; pass --skip-corrupt to read past them", first, seg, pos)
         if self.on_corrupt is not None:
-            self.on_corrupt(CorruptRange(first, last, seg, 0))
+            self.on_corrupt(CorruptRange(first, last, seg, pos))
         return stop is not None and stop <= nxt
 
     def _report(self, base: int, pos: int, last_offset: int) -> None:
