@@ -68,6 +68,10 @@ class SendOptions:
     compress: codec.CompressMode = "auto"
     window: int | None = None  # unacknowledged chunks per channel; None: the transport's send_window
     retry_for: float = 60.0  # give up after this long without progress
+    # how long to keep trying a receiver that has never answered; None: retry_for, at most
+    # FIRST_CONNECT_GRACE, so a wrong address does not hang for a minute. A caller that means to
+    # start the sender before the receiver is up (CI, a pod not yet scheduled) sets it
+    first_connect_for: float | None = None
     # A connection over which nothing moves for this long while chunks wait on the receiver (no
     # byte of theirs reaches it and it confirms nothing) is dropped and retried like a lost one: a
     # stopped or hung receiver, or one whose disk stalled; TCP would otherwise block in sendall on a
@@ -501,7 +505,12 @@ def _send_retrying(
                 last_progress = time.monotonic()
                 attempt = 0  # it was moving: retry quickly
             # Until the receiver has answered once, a wrong address should not hang for a minute.
-            limit = run.opts.retry_for if stats.connected else min(run.opts.retry_for, FIRST_CONNECT_GRACE)
+            if stats.connected:
+                limit = run.opts.retry_for
+            elif run.opts.first_connect_for is not None:
+                limit = run.opts.first_connect_for
+            else:
+                limit = min(run.opts.retry_for, FIRST_CONNECT_GRACE)
             waited = time.monotonic() - last_progress
             if waited > limit:
                 if busy:

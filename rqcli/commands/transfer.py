@@ -124,6 +124,11 @@ def _host_port(text: str, default_port: int = 7420) -> tuple[str, int]:
     return m.group(1) or "127.0.0.1", port
 
 
+def _is_default(param: str) -> bool:
+    source = click.get_current_context().get_parameter_source(param)
+    return source in (None, click.core.ParameterSource.DEFAULT)
+
+
 def _parse_url(url: str) -> tuple[str, int, str | None]:
     """rq://HOST:PORT[?pin=sha256:…] (the scheme may be left out)."""
     if "://" not in url:
@@ -583,7 +588,8 @@ def _recv_event(out: Output, ev: Any) -> None:
     type=Seconds(),
     default=60.0,
     show_default=True,
-    help="Keep reconnecting for this many seconds without progress.",
+    help="Keep reconnecting for this many seconds without progress. A receiver that never "
+    "answered is tried for 10 s by default, for this long when given (start before the receiver).",
 )
 @click.option(
     "--timeout",
@@ -691,6 +697,8 @@ def _send(
             chunk_size=chunk_size or 0,
             compress=cast("CompressMode", compress),
             retry_for=retry_for,
+            # --retry-for given (flag, RQ_SEND_RETRY_FOR, config) also covers a receiver not up yet
+            first_connect_for=None if _is_default("retry_for") else retry_for,
             ack_timeout=ack_timeout,
         )
         with out.progress() as bar:

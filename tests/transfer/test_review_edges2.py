@@ -242,3 +242,35 @@ def test_a_file_seen_through_another_device_number_keeps_its_identity(
     assert files[0].dev == real_stat(tmp_path / "ckpt" / "w.bin").st_dev + 7  # the stub took effect
     assert [f.key for f in after.files] == [f.key for f in before.files]
     assert [f.ident for f in after.files] == [f.ident for f in before.files]
+
+
+def test_a_retry_for_given_also_waits_for_a_receiver_not_up_yet(tmp_path: Path) -> None:
+    # CI starts the sender before the receiver's pod is up: `--retry-for 40` said "keep
+    # reconnecting for 40 s" and gave up after ~10 s ("gave up after 11s ... Connection refused")
+    from xfer_kit import free_port
+
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "a.bin").write_bytes(os.urandom(100_000))
+    port = free_port()
+    sender = subprocess.Popen(
+        rq_cmd("send", str(tmp_path / "ck"), f"rq://127.0.0.1:{port}", "--transport", "tcp"),
+        env=rq_env(RQ_SEND_RETRY_FOR="40"),  # as a CI job's environment gives it
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=REPO,
+    )
+    recv = Recv(tmp_path / "dest", tmp_path / "certs", "tcp", "--once", port=port)
+    try:
+        try:
+            sender.wait(timeout=12)  # past the 10 s a sender gives a receiver that never answered
+        except subprocess.TimeoutExpired:
+            pass
+        assert sender.poll() is None, sender.communicate()[1].decode()
+        recv.start()
+        _, err = sender.communicate(timeout=60)
+        assert sender.returncode == 0, err.decode()
+        assert (tmp_path / "dest" / "ck" / "a.bin").read_bytes() == (tmp_path / "ck" / "a.bin").read_bytes()
+    finally:
+        sender.kill()
+        sender.wait()
+        recv.stop()
