@@ -149,3 +149,81 @@ def test_a_denied_permission_fails_at_once_naming_the_stream_in_its_case(
         line = _one_line(r)
         assert '"$JS.API.STREAM.INFO.EvMixed"' in line and "as user 'bob'" in line, line
         assert took < 3, f"{cmd[0]}: {took:.1f} s (the request's own timeout is 5 s)"
+
+
+# -- 3. a spec replay over a message deleted since ---------------------------------------------------
+
+
+def _delete(url: str, stream: str, *seqs: int) -> None:
+    async def go(js: Any) -> None:
+        for seq in seqs:
+            await js.delete_msg(stream, seq)
+
+    js_call(url, go)
+
+
+def _interleaved(url: str, stream: str) -> None:
+    """Sequences 1..200: odd ones on STREAM.a (a1, a3...), even ones on STREAM.b."""
+    make_stream(url, stream)
+
+    async def go(js: Any) -> None:
+        for seq in range(1, 201):
+            await js.publish(f"{stream}.{'a' if seq % 2 else 'b'}", b"v%d" % seq)
+
+    js_call(url, go)
+
+
+def test_check_spec_range_counts_what_is_left_on_the_subject(nats_url: str, stream_name: str) -> None:
+    from topics.errors import DigestMismatch
+    from topics.sources.jetstream import JetStreamSource
+    from topics.sources.open import parse_topic
+
+    _interleaved(nats_url, stream_name)
+    _delete(nats_url, stream_name, 10)  # before the spec: a hole it already knew
+    whole = JetStreamSource(parse_topic(f"{nats_url}/{stream_name}", Path("/none")))
+    on_a = JetStreamSource(parse_topic(f"{nats_url}/{stream_name}/{stream_name}.a", Path("/none")))
+    try:
+        whole.check_spec_range(1, 201, 199)
+        on_a.check_spec_range(1, 201, 100)
+        _delete(nats_url, stream_name, 100)  # an even one: not on STREAM.a
+        on_a.check_spec_range(1, 201, 100)
+        with pytest.raises(DigestMismatch, match=r"deleted: offsets 1\.\.200 .* hold 198 records now"):
+            whole.check_spec_range(1, 201, 199)
+        _delete(nats_url, stream_name, 101)
+        with pytest.raises(DigestMismatch, match="hold 99 records now, the spec pinned 100"):
+            on_a.check_spec_range(1, 201, 100)
+        on_a.check_spec_range(103, 201, 49)  # a range after the holes
+    finally:
+        whole.close()
+        on_a.close()
+
+
+def _hooked() -> bool:
+    import inspect
+
+    from rqcli.commands import topics
+
+    return "check_spec_range" in inspect.getsource(topics._check_saved_range)
+
+
+@pytest.mark.skipif(not _hooked(), reason="rqcli's _check_saved_range does not call check_spec_range yet")
+def test_replay_by_spec_over_a_deleted_message_fails_before_writing(
+    nats_url: str, stream_name: str, tmp_path: Path
+) -> None:
+    _interleaved(nats_url, stream_name)
+    _delete(nats_url, stream_name, 10)
+    env = _env(tmp_path)
+    spec = tmp_path / "j.json"
+    topic = f"{nats_url}/{stream_name}/{stream_name}.a"
+    r = run_rq("replay", topic, "--from", "start", "--to", "200", "--save-spec", str(spec), env=env)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 100, r.stderr
+
+    _delete(nats_url, stream_name, 50)  # STREAM.b's: the spec's records are all there
+    r = run_rq("replay", "--spec", str(spec), "--format", "raw", env=env)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 100, r.stderr
+
+    _delete(nats_url, stream_name, 51)  # one of the spec's
+    r = run_rq("replay", "--spec", str(spec), "--format", "raw", env=env)
+    assert r.returncode == 5, r.stderr
+    assert r.stdout == b"", "records written before the replay failed"
+    assert "deleted" in _one_line(r) and "changed" not in r.stderr.decode(), r.stderr

@@ -26,6 +26,7 @@ from typing import Any
 
 from topics.errors import (
     AccessDenied,
+    DigestMismatch,
     RecordTooLarge,
     SourceUnreachable,
     SpecError,
@@ -399,6 +400,28 @@ class JetStreamSource:
         if not self.subject or not state.messages:
             return int(state.messages)
         return self._pending_from(int(state.first_seq))
+
+    def check_spec_range(self, start: int, stop: int, records: int) -> None:
+        """Before a saved spec is replayed: the spec pinned `records` records in start..stop-1;
+        fewer messages there now (on the subject, if one) means some were deleted since
+        (js.delete_msg, a purge by subject): DigestMismatch before anything is written, rather
+        than the records before the hole and then a digest that does not match. (With --where a
+        deleted message the filter had dropped changes nothing, and one it kept may still leave
+        enough messages: then the digest catches it after the replay.)"""
+        if records <= 0 or stop <= start:
+            return
+        state = self.conn.stream_info().state
+        first, end = int(state.first_seq), int(state.last_seq) + 1
+        if not self.subject and int(state.messages) == end - first:
+            return  # nothing deleted anywhere in the stream
+        # stop first: a message appended between the two counts can only raise the difference
+        after = self._pending_from(stop) if stop < end else 0
+        held = self._pending_from(max(start, first)) - after
+        if held < records:
+            raise DigestMismatch(
+                f"records the spec pins were deleted: offsets {start}..{stop - 1} of {self.url} hold "
+                f"{held} records now, the spec pinned {records}"
+            )
 
     def _pending_from(self, seq: int) -> int:
         """How many messages (on the subject, if one) have a sequence >= seq (an ephemeral consumer
