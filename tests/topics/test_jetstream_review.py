@@ -227,3 +227,20 @@ def test_replay_by_spec_over_a_deleted_message_fails_before_writing(
     assert r.returncode == 5, r.stderr
     assert r.stdout == b"", "records written before the replay failed"
     assert "deleted" in _one_line(r) and "changed" not in r.stderr.decode(), r.stderr
+
+
+# -- 5. natscli's credentials rq does not read ------------------------------------------------------
+
+
+def test_a_refusal_says_nats_creds_and_nkey_were_not_read(private_nats: Any, tmp_path: Path) -> None:
+    port, _ = private_nats("--user", "alice", "--pass", "pw-a")
+    creds = tmp_path / "user.creds"
+    creds.write_text("-----BEGIN NATS USER JWT-----\nnot.a.jwt\n------END NATS USER JWT------\n")
+    topic = f"nats://127.0.0.1:{port}/CR"
+    r = run_rq("offsets", topic, env=_env(tmp_path, NATS_CREDS=str(creds)))
+    assert r.returncode == 4, r.stderr
+    assert "NATS_CREDS is set, but rq does not read .creds files or NKEYs" in _one_line(r), r.stderr
+    r = run_rq("offsets", topic, env=_env(tmp_path, NATS_CREDS=str(creds), NATS_NKEY=str(creds)))
+    assert r.returncode == 4 and "NATS_CREDS and NATS_NKEY are set" in _one_line(r), r.stderr
+    r = run_rq("offsets", topic, env=_env(tmp_path))  # neither: the message stays as it was
+    assert r.returncode == 4 and "NATS_CREDS" not in _one_line(r), r.stderr

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
 import re
 import socket
 import ssl
@@ -62,6 +63,22 @@ def _probe(host: str, port: int, timeout: float) -> None:
             pass
     except OSError as exc:
         raise SourceUnreachable(f"cannot reach NATS at {hostport(host, port)}: {reason(exc)}") from None
+
+
+# natscli's credentials that rq does not read: a .creds file (JWT + NKEY seed) and an NKEY seed
+# file. Both sign the server's nonce with ed25519 through the `nkeys` package, which rq does not
+# depend on; a refusal says they were ignored instead of only asking for NATS_USER.
+_UNREAD_NATS_ENV = ("NATS_CREDS", "NATS_NKEY")
+
+
+def _unread_credentials() -> str:
+    unread = [v for v in _UNREAD_NATS_ENV if os.environ.get(v)]
+    if not unread:
+        return ""
+    return (
+        f" ({' and '.join(unread)} {'is' if len(unread) == 1 else 'are'} set, but rq does not read "
+        ".creds files or NKEYs: give it a user and password or a token)"
+    )
 
 
 class _Refusal(Exception):
@@ -190,6 +207,7 @@ class _Conn:
         if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower():
             return AccessDenied(
                 f"NATS at {self.where} refused rq {self.access.who()}: authorization violation"
+                + _unread_credentials()
             )
         if isinstance(exc, TimeoutError | nats.errors.TimeoutError):
             # connected, then nothing: not a NATS server's port, or a server too busy to greet
