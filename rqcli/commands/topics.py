@@ -283,6 +283,8 @@ class Writer:
                 shown = f"(base64) {shown}"
             when = datetime.fromtimestamp(r[1] / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
             key = "" if r[2] is None else r[2].decode("utf-8", "replace")
+            if ("retained", b"true") in r[3]:  # an MQTT retained message: maybe long stale
+                key += " (retained)"
             # Text, not str: rich would read "[link=…]" in a record as markup (a planted hyperlink,
             # or a MarkupError that ends the read).
             table.add_row(str(r[0]), when, Text(safe_text(key)), Text(safe_text(shown[:500])))
@@ -780,6 +782,11 @@ def _format_options(func: Any) -> Any:
     "record_to",
     help="Also append what is shown to this embedded topic (e.g. to replay an MQTT capture).",
 )
+@click.option(
+    "--no-retained",
+    is_flag=True,
+    help="MQTT: skip retained messages (stale values the broker sends on subscribing), like mosquitto_sub -R.",
+)
 @idle_timeout_option
 @_format_options
 @topics_dir_option
@@ -789,6 +796,7 @@ def tail(
     lines: int | None,
     follow: bool,
     record_to: str | None,
+    no_retained: bool,
     idle_timeout: float | None,
     fmt: str | None,
     fields: str | None,
@@ -799,7 +807,9 @@ def tail(
 ) -> None:
     """Show the last records of TOPIC; with -f, follow new ones.
 
-    Exits at the end without -f. On an MQTT topic it shows live messages (there is no history).
+    Exits at the end without -f. On an MQTT topic it shows live messages (there is no history),
+    after the retained ones the broker sends on subscribing, which carry the header retained: true
+    (--no-retained skips them).
 
     \b
     Examples:
@@ -816,9 +826,11 @@ def tail(
         filt = compile_where(where) if where else None
         if record_to:
             check_writable(_ref(record_to, topics_dir))  # before connecting to anything
+        if no_retained and ref.kind != "mqtt":
+            raise CliError("--no-retained is for MQTT topics", ExitCode.USAGE)
         if record_to and (follow or ref.kind == "mqtt"):
             _refuse_feedback(ref, _ref(record_to, topics_dir), "--record")
-        source = open_source(ref, idle_timeout=idle_timeout)
+        source = open_source(ref, idle_timeout=idle_timeout, **({"retained": False} if no_retained else {}))
         sink = open_sink(_ref(record_to, topics_dir)) if record_to else None
         try:
             if source.live_only:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from rqtest import run_rq
+from rqtest import popen_rq, run_rq
 
 pytestmark = pytest.mark.integration
 
@@ -182,3 +184,65 @@ def test_records_retention_deleted_still_age_out(env: dict[str, str]) -> None:
     assert r.returncode == 0, r.stderr
     assert b"offsets 0..39 aged out (retention)" in r.stderr
     assert b'"event":"gap"' in r.stdout and b"cut short" not in r.stderr
+
+
+# -- 4. MQTT retained messages are marked (or skipped with --no-retained) -------------------------
+
+
+def mqtt_publish(url: str, topic: str, payload: bytes, retain: bool) -> None:
+    import paho.mqtt.client as mqtt
+
+    u = urlsplit(url)
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
+    client.connect(u.hostname or "127.0.0.1", u.port or 1883)
+    client.loop_start()
+    try:
+        client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(10)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+@pytest.fixture
+def retained_topic(mqtt_url: str) -> Iterator[str]:
+    """A topic on the real broker holding a retained message (cleared afterwards)."""
+    topic = f"rqedge/{uuid.uuid4().hex[:8]}/temp"
+    mqtt_publish(mqtt_url, topic, b"stale", retain=True)
+    yield topic
+    mqtt_publish(mqtt_url, topic, b"", retain=True)  # an empty retained message removes it
+
+
+def tail_then_publish(mqtt_url: str, topic: str, *args: str) -> tuple[int, bytes]:
+    proc = popen_rq("tail", f"{mqtt_url}/{topic}", "--timeout", "20", *args, env={"CI": "1"})
+    try:
+        assert proc.stderr is not None and b"listening on" in proc.stderr.readline()
+        mqtt_publish(mqtt_url, topic, b"live", retain=False)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out
+
+
+def test_mqtt_tail_marks_a_retained_message(mqtt_url: str, retained_topic: str) -> None:
+    """The broker's retained value came out as if it had just been published."""
+    code, out = tail_then_publish(mqtt_url, retained_topic, "-n", "2", "--format", "json")
+    assert code == 0
+    got = [json.loads(line) for line in out.splitlines()]
+    assert [(g["value"], g["headers"]) for g in got] == [("stale", {"retained": "true"}), ("live", {})]
+    code, out = tail_then_publish(mqtt_url, retained_topic, "-n", "2", "--format", "table")
+    assert code == 0
+    rows = [line for line in out.decode().splitlines() if "stale" in line or "live" in line]
+    assert "(retained)" in rows[0] and "(retained)" not in rows[1], out
+
+
+def test_mqtt_tail_no_retained_skips_them(mqtt_url: str, retained_topic: str) -> None:
+    code, out = tail_then_publish(mqtt_url, retained_topic, "-n", "1", "--format", "raw", "--no-retained")
+    assert (code, out) == (0, b"live\n")
+
+
+def test_no_retained_is_for_mqtt_only(env: dict[str, str]) -> None:
+    assert run_rq("produce", "ev", input=b"x\n", env=env).returncode == 0
+    r = run_rq("tail", "ev", "--no-retained", env=env)
+    assert r.returncode == 2 and r.stderr == b"rq: error: --no-retained is for MQTT topics\n"

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from topics.errors import AccessDenied, SourceUnreachable, SpecError, TopicError, Unsupported
-from topics.record import NO_HEADERS, Record
+from topics.record import NO_HEADERS, Headers, Record
 from topics.sources.access import Access, hostport, mqtt_access, reason, tls_context, tls_hint
 from topics.sources.base import Pending
 
@@ -105,18 +105,31 @@ def _closed_before_connack(where: str, access: Access, why: str) -> TopicError:
     return SourceUnreachable(f"MQTT broker at {where} closed the connection before answering CONNECT: {why}")
 
 
+# The mark of a retained message (a value the broker kept and sent on subscribing, maybe long
+# stale), as a header: MQTT 3.1.1 has none of its own, and a header reaches --json, templates,
+# --where ($headers.retained) and a --record capture alike.
+RETAINED: Headers = (("retained", b"true"),)
+
+
 class MqttSource:
     kind = "mqtt"
     live_only = True
     monotonic_time = True
 
     def __init__(
-        self, ref: Any, idle_timeout: float | None = None, connect_timeout: float = 5.0, qos: int = 1
+        self,
+        ref: Any,
+        idle_timeout: float | None = None,
+        connect_timeout: float = 5.0,
+        qos: int = 1,
+        retained: bool = True,
     ):
+        """retained=False drops the retained messages the broker sends on subscribing (stale
+        values kept from before: mosquitto_sub -R); kept, they carry the RETAINED header."""
         self.url = ref.url
         self.filter: str = ref.subject
         self.idle_timeout = idle_timeout
-        self.queue: queue.SimpleQueue[tuple[int, str, bytes]] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[tuple[int, str, bytes, bool]] = queue.SimpleQueue()
         self.where = hostport(ref.host, ref.port)
         self.lost: list[str] = []  # why the broker connection dropped, once it has
         self.closing = False
@@ -133,7 +146,11 @@ class MqttSource:
         self.client.on_disconnect = on_disconnect
 
         def on_message(_c: Any, _u: Any, msg: Any) -> None:
-            self.queue.put((time.time_ns() // 1_000_000, msg.topic, msg.payload))
+            # A broker sets RETAIN only on what it kept from before the subscription; a message
+            # forwarded live arrives without it (MQTT 3.1.1 3.3.1.3, 5.0 without retain-as-published).
+            if msg.retain and not retained:
+                return
+            self.queue.put((time.time_ns() // 1_000_000, msg.topic, msg.payload, bool(msg.retain)))
 
         def on_subscribe(_c: Any, _u: Any, _mid: Any, codes: Any, _props: Any) -> None:
             granted.extend(codes)
@@ -191,8 +208,8 @@ class MqttSource:
                 while len(items) < _DRAIN:
                     items.append(self.queue.get_nowait())
             batch: list[Record] = []
-            for ts, topic, payload in items:
-                batch.append((n, ts, topic.encode("utf-8"), NO_HEADERS, payload))
+            for ts, topic, payload, stale in items:
+                batch.append((n, ts, topic.encode("utf-8"), RETAINED if stale else NO_HEADERS, payload))
                 n += 1
             idle_since = time.monotonic()
             yield batch
