@@ -244,3 +244,34 @@ def test_a_refusal_says_nats_creds_and_nkey_were_not_read(private_nats: Any, tmp
     assert r.returncode == 4 and "NATS_CREDS and NATS_NKEY are set" in _one_line(r), r.stderr
     r = run_rq("offsets", topic, env=_env(tmp_path))  # neither: the message stays as it was
     assert r.returncode == 4 and "NATS_CREDS" not in _one_line(r), r.stderr
+
+
+# -- 6. user info with '/', '?' or '#' not percent-encoded -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "env_names"),
+    [
+        ("nats://alice:ab/Zq9@127.0.0.1:4222/S", "NATS_USER/NATS_PASSWORD"),
+        ("nats://alice:ab#Zq9@127.0.0.1:4222/S", "NATS_USER/NATS_PASSWORD"),
+        ("nats://alice:ab?Zq9@127.0.0.1:4222/S", "NATS_USER/NATS_PASSWORD"),
+        ("tls://tok/Zq9@127.0.0.1/S", "NATS_USER/NATS_PASSWORD"),  # a token
+        ("mqtt://alice:ab/Zq9@127.0.0.1:1883/t/#", "RQ_MQTT_USERNAME/RQ_MQTT_PASSWORD"),
+        ("mqtts://alice:ab#Zq9@127.0.0.1/t", "RQ_MQTT_USERNAME/RQ_MQTT_PASSWORD"),
+    ],
+)
+def test_unencoded_user_info_is_named_without_the_secret(url: str, env_names: str, tmp_path: Path) -> None:
+    r = run_rq("tail", url, "-n", "1", env=_env(tmp_path), timeout=20)
+    assert r.returncode == 2, r.stderr
+    line = _one_line(r)
+    assert "must be percent-encoded" in line and env_names in line, line
+    assert "Zq9" not in r.stderr.decode() and "bad port" not in line, line
+
+
+def test_percent_encoded_user_info_still_parses() -> None:
+    from topics.sources.open import parse_topic
+
+    ref = parse_topic("nats://alice:ab%2F%23%3Fcd@127.0.0.1:4222/S", Path("/none"))
+    assert (ref.user, ref.password, ref.stream) == ("alice", "ab/#?cd", "S")
+    ref = parse_topic("mqtt://127.0.0.1/dev/a@b/x", Path("/none"))  # an '@' in a topic is no user info
+    assert (ref.host, ref.subject, ref.user) == ("127.0.0.1", "dev/a@b/x", None)

@@ -65,6 +65,27 @@ def parse_topic(text: str, topics_dir: Path) -> TopicRef:
 
 
 def _parse_url(text: str) -> TopicRef:
+    try:
+        return _split_url(text)
+    except SpecError as exc:
+        # An unencoded '/', '?' or '#' in a password or token ends the host part early, so the
+        # rest of the user info reads as a port, a stream or a path, and the error names the wrong
+        # thing: an '@' past the host part says what went wrong (without the secret).
+        try:
+            netloc = urlsplit(text).netloc
+        except ValueError:
+            raise exc from None
+        if "@" in text.partition("://")[2] and "@" not in netloc:
+            mqtt = text.startswith(("mqtt://", "mqtts://"))
+            env = "RQ_MQTT_USERNAME/RQ_MQTT_PASSWORD" if mqtt else "NATS_USER/NATS_PASSWORD"
+            raise SpecError(
+                f"bad URL {redact_url(text)!r}: a '/', '?' or '#' in its user:password@ part must be "
+                f"percent-encoded (%2F, %3F, %23), or set {env} instead"
+            ) from None
+        raise
+
+
+def _split_url(text: str) -> TopicRef:
     shown = redact_url(text)
     if any(c in text for c in "\t\r\n"):  # urlsplit would silently drop them
         raise SpecError(f"bad URL {shown!r}: it contains a tab or a line break")
