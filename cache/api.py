@@ -641,23 +641,27 @@ class Cache:
             entry, problem = found
             problems.append(Problem(entry.url, problem))
             if repair:
-                state.store.remove(entry)  # only if the row still names this very file
+                state.store.remove(entry, same_landing=True)  # never a landing made since
         state.store.collect(sweep_objects=repair)
         return checked, problems
 
     def _verify_entry(self, entry: Entry) -> tuple[Entry, str] | None:
         """(entry, problem), or None if it is sound. Entries move while we look (promoted, demoted,
         evicted, re-landed by other processes): a problem counts only if the index still names
-        the same file afterwards, else the entry's current file is checked instead."""
+        the same landing afterwards, else the entry's current file is checked instead. File names
+        are fixed per URL and version, so an entry evicted and landed again between the check and
+        the re-read names the same (tier, blob, xxh3): its `created` stamp tells the landings
+        apart (a demotion keeps it, but moves the tier)."""
         index = self._state().index
-        for _ in range(3):
+        problem: str | None = None
+        for _ in range(5):
             problem = _check_blob(self.layout.blob_path(entry.tier, entry.blob), entry)
             if problem is None:
                 return None
             current = index.get(entry.url)
             if current is None:
                 return None  # evicted meanwhile: nothing cached, nothing wrong
-            if (current.tier, current.blob, current.xxh3) == (entry.tier, entry.blob, entry.xxh3):
+            if _same_landing(current, entry):
                 return entry, problem
             entry = current
         return (entry, problem) if problem is not None else None
@@ -917,6 +921,10 @@ class _PromoteOrigin(LocalOrigin):
 
     def stat(self, url: str) -> ObjectInfo:
         return ObjectInfo(url, url, self.entry.size, self.entry.version)
+
+
+def _same_landing(a: Entry, b: Entry) -> bool:
+    return (a.tier, a.blob, a.xxh3, a.created) == (b.tier, b.blob, b.xxh3, b.created)
 
 
 def _check_blob(path: Path, entry: Entry) -> str | None:

@@ -343,15 +343,23 @@ class Store:
             if fd >= 0:
                 os.close(fd)
 
-    def remove(self, entry: Entry) -> bool:
-        """Evicts one entry now (rq cache evict, corrupt entries). False if a reader has it open."""
+    def remove(self, entry: Entry, same_landing: bool = False) -> bool:
+        """Evicts one entry now (rq cache evict, corrupt entries). False if a reader has it open.
+        With `same_landing`, only the very landing `entry` was read from: file names are fixed per
+        URL and version, so an entry evicted and landed again since names the same file, sound
+        now, and must stay (its `created` stamp tells the landings apart)."""
         path = self.layout.blob_path(entry.tier, entry.blob)
         fd = lock_exclusive(path)
         if fd is None:
             return False
         with self.index.write() as db:
             current = self.index.get(entry.url, db)
-            if current is None or current.blob != entry.blob or current.tier != entry.tier:
+            if (
+                current is None
+                or current.blob != entry.blob
+                or current.tier != entry.tier
+                or (same_landing and current.created != entry.created)
+            ):
                 if fd >= 0:
                     os.close(fd)
                 return True  # already replaced or gone
