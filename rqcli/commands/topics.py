@@ -26,7 +26,7 @@ import click
 import orjson
 from platformdirs import user_data_path
 
-from rqcli.errors import CliError
+from rqcli.errors import CliError, interruption
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
 from rqcli.params import CommandEnvFirst, Seconds, documented_env_names
@@ -832,6 +832,9 @@ def tail(
             _refuse_feedback(ref, _ref(record_to, topics_dir), "--record")
         source = open_source(ref, idle_timeout=idle_timeout, **({"retained": False} if no_retained else {}))
         sink = open_sink(_ref(record_to, topics_dir)) if record_to else None
+        res = Result()
+        shown = [0]  # records written out
+        stopped: KeyboardInterrupt | None = None
         try:
             if source.live_only:
                 if not out.quiet:
@@ -844,23 +847,36 @@ def tail(
                 req = Request(start=start, stop=None if follow else end, follow=follow, where=filt)
             req.skip_corrupt = skip_corrupt
             req.decode_values = writer.needs_decode
+            emit = _emitters(writer, sink, keep_time=True)
+
+            def shown_out(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
+                emit(records, decoded)
+                shown[0] += len(records)  # counted once written: a Ctrl-C may land inside a write
+
             try:
-                res = run(
-                    source,
-                    req,
-                    _emitters(writer, sink, keep_time=True),
-                    on_idle=_reader_watch(),
-                    on_aged_out=_aged_out_reporter(out, ref.url),
-                )
+                run(source, req, shown_out, res, None, _reader_watch(), _aged_out_reporter(out, ref.url))
             except ReaderLeft:
                 return
+            except KeyboardInterrupt as exc:
+                stopped = exc  # `tail -f` ends this way: the done line still comes last
         finally:
             writer.close()
             source.close()
             if sink is not None:
                 sink.close()
         _report_skips(out, res)
-        out.emit({"event": "done", "topic": ref.url, "records": res.emitted, "next_offset": res.next_offset})
+        done: dict[str, Any] = {
+            "event": "done",
+            "topic": ref.url,
+            "records": shown[0],
+            "next_offset": res.next_offset,
+        }
+        if stopped is None:
+            out.emit(done)
+            return
+        with contextlib.suppress(BrokenPipeError):
+            out.emit({**done, "error": interruption(stopped)})
+        raise stopped
 
 
 @click.command()
@@ -1014,6 +1030,10 @@ def replay(
         res = Result()
         start: int
         stop: int | None
+        shown = [0]  # records written out
+        reading = False  # the read has begun: an interruption from now on ends with the done line
+        stopped: KeyboardInterrupt | None = None
+        committed_to: list[int] = []  # the offset last stored for the group, if any
         try:
             if saved is not None:
                 _check_saved_range(source, saved)
@@ -1043,7 +1063,6 @@ def replay(
             # What a spec saved now would pin: updated after each batch is counted and written, so
             # an interrupted follow saves where it stopped, consistently.
             pinned: list[tuple[int, str, int | None, int | None, int]] = [(0, res.digest, None, None, start)]
-            committed_to: list[int] = []  # the offset last stored for the group, if any
             # A bar on stderr only when records are not drawn on the same terminal.
             show_bar = stop is not None and not sys.stdout.isatty()
             bar_cm = out.progress(transfer=False) if show_bar else contextlib.nullcontext(None)
@@ -1066,7 +1085,20 @@ def replay(
 
                     watch = _reader_watch() if writer is not None else None
                     gaps = _aged_out_reporter(out, ref.url)
-                    run(source, req, _emitters(writer, sink, False, stops), res, progress, watch, gaps)
+                    emit = _emitters(writer, sink, False, stops)
+
+                    def shown_out(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
+                        try:
+                            emit(records, decoded)
+                        except KeyboardInterrupt:
+                            # A stop held until the write was out (see _Stops): they count.
+                            if stops is not None and stops.emitted_to == records[-1][0] + 1:
+                                shown[0] += len(records)
+                            raise
+                        shown[0] += len(records)  # once written: a Ctrl-C may land inside a write
+
+                    reading = True
+                    run(source, req, shown_out, res, progress, watch, gaps)
             except KeyboardInterrupt:
                 if save_spec is not None and follow:
                     records, digest, first_off, last_off, reached_to = pinned[0]
@@ -1095,6 +1127,10 @@ def replay(
                     committed_to[:] = [reached]
             if reader_left:
                 return
+        except KeyboardInterrupt as exc:
+            if not reading:
+                raise
+            stopped = exc  # a follow ends this way: the done line still comes last
         finally:
             if writer is not None:
                 writer.close()
@@ -1102,6 +1138,13 @@ def replay(
                 sink.close()
             source.close()
         _report_skips(out, res)
+        if stopped is not None:
+            summary = _replay_done(ref, res, start, committed_to if commit and group else None, group)
+            summary["records"] = shown[0]
+            summary["error"] = interruption(stopped)
+            with contextlib.suppress(BrokenPipeError):
+                out.emit(summary)
+            raise stopped
         if saved is not None:
             _verify_saved(saved, res)
         truncated = count is not None and res.emitted >= count
@@ -1112,27 +1155,35 @@ def replay(
             )
             spec.aged_out = [[a, b] for a, b in res.gaps if a < end] or None
             spec.save(save_spec)
-        summary: dict[str, Any] = {
-            "event": "done",
-            "topic": ref.url,
-            "records": res.emitted,
-            "scanned": res.scanned,
-            "start": start,
-            "next_offset": res.next_offset,
-            "first_offset": res.first_offset,
-            "last_offset": res.last_offset,
-        }
+        summary = _replay_done(ref, res, start, committed_to if commit and group else None, group)
         if req.digest:
             summary["digest"] = res.digest
-        if commit and group:
-            # null when nothing was read, so nothing was stored (e.g. --from past the end)
-            summary["committed"] = {"group": group, "offset": committed_to[0]} if committed_to else None
         out.emit(summary)
         if saved is not None and not out.json and not out.quiet:
             click.echo(
                 f"rq: replay matches spec {safe_text(str(spec_file))}: {res.emitted} records, {res.digest}",
                 err=True,
             )
+
+
+def _replay_done(
+    ref: TopicRef, res: Result, start: int, committed_to: list[int] | None, group: str | None
+) -> dict[str, Any]:
+    """`rq replay`'s done line; committed_to: the offset stored for the group, with --commit."""
+    summary: dict[str, Any] = {
+        "event": "done",
+        "topic": ref.url,
+        "records": res.emitted,
+        "scanned": res.scanned,
+        "start": start,
+        "next_offset": res.next_offset,
+        "first_offset": res.first_offset,
+        "last_offset": res.last_offset,
+    }
+    if committed_to is not None:
+        # null when nothing was read, so nothing was stored (e.g. --from past the end)
+        summary["committed"] = {"group": group, "offset": committed_to[0]} if committed_to else None
+    return summary
 
 
 class _Stops:

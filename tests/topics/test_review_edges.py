@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from rqtest import popen_rq, run_rq
+from rqtest import popen_rq, read_lines, run_rq
 
 pytestmark = pytest.mark.integration
 
@@ -246,3 +248,38 @@ def test_no_retained_is_for_mqtt_only(env: dict[str, str]) -> None:
     assert run_rq("produce", "ev", input=b"x\n", env=env).returncode == 0
     r = run_rq("tail", "ev", "--no-retained", env=env)
     assert r.returncode == 2 and r.stderr == b"rq: error: --no-retained is for MQTT topics\n"
+
+
+# -- 5. a follow stopped by Ctrl-C (or SIGTERM) still ends --json with its done line --------------
+
+
+@pytest.mark.parametrize(
+    ("args", "sig", "error"),
+    [
+        (["tail", "ev", "-n", "2", "-f"], signal.SIGINT, "interrupted"),
+        (["tail", "ev", "-n", "2", "-f"], signal.SIGTERM, "stopped by SIGTERM"),
+        (["replay", "ev", "--from", "1", "-f"], signal.SIGINT, "interrupted"),
+        (["replay", "ev", "--from", "1", "-f", "--group", "g", "--commit"], signal.SIGINT, "interrupted"),
+    ],
+)
+def test_an_interrupted_follow_prints_its_done_line(
+    env: dict[str, str], args: list[str], sig: signal.Signals, error: str
+) -> None:
+    assert run_rq("produce", "ev", input=b"1\n2\n3\n", env=env).returncode == 0
+    proc = popen_rq(*args, "--json", "--format", "raw", env=env)
+    try:
+        read_lines(proc, [b"2", b"3"])  # caught up: now waiting for more
+        time.sleep(0.3)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    done = json.loads(out.splitlines()[-1])
+    assert done["event"] == "done" and done["records"] == 2 and done["next_offset"] == 3, out
+    assert done["error"] == error
+    if "--commit" in args:
+        assert done["committed"] == {"group": "g", "offset": 3}
+    assert err.decode().splitlines()[-1] == f"rq: {error}"
