@@ -26,7 +26,7 @@ import click
 import orjson
 from platformdirs import user_data_path
 
-from rqcli.errors import CliError, interruption
+from rqcli.errors import CliError, Terminated, interruption
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
 from rqcli.params import CommandEnvFirst, Seconds, documented_env_names
@@ -708,7 +708,7 @@ def _produced(
     }
     if error is not None:
         summary["error"] = (
-            "interrupted"
+            interruption(error)
             if isinstance(error, KeyboardInterrupt)
             else (error.strerror if isinstance(error, OSError) and error.strerror else str(error))
             or type(error).__name__
@@ -1202,22 +1202,28 @@ class _Stops:
         self.busy = False
         self.pending = False
         self.emitted_to = 0  # offset after the last record written out
+        self.signum: int = signal.SIGINT  # the first stop signal: SIGTERM says so in the last line
+
+    def _stop(self) -> KeyboardInterrupt:
+        return Terminated() if self.signum == signal.SIGTERM else KeyboardInterrupt()
 
     def install(self) -> None:
         signal.signal(signal.SIGTERM, self._interrupt)
         signal.signal(signal.SIGINT, self._interrupt)
         signal.signal(signal.SIGALRM, self._overdue)
 
-    def _interrupt(self, _signum: int, _frame: object) -> None:
+    def _interrupt(self, signum: int, _frame: object) -> None:
+        if not self.pending:
+            self.signum = signum
         if self.busy and not self.pending:
             self.pending = True
             signal.setitimer(signal.ITIMER_REAL, self.GRACE_S)
             return
-        raise KeyboardInterrupt
+        raise self._stop()
 
     def _overdue(self, _signum: int, _frame: object) -> None:
         if self.busy and self.pending:
-            raise KeyboardInterrupt  # the write did not finish in time: stop inside it
+            raise self._stop()  # the write did not finish in time: stop inside it
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -1226,7 +1232,7 @@ class _Stops:
             yield
         except ReaderLeft:
             if self.pending:
-                raise KeyboardInterrupt from None
+                raise self._stop() from None
             raise
         except KeyboardInterrupt:
             # Stopped inside a write (a stalled pipe): what is still buffered can never get out,
@@ -1238,7 +1244,7 @@ class _Stops:
             signal.setitimer(signal.ITIMER_REAL, 0)
         if self.pending:
             self.pending = False
-            raise KeyboardInterrupt
+            raise self._stop()
 
 
 def _spec_of(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -13,7 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from rqtest import popen_rq, read_lines, run_rq
+from rqtest import popen_rq, read_lines, rq_command, run_rq
 
 pytestmark = pytest.mark.integration
 
@@ -260,6 +261,12 @@ def test_no_retained_is_for_mqtt_only(env: dict[str, str]) -> None:
         (["tail", "ev", "-n", "2", "-f"], signal.SIGTERM, "stopped by SIGTERM"),
         (["replay", "ev", "--from", "1", "-f"], signal.SIGINT, "interrupted"),
         (["replay", "ev", "--from", "1", "-f", "--group", "g", "--commit"], signal.SIGINT, "interrupted"),
+        # --commit handles the signals itself: SIGTERM said "rq: interrupted" there (review)
+        (
+            ["replay", "ev", "--from", "1", "-f", "--group", "g", "--commit"],
+            signal.SIGTERM,
+            "stopped by SIGTERM",
+        ),
     ],
 )
 def test_an_interrupted_follow_prints_its_done_line(
@@ -283,3 +290,28 @@ def test_an_interrupted_follow_prints_its_done_line(
     if "--commit" in args:
         assert done["committed"] == {"group": "g", "offset": 3}
     assert err.decode().splitlines()[-1] == f"rq: {error}"
+
+
+def test_produce_stopped_by_sigterm_says_so_in_its_done_line(env: dict[str, str]) -> None:
+    # the done line said "error": "interrupted" while stderr said "rq: stopped by SIGTERM"
+    proc = subprocess.Popen(
+        [*rq_command(), "produce", "ev-term", "--json"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **env},
+    )
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(b"1\n")
+        proc.stdin.flush()
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert json.loads(out.splitlines()[-1])["error"] == "stopped by SIGTERM", out
+    assert err.decode().splitlines()[-1] == "rq: stopped by SIGTERM"
