@@ -823,7 +823,10 @@ class Fetcher:
                 raise
         for _, entry, job in items:
             if job.landing is not None and job.landing.kept_fd >= 0:
-                result.kept[entry.url] = job.landing.kept_fd
+                if job.keep_open:
+                    result.kept[entry.url] = job.landing.kept_fd
+                else:  # (locked only until the index named it)
+                    job.landing.release_kept()
             self._held_bytes -= job.info.size
             job.hold = 0
             job.landing = None

@@ -36,7 +36,7 @@ from cache.directio import ALIGN, CHUNK, open_direct, pwrite_all, write_aligned,
 from cache.errors import BusyError, CacheFullError, ChangedError, VerifyError
 from cache.index import Entry
 from cache.layout import Layout
-from cache.store import fsync_dir, is_no_space, libc_function, unlink_quiet
+from cache.store import fsync_dir, is_no_space, libc_function, lock_twin, unlink_quiet
 
 _serial = itertools.count()
 _buffers = threading.local()  # per-thread reusable buffers: fresh memory is slow to touch here
@@ -400,16 +400,17 @@ class Landing:
     def publish(self, digest: str) -> None:
         """Puts the verified (and, when durable, synced) temp file under its final name."""
         try:
-            if self.keep_open:
-                # locked before the rename: from its first moment under the final name the entry is
-                # "open by a reader", so no evictor can take it before the reader that asked for it
-                self.kept_fd = os.open(self.tmp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-                if self.pieces > 1:
-                    # our own writer's lock (_lock_partial) is exclusive, and flock locks of two
-                    # descriptors conflict even in one process: make it shared first, or the
-                    # reader's lock below waits for ever (it did, for every big read-through miss)
-                    self._share_partial_lock()
-                fcntl.flock(self.kept_fd, fcntl.LOCK_SH)
+            # locked before the link: from its first moment under the final name the file is "open
+            # by a reader" until the index names it (the caller then releases it, or hands it to the
+            # reader that asked, keep_open), so no remover of an older row naming the same file
+            # (names are fixed per URL and version) can unlink it before our row goes in
+            self.kept_fd = os.open(self.tmp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            if self.pieces > 1:
+                # our own writer's lock (_lock_partial) is exclusive, and flock locks of two
+                # descriptors conflict even in one process: make it shared first, or the
+                # reader's lock below waits for ever (it did, for every big read-through miss)
+                self._share_partial_lock()
+            fcntl.flock(self.kept_fd, fcntl.LOCK_SH)
             # rename while the partial's lock is still held, so no other writer can pick it up
             self._publish(digest)
             if self.durable and not self.batch_dir_sync:
@@ -432,18 +433,31 @@ class Landing:
         """Puts the verified temp file under its final name without clobbering a twin: another
         process may have landed the same URL and version a moment ago (a reader may hold it open).
         link() fails if the name exists; then an identical file is kept and ours dropped, and only
-        a damaged one is replaced."""
-        try:
-            _link(self.tmp, self.final)
-        except FileExistsError:
-            if _digest_of(self.final, self.info.size) == digest:
-                unlink_quiet(self.tmp)
+        a damaged one is replaced. The twin is locked first (lock_twin): one a remover is
+        unlinking is waited out, never adopted."""
+        while True:
+            try:
+                _link(self.tmp, self.final)
+            except FileExistsError:
+                pass
+            else:
+                self.placed = True
+                os.unlink(self.tmp)
                 return
-            os.rename(self.tmp, self.final)
-            self.placed = True
+            # the twin, locked: one being evicted is waited out (its name then is free again)
+            twin = lock_twin(self.final)
+            if twin >= 0:
+                break
+        if os.fstat(twin).st_size == self.info.size and file_digest(twin, self.info.size) == digest:
+            os.close(self.kept_fd)  # the twin is kept (and locked) in place of our copy
+            self.kept_fd = twin
+            unlink_quiet(self.tmp)
             return
+        try:
+            os.rename(self.tmp, self.final)  # a damaged twin: no remover can be at it, we lock it
+        finally:
+            os.close(twin)
         self.placed = True
-        os.unlink(self.tmp)
 
     def _verify_whole(self) -> tuple[str, str]:
         if self._whole.broken or self._external:
@@ -581,17 +595,6 @@ def _link(src: Path, dst: Path) -> None:
     except FileNotFoundError:
         dst.parent.mkdir(exist_ok=True)
         os.link(src, dst)
-
-
-def _digest_of(path: Path, size: int) -> str | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return None
-    try:
-        return file_digest(fd, size) if os.fstat(fd).st_size == size else None
-    finally:
-        os.close(fd)
 
 
 def _read_buffer() -> memoryview:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cache import procs
-from cache.errors import CacheError, CacheFullError
+from cache.errors import BusyError, CacheError, CacheFullError
 from cache.index import Entry, Hold, Index
 from cache.layout import Layout, blob_hash
 from cache.sizes import format_size, stored_size
@@ -51,6 +51,41 @@ def lock_exclusive(path: Path) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+TWIN_PATIENCE = 60.0  # longest wait for an evictor (a demotion: copy + fsync) to let go of a twin
+
+
+def lock_twin(path: Path, patience: float = TWIN_PATIENCE) -> int:
+    """An fd holding LOCK_SH on the file now named `path` (a twin: same URL and version, landed by
+    another process), or -1 once the name is free. Every remover (eviction, demotion, `remove`,
+    garbage) holds LOCK_EX on the file from before it decides until after it unlinks the name: a
+    twin adopted without this lock could be unlinked right after, leaving the new index row naming
+    a missing file. While one does, this waits; the name it then unlinks is free to link again."""
+    deadline = time.monotonic() + patience
+    pause = 0.002
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return -1
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            if time.monotonic() > deadline:
+                raise BusyError(f"{path} stayed locked by another process for {patience:.0f} s") from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+            continue
+        try:
+            now = os.lstat(path)
+        except FileNotFoundError:
+            now = None
+        mine = os.fstat(fd)
+        if now is not None and (now.st_ino, now.st_dev) == (mine.st_ino, mine.st_dev):
+            return fd
+        os.close(fd)  # unlinked (and maybe landed again) before we locked it: look again
 
 
 def unlink_quiet(path: Path) -> None:
@@ -247,8 +282,9 @@ class Store:
                     with contextlib.suppress(CacheFullError, OSError):
                         self._demote(entry, fd)
             finally:
-                unlink_quiet(self.layout.blob_path(tier, entry.blob))
                 if fd >= 0:
+                    # only the file we locked: one missing then may be another landing's by now
+                    unlink_quiet(self.layout.blob_path(tier, entry.blob))
                     os.close(fd)
                 with self.index.write() as db:
                     Index.drop_hold(db, hid)
@@ -271,21 +307,31 @@ class Store:
             finally:
                 os.close(out)
             final.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(tmp, final)  # never clobber a twin (same URL and version) a reader may hold
-            except FileExistsError:
-                pass
+            twin = -1
+            while True:
+                try:
+                    os.link(tmp, final)  # never clobber a twin (same URL and version) a reader may hold
+                    break
+                except FileExistsError:
+                    # kept locked until the row names it, so no remover unlinks it from under us
+                    twin = lock_twin(final)
+                    if twin >= 0:
+                        break
             unlink_quiet(tmp)
             fsync_dir(final.parent)
-            with self.index.write() as db:
-                current = self.index.get(entry.url, db)
-                if current is None:
-                    Index.put(db, replace(entry, tier="disk"))
-                elif (current.tier, current.blob) != ("disk", entry.blob):
-                    # the URL was cached again meanwhile (another tier or version): our copy would
-                    # be an uncovered file, so it goes before its hold does
-                    unlink_quiet(final)
-                Index.drop_hold(db, hid)
+            try:
+                with self.index.write() as db:
+                    current = self.index.get(entry.url, db)
+                    if current is None:
+                        Index.put(db, replace(entry, tier="disk"))
+                    elif (current.tier, current.blob) != ("disk", entry.blob) and twin < 0:
+                        # the URL was cached again meanwhile (another tier or version): our copy
+                        # would be an uncovered file, so it goes before its hold does
+                        unlink_quiet(final)
+                    Index.drop_hold(db, hid)
+            finally:
+                if twin >= 0:
+                    os.close(twin)
         except BaseException:
             unlink_quiet(tmp)
             with self.index.write() as db:
@@ -365,8 +411,8 @@ class Store:
                 return True  # already replaced or gone
             Index.delete(db, entry.url)
             hid = Index.add_hold(db, entry.tier, entry.size, "evicting", entry.blob, entry.url, self.owner)
-        unlink_quiet(path)
-        if fd >= 0:
+        if fd >= 0:  # (a file missing when we looked: one there now is another landing's)
+            unlink_quiet(path)
             os.close(fd)
         with self.index.write() as db:
             Index.drop_hold(db, hid)

@@ -5,13 +5,17 @@ a cache behind."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rqtest import popen_rq
 
 import cache.api
 from cache import Cache
+from cache.index import Index
+from cache.store import lock_exclusive, unlink_quiet
 
 
 def _relanding_check(cache_: Cache, url: str, tier: str) -> Any:
@@ -83,5 +87,59 @@ def test_verify_still_reports_a_file_that_is_really_missing(tmp_path: Path, ram_
         checked, problems = c.verify(repair=True)
         assert checked == 3 and [(p.url, p.problem) for p in problems] == [(url, "missing file")]
         assert sorted(e.url for e in c.entries()) == [str(src / "f0"), str(src / "f2")]
+    finally:
+        c.close()
+
+
+def test_a_landing_never_adopts_a_twin_that_is_being_evicted(
+    tmp_path: Path, cache_env: dict[str, str]
+) -> None:
+    """The real cause behind verify's 'missing file' beside busy preloads: a RAM entry being
+    evicted (its row gone, its file locked while it is demoted) and a `--tier ram` preload landing
+    the same URL again. link() found the old file under the name, the preload kept it as an
+    identical twin and indexed it, and the evictor then unlinked it: the new row named a missing
+    file until a later run landed it again. The landing now waits for the evictor and links its
+    own file."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(os.urandom(200_000))
+    url = str(src / "f")
+    c = Cache(Path(cache_env["RQ_CACHE_DIR"]))
+    try:
+        c.preload([str(src)], tier="ram")
+        entry = c.stat(url)
+        path = c.layout.blob_path("ram", entry.blob)
+        store = c._state().store
+        # what an evictor in another process does (Store._pick_victims), up to its unlink
+        fd = lock_exclusive(path)
+        assert fd is not None and fd >= 0
+        with c._state().index.write() as db:
+            Index.delete(db, url)
+            hid = Index.add_hold(db, "ram", entry.size, "evicting", entry.blob, url, store.owner)
+        proc = popen_rq("preload", str(src), "--tier", "ram", "--json", env={**cache_env, "CI": "1"})
+        try:
+            tmp = c.layout.tier_root("ram") / "tmp"
+            seen = waited = 0.0
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None:
+                parts = [p for p in tmp.iterdir() if p.name.endswith(".part")]
+                if parts and not seen:
+                    seen = time.monotonic()  # written; adopting the twin would remove it at once
+                elif seen and not parts:
+                    break  # it published (the old code: adopted the twin)
+                elif seen and time.monotonic() - seen > 1.5:
+                    waited = time.monotonic() - seen  # waiting for us: the new code
+                    break
+                time.sleep(0.01)
+        finally:
+            unlink_quiet(path)  # the evictor finishes: unlink, unlock, drop its hold
+            os.close(fd)
+            with c._state().index.write() as db:
+                Index.drop_hold(db, hid)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err.decode()
+        assert c.verify() == (1, []), f"waited {waited:.1f} s"
+        with c.open(url) as f:
+            assert f.read() == (src / "f").read_bytes()
     finally:
         c.close()
