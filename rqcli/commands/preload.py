@@ -80,6 +80,14 @@ def _requested_root(cache_dir: Path | None) -> Path:
     return cache_dir if cache_dir is not None else default_cache_dir()
 
 
+def _root_for_summary(cache_dir: Path | None) -> Path:
+    """The cache dir a run stopped before opening it would have used (the summary names it)."""
+    if cache_dir is None:
+        with contextlib.suppress(Exception):
+            return _requested_root(cache_dir)
+    return cache_dir or Path("~/.cache/rq/cache").expanduser()
+
+
 def _scratch_for_dry_run(cache_dir: Path | None) -> Any:
     """A dry run creates nothing: where no cache exists yet it plans against an empty throwaway
     one (everything would be fetched), after the same check a real run makes of the directory."""
@@ -195,13 +203,49 @@ def preload(
       rq preload s3://bucket/shards/ --include '*.tar' --json
       rq preload /mnt/nfs/dataset/
     """
+    out = get_output()
+    tally = Tally()
+    started = time.monotonic()
+    try:
+        _preload(
+            out, tally, started, sources, include, exclude, tier, cache_dir, ram_limit, disk_limit, workers,
+            endpoint_url, profile, dry_run, no_fsync,
+        )  # fmt: skip
+    except KeyboardInterrupt as exc:
+        # Ctrl-C or SIGTERM at any moment, even before the cache is open: the summary comes last
+        if not tally.reported:
+            stopped = CliError(interruption(exc), ExitCode.INTERRUPTED)
+            root = tally.root if tally.root is not None else _root_for_summary(cache_dir)
+            tally.reported = True
+            report(
+                out, tally.summary(time.monotonic() - started, tier, root, stopped, dry_run), dry_run=dry_run
+            )
+        raise
+
+
+def _preload(
+    out: Output,
+    tally: Tally,
+    started: float,
+    sources: tuple[str, ...],
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    tier: str,
+    cache_dir: Path | None,
+    ram_limit: int | None,
+    disk_limit: int | None,
+    workers: int,
+    endpoint_url: str | None,
+    profile: str | None,
+    dry_run: bool,
+    no_fsync: bool,
+) -> None:
     from cache import CacheError
     from cache import events as ev
     from cache.s3 import S3Settings, start_listings
 
     # the listing runs on the CRT's threads while the rest of the cache is imported and opened
     start_listings(S3Settings(endpoint_url=endpoint_url, profile=profile), list(sources))
-    out = get_output()
     scratch = _scratch_for_dry_run(cache_dir) if dry_run else None
     c = open_cache(
         cache_dir if scratch is None else Path(scratch.name) / "cache",
@@ -214,8 +258,7 @@ def preload(
         durable=not no_fsync,
     )
     root = c.root if scratch is None else _requested_root(cache_dir)
-    tally = Tally()
-    started = time.monotonic()
+    tally.root = root
     # a dry run prints its plan as it is listed (a line per object): no bar to draw around it
     with out.progress() if not dry_run else contextlib.nullcontext() as bar:
         task = bar.add_task("preload", total=None) if bar is not None else None
@@ -267,14 +310,9 @@ def preload(
             # what was done before the abort still lands in the summary: scripts read it either way
             summary = tally.summary(time.monotonic() - started, tier, root, err, dry_run)
             if out.json or tally.planned or tally.skipped or tally.landed or tally.failed:
+                tally.reported = True
                 report(out, summary, dry_run=dry_run)  # (a bad URL had nothing to report but itself)
             raise err from None
-        except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the summary of what landed, then exit 130
-            stopped = CliError(interruption(exc), ExitCode.INTERRUPTED)
-            report(
-                out, tally.summary(time.monotonic() - started, tier, root, stopped, dry_run), dry_run=dry_run
-            )
-            raise
         finally:
             if not succeeded:
                 # a --ram-limit/--disk-limit is remembered only by a run that ends with exit 0
@@ -307,6 +345,7 @@ def preload(
         "demoted_own": result.demoted_own,
         "aborted": False,  # (no "error" key: it comes only with "aborted": true)
     }
+    tally.reported = True
     report(out, summary, dry_run)
     evicted, demoted = result.evicted_own, result.demoted_own
     if evicted or demoted:
@@ -336,6 +375,8 @@ class Tally:
     landed: int = 0  # (counts only: a run may land millions of objects)
     landed_bytes: int = 0
     failed: int = 0
+    root: Path | None = None  # the cache's, once it is open
+    reported: bool = False  # the summary line is out (an interrupt after it adds none)
 
     def add(self, event: Any) -> None:
         from cache import events as ev
