@@ -333,7 +333,7 @@ def _pushed_out(
     entries last, and only just enough of them, so when it did the tier stays within one object
     of its cap: below that, nothing was. Otherwise the index counts this run's entries by landing
     time under the sources' URL prefixes (another process landing under them at the same time
-    would make the counts low)."""
+    would make the counts low). Demoted applies to the RAM tier only."""
     if not fetched.objects:
         return 0, 0
     usage = state.index.usage()[tier]
@@ -343,7 +343,11 @@ def _pushed_out(
     counts = state.index.created_since(since, prefixes)
     here = counts.get(tier, 0)
     elsewhere = sum(n for t, n in counts.items() if t != tier)
-    return max(0, fetched.objects - here - elsewhere), min(elsewhere, fetched.objects)
+    # an entry of ours in the other tier is still cached, not evicted; only RAM demotes (to disk):
+    # new RAM entries beside a disk run are another process's landings (a parallel --tier ram
+    # preload) or ours promoted by a reader, never moved there by this run
+    demoted = min(elsewhere, fetched.objects) if tier == "ram" else 0
+    return max(0, fetched.objects - here - elsewhere), demoted
 
 
 def _url_prefixes(source: str) -> list[str]:

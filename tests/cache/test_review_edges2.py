@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import popen_rq
+from rqtest import popen_rq, run_rq
 
 import cache.api
 from cache import Cache
@@ -189,3 +189,37 @@ def test_a_preload_interrupted_while_it_opens_the_cache_still_ends_with_its_summ
         assert last["error"] == ("stopped by SIGTERM" if sig == signal.SIGTERM else "interrupted")
         assert err.decode().splitlines()[-1] == f"rq: {last['error']}"
     assert stopped, "every run finished before the signal: nothing was tested"
+
+
+def test_a_disk_preload_does_not_count_a_parallel_ram_preload_as_its_demotions(
+    tmp_path: Path, cache_env: dict[str, str]
+) -> None:
+    """A disk-tier preload over its cap, beside a `--tier ram` preload under the same source,
+    reported the other run's new RAM entries as its own demotions (`demoted_own` 21, '84 … did
+    not stay in the disk tier (63 evicted, 21 moved to disk)'); docs/cli.md says demoted_own is
+    for --tier ram only. The RAM preload here runs (a real rq) while the disk run lands."""
+    from cache import events as ev
+
+    src = tmp_path / "src"
+    for sub, n in (("a", 30), ("z", 6)):
+        (src / sub).mkdir(parents=True)
+        for i in range(n):
+            (src / sub / f"f{i}").write_bytes(os.urandom(10_000) + bytes([i]))
+    cache_dir = Path(cache_env["RQ_CACHE_DIR"])
+    ran: list[int] = []
+
+    def on_event(event: ev.Event) -> None:
+        if isinstance(event, ev.Landed) and not ran:
+            proc = run_rq("preload", str(src / "z"), "--tier", "ram", "--json", env=cache_env)
+            ran.append(proc.returncode)
+            assert proc.returncode == 0, proc.stderr.decode()
+
+    c = Cache(cache_dir, disk_limit=150_000)
+    try:
+        result = c.preload([str(src)], tier="disk", exclude=["z/*"], on_event=on_event)
+        assert ran == [0] and result.objects == 30 and result.failed == []
+        assert sum(e.tier == "ram" for e in c.entries()) == 6  # the other run's, under our source
+        assert result.demoted_own == 0
+        assert 0 < result.evicted_own < 30
+    finally:
+        c.close()
