@@ -51,6 +51,10 @@ class FileEntry:
     # size, so a receiver can tell a re-run with another --chunk-size from a changed source.
     # Optional on the wire ("" from an older sender): outside the transfer id, so older peers agree.
     ident: str = ""
+    # the source's mtime in ns, set on the received file before it is placed (like rsync -a, so
+    # that a later rsync's size+mtime quick check finds it current). Optional on the wire (None
+    # from an older sender: the file keeps the time it arrived), outside the transfer id.
+    mtime_ns: int | None = None
 
     def chunks(self, chunk_size: int) -> int:
         return -(-self.size // chunk_size)
@@ -66,6 +70,9 @@ class Manifest:
     version: int = PROTOCOL_VERSION
     transfer_id: str = field(default="")
     dirs: tuple[str, ...] = ()  # directories to create (relative names, validated like file names)
+    # (name, mtime_ns) of the transfer's directories (those in `dirs` and the parents of its
+    # files), set once their contents are placed. Optional on the wire, outside the transfer id.
+    dir_mtimes: tuple[tuple[str, int], ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -84,6 +91,8 @@ class Manifest:
         }
         if self.dirs:
             body["dirs"] = list(self.dirs)
+        if self.dir_mtimes:
+            body["dir_mtimes"] = dict(self.dir_mtimes)
         return orjson.dumps(body)
 
 
@@ -91,6 +100,8 @@ def _entry_json(f: FileEntry) -> dict[str, Any]:
     out: dict[str, Any] = {"name": f.name, "size": f.size, "mode": f.mode, "key": f.key, "elem": f.elem}
     if f.ident:
         out["ident"] = f.ident
+    if f.mtime_ns is not None:
+        out["mtime_ns"] = f.mtime_ns
     return out
 
 
@@ -119,7 +130,12 @@ def transfer_id(chunk_size: int, files: tuple[FileEntry, ...], dirs: tuple[str, 
     return xxhash.xxh3_128_hexdigest(orjson.dumps(listed))
 
 
-def make_manifest(chunk_size: int, files: list[FileEntry], dirs: list[str] | None = None) -> Manifest:
+def make_manifest(
+    chunk_size: int,
+    files: list[FileEntry],
+    dirs: list[str] | None = None,
+    dir_mtimes: dict[str, int] | None = None,
+) -> Manifest:
     ordered = tuple(sorted(files, key=lambda f: f.name))
     dirs_t = tuple(sorted(set(dirs or ())))
     return Manifest(
@@ -128,6 +144,7 @@ def make_manifest(chunk_size: int, files: list[FileEntry], dirs: list[str] | Non
         version=DIRS_VERSION if dirs_t else PROTOCOL_VERSION,
         transfer_id=transfer_id(chunk_size, ordered, dirs_t),
         dirs=dirs_t,
+        dir_mtimes=tuple(sorted((dir_mtimes or {}).items())),
     )
 
 
@@ -170,6 +187,7 @@ def parse_manifest(body: bytes | memoryview, limits: Limits) -> Manifest:
         version=version,
         transfer_id=str(raw.get("transfer_id", "")),
         dirs=dirs,
+        dir_mtimes=_parse_dir_mtimes(raw.get("dir_mtimes", {}), files, dirs),
     )
     if manifest.total_chunks > limits.max_chunks:
         raise LimitError(
@@ -189,6 +207,7 @@ def _parse_entry(item: Any) -> FileEntry:
         raise ProtocolError("manifest file entry must be an object")
     name, size, mode, key, elem = (item.get(k) for k in ("name", "size", "mode", "key", "elem"))
     ident = item.get("ident", "")
+    mtime_ns = item.get("mtime_ns")
     if not isinstance(name, str):
         raise ProtocolError("manifest file name must be a string")
     validate_name(name)
@@ -202,7 +221,14 @@ def _parse_entry(item: Any) -> FileEntry:
         raise ProtocolError("bad file identity in manifest")
     if elem not in (1, 2, 4):
         raise ProtocolError(f"bad element size {elem!r}")
-    return FileEntry(name=name, size=size, mode=mode, key=key, elem=elem, ident=ident)
+    if mtime_ns is not None and not _is_ns(mtime_ns):
+        raise ProtocolError(f"bad mtime {mtime_ns!r} for a file")
+    return FileEntry(name=name, size=size, mode=mode, key=key, elem=elem, ident=ident, mtime_ns=mtime_ns)
+
+
+def _is_ns(value: Any) -> TypeGuard[int]:
+    """A time in ns since the epoch that utimensat(2) takes (before 1970 included)."""
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 62) <= value < 1 << 62
 
 
 def _is_hex32(value: Any) -> TypeGuard[str]:
@@ -239,3 +265,22 @@ def _parse_dirs(items: list[str], files: list[FileEntry]) -> tuple[str, ...]:
             if "/".join(parts[:i]) in names:
                 raise ProtocolError(f"manifest uses {'/'.join(parts[:i])!r} as both a file and a directory")
     return tuple(items)
+
+
+def _parse_dir_mtimes(raw: Any, files: list[FileEntry], dirs: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """Each a directory the transfer makes or fills (one of `dirs`, or a parent of one or of a file):
+    a name from the network is data, and only the transfer's own directories get a time."""
+    if not isinstance(raw, dict):
+        raise ProtocolError("manifest dir_mtimes must be an object of names and times")
+    ours = set(dirs)
+    for name in [*(f.name for f in files), *dirs]:
+        parts = name.split("/")
+        ours.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    for name, ns in raw.items():
+        if name not in ours:
+            raise ProtocolError(
+                f"manifest gives a time to {name!r}, which is not a directory of the transfer"
+            )
+        if not _is_ns(ns):
+            raise ProtocolError(f"bad mtime {ns!r} for a directory")
+    return tuple(sorted(raw.items()))

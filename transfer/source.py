@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -53,6 +54,7 @@ def scan(
     `skipped`, so the caller can say so instead of dropping them silently."""
     found: dict[str, tuple[SourceFile, int]] = {}
     dirs: list[str] = []
+    dir_mtimes: dict[str, int] = {}
     out = skipped if skipped is not None else []
     for src in sources:
         if not src.exists():
@@ -60,7 +62,7 @@ def scan(
         base = src.resolve().name if src.name in ("", ".", "..") else src.name
         if src.is_dir():
             validate_name(base)  # an argument the user named is refused, not skipped
-            _walk(src, base, found, out, dirs)
+            _walk(src, base, found, out, dirs, dir_mtimes)
         else:
             reason = _not_regular(src)
             if reason is not None:  # a FIFO (`<(tar c …)`) or a device would arrive as an empty file
@@ -75,9 +77,10 @@ def scan(
                 mode=mode,
                 key=file_key(name, sf.size, sf.mtime_ns, sf.inode, chunk_size, ctime_ns=sf.ctime_ns),
                 ident=file_ident(name, sf.size, sf.mtime_ns, sf.inode, ctime_ns=sf.ctime_ns),
+                mtime_ns=sf.mtime_ns,
             )
         )
-    manifest = make_manifest(chunk_size, entries, dirs)
+    manifest = make_manifest(chunk_size, entries, dirs, dir_mtimes)
     by_name = {name: sf for name, (sf, _) in found.items()}
     return manifest, [by_name[f.name] for f in manifest.files]
 
@@ -88,7 +91,10 @@ def _walk(
     found: dict[str, tuple[SourceFile, int]],
     skipped: list[Skipped],
     empty_dirs: list[str],
+    dir_mtimes: dict[str, int],
 ) -> None:
+    """Adds the files under directory `src` to `found`, the directories with none under them to
+    `empty_dirs`, and the mtime of every directory sent (either way) to `dir_mtimes`."""
     sent_under: set[Path] = set()  # directories that get a file (they arrive as its parents)
     walked: list[Path] = []
     for root, dirs, files in _tree(src):
@@ -111,11 +117,13 @@ def _walk(
             sent_under.update(Path(root).relative_to(src).parents)
             sent_under.add(Path(root).relative_to(src))
     for d in walked:
+        name = os.path.normpath((Path(base) / d.relative_to(src)).as_posix())
         if d.relative_to(src) not in sent_under:
             # no file under it: sent as a directory entry (manifest version 2), like rsync -a
-            name = os.path.normpath((Path(base) / d.relative_to(src)).as_posix())
             validate_name(name)
             empty_dirs.append(name)
+        with contextlib.suppress(OSError):  # gone since it was listed: it keeps the time it gets
+            dir_mtimes[name] = os.stat(d).st_mtime_ns
 
 
 def _tree(top: Path) -> Iterator[tuple[str, list[str], list[str]]]:

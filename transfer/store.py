@@ -474,6 +474,23 @@ class Store:
         for name in manifest.dirs:
             os.close(self._open_parent(name, tuple(_components(name)), sync_new=True))
 
+    def _set_dir_times(self, manifest: Manifest) -> None:
+        """Gives the transfer's directories the sender's mtimes (like rsync -a), deepest first,
+        once everything under them is placed: a link or mkdir inside one after would move it.
+        Best effort, like the times of a directory this receiver does not own: never an error."""
+        for name, ns in sorted(manifest.dir_mtimes, key=lambda d: -d[0].count("/")):
+            fd = os.dup(self.fd)
+            try:
+                for comp in _components(name):
+                    nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
+                    os.close(fd)
+                    fd = nfd
+                os.utime(fd, ns=(os.fstat(fd).st_atime_ns, ns))
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
     def _still_placed(self, entry: FileEntry, chunk_size: int) -> bool:
         state = self._placed_state(entry, chunk_size)
         return state == INTACT or (state == UNKNOWN and self._final_size(entry.name) == entry.size)
@@ -938,6 +955,7 @@ class Store:
         if batch:
             self.syncfs()
         self.make_dirs(manifest)
+        self._set_dir_times(manifest)
         # Remember the transfer finished: a sender killed between our DONE and reading it re-runs
         # the same command and must hear "complete", not "exists".
         marker = [[f.name, f.size] for f in manifest.files]
@@ -962,6 +980,8 @@ class Store:
             if os.fstat(part).st_size != entry.size:
                 os.ftruncate(part, entry.size)  # a zero-chunk or sparse tail still gets its size
             os.fchmod(part, entry.mode & 0o777 & ~0o022 | 0o600)  # never setuid/setgid/sticky
+            if entry.mtime_ns is not None:  # the source's, before it has a name (link keeps it)
+                os.utime(part, ns=(os.fstat(part).st_atime_ns, entry.mtime_ns))
             if sync:
                 os.fsync(part)
         finally:
