@@ -61,6 +61,13 @@ def matches(key: str, include: Iterable[str], exclude: Iterable[str]) -> bool:
 Page = list[tuple[ObjectInfo, Origin]]
 
 
+def check_sources(sources: list[str], settings: S3Settings) -> None:
+    """Raises BadSourceError for a source that is no URL or path rq can read (a bad scheme, an
+    s3:// URL with no bucket), before anything is created: no cache dir, no RAM root."""
+    for source in sources:
+        parse_source(source, settings)
+
+
 def pages(
     sources: list[str],
     settings: S3Settings,

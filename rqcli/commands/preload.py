@@ -242,10 +242,23 @@ def _preload(
 ) -> None:
     from cache import CacheError
     from cache import events as ev
+    from cache.preload import check_sources
     from cache.s3 import S3Settings, start_listings
 
+    settings = S3Settings(endpoint_url=endpoint_url, profile=profile)
+    try:
+        check_sources(list(sources), settings)  # a bad argument creates nothing
+    except CacheError as exc:
+        err = cache_error_to_cli(exc)
+        if out.json:
+            tally.reported = True
+            seconds = time.monotonic() - started
+            report(
+                out, tally.summary(seconds, tier, _root_for_summary(cache_dir), err, dry_run), dry_run=dry_run
+            )
+        raise err from None
     # the listing runs on the CRT's threads while the rest of the cache is imported and opened
-    start_listings(S3Settings(endpoint_url=endpoint_url, profile=profile), list(sources))
+    start_listings(settings, list(sources))
     scratch = _scratch_for_dry_run(cache_dir) if dry_run else None
     c = open_cache(
         cache_dir if scratch is None else Path(scratch.name) / "cache",

@@ -223,3 +223,15 @@ def test_a_disk_preload_does_not_count_a_parallel_ram_preload_as_its_demotions(
         assert 0 < result.evicted_own < 30
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("source", ["notaurl://x/", "s3:/bucket/x", "s3://"])
+def test_a_bad_source_creates_no_cache(tmp_path: Path, aws_env: dict[str, str], source: str) -> None:
+    """`rq preload notaurl://x/ --cache-dir D` (exit 2) still created D (index.sqlite3, objects/,
+    tmp/, the ram link) and a RAM root under /dev/shm. The sources are now checked first."""
+    cache_dir = tmp_path / "cache"
+    proc = run_rq("preload", source, "--cache-dir", str(cache_dir), "--json", env=aws_env)
+    assert proc.returncode == 2, proc.stderr.decode()
+    assert not cache_dir.exists()
+    assert len(proc.stderr.decode().strip().splitlines()) == 1
+    assert json.loads(proc.stdout.decode().splitlines()[-1])["aborted"] is True
