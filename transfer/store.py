@@ -246,6 +246,29 @@ class Plan:
                 self.live_fd = -1
 
 
+def final_mode(mode: int) -> int:
+    """The mode a received file gets from the sender's: its permission bits less group and other
+    write (a sender cannot make a file others may change), never setuid, setgid or sticky."""
+    return mode & 0o777 & ~0o022
+
+
+def _chmod_at(dir_fd: int, name: str, mode: int) -> bool:
+    """chmod of the regular file `name` under `dir_fd`, never through a link, whatever its mode
+    (no open for reading or writing: O_PATH, then its /proc/self/fd name); False if it is not a
+    regular file or /proc is not there (Python's chmod has no dir_fd without following links)."""
+    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        try:
+            os.chmod(f"/proc/self/fd/{fd}", mode)
+        except FileNotFoundError:
+            return False
+    finally:
+        os.close(fd)
+    return True
+
+
 def _not_a_dir(parent: int, name: str, path: tuple[str, ...]) -> TransferError:
     """Why the last of `path` (under `parent`, on the way to `name`) did not open as a directory.
     A file (or a FIFO, a device) is in the way, exit 9 like any existing file: it is named, and
@@ -667,7 +690,7 @@ class Store:
             if in_place:
                 continue
             try:
-                os.close(os.open(f"{entry.key}.part", flags, dir_fd=self.state_fd))
+                os.close(self._open_part(f"{entry.key}.part"))  # made writable, if sealed
             except FileNotFoundError:
                 if joining:  # placed by a commit a moment ago: this channel is a straggler
                     raise UnknownTransferError("transfer already finished") from None
@@ -692,6 +715,19 @@ class Store:
                 self._reserve(part, entry.size)
             files.append(FileState(entry, chunks, journal, dict(journal.initial), placed=in_place))
         return Plan(manifest, files, self, restarted, live_fd=self._hold_live(manifest.transfer_id))
+
+    def _open_part(self, name: str) -> int:
+        """Opens a .part read-write, without following a link. One sealed by a commit (_seal: the
+        sender's mode, 0400 or even 0000) that a crash or a file in the way cut short cannot be
+        opened so by a receiver that is not root: it is made 0600 again first (sealed again when
+        its commit is finished, or written again by the transfer that re-plans it)."""
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            return os.open(name, flags, dir_fd=self.state_fd)
+        except PermissionError:
+            if not _chmod_at(self.state_fd, name, 0o600):
+                raise
+        return os.open(name, flags, dir_fd=self.state_fd)
 
     def _hold_live(self, tid: str) -> int:
         """A shared flock on <tid>.live, held while a plan of the transfer is open in any process
@@ -968,20 +1004,18 @@ class Store:
             self._link_all([entry], overwrite, sync=True)
 
     def _seal(self, entry: FileEntry, sync: bool) -> bool:
-        """Gives a verified .part its final size and mode (fsynced if `sync`); False if there is
-        no .part (placed already)."""
+        """Gives a verified .part its final size, mtime and, last, mode (fsynced if `sync`); False
+        if there is no .part (placed already). A commit redone after a crash finds it sealed."""
         try:
-            part = os.open(
-                f"{entry.key}.part", os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd
-            )
+            part = self._open_part(f"{entry.key}.part")
         except FileNotFoundError:
             return False
         try:
             if os.fstat(part).st_size != entry.size:
                 os.ftruncate(part, entry.size)  # a zero-chunk or sparse tail still gets its size
-            os.fchmod(part, entry.mode & 0o777 & ~0o022 | 0o600)  # never setuid/setgid/sticky
             if entry.mtime_ns is not None:  # the source's, before it has a name (link keeps it)
                 os.utime(part, ns=(os.fstat(part).st_atime_ns, entry.mtime_ns))
+            os.fchmod(part, final_mode(entry.mode))
             if sync:
                 os.fsync(part)
         finally:

@@ -6,11 +6,18 @@ moved. Real `rq recv` and `rq send` over TCP on loopback, plus the manifest's wi
 from __future__ import annotations
 
 import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
-from xfer_kit import Recv, make_tree, summary, tree_digest
+from xfer_kit import REPO, Recv, Relay, make_tree, rq_cmd, rq_env, summary, tree_digest, wait_for
 from xfer_kit import send as rq_send
 
 from transfer.errors import ProtocolError
@@ -73,6 +80,16 @@ def test_files_and_directories_arrive_with_the_source_mtimes(tmp_path: Path) -> 
     assert tree_digest(dest / "ckpt") == tree_digest(ckpt)
 
 
+def _send_once(srcs: list[Path], recv: Recv) -> None:
+    """Sends to a started `rq recv --once`, which must exit 0 with the sender."""
+    try:
+        proc = rq_send(srcs, recv)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert recv.wait()[0] == 0
+    finally:
+        recv.stop()
+
+
 def test_a_file_source_keeps_its_mtime_with_several_files_placed_at_once(tmp_path: Path) -> None:
     """File SOURCEs (no directory entry) over a batch placement (syncfs path), and --overwrite's
     rename: the placed file has the source's time either way."""
@@ -86,12 +103,7 @@ def test_a_file_source_keeps_its_mtime_with_several_files_placed_at_once(tmp_pat
     dest.mkdir()
     (dest / "f1.bin").write_bytes(b"old")
     recv = Recv(dest, tmp_path / "cert", "tcp", "--overwrite", "--once").start()
-    try:
-        proc = rq_send(srcs, recv)
-        assert proc.returncode == 0, proc.stderr.decode()
-        assert recv.wait()[0] == 0
-    finally:
-        recv.stop()
+    _send_once(srcs, recv)
     for i, p in enumerate(srcs):
         st = (dest / p.name).stat()
         assert (st.st_size, st.st_mtime_ns) == (p.stat().st_size, T0 + i)
@@ -132,3 +144,137 @@ def test_bad_times_from_the_network_are_refused(change: object, says: str) -> No
     change(body)  # type: ignore[operator]
     with pytest.raises(ProtocolError, match=says):
         parse_manifest(orjson.dumps(body), Limits())
+
+
+# -- permission bits ------------------------------------------------------------------------------
+
+NOBODY = 65534
+
+
+# setpriv, not a preexec_fn calling setuid: here only a program exec'd by setpriv may run the
+# venv's Python as nobody (it lives under /root)
+AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+
+
+@pytest.fixture
+def nobody_home() -> Iterator[Path]:
+    """A directory only `nobody` may write, for a receiver that runs as nobody: as root (where the
+    tests run) permission bits never stop an open, and the receiver's own 0400 files would pass."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the receiver as nobody")
+    home = Path(tempfile.mkdtemp(prefix="rq-modes-", dir="/tmp"))
+    os.chown(home, NOBODY, NOBODY)
+    try:
+        probe = subprocess.run(
+            [*AS_NOBODY, sys.executable, "-c", "import transfer.store"], cwd=REPO, check=False
+        )
+    except FileNotFoundError:  # no setpriv
+        probe = None
+    if probe is None or probe.returncode != 0:
+        shutil.rmtree(home)
+        pytest.skip("nobody cannot run this Python here")
+    try:
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _recv_as_nobody(home: Path, *extra: str) -> Recv:
+    return Recv(home / "dst", home / "cert", "tcp", *extra, env=rq_env(HOME=str(home)), wrap=AS_NOBODY)
+
+
+MODES = {"ro.bin": 0o400, "exec.sh": 0o755, "shared.txt": 0o664, "setuid": 0o4755, "none": 0o000, "rw": 0o640}
+
+
+def _files_with_modes(root: Path) -> list[Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, (name, mode) in enumerate(sorted(MODES.items())):
+        p = root / name
+        p.write_bytes(os.urandom(5_000 * (i + 1)))
+        p.chmod(mode)
+        out.append(p)
+    return out
+
+
+def test_files_keep_their_mode_bits_less_group_and_other_write(tmp_path: Path, nobody_home: Path) -> None:
+    """Was: every file arrived at least 0600 (`| 0o600`), so a 0400 file became writable and 0640
+    became 0640 only by luck. Now the source's bits arrive less group/other write and never
+    setuid/setgid/sticky, like `cp -p` by a user; shown with a receiver that is not root, where
+    its own 0400 and 0000 files cannot be opened for writing."""
+    srcs = _files_with_modes(tmp_path / "src")
+    recv = _recv_as_nobody(nobody_home, "--once").start()
+    _send_once(srcs, recv)
+    dest = nobody_home / "dst"
+    got = {p.name: stat.S_IMODE((dest / p.name).stat().st_mode) for p in srcs}
+    assert got == {
+        "ro.bin": 0o400,
+        "exec.sh": 0o755,
+        "shared.txt": 0o644,
+        "setuid": 0o755,
+        "none": 0o000,
+        "rw": 0o640,
+    }
+    assert all((dest / p.name).read_bytes() == p.read_bytes() for p in srcs)
+    assert all((dest / p.name).stat().st_uid == NOBODY for p in srcs)
+
+
+class Gate(Relay):
+    """Holds the sender's bytes after the first `after` of a connection until `opened` is set."""
+
+    def __init__(self, target_port: int, after: int):
+        super().__init__(target_port)
+        self.after = after
+        self.opened = threading.Event()
+
+    def carry(self, data: bytes, seen: int) -> bytes:
+        if seen + len(data) > self.after:
+            self.opened.wait(30)
+        return data
+
+
+@pytest.mark.parametrize("redo", ["commit redone", "z.bin sent alone"])
+def test_a_commit_cut_short_finishes_as_a_receiver_that_is_not_root(
+    tmp_path: Path, nobody_home: Path, redo: str
+) -> None:
+    """A commit seals every .part (mode last) before it links them; one that stops half-way (here
+    a file put in the way of `z.bin` while the transfer ran: exit 9) leaves `z.bin`'s .part sealed
+    0400. The re-run, once the obstacle is gone, finishes the commit (or a transfer of `z.bin`
+    alone plans that file again over its .part): both reopen the sealed .part, which a
+    receiver that is not root could not open read-write. They make it 0600 again, without following
+    a link, and the file lands with its own mode."""
+    a = tmp_path / "src" / "a.bin"
+    z = tmp_path / "src" / "z.bin"
+    a.parent.mkdir()
+    a.write_bytes(os.urandom(300_000))
+    z.write_bytes(os.urandom(300_000))
+    z.chmod(0o400)
+    os.utime(z, ns=(T0, T0))
+    recv = _recv_as_nobody(nobody_home).start()
+    dest = nobody_home / "dst"
+    state = dest / ".rq-partial"
+    gate = Gate(recv.port, 4096)
+    try:
+        url = f"rq://127.0.0.1:{gate.port}"
+        cmd = rq_cmd("send", str(a), str(z), url, "--transport", "tcp", "--json", "--chunk-size", "64KiB")
+        sender = subprocess.Popen(cmd, env=rq_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert wait_for(lambda: any(state.glob("*.manifest.json")), 20)
+        (dest / "z.bin").write_bytes(b"in the way")
+        gate.opened.set()
+        _out, err = sender.communicate(timeout=60)
+        assert sender.returncode == 9 and "z.bin already exists" in err.decode(), err.decode()
+        parts = list(state.glob("*.part"))
+        assert len(parts) == 1 and stat.S_IMODE(parts[0].stat().st_mode) == 0o400  # sealed, not placed
+        (dest / "z.bin").unlink()
+        # the same command finishes the commit; `z.bin` alone is another transfer, which plans
+        # the same file version (same key) over the sealed .part and has nothing left to send
+        proc = rq_send([a, z] if redo == "commit redone" else [z], recv, "--chunk-size", "64KiB")
+        assert proc.returncode == 0, proc.stderr.decode()
+    finally:
+        gate.close()
+        recv.stop()
+    st = (dest / "z.bin").stat()
+    assert (stat.S_IMODE(st.st_mode), st.st_mtime_ns) == (0o400, T0)
+    assert (dest / "z.bin").read_bytes() == z.read_bytes()
+    assert (dest / "a.bin").read_bytes() == a.read_bytes()
+    assert not list(state.glob("*.part"))

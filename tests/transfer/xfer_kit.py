@@ -74,10 +74,12 @@ class Recv:
         netns: str | None = None,
         host: str = "127.0.0.1",
         preexec: Any = None,
+        wrap: list[str] | None = None,
     ):
+        """`wrap`: a command to run it under (`setpriv --reuid=…`)."""
         self.dest, self.cert_dir, self.transport, self.extra = dest, cert_dir, transport, extra
         self.port, self.env, self.netns, self.host = port, env or rq_env(), netns, host
-        self.preexec = preexec
+        self.preexec, self.wrap = preexec, wrap or []
         self.proc: subprocess.Popen[bytes] | None = None
         self.info: dict[str, Any] = {}
 
@@ -99,6 +101,7 @@ class Recv:
         ]
         if self.netns:
             cmd = ["ip", "netns", "exec", self.netns, *cmd]
+        cmd = [*self.wrap, *cmd]
         self.proc = subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,
