@@ -39,18 +39,24 @@ class HoldSpec:
     url: str | None
 
 
-def lock_exclusive(path: Path) -> int | None:
-    """An fd holding LOCK_EX on `path`; -1 when the file is already gone; None when a reader has it."""
+def _try_lock(path: Path, operation: int) -> int | None:
+    """An fd holding `operation` (LOCK_EX or LOCK_SH) on `path`; -1 when the file is already gone;
+    None when another process holds a lock in the way."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return -1
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, operation | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         return None
     return fd
+
+
+def lock_exclusive(path: Path) -> int | None:
+    """An fd holding LOCK_EX on `path`; -1 when the file is already gone; None when a reader has it."""
+    return _try_lock(path, fcntl.LOCK_EX)
 
 
 TWIN_PATIENCE = 60.0  # longest wait for an evictor (a demotion: copy + fsync) to let go of a twin
@@ -65,16 +71,12 @@ def lock_twin(path: Path, patience: float = TWIN_PATIENCE) -> int:
     deadline = time.monotonic() + patience
     pause = 0.002
     while True:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
+        fd = _try_lock(path, fcntl.LOCK_SH)
+        if fd == -1:
             return -1
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
+        if fd is None:
             if time.monotonic() > deadline:
-                raise BusyError(f"{path} stayed locked by another process for {patience:.0f} s") from None
+                raise BusyError(f"{path} stayed locked by another process for {patience:.0f} s")
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
             continue

@@ -168,15 +168,13 @@ class CountingOrigin(LocalOrigin):
             yield info
 
 
-def test_the_listing_stays_a_few_pages_ahead_of_the_fetching(
-    tmp_path: Path, ram_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # issue 3: memory stays bounded however big the dataset. Listing runs far faster than
-    # fetching (here: thousands of tiny files, each fsynced and indexed), so without backpressure
-    # the whole listing is in memory long before the last objects land.
+def preload_counting(
+    tmp_path: Path, ram_dir: Path, monkeypatch: pytest.MonkeyPatch, files: int
+) -> tuple[Any, CountingOrigin]:
+    """Preloads `files` tiny local files listed in pages of 50 through a CountingOrigin."""
     d = tmp_path / "many"
     d.mkdir()
-    for i in range(3000):
+    for i in range(files):
         (d / f"f{i:04d}").write_bytes(b"%d" % i)
     monkeypatch.setattr(preload_module, "PAGE", 50)
     origin = CountingOrigin(d)
@@ -191,7 +189,17 @@ def test_the_listing_stays_a_few_pages_ahead_of_the_fetching(
         result = c.preload([str(d)], workers=4, on_event=on_event)
     finally:
         c.close()
-    assert result.objects == 3000 and not result.failed
+    assert result.objects == files and not result.failed
+    return result, origin
+
+
+def test_the_listing_stays_a_few_pages_ahead_of_the_fetching(
+    tmp_path: Path, ram_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 3: memory stays bounded however big the dataset. Listing runs far faster than
+    # fetching (here: thousands of tiny files, each fsynced and indexed), so without backpressure
+    # the whole listing is in memory long before the last objects land.
+    result, origin = preload_counting(tmp_path, ram_dir, monkeypatch, 3000)
     assert result.planned == [] and result.planned_objects == 3000  # counts, not a list per object
     # planned and waiting to start (< 64 + a page), two pages delivered, one being built, a batch
     # waiting to land (64) and the requests in flight: well under a thousand
@@ -206,13 +214,6 @@ def test_a_slow_publish_holds_back_new_work_instead_of_queueing_it(
     # without bound (1,182 listed ahead of the landed in a loaded run). New work now waits.
     import cache.fetcher as fetcher_module
 
-    d = tmp_path / "many"
-    d.mkdir()
-    for i in range(1500):
-        (d / f"f{i:04d}").write_bytes(b"%d" % i)
-    monkeypatch.setattr(preload_module, "PAGE", 50)
-    origin = CountingOrigin(d)
-    monkeypatch.setattr(preload_module, "parse_source", lambda source, settings: origin)
     publish = fetcher_module.Fetcher._publish
 
     def slow_publish(self: Any, items: Any) -> Any:
@@ -220,17 +221,7 @@ def test_a_slow_publish_holds_back_new_work_instead_of_queueing_it(
         return publish(self, items)
 
     monkeypatch.setattr(fetcher_module.Fetcher, "_publish", slow_publish)
-
-    def on_event(event: ev.Event) -> None:
-        if isinstance(event, ev.Landed):
-            origin.landed += 1
-
-    c = Cache(tmp_path / "c", ram_dir=ram_dir)
-    try:
-        result = c.preload([str(d)], workers=4, on_event=on_event)
-    finally:
-        c.close()
-    assert result.objects == 1500 and not result.failed
+    _, origin = preload_counting(tmp_path, ram_dir, monkeypatch, 1500)
     # a batch being published, at most MAX_TO_LAND waiting, the pages and requests of the test above
     assert origin.most_ahead < 1000, origin.most_ahead
 
