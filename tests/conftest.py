@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -138,6 +139,15 @@ def mqtt_url(services: Services) -> str:
     if not services.mqtt_url:
         pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
     return services.mqtt_url
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A shell without job control starts `cmd &` with SIGINT ignored, and an ignored signal stays
+    # ignored across exec: every rq the tests start would then shrug off the SIGINT the interruption
+    # tests send (rq rightly keeps an inherited SIG_IGN, as a background job should). Children of
+    # this process get the default back.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
