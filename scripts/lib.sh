@@ -11,11 +11,17 @@ ensure_venv() {
     say "creating .venv with $($py --version 2>&1)"
     "$py" -m venv "$REPO/.venv"
   fi
-  # Re-install only when pyproject.toml changed since the last install (saves ~10 s a run).
-  local stamp="$REPO/.venv/.rq-installed"
+  # Re-install only when pyproject.toml changed since the last install (saves ~10 s a run). The
+  # stamp's name changes with the way rq is installed, so an older .venv is installed again.
+  local stamp="$REPO/.venv/.rq-installed-compat"
   if [ ! -f "$stamp" ] || [ "$REPO/pyproject.toml" -nt "$stamp" ]; then
     say "installing rq and its dev tools into .venv"
-    "$REPO/.venv/bin/python" -m pip install -q --disable-pip-version-check -e "$REPO[dev]" 2>&1 \
+    # compat: the checkout goes on sys.path through a .pth, so its packages are regular packages
+    # found in path order. setuptools' default finder for this flat layout loses to any `cache/`,
+    # `topics/` or `transfer/` folder in the working directory or on pytest's path (tests/cache):
+    # `from cache import Cache` then fails with "unknown location", and so did plain `pytest`.
+    "$REPO/.venv/bin/python" -m pip install -q --disable-pip-version-check \
+      --config-settings editable_mode=compat -e "$REPO[dev]" 2>&1 \
       | grep -v -e '^WARNING: Location' -e 'is ignored: it is neither' >&2 || true
     "$REPO/.venv/bin/python" -c "import rqcli, cache, transfer, topics" || { say "install failed"; return 1; }
     touch "$stamp"
