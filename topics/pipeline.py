@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import xxhash
 
@@ -233,3 +233,9 @@ def run(
         if past_end or (remaining is not None and remaining <= 0):
             break
     return res
+
+
+def dry_run(source: Source, req: Request) -> Result:
+    """What a read would emit (count and digest), with nothing emitted: a saved spec's replay
+    checked before it writes anything (and paced at full speed: nothing is shown)."""
+    return run(source, replace(req, rate=Rate(), decode_values=False, digest=True), lambda _r, _d: None)

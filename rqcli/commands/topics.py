@@ -49,7 +49,7 @@ from topics.errors import (
 from topics.expr import compile_where
 from topics.paths import Path as FieldPath
 from topics.paths import parse_fields
-from topics.pipeline import Rate, Request, Result, run
+from topics.pipeline import Rate, Request, Result, dry_run, run
 from topics.plan import parse_window, resolve_window
 from topics.record import NO_HEADERS, Headers, Record, encode_bytes_field, encode_value, json_value_bytes
 from topics.render import Decoded, Renderer, make_renderer
@@ -1044,7 +1044,6 @@ def replay(
                 window = resolve_window(source, start_pos, stop_pos, follow, committed)
                 start, stop = window.start, window.stop
                 window_time = (window.time_from, window.time_to)
-            sink = open_sink(_ref(to_topic, topics_dir)) if to_topic else None
             req = Request(
                 start=start,
                 stop=stop,
@@ -1059,6 +1058,9 @@ def replay(
                 digest=bool(save_spec or saved),
                 time_per_record=saved is not None,
             )
+            if saved is not None:
+                _check_filtered_range(source, saved, req)
+            sink = open_sink(_ref(to_topic, topics_dir)) if to_topic else None
             last_commit = [time.monotonic()]
             # What a spec saved now would pin: updated after each batch is counted and written, so
             # an interrupted follow saves where it stopped, consistently.
@@ -1296,6 +1298,23 @@ def _check_saved_range(source: Source, saved: ReplaySpec) -> None:
     check_range = getattr(source, "check_spec_range", None)
     if callable(check_range):
         check_range(saved.start, saved.stop, saved.records)
+
+
+def _check_filtered_range(source: Source, saved: ReplaySpec, req: Request) -> None:
+    """A spec with --where over a source that deleted messages in its range: counting what is
+    left cannot tell a deleted record the filter kept from one it dropped, so the range is read
+    once without writing, and a replay that would not match fails before anything is written."""
+    deleted_in = getattr(source, "deleted_in", None)
+    if not saved.where or not callable(deleted_in) or not deleted_in(saved.start, saved.stop):
+        return
+    dry = dry_run(source, req)
+    if dry.emitted < saved.records:
+        raise DigestMismatch(
+            f"records the spec pins were deleted: offsets {saved.start}..{saved.stop - 1} of "
+            f"{safe_text(source.url)} hold {dry.emitted} records that pass its --where now, the spec "
+            f"pinned {saved.records}"
+        )
+    _verify_saved(saved, dry)
 
 
 def _verify_saved(saved: ReplaySpec, res: Result) -> None:

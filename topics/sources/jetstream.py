@@ -445,7 +445,7 @@ class JetStreamSource:
         (js.delete_msg, a purge by subject): DigestMismatch before anything is written, rather
         than the records before the hole and then a digest that does not match. (With --where a
         deleted message the filter had dropped changes nothing, and one it kept may still leave
-        enough messages: then the digest catches it after the replay.)"""
+        enough messages: see deleted_in.)"""
         if records <= 0 or stop <= start:
             return
         state = self.conn.stream_info().state
@@ -461,9 +461,21 @@ class JetStreamSource:
                 f"{held} records now, the spec pinned {records}"
             )
 
-    def _pending_from(self, seq: int) -> int:
-        """How many messages (on the subject, if one) have a sequence >= seq (an ephemeral consumer
-        counts: deleted sequences are not messages)."""
+    def deleted_in(self, start: int, stop: int) -> bool:
+        """Whether a message with a sequence in start..stop-1 was deleted (on any subject): what
+        a filtered spec's replay must check record by record before it writes anything, since
+        counting what is left cannot tell a deleted record the filter kept from one it dropped."""
+        state = self.conn.stream_info().state
+        first, end = int(state.first_seq), int(state.last_seq) + 1
+        lo, hi = max(start, first), min(stop, end)
+        if int(state.messages) == end - first or lo >= hi:
+            return False
+        after = self._pending_from(hi, any_subject=True) if hi < end else 0
+        return self._pending_from(lo, any_subject=True) - after < hi - lo
+
+    def _pending_from(self, seq: int, any_subject: bool = False) -> int:
+        """How many messages (on the subject, if one, unless any_subject) have a sequence >= seq
+        (an ephemeral consumer counts: deleted sequences are not messages)."""
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
         async def count() -> int:
@@ -472,7 +484,7 @@ class JetStreamSource:
                 ConsumerConfig(
                     deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
                     opt_start_seq=seq,
-                    filter_subject=self.subject or None,
+                    filter_subject=None if any_subject else self.subject or None,
                     ack_policy=AckPolicy.NONE,
                     inactive_threshold=30.0,  # gone by itself should the delete below not happen
                     mem_storage=True,

