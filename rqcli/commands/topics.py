@@ -355,11 +355,34 @@ def _refuse_feedback(source: TopicRef, target: TopicRef, flag: str) -> None:
 
         same = topic_matches_sub(source.subject, target.subject) and _same_server(source, target)
     if same:
-        raise CliError(
-            f"{flag} {safe_text(target.url)} feeds what is being followed back into it",
-            ExitCode.USAGE,
-            hint=f"give {flag} another topic, or drop --follow",
-        )
+        raise _feedback(target, flag)
+
+
+def _feedback(target: TopicRef, flag: str) -> CliError:
+    return CliError(
+        f"{flag} {safe_text(target.url)} feeds what is being followed back into it",
+        ExitCode.USAGE,
+        hint=f"give {flag} another topic, or drop --follow",
+    )
+
+
+def _open_followed(ref: TopicRef, target: TopicRef | None, flag: str, **options: Any) -> Source:
+    """open_source, then (JetStream into JetStream) the server's own word on a feedback loop: the
+    same server reached by another address, or a publish to the target stored in the stream being
+    read under another stream's name, which URLs alone cannot tell (see _refuse_feedback)."""
+    source = open_source(ref, **options)
+    fed_by = getattr(source, "fed_by", None)
+    if target is None or target.kind != ref.kind or not callable(fed_by):
+        return source
+    try:
+        fed = fed_by(target)
+    except BaseException:
+        source.close()
+        raise
+    if fed:
+        source.close()
+        raise _feedback(target, flag)
+    return source
 
 
 def _same_directory(a: Path, b: Path) -> bool:
@@ -830,7 +853,13 @@ def tail(
             raise CliError("--no-retained is for MQTT topics", ExitCode.USAGE)
         if record_to and (follow or ref.kind == "mqtt"):
             _refuse_feedback(ref, _ref(record_to, topics_dir), "--record")
-        source = open_source(ref, idle_timeout=idle_timeout, **({"retained": False} if no_retained else {}))
+        source = _open_followed(
+            ref,
+            _ref(record_to, topics_dir) if record_to and follow else None,
+            "--record",
+            idle_timeout=idle_timeout,
+            **({"retained": False} if no_retained else {}),
+        )
         sink = open_sink(_ref(record_to, topics_dir)) if record_to else None
         res = Result()
         shown = [0]  # records written out
@@ -1025,7 +1054,12 @@ def replay(
             check_writable(_ref(to_topic, topics_dir))  # before connecting to anything
         if to_topic and follow:
             _refuse_feedback(ref, _ref(to_topic, topics_dir), "--to-topic")
-        source = open_source(ref, idle_timeout=idle_timeout)
+        source = _open_followed(
+            ref,
+            _ref(to_topic, topics_dir) if to_topic and follow else None,
+            "--to-topic",
+            idle_timeout=idle_timeout,
+        )
         sink: Sink | None = None
         res = Result()
         start: int

@@ -71,3 +71,48 @@ def test_filtered_spec_replay_over_a_deleted_kept_record_fails_before_writing(
         line = _one_line(r)
         assert "deleted" in line and "hold 99 records" in line and "changed" not in line, line
     assert not (tmp_path / "copy").exists(), "the --to-topic copy was created before the check"
+
+
+# -- 2. the --to-topic self-feed guard asks the server ---------------------------------------------
+
+
+@pytest.mark.integration
+def test_follow_into_a_stream_name_whose_publishes_land_in_the_followed_stream_is_refused(
+    nats_url: str, js_stream: str, tmp_path: Path
+) -> None:
+    """The guard compared stream names: `--to-topic nats://…/AGG/EVT.x` (AGG takes no subjects of
+    its own) passed, yet a publish to EVT.x is stored in EVT, the stream being followed; and
+    following AGG, which sources EVT, while publishing into EVT was a loop as well."""
+    from nats.js.api import StreamSource
+
+    agg = f"{js_stream}-agg"
+    _publish_numbers(nats_url, js_stream, 3)
+    js_call(nats_url, lambda js: js.add_stream(name=agg, sources=[StreamSource(name=js_stream)]))
+    env = _env(tmp_path)
+    cases = [
+        (f"{nats_url}/{js_stream}", f"{nats_url}/{agg}/{js_stream}.x"),
+        (f"{nats_url}/{agg}", f"{nats_url}/{js_stream}/{js_stream}.x"),
+        (f"{nats_url}/{js_stream}/{js_stream}.n", f"{nats_url}/{agg}/{js_stream}.n"),
+    ]
+    for source, target in cases:
+        r = run_rq(
+            "replay",
+            source,
+            "-f",
+            "--to-topic",
+            target,
+            "--count",
+            "20",
+            "--timeout",
+            "2",
+            env=env,
+            timeout=30,
+        )
+        assert r.returncode == 2, (source, target, r.stderr)
+        assert "feeds what is being followed back into it" in _one_line(r), r.stderr
+    # a subject the followed filter does not read is no loop
+    r = run_rq(
+        "replay", f"{nats_url}/{js_stream}/{js_stream}.n", "--from", "start", "-f", "--to-topic",
+        f"{nats_url}/{agg}/{js_stream}.other", "--timeout", "1", env=env, timeout=30,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr

@@ -282,6 +282,22 @@ class _Conn:
         except nats.js.errors.ServiceUnavailableError:
             raise SourceUnreachable("JetStream is not enabled on this NATS server") from None
 
+    @property
+    def server_id(self) -> str:
+        """The server's own id from its INFO: one server however it is reached (another address,
+        another name), where addresses can only be compared when they resolve alike."""
+        return str((getattr(self.nc, "_server_info", None) or {}).get("server_id") or self.where)
+
+    def capturing_stream(self, subject: str) -> str | None:
+        """The stream a publish to `subject` is stored in (streams of one account never overlap),
+        or None when none takes it."""
+        import nats.js.errors
+
+        try:
+            return str(self.run(self.js.find_stream_name_by_subject(subject)))
+        except nats.js.errors.NotFoundError:
+            return None
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.loop.run_until_complete(self.nc.close())
@@ -535,6 +551,29 @@ class JetStreamSource:
 
         seq = self.conn.run(seek())
         return seq if seq is not None else self.end_offset()
+
+    def fed_by(self, target: Any) -> bool:
+        """Whether publishing to `target` (a JetStream TopicRef) stores records this source reads:
+        a follow copying into it would read its own output back. Decided by the server (its
+        server_id, and the stream that captures the target's subject, directly or as the mirror or
+        a source of this stream), not by how the two URLs spell the server or name the stream."""
+        subject = target.subject or target.stream
+        if self.subject and not _subject_matches(self.subject, subject):
+            return False
+        conn = _Conn(target, self.conn.connect_timeout)
+        try:
+            same_server = conn.server_id == self.conn.server_id
+            landing = conn.capturing_stream(subject) if same_server else None
+        finally:
+            conn.close()
+        if landing is None:
+            return False
+        config = self.conn.stream_info().config
+        upstream = {self.conn.stream}
+        if config.mirror is not None:
+            upstream.add(config.mirror.name)
+        upstream.update(src.name for src in config.sources or () if not src.external)
+        return landing in upstream
 
     # -- reading --------------------------------------------------------------------------------
 
