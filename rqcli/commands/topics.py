@@ -1409,6 +1409,9 @@ def offsets(
             last = source.offset_before_end(1) if end > first else None
             counted = getattr(source, "record_count", None)
             records = counted() if callable(counted) else end - first
+            find_lost = getattr(source, "lost", None)  # embedded: a segment cut short in the middle
+            lost = find_lost() if callable(find_lost) else []
+            records -= sum(b - a + 1 for a, b, _ in lost)
             names = [check_group_name(group)] if group else source.groups()
             rows = []
             for name in names:
@@ -1427,15 +1430,19 @@ def offsets(
             "end": end,
             "records": records,
         }
+        if lost:
+            info["lost"] = [[a, b] for a, b, _ in lost]
         if out.json:
             out.emit({**info, "groups": rows})
+            _say_lost(out, lost)
             return
         from rich.table import Table
         from rich.text import Text
 
         console = out.console()
         shown_last = "-" if last is None else last  # (an empty topic)
-        out.info(f"{safe_text(ref.url)}: first {first}, last {shown_last}, {records} records")
+        gone = f" ({sum(b - a + 1 for a, b, _ in lost)} lost)" if lost else ""
+        out.info(f"{safe_text(ref.url)}: first {first}, last {shown_last}, {records} records{gone}")
         if rows:
             table = Table(show_edge=False)
             for col in ("group", "committed", "lag"):
@@ -1444,6 +1451,21 @@ def offsets(
                 shown = "-" if row["committed"] is None else str(row["committed"])  # nothing committed yet
                 table.add_row(Text(safe_text(str(row["group"]))), shown, str(row["lag"]))
             console.print(table)
+        _say_lost(out, lost)
+
+
+def _say_lost(out: Output, lost: list[tuple[int, int, str]]) -> None:
+    """Offsets lost in the middle of the log: shown after what is readable, then exit 5."""
+    if not lost:
+        return
+    for _, _, why in lost[:-1]:
+        out.warn(why)
+    more = f" ({len(lost)} ranges lost in all)" if len(lost) > 1 else ""
+    raise CliError(
+        f"{lost[-1][2]}{more}",
+        ExitCode.VERIFY,
+        hint="copy what is readable with `rq replay TOPIC --skip-corrupt --to-topic NEW`",
+    )
 
 
 def _reset(

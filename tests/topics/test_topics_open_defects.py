@@ -5,6 +5,7 @@ MQTT URL whose user info holds an unencoded '/'."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,3 +117,46 @@ def test_follow_into_a_stream_name_whose_publishes_land_in_the_followed_stream_i
         f"{nats_url}/{agg}/{js_stream}.other", "--timeout", "1", env=env, timeout=30,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
+
+
+# -- 3. rq offsets over a middle segment cut short -------------------------------------------------
+
+
+def _six_batches(tmp_path: Path) -> tuple[dict[str, str], list[Path]]:
+    """Topic t: six produce runs of 10 records (one batch each), two batches to a 1 KiB segment."""
+    env = {"RQ_TOPICS_DIR": str(tmp_path / "topics")}
+    for run in range(6):
+        lines = b"".join(b"value-%02d\n" % (run * 10 + i) for i in range(10))
+        r = run_rq("produce", "t", "--segment-bytes", "1K", input=lines, env=env)
+        assert r.returncode == 0, r.stderr
+    return env, sorted((tmp_path / "topics" / "t").glob("*.log"))
+
+
+def test_offsets_counts_only_what_a_truncated_middle_segment_still_holds(tmp_path: Path) -> None:
+    """A sealed segment cut inside its last batch: `rq offsets` said 60 records, exit 0, while
+    every read fails there ('offsets 10..19 are lost'). It counts the readable ones and says the
+    range lost, as readers do (exit 5, the numbers first)."""
+    env, segs = _six_batches(tmp_path)
+    assert len(segs) >= 3, segs
+    first_seg = segs[0]
+    size = first_seg.stat().st_size
+    with open(first_seg, "r+b") as fh:
+        fh.truncate(size - 10)  # inside the second batch: offsets 10..19
+    r = run_rq("offsets", "t", "--json", env=env)
+    assert r.returncode == 5, r.stderr
+    info = json.loads(r.stdout)
+    assert (info["first"], info["end"], info["records"], info["lost"]) == (0, 60, 50, [[10, 19]]), info
+    line = _one_line(r)
+    assert f"truncated at byte {size - 10}): offsets 10..19 are lost" in line, line
+
+    r = run_rq("offsets", "t", env=env)  # the human line counts them too
+    assert r.returncode == 5 and b"50 records (10 lost)" in r.stderr + r.stdout, r.stderr
+    replay = run_rq("replay", "t", "--skip-corrupt", "--format", "raw", env=env)
+    assert len(replay.stdout.splitlines()) == 50, replay.stderr  # what offsets called readable
+
+
+def test_offsets_of_a_whole_log_is_unchanged(tmp_path: Path) -> None:
+    env, _ = _six_batches(tmp_path)
+    r = run_rq("offsets", "t", "--json", env=env)
+    assert r.returncode == 0 and "lost" not in json.loads(r.stdout), r.stderr
+    assert json.loads(r.stdout)["records"] == 60

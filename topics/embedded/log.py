@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import fcntl
+import itertools
 import mmap
 import os
 import re
@@ -427,6 +428,43 @@ class TopicLog:
             return _scan_end(self.dir, base, view)
         finally:
             view.close()
+
+    def lost(self) -> list[tuple[int, int, str]]:
+        """Offsets no reader can get, between the segments still there: (first, last, why), one
+        per sealed segment that ends short of the next one's first offset (cut short inside a
+        batch or at a batch boundary, or a segment file after it deleted), said as readers say it.
+        Each sealed segment is walked from its last index entry that checks out."""
+        segs = self.segments()
+        out: list[tuple[int, int, str]] = []
+        for base, nxt in itertools.pairwise(segs):
+            seg = fmt.segment_name(base)
+            try:
+                view = _View(self.dir / seg)
+            except FileNotFoundError:
+                continue  # retention removed it meanwhile
+            try:
+                size = view.size
+                index = _load_index(self.dir, base, size)
+                hint = _hint(view, size, index, len(index[0]) - 1)
+                end, pos = hint[:2] if hint is not None else (base, 0)
+                pos, end, _, state = _walk(view, size, pos, end, 0)
+            finally:
+                view.close()
+            if end >= nxt:
+                continue
+            span = f"offsets {end}..{nxt - 1}" if nxt - 1 > end else f"offset {end}"
+            if state == "end":
+                why = (
+                    f"{span} are missing: segment {seg} ends (byte {size}) before them and the next one, "
+                    f"{fmt.segment_name(nxt)}, starts at offset {nxt}; {seg} was cut short (truncated) "
+                    "or a segment file after it was deleted"
+                )
+            elif state == "torn":
+                why = f"segment {seg} is cut short (truncated at byte {size}): {span} are lost"
+            else:
+                why = f"corrupt batch at offset {end} (segment {seg}, byte {pos}): {span} cannot be read"
+            out.append((end, nxt - 1, why))
+        return out
 
     def offset_for_time(self, ts_ms: int) -> int:
         """First offset whose timestamp is >= ts_ms; the end offset when there is none.

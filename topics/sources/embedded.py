@@ -29,6 +29,9 @@ class EmbeddedSource:
     def check_end(self) -> None:
         self.log.check_end()
 
+    def lost(self) -> list[tuple[int, int, str]]:
+        return self.log.lost()
+
     def offset_for_time(self, ts_ms: int) -> int:
         return self.log.offset_for_time(ts_ms)
 
