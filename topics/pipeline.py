@@ -73,6 +73,7 @@ class Result:
     skipped: list[tuple[int, int, str]] = field(default_factory=list)
     # offsets first..last that retention deleted before the read got to them (never read)
     gaps: list[tuple[int, int]] = field(default_factory=list)
+    skip_corrupt: bool = False  # the read skipped corrupt records (reported in res.skipped)
     hasher: xxhash.xxh3_128 = field(default_factory=xxhash.xxh3_128)
 
     @property
@@ -154,6 +155,7 @@ def run(
     pacer sleeps. It may raise to end the read (the CLI does when stdout's reader has gone)."""
     res = result or Result()
     res.next_offset = req.start
+    res.skip_corrupt = req.skip_corrupt
 
     def on_skip(first: int, last: int, where: str) -> None:
         res.skipped.append((first, last, where))

@@ -451,10 +451,22 @@ def _aged_out_reporter(out: Output, topic: str) -> Callable[[int, int], None]:
     return report
 
 
-def _report_skips(out: Output, res: Result) -> None:
+def _report_skips(out: Output, res: Result, topic: str) -> None:
+    """--skip-corrupt's skips, after the records: a warning each, and under --json one line each
+    (the shape of a retention gap's; last is null where the read could not tell where it ends)."""
     for first, last, where in res.skipped:
         span = f"offset {first}" if last in (first, -1) else f"offsets {first}..{last}"
         out.warn(f"skipped corrupt record(s) at {span} ({where})")
+        out.emit(
+            {
+                "event": "skipped",
+                "topic": topic,
+                "first": first,
+                "last": None if last < 0 else last,
+                "reason": "corrupt",
+                "where": where,
+            }
+        )
 
 
 # -- produce ------------------------------------------------------------------------------------
@@ -893,13 +905,15 @@ def tail(
             source.close()
             if sink is not None:
                 sink.close()
-        _report_skips(out, res)
+        _report_skips(out, res, ref.url)
         done: dict[str, Any] = {
             "event": "done",
             "topic": ref.url,
             "records": shown[0],
             "next_offset": res.next_offset,
         }
+        if skip_corrupt:
+            done["skipped"] = len(res.skipped)
         if stopped is None:
             out.emit(done)
             return
@@ -1173,7 +1187,7 @@ def replay(
             if sink is not None:
                 sink.close()
             source.close()
-        _report_skips(out, res)
+        _report_skips(out, res, ref.url)
         if stopped is not None:
             summary = _replay_done(ref, res, start, committed_to if commit and group else None, group)
             summary["records"] = shown[0]
@@ -1216,6 +1230,8 @@ def _replay_done(
         "first_offset": res.first_offset,
         "last_offset": res.last_offset,
     }
+    if res.skip_corrupt:
+        summary["skipped"] = len(res.skipped)  # skip lines, each an offset or a range
     if committed_to is not None:
         # null when nothing was read, so nothing was stored (e.g. --from past the end)
         summary["committed"] = {"group": group, "offset": committed_to[0]} if committed_to else None

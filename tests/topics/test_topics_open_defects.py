@@ -160,3 +160,27 @@ def test_offsets_of_a_whole_log_is_unchanged(tmp_path: Path) -> None:
     r = run_rq("offsets", "t", "--json", env=env)
     assert r.returncode == 0 and "lost" not in json.loads(r.stdout), r.stderr
     assert json.loads(r.stdout)["records"] == 60
+
+
+# -- 4. --skip-corrupt under --json ----------------------------------------------------------------
+
+
+def test_skip_corrupt_skips_are_json_lines_and_counted(tmp_path: Path) -> None:
+    """Skips were warnings on stderr only: a script reading --json saw a clean done line."""
+    env = {"RQ_TOPICS_DIR": str(tmp_path / "topics")}
+    r = run_rq("produce", "rot", input=b"".join(b"record-%05d\n" % i for i in range(300)), env=env)
+    assert r.returncode == 0, r.stderr
+    seg = next((tmp_path / "topics" / "rot").glob("*.log"))
+    data = bytearray(seg.read_bytes())
+    data[data.index(b"record-00123") + 8] ^= 0x01
+    seg.write_bytes(bytes(data))
+    for cmd in (["replay", "rot", "--from", "start"], ["tail", "rot", "-n", "300"]):
+        r = run_rq(*cmd, "--skip-corrupt", "--json", "--format", "raw", env=env)
+        assert r.returncode == 0, r.stderr
+        lines = r.stdout.splitlines()
+        assert len(lines) == 299 + 2 and b"record-00123" not in lines, lines[-3:]
+        skipped, done = json.loads(lines[-2]), json.loads(lines[-1])
+        assert skipped["event"] == "skipped" and (skipped["first"], skipped["last"]) == (123, 123), skipped
+        assert skipped["reason"] == "corrupt" and skipped["where"].startswith("segment "), skipped
+        assert skipped["topic"] == done["topic"], skipped
+        assert done["event"] == "done" and done["skipped"] == 1, done
