@@ -184,3 +184,28 @@ def test_skip_corrupt_skips_are_json_lines_and_counted(tmp_path: Path) -> None:
         assert skipped["reason"] == "corrupt" and skipped["where"].startswith("segment "), skipped
         assert skipped["topic"] == done["topic"], skipped
         assert done["event"] == "done" and done["skipped"] == 1, done
+
+
+# -- 6. an MQTT token or user name with an unencoded '/' -------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["mqtt://tok/en@host/t", "mqtts://tok/Zq9@127.0.0.1:1883/t/#"])
+def test_an_mqtt_user_name_cut_at_its_slash_is_named_not_connected_to(url: str, tmp_path: Path) -> None:
+    """It parsed as host 'tok' and a topic holding '@', and rq then tried to reach a host 'tok'."""
+    r = run_rq("tail", url, "-n", "1", env=_env(tmp_path), timeout=20)
+    assert r.returncode == 2, r.stderr
+    line = _one_line(r)
+    assert "must be percent-encoded" in line and "RQ_MQTT_USERNAME/RQ_MQTT_PASSWORD" in line, line
+    assert "Zq9" not in r.stderr.decode() and "tok" not in line, line
+
+
+def test_an_at_in_an_mqtt_topic_still_parses() -> None:
+    from topics.sources.open import parse_topic
+
+    for url, host, topic in [
+        ("mqtt://127.0.0.1/dev/a@b/x", "127.0.0.1", "dev/a@b/x"),
+        ("mqtt://broker.lan:1883/a@b", "broker.lan", "a@b"),
+        ("mqtt://broker/a%40b/x", "broker", "a@b/x"),
+    ]:
+        ref = parse_topic(url, Path("/none"))
+        assert (ref.host, ref.subject, ref.user) == (host, topic, None), url

@@ -64,24 +64,44 @@ def parse_topic(text: str, topics_dir: Path) -> TopicRef:
     return TopicRef("embedded", (topics_dir / check_topic_name(text)).expanduser().absolute())
 
 
+# A bare host name (one label, no port) followed by a path whose '@' comes before a host[:port]:
+# `mqtt://tok/en@broker/t` is user info `tok/en` cut at its '/', not host `tok` and topic `en@broker/t`.
+_BARE_HOST = re.compile(r"^[A-Za-z0-9-]+$")
+_AT_HOST = re.compile(r"@[A-Za-z0-9.-]+(:\d+)?(/|$)")
+
+
+def _unencoded_user_info(text: str) -> SpecError:
+    mqtt = text.startswith(("mqtt://", "mqtts://"))
+    env = "RQ_MQTT_USERNAME/RQ_MQTT_PASSWORD" if mqtt else "NATS_USER/NATS_PASSWORD"
+    topic_at = " (an '@' in an MQTT topic is written %40)" if mqtt else ""
+    return SpecError(
+        f"bad URL {redact_url(text)!r}: a '/', '?' or '#' in its user:password@ part must be "
+        f"percent-encoded (%2F, %3F, %23), or set {env} instead{topic_at}"
+    )
+
+
 def _parse_url(text: str) -> TopicRef:
     try:
+        netloc, path = urlsplit(text)[1:3]
+    except ValueError:
+        netloc, path = "", ""
+    if (
+        text.startswith(("mqtt://", "mqtts://"))
+        and _BARE_HOST.match(netloc)
+        and netloc.lower() != "localhost"
+        and _AT_HOST.search(path)
+    ):
+        # MQTT topics may hold '@', so this parses; but a one-label host is the usual shape of a
+        # token or user name cut at its '/': refused rather than connect to a host named after it.
+        raise _unencoded_user_info(text)
+    try:
         return _split_url(text)
-    except SpecError as exc:
+    except SpecError:
         # An unencoded '/', '?' or '#' in a password or token ends the host part early, so the
         # rest of the user info reads as a port, a stream or a path, and the error names the wrong
         # thing: an '@' past the host part says what went wrong (without the secret).
-        try:
-            netloc = urlsplit(text).netloc
-        except ValueError:
-            raise exc from None
-        if "@" in text.partition("://")[2] and "@" not in netloc:
-            mqtt = text.startswith(("mqtt://", "mqtts://"))
-            env = "RQ_MQTT_USERNAME/RQ_MQTT_PASSWORD" if mqtt else "NATS_USER/NATS_PASSWORD"
-            raise SpecError(
-                f"bad URL {redact_url(text)!r}: a '/', '?' or '#' in its user:password@ part must be "
-                f"percent-encoded (%2F, %3F, %23), or set {env} instead"
-            ) from None
+        if "@" in text.partition("://")[2] and "@" not in netloc and (netloc or path):
+            raise _unencoded_user_info(text) from None
         raise
 
 
