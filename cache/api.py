@@ -11,6 +11,7 @@ import fnmatch
 import io
 import itertools
 import os
+import pickle
 import random
 import sqlite3
 import threading
@@ -30,7 +31,9 @@ from cache.errors import (
     CacheError,
     DeniedError,
     NotFoundError,
+    OriginError,
     UncacheableError,
+    UnreachableError,
     UnsafeDirError,
     VerifyError,
 )
@@ -55,6 +58,10 @@ SMALL_READ = 16 << 20  # objects up to this size are read into memory on open (n
 DEFAULT_MAX_AGE = 60.0
 OPEN_PATIENCE = 30.0  # seconds Cache.open keeps retrying an entry that keeps being evicted
 GONE_BEFORE_FETCH = 20  # lookups that found the cached file gone before reading through the origin
+# after a freshness check found the store unreachable, stale entries of that bucket are served
+# without asking again for this long: each check of a store that is down costs seconds (refused:
+# ~1.6 s of retries; silent: the watchdog's 30 s), which a training step must not pay per file
+UNREACHABLE_RECHECK_S = 10.0
 
 
 def default_cache_dir() -> Path:
@@ -128,6 +135,7 @@ class Cache:
         max_age: float = DEFAULT_MAX_AGE,
         tier: str = "disk",
         durable: bool = True,
+        on_event: ev.EventSink = ev.ignore,
     ):
         # arguments first: a bad one must not leave a new cache dir and /dev/shm root behind
         if cache_dir is not None and not isinstance(cache_dir, str | os.PathLike):
@@ -138,6 +146,8 @@ class Cache:
         if isinstance(max_age, bool) or not isinstance(max_age, int | float) or not max_age >= 0:
             raise BadSourceError(f"max_age must be seconds (a number >= 0), not {max_age!r}")
         self.durable = durable
+        self.on_event = on_event  # ServedStale, from open() and path()
+        self._unreachable: dict[str, tuple[float, str]] = {}  # bucket: (ask again after, why)
         self._tighten = ram_dir is None  # rq's own default root: see Layout.create
         self._ram_pid = 0  # the process whose hold on the RAM root this object counts in (cache.orphans)
         # absolute once: a training launcher that changes directory (Hydra's run dirs) must not
@@ -358,7 +368,12 @@ class Cache:
             _verified=set(),
             _flush_pending_pid=0,
             _ram_pid=0,
+            _unreachable={},
         )
+        try:
+            pickle.dumps(self.on_event)
+        except Exception:  # a lambda or a closure: a spawned worker reports nothing rather than fail
+            state["on_event"] = ev.ignore
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -421,11 +436,13 @@ class Cache:
             entry = state.index.get(url)
             if entry is None:
                 return self._open_fetched(url, tier or self.default_tier)
+            stale_why = None
             if self._stale(entry):
-                info = origin_for_url(url, self.s3_settings).stat(url)
-                if info.version != entry.version:
+                info, stale_why = self._revalidate(entry)
+                if info is not None and info.version != entry.version:
                     return self._open_fetched(url, tier or entry.tier, info)
-                state.index.mark_checked([url], time.time())
+                if info is not None:
+                    state.index.mark_checked([url], time.time())
             try:
                 handle = self._open_entry(entry)
             except _Gone:
@@ -444,6 +461,8 @@ class Cache:
                 if entry.pinned:  # the refetched copy replaces the corrupt one, pin and all
                     state.index.set_pinned([url], True)
                 return handle
+            if stale_why is not None:
+                self._served_stale(entry, stale_why)
             self._touch(url)
             return handle
         raise CacheError(f"could not open {url}: it kept changing or being evicted for {OPEN_PATIENCE:.0f} s")
@@ -456,6 +475,33 @@ class Cache:
         if not entry.url.startswith("s3://"):
             return True  # a local stat costs microseconds: always check
         return time.time() - entry.checked_at > self.max_age
+
+    def _revalidate(self, entry: Entry) -> tuple[ObjectInfo | None, str | None]:
+        """(the origin's current info, None), or (None, why) when the origin cannot be asked and
+        the verified cached copy is to be served as it is (what huggingface_hub does on a
+        connection error). An answer stands: an object the origin says is gone is dropped here
+        and NotFoundError raised; refused credentials and other 4xx are raised as they are."""
+        bucket = entry.url.split("/", 3)[2] if entry.url.startswith("s3://") else ""
+        down = self._unreachable.get(bucket)
+        if down is not None and time.monotonic() < down[0]:
+            return None, down[1]
+        try:
+            info = origin_for_url(entry.url, self.s3_settings).stat(entry.url)
+        except NotFoundError:
+            # only this landing: one made since (the object put back meanwhile) is not ours to drop
+            self._state().store.remove(entry, same_landing=True)
+            raise
+        except CacheError as exc:
+            if not bucket or not _cannot_ask(exc):
+                raise
+            why = str(exc) or type(exc).__name__
+            self._unreachable[bucket] = (time.monotonic() + UNREACHABLE_RECHECK_S, why)
+            return None, why
+        self._unreachable.pop(bucket, None)
+        return info, None
+
+    def _served_stale(self, entry: Entry, why: str) -> None:
+        self.on_event(ev.ServedStale(entry.url, max(0.0, time.time() - entry.checked_at), why))
 
     def _open_fetched(self, url: str, tier: str, info: ObjectInfo | None = None) -> IO[bytes]:
         """A miss: fetch it, landing it already under this reader's shared lock, then serve it."""
@@ -604,8 +650,11 @@ class Cache:
             return path
         info = None
         if self._stale(entry):
-            info = origin_for_url(entry.url, self.s3_settings).stat(entry.url)
-            if info.version == entry.version:
+            info, stale_why = self._revalidate(entry)
+            if info is None and stale_why is not None and path.exists():
+                self._served_stale(entry, stale_why)
+                return path
+            if info is not None and info.version == entry.version:
                 self._state().index.mark_checked([entry.url], time.time())
                 if path.exists():
                     return path
@@ -921,6 +970,17 @@ class _PromoteOrigin(LocalOrigin):
 
     def stat(self, url: str) -> ObjectInfo:
         return ObjectInfo(url, url, self.entry.size, self.entry.version)
+
+
+def _cannot_ask(exc: CacheError) -> bool:
+    """The store could not give an answer (refused, reset, silent, 5xx or throttled after the
+    retries), as opposed to answering no: a 4xx, refused credentials, an untrusted certificate."""
+    if isinstance(exc, UnreachableError):
+        return True
+    if isinstance(exc, OriginError):
+        status = getattr(exc, "status", None)
+        return status is None or status >= 500 or status == 429
+    return False
 
 
 def _same_landing(a: Entry, b: Entry) -> bool:

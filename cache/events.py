@@ -49,7 +49,18 @@ class Retrying:
     reason: str
 
 
-Event = Planned | WouldFetch | Progress | Landed | Failed | Retrying
+@dataclass(frozen=True)
+class ServedStale:
+    """`Cache.open` or `Cache.path` served a cached copy without being able to ask the origin
+    whether it is still current (the store refused the connection, timed out, or kept answering
+    5xx). The bytes are the verified copy of the version last confirmed `checked_s` seconds ago."""
+
+    url: str
+    checked_s: float
+    reason: str  # the error that kept the origin from answering
+
+
+Event = Planned | WouldFetch | Progress | Landed | Failed | Retrying | ServedStale
 EventSink = Callable[[Event], None]
 
 

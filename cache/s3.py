@@ -159,6 +159,7 @@ def map_error(
     if status is not None:
         err = OriginError(f"{what}: HTTP {status} {code} {message}".strip())
         err.throttled = code in THROTTLE_CODES or status in (429, 503)  # type: ignore[attr-defined]
+        err.status = status  # type: ignore[attr-defined]  # (Cache.open serves stale on 5xx, not 4xx)
         return err
     name = getattr(error, "name", "") or type(error).__name__
     if "NO_SPACE" in name:

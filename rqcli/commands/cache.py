@@ -72,6 +72,27 @@ def open_existing(cache_dir: Path | None, **kwargs: Any) -> Any:
     return open_cache(root, **kwargs)
 
 
+def _warn_stale(event: Any) -> None:
+    """The library's ServedStale: the bytes are the verified cached copy, but nobody could say
+    whether the origin still holds that version."""
+    from cache.events import ServedStale
+
+    if isinstance(event, ServedStale):
+        out = get_output()
+        out.emit(
+            {
+                "event": "served_stale",
+                "url": event.url,
+                "checked_s": round(event.checked_s, 1),
+                "reason": event.reason,
+            }
+        )
+        out.warn(
+            f"served the cached copy of {safe_text(event.url)} without checking it is current "
+            f"(last confirmed {event.checked_s:.0f} s ago): {safe_text(event.reason)}"
+        )
+
+
 def _nothing_matched(pattern: str) -> CliError:
     """Every command taking a PATTERN exits 3 when it matches no entry, so a typo in a script shows."""
     return CliError(
@@ -192,7 +213,7 @@ def path(
     Example: tar tf "$(rq cache path s3://bucket/shard-0001.tar --endpoint-url http://minio:9000)"
     """
     out = get_output()
-    c = open_existing(cache_dir, endpoint_url=endpoint_url, profile=profile)
+    c = open_existing(cache_dir, endpoint_url=endpoint_url, profile=profile, on_event=_warn_stale)
     p = _guard(lambda: c.path(url, fresh=not no_check))
     out.emit({"event": "summary", "url": url, "path": str(p)})
     out.result(str(p))
@@ -217,7 +238,7 @@ def cat(url: str, cache_dir: Path | None, endpoint_url: str | None, profile: str
             ExitCode.USAGE,
             hint="drop --json; `rq cache stat URL --json` describes the entry",
         )
-    c = open_cache(cache_dir, endpoint_url=endpoint_url, profile=profile)
+    c = open_cache(cache_dir, endpoint_url=endpoint_url, profile=profile, on_event=_warn_stale)
     handle = _guard(lambda: c.open(url))
     with handle:
         sink = sys.stdout.buffer

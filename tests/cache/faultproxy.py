@@ -27,6 +27,14 @@ NO_SUCH_KEY_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>NoSuchKey</Code>'
     b"<Message>The specified key does not exist.</Message></Error>"
 )
+INTERNAL_ERROR = (
+    b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n"
+    b"Connection: close\r\n\r\n%s"
+)
+INTERNAL_ERROR_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError</Code>'
+    b"<Message>We encountered an internal error. Please try again.</Message></Error>"
+)
 SLOWDOWN_BODY = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
     b"<Message>Please reduce your request rate.</Message></Error>"
@@ -60,10 +68,12 @@ class FaultProxy:
         missing: tuple[str, ...] = (),
         storm_s: float = 0.0,
         tls: ssl.SSLContext | None = None,
+        internal_error: bool = False,
     ):
         self.upstream_port = upstream_port
         self.tls = tls  # answer over TLS with this context (a store behind a private CA)
         self.p_slowdown, self.p_reset = p_slowdown, p_reset
+        self.internal_error = internal_error  # p_slowdown's answers are 500 InternalError instead
         self.p_cut = p_cut  # close cleanly (FIN) mid-body at an unaligned byte: a short response
         self.rate = rate_bytes_per_s
         self.only_get = only_get
@@ -154,7 +164,10 @@ class FaultProxy:
                 storm = faultable and is_object and self._in_storm()  # objects, not listings
                 if faultable and (roll < self.p_slowdown or storm):
                     self.stats.slowdowns += 1
-                    writer.write(SLOWDOWN % (len(SLOWDOWN_BODY), SLOWDOWN_BODY))
+                    if self.internal_error:
+                        writer.write(INTERNAL_ERROR % (len(INTERNAL_ERROR_BODY), INTERNAL_ERROR_BODY))
+                    else:
+                        writer.write(SLOWDOWN % (len(SLOWDOWN_BODY), SLOWDOWN_BODY))
                     await writer.drain()
                     writer.close()
                     return
