@@ -456,7 +456,13 @@ class Cache:
                     return self._open_fetched(url, tier or entry.tier)
                 continue
             except VerifyError:
-                state.store.remove(entry)
+                state.store.remove(entry, same_landing=True)  # never a good landing made since
+                current = state.index.get(url)
+                if current is not None and not _same_landing(current, entry):
+                    # another process landed it again meanwhile: read (and verify) that one
+                    if entry.pinned and not current.pinned:
+                        state.index.set_pinned([url], True)
+                    continue
                 handle = self._open_fetched(url, tier or entry.tier)
                 if entry.pinned:  # the refetched copy replaces the corrupt one, pin and all
                     state.index.set_pinned([url], True)
