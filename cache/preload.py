@@ -68,6 +68,25 @@ def check_sources(sources: list[str], settings: S3Settings) -> None:
         parse_source(source, settings)
 
 
+def check_sources_exist(sources: list[str], settings: S3Settings) -> None:
+    """Raises the listing's own error for a source that is not there (a missing directory or
+    bucket, a prefix with no keys, credentials refused), as pages() would: `rq preload` asks before
+    it makes a new cache, so such a typo creates nothing. An S3 source's listing (started by
+    start_listings) is only waited for up to its first page, which is left for pages() to take."""
+    for source in sources:
+        origin = parse_source(source, settings)
+        if isinstance(origin, LocalOrigin):
+            if next(_listed(source, origin), None) is None:
+                raise NotFoundError(f"no files under {source}")
+            continue
+        bucket, prefix = split_s3_url(source)
+        keys, error = origin.client.first_listing_page(bucket, prefix)
+        if error is not None:
+            raise error
+        if not keys:
+            raise NotFoundError(f"no objects under {source}")
+
+
 def pages(
     sources: list[str],
     settings: S3Settings,

@@ -419,6 +419,15 @@ class S3:
             if (bucket, prefix) not in self._listings:
                 self._listings[(bucket, prefix)] = Listing(self, bucket, prefix)
 
+    def first_listing_page(self, bucket: str, prefix: str) -> tuple[int, CacheError | None]:
+        """Waits for the first page of bucket/prefix's listing (starting it if need be) and leaves
+        it for list_objects() to take over: (keys on it, the listing's error). `rq preload` asks
+        before it makes a new cache, so a missing bucket or an empty prefix creates nothing."""
+        self.start_listing(bucket, prefix)
+        with self._listings_lock:
+            listing = self._listings.get((bucket, prefix))
+        return listing.first_page() if listing is not None else (1, None)
+
     def list_objects(self, bucket: str, prefix: str) -> Iterator[tuple[str, int, str, str | None]]:
         """(key, size, etag, version) for every object under prefix (ListObjectsV2, url-encoded keys)."""
         with self._listings_lock:
@@ -517,6 +526,7 @@ class Listing:
         self._lock = threading.Lock()
         self._unread = 0  # pages queued and not yet taken by the reader
         self._paused: str | None = None  # the next page's token, while `ahead` pages wait unread
+        self._head: tuple[list[Item], CacheError | None, bool] | None = None  # seen by first_page()
         # (items, error, last page)
         self._pages: queue.SimpleQueue[tuple[list[Item], CacheError | None, bool]] = queue.SimpleQueue()
         if s3.tls is not None and (failure := s3.tls.failure()) is not None:
@@ -576,10 +586,20 @@ class Listing:
         if token is not None:
             self._ask(token)
 
+    def first_page(self) -> tuple[int, CacheError | None]:
+        """Waits for the first page, keeping it for the reader: (keys on it, its error)."""
+        if self._head is None:
+            self._head = self._pages.get()
+        items, error, _ = self._head
+        return len(items), error
+
     def __iter__(self) -> Iterator[Item]:
         try:
             while True:
-                items, error, last = self._pages.get()
+                if self._head is not None:
+                    (items, error, last), self._head = self._head, None
+                else:
+                    items, error, last = self._pages.get()
                 self._took_page()
                 if error is not None:
                     raise error

@@ -80,6 +80,14 @@ def _requested_root(cache_dir: Path | None) -> Path:
     return cache_dir if cache_dir is not None else default_cache_dir()
 
 
+def _cache_exists(cache_dir: Path | None) -> bool:
+    from cache.layout import INDEX_NAME
+
+    with contextlib.suppress(OSError):
+        return (_requested_root(cache_dir) / INDEX_NAME).exists()
+    return True  # cannot tell: Cache() says what is wrong with the directory
+
+
 def _root_for_summary(cache_dir: Path | None) -> Path:
     """The cache dir a run stopped before opening it would have used (the summary names it)."""
     if cache_dir is None:
@@ -242,12 +250,19 @@ def _preload(
 ) -> None:
     from cache import CacheError
     from cache import events as ev
-    from cache.preload import check_sources
+    from cache.preload import check_sources, check_sources_exist
     from cache.s3 import S3Settings, start_listings
 
     settings = S3Settings(endpoint_url=endpoint_url, profile=profile)
     try:
         check_sources(list(sources), settings)  # a bad argument creates nothing
+        # the listing runs on the CRT's threads while the rest of the cache is imported and opened
+        start_listings(settings, list(sources))
+        if not dry_run and not _cache_exists(cache_dir):
+            # nor does a source that is not there (a missing bucket or directory, an empty
+            # prefix): a new cache is made only once each source has listed something. The S3
+            # listings' first pages are waited for here, after the imports they overlap with
+            check_sources_exist(list(sources), settings)
     except CacheError as exc:
         err = cache_error_to_cli(exc)
         if out.json:
@@ -257,8 +272,6 @@ def _preload(
                 out, tally.summary(seconds, tier, _root_for_summary(cache_dir), err, dry_run), dry_run=dry_run
             )
         raise err from None
-    # the listing runs on the CRT's threads while the rest of the cache is imported and opened
-    start_listings(settings, list(sources))
     scratch = _scratch_for_dry_run(cache_dir) if dry_run else None
     c = open_cache(
         cache_dir if scratch is None else Path(scratch.name) / "cache",
