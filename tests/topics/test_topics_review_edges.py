@@ -173,8 +173,9 @@ def test_a_middle_segment_cut_short_is_reported_as_damage_naming_the_file(
     assert r.returncode == 0, err
     assert f"skipped corrupt record(s) at offsets {lost} (segment {SEG}, byte {size})" in err, err
     first, last = (int(n) for n in lost.split(".."))
-    values = [int(v) for v in r.stdout.splitlines()[:-1]]
-    assert values == [n for n in range(100) if not first <= n <= last]
+    *records, skipped, _ = r.stdout.splitlines()  # --json: the skip's own line before the done line
+    assert [int(v) for v in records] == [n for n in range(100) if not first <= n <= last]
+    assert (json.loads(skipped)["first"], json.loads(skipped)["last"]) == (first, last), skipped
 
 
 def test_records_retention_deleted_still_age_out(env: dict[str, str]) -> None:
