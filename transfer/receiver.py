@@ -210,6 +210,9 @@ class Receiver:
             raise AuthError("the receiver's token is empty: any sender would be let in")
         self.limits = limits or Limits()
         self.store = Store(dest, overwrite=overwrite, limits=self.limits, owner=owner)
+        # a receiver killed mid-commit left files linked and others waiting: finish that first,
+        # so DEST and its placed records agree before any transfer is planned against them
+        self.store.recover()
         self.token = token
         self.overwrite = overwrite
         self.on_event = on_event

@@ -91,6 +91,9 @@ def _syncfs(fd: int) -> bool:
     return True
 
 
+# A manifest of our own state was checked when it arrived: read back, it is taken whatever its size.
+_NO_LIMITS = Limits(max_files=10**7, max_chunks=10**9, max_manifest_bytes=1 << 40)
+
 # What became of a file rq placed in the destination earlier (Store._placed_state).
 INTACT, GONE, CHANGED, UNKNOWN = "intact", "gone", "changed", "unknown"
 
@@ -416,11 +419,169 @@ class Store:
             if theirs != self.owner:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, orjson.dumps({"owner": self.owner, "pid": os.getpid()}), 0)
-            yield
+            try:
+                yield
+            except BaseException:
+                # a refused plan (a file in the way, a full disk) left nothing to resume: its
+                # owner file would stay for good (still flocked: no one plans it meanwhile)
+                if not self._exists(f"{tid}.manifest.json"):
+                    unlink_quiet_at(f"{tid}.owner", self.state_fd)
+                raise
         finally:
             os.close(fd)  # releases the flock
 
+    def recover(self) -> None:
+        """What a receiver does as it starts (and `plan` for the other transfers): finishes every
+        commit a killed receiver cut short, then prunes the state files nothing needs any more."""
+        with _disk_errors():
+            self._finish_interrupted()
+            self._prune()
+
+    def _finish_interrupted(self, but: str = "") -> None:
+        """Finishes the commits that a receiver killed while placing files left (their commit
+        marker is there, their transfer not open anywhere), so that DEST and the placed records
+        say what rq put there before any other transfer is planned against them. One this
+        receiver cannot finish (a file put in the way since) stays for its own re-run to report."""
+        for name in os.listdir(self.state_fd):
+            tid = name.removesuffix(".commit.json")
+            if tid in (name, but) or len(tid) != 32:
+                continue
+            with self._quiet_transfer(tid) as mine:
+                if not mine:
+                    continue
+                manifest = self._read_manifest(tid)
+                if manifest is None:
+                    unlink_quiet_at(name, self.state_fd)  # nothing to finish it with
+                    continue
+                with contextlib.suppress(TransferError, OSError):
+                    self._redo_commit(manifest)
+
+    def _prune(self) -> None:
+        """Removes state files that describe nothing any more (docs/transfer.md, "Receiver
+        layout"): lock files of transfers with no state left, temp files of writers that died,
+        the placed records and journals of files no longer at their names, and done markers none
+        of whose files is left. What a finished transfer keeps (its done marker, per file still in
+        place a placed record and its journal) stays: re-runs send only what went missing."""
+        names = set(os.listdir(self.state_fd))
+        keys_in_use: set[str] = set()
+        for name in sorted(n for n in names if n.endswith(".placed")):
+            rec = self._read_placed_file(name)
+            if rec is None:
+                continue
+            key, final = rec.get("key"), rec.get("name")
+            if not isinstance(key, str) or not isinstance(final, str) or _placed_name(final) != name:
+                continue
+            try:
+                gone = self._final_stat(final) is None and not self._exists(f"{key}.part")
+            except TransferError:  # a name this rq would not accept now: left alone
+                gone = False
+            if gone:
+                unlink_quiet_at(name, self.state_fd)
+            else:
+                keys_in_use.add(key)
+        for name in names:
+            base, _, suffix = name.partition(".")
+            if len(base) != 32:
+                continue
+            if suffix == "journal" and base not in keys_in_use and f"{base}.part" not in names:
+                unlink_quiet_at(name, self.state_fd)  # claims chunks of no file at all
+            elif suffix in ("owner", "live") and not (
+                {f"{base}.manifest.json", f"{base}.commit.json"} & names
+            ):
+                self._drop_locks(base)
+            elif suffix == "done.json":
+                self._prune_done(name)
+            elif ".tmp" in suffix:
+                self._prune_temp(name)
+
+    def _drop_locks(self, tid: str) -> None:
+        """The `.owner` and `.live` of a transfer with no manifest or commit: a plan that failed
+        before writing its manifest. Not while a plan of it is being made or open."""
+        try:
+            fd = os.open(f"{tid}.owner", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
+        except FileNotFoundError:
+            fd = -1
+        try:
+            if fd >= 0:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return  # being planned right now
+            if self._exists(f"{tid}.manifest.json") or self._is_live(tid):
+                return
+            unlink_quiet_at(f"{tid}.live", self.state_fd)
+            unlink_quiet_at(f"{tid}.owner", self.state_fd)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    def _prune_done(self, name: str) -> None:
+        """A done marker none of whose files is at its name any more: a re-run is a new transfer."""
+        files = self._load_state_json(name)[1]
+        if not isinstance(files, list) or not files:
+            return  # no files (only directories): nothing to judge it by
+        for item in files:
+            if not (isinstance(item, list) and item and isinstance(item[0], str)):
+                return
+            try:
+                if self._final_stat(item[0]) is not None:
+                    return
+            except TransferError:
+                return
+        unlink_quiet_at(name, self.state_fd)
+
+    def _prune_temp(self, name: str) -> None:
+        """`<name>.tmp<pid>.<thread>` of a process that is gone (a crash between write and rename)."""
+        pid = name.rpartition(".tmp")[2].partition(".")[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            return
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            unlink_quiet_at(name, self.state_fd)
+        except OSError:
+            pass  # alive (another user's): not ours to judge
+
+    @contextlib.contextmanager
+    def _quiet_transfer(self, tid: str) -> Iterator[bool]:
+        """An exclusive flock on `<tid>.live` while the caller works on that transfer's state: yields
+        False (and takes nothing) where a plan of it is open in some process, or another process
+        is at the same work; to everyone else the transfer reads as live meanwhile."""
+        try:
+            fd = os.open(
+                f"{tid}.live",
+                os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=self.state_fd,
+            )
+        except OSError:
+            yield False
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
+
+    def _read_manifest(self, tid: str) -> Manifest | None:
+        try:
+            fd = os.open(
+                f"{tid}.manifest.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd
+            )
+        except FileNotFoundError:
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            try:
+                return parse_manifest(fh.read(), _NO_LIMITS)
+            except TransferError:
+                return None
+
     def _plan(self, manifest: Manifest) -> Plan:
+        self._finish_interrupted(but=manifest.transfer_id)
         self._check_chunk_size(manifest)  # first: files kept at another size are not "in the way"
         states = [self._placed_state(entry, manifest.chunk_size) for entry in manifest.files]
         in_the_way: list[tuple[str, ExistsError]] = []
@@ -531,22 +692,33 @@ class Store:
             return GONE
         now = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
         if not stat.S_ISREG(st.st_mode) or now != rec.get("stat") or st.st_size != entry.size:
+            part = self._part_stat(entry.key)
+            was = rec.get("stat")
+            if part is not None and isinstance(was, list) and [part.st_dev, part.st_ino] == was[:2]:
+                return UNKNOWN  # recorded by a commit cut short before the link: not placed yet
             return CHANGED
         chunks = entry.chunks(chunk_size)
         have = recorded(self.state_fd, f"{entry.key}.journal", entry.key, entry.size, chunk_size, chunks)
         return INTACT if len(have) == chunks else UNKNOWN
 
     def _read_placed(self, name: str) -> dict[str, Any] | None:
+        return self._read_placed_file(_placed_name(name))
+
+    def _read_placed_file(self, state_name: str) -> dict[str, Any] | None:
+        rec = self._load_state_json(state_name)[1]
+        return rec if isinstance(rec, dict) else None
+
+    def _load_state_json(self, name: str) -> tuple[bool, Any]:
+        """(whether state file `name` is there, its JSON or None where torn or not JSON)."""
         try:
-            fd = os.open(_placed_name(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
         except FileNotFoundError:
-            return None
+            return False, None
         with os.fdopen(fd, "rb") as fh:
             try:
-                rec = orjson.loads(fh.read())
+                return True, orjson.loads(fh.read())
             except orjson.JSONDecodeError:
-                return None
-        return rec if isinstance(rec, dict) else None
+                return True, None
 
     def _record_placed(
         self, entry: FileEntry, chunk_size: int, st: os.stat_result | None = None, sync: bool = True
@@ -603,18 +775,13 @@ class Store:
         it since, this commit cannot be finished any more and is dropped (its files are then
         planned again like any transfer), never placed half-written."""
         marker = f"{manifest.transfer_id}.commit.json"
-        try:
-            fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
-        except FileNotFoundError:
+        found, body = self._load_state_json(marker)
+        if not found:
             return
-        with os.fdopen(fd, "rb") as fh:
-            try:
-                roots = orjson.loads(fh.read()).get("roots")
-            except (orjson.JSONDecodeError, AttributeError):
-                roots = None
+        roots = body.get("roots") if isinstance(body, dict) else None
         cs = manifest.chunk_size
         ok = isinstance(roots, list) and len(roots) == len(manifest.files)
-        for entry, root in zip(manifest.files, roots if ok else [], strict=False):
+        for entry, root in zip(manifest.files, roots if isinstance(roots, list) and ok else [], strict=False):
             if not self._exists(f"{entry.key}.part"):
                 continue  # placed before the crash
             chunks = entry.chunks(cs)
@@ -811,9 +978,7 @@ class Store:
             try:
                 fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
                 with os.fdopen(fd, "rb") as fh:
-                    old = parse_manifest(
-                        fh.read(), Limits(max_files=10**7, max_chunks=10**9, max_manifest_bytes=1 << 40)
-                    )
+                    old = parse_manifest(fh.read(), _NO_LIMITS)
             except (OSError, TransferError):
                 continue
             yield entry, old
@@ -983,9 +1148,24 @@ class Store:
         todo = [entry for entry in manifest.files if self._placed_state(entry, cs) != INTACT]
         batch = len(todo) >= SYNCFS_MIN_FILES and self.syncfs()
         ready = [entry for entry in todo if self._seal(entry, sync=not batch)]
+        # Each placed record is written (durably) before its file is linked, from the sealed
+        # .part's stat, which the final name keeps (a link or rename moves no inode, size or
+        # mtime): a receiver killed between two links leaves every file it linked recorded as
+        # rq's, so another transfer naming one finds it in place, not "exists" (_placed_state
+        # tells a record whose .part still waits from a placed file).
+        for entry in ready:
+            self._record_placed(entry, cs, self._part_stat(entry.key), sync=not batch)
         if batch:
             self.syncfs()
-        placed = self._link_all(ready, overwrite, sync=not batch)
+        try:
+            placed = self._link_all(ready, overwrite, sync=not batch)
+        except (TransferError, OSError):
+            # a file in the way (or a disk error) stopped the links: the records of the files
+            # still waiting as .part claim a placement that did not happen
+            for entry in ready:
+                if self._exists(f"{entry.key}.part"):
+                    unlink_quiet_at(_placed_name(entry.name), self.state_fd)
+            raise
         for entry in todo:
             self._record_placed(entry, cs, placed.get(entry.name), sync=not batch)
         if batch:
@@ -997,6 +1177,12 @@ class Store:
         marker = [[f.name, f.size] for f in manifest.files]
         self._write_state_file(f"{manifest.transfer_id}.done.json", orjson.dumps(marker))
         self._forget_state(manifest)
+
+    def _part_stat(self, key: str) -> os.stat_result | None:
+        try:
+            return os.stat(f"{key}.part", dir_fd=self.state_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
 
     def place(self, entry: FileEntry, overwrite: bool) -> None:
         """Moves one complete, verified .part file to its final name (place_all, for one)."""

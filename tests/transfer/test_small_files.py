@@ -308,9 +308,9 @@ def test_receiver_killed_mid_batch_of_small_files_resumes_without_resending(tmp_
 def test_a_torn_batch_of_placed_records_is_redone_by_the_rerun(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A receiver killed after linking a batch of files but before their placed records and the
-    done marker were written: the re-run finishes the commit (the commit marker is the redo log)
-    and records every file, each in place once."""
+    """A receiver killed after linking a batch of files but before the done marker was written
+    (their placed records go down before the links now): the re-run finishes the commit (the
+    commit marker is the redo log) and records every file, each in place once."""
     m, datas = _small_manifest(50)
     store = Store(tmp_path)
     plan = store.plan(m)
@@ -321,15 +321,19 @@ def test_a_torn_batch_of_placed_records_is_redone_by_the_rerun(
     class Killed(Exception):
         pass
 
-    def die(*_a: Any, **_k: Any) -> None:
-        raise Killed
+    write_state_file = Store._write_state_file
 
-    monkeypatch.setattr(Store, "_record_placed", die)
+    def die(self: Store, name: str, *a: Any, **k: Any) -> None:
+        if name.endswith(".done.json"):
+            raise Killed
+        write_state_file(self, name, *a, **k)
+
+    monkeypatch.setattr(Store, "_write_state_file", die)
     with pytest.raises(Killed):
         plan.finalize([codec.root_digest([codec.digest(d)]).hex() for d in datas], overwrite=False)
     monkeypatch.undo()
     store.close()
-    assert all((tmp_path / e.name).exists() for e in m.files)  # linked, not recorded
+    assert all((tmp_path / e.name).exists() for e in m.files)  # linked, no done marker
 
     store = Store(tmp_path)
     assert store.completed(m)  # the re-run's question: the commit is finished, not refused
