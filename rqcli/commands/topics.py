@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import json
 import logging
 import os
@@ -664,6 +665,17 @@ def produce(
                 config.retention_ms = retention_age
         hdrs = _parse_headers(headers)
         key_b = os.fsencode(key) if key is not None else None  # a key is bytes: kept as given
+        started = time.perf_counter()
+        batches = _batches(sys.stdin.buffer, fmt, b"\0" if null_sep else b"\n", key_b, hdrs)
+        head: list[Sequence[tuple[int | None, bytes | None, Headers, bytes]]] = []
+        if ref.kind == "embedded" and ref.path is not None and not ref.path.exists():
+            # a new topic is made with its first batch: input refused at its first line leaves no
+            # empty topic behind (an existing one is opened first, so a second writer hears at once)
+            try:
+                head = list(itertools.islice(batches, 1))
+            except (Exception, KeyboardInterrupt) as exc:
+                _produced(out, ref, 0, None, None, started, exc)
+                raise
         try:
             sink = open_sink(ref, config)
         except OSError as exc:
@@ -671,13 +683,11 @@ def produce(
             if full is None:
                 raise
             raise full from None
-        started = time.perf_counter()
         total, first, last = 0, None, None
         acks = True
         try:
             try:
-                stdin = sys.stdin.buffer
-                for batch in _batches(stdin, fmt, b"\0" if null_sep else b"\n", key_b, hdrs):
+                for batch in itertools.chain(head, batches):
                     a, b = sink.append(batch)
                     total += len(batch)
                     first = a if first is None else first

@@ -209,3 +209,22 @@ def test_an_at_in_an_mqtt_topic_still_parses() -> None:
     ]:
         ref = parse_topic(url, Path("/none"))
         assert (ref.host, ref.subject, ref.user) == (host, topic, None), url
+
+
+def test_produce_refused_at_its_first_line_leaves_no_empty_topic(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    topics = Path(env["RQ_TOPICS_DIR"])
+    r = run_rq("produce", "new", "--format", "json", "--json", input=b"not json\n", env=env)
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.decode().strip().splitlines()) == 1, r.stderr
+    done = json.loads(r.stdout.decode().strip().splitlines()[-1])
+    assert done["event"] == "done" and done["records"] == 0 and "error" in done
+    assert not (topics / "new").exists(), sorted(p.name for p in (topics / "new").iterdir())
+    # the same input into a topic that exists still opens it first and appends nothing
+    assert run_rq("produce", "old", input=b"", env=env).returncode == 0
+    assert run_rq("produce", "old", "--format", "json", input=b"not json\n", env=env).returncode == 2
+    assert (topics / "old").is_dir()
+    # a good first line still makes the topic
+    assert run_rq("produce", "new", "--format", "json", input=b'{"value": "a"}\n', env=env).returncode == 0
+    r = run_rq("tail", "new", "-n", "1", "--format", "raw", env=env)
+    assert r.returncode == 0 and r.stdout == b'"a"\n', r
