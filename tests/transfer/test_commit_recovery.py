@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 import pytest
+from xfer_kit import receive_chunks
 
-from transfer import codec
 from transfer.errors import ExistsError
 from transfer.manifest import FileEntry, Manifest, file_key, make_manifest
 from transfer.store import Store
@@ -31,17 +31,7 @@ def _entries(n: int) -> tuple[list[FileEntry], list[bytes]]:
 
 
 def _receive(store: Store, m: Manifest, datas: dict[str, bytes]) -> list[str]:
-    plan, roots = store.plan(m), []
-    for f, entry in enumerate(m.files):
-        data = datas[entry.name]
-        digests = [codec.digest(data[k * CS : (k + 1) * CS]) for k in range(entry.chunks(CS))]
-        for k, dig in enumerate(digests):
-            if not plan.has(f, k):
-                plan.write(f, k, data[k * CS : (k + 1) * CS])
-                plan.make_durable([(f, k, dig)])
-        roots.append(codec.root_digest(digests).hex())
-    plan.close()
-    return roots
+    return receive_chunks(store, m, [datas[entry.name] for entry in m.files], CS)
 
 
 def _kill_after_first_link(store: Store, m: Manifest, roots: list[str], mp: pytest.MonkeyPatch) -> list[str]:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from xfer_kit import require_o_direct, resident_pages
+from xfer_kit import receive_chunks, require_o_direct, resident_pages
 
 from transfer import codec
 from transfer.errors import ExistsError, TransferError, UnsafeNameError
@@ -267,18 +267,7 @@ def test_a_cut_short_commit_never_places_a_part_another_transfer_rewrote(
     t1, t2 = make_manifest(CS, entries[:2]), make_manifest(CS, entries)
 
     def send(store: Store, m: Manifest, datas: list[bytes], stop_after_first_of_a: bool = False) -> list[str]:
-        plan, roots = store.plan(m), []
-        for f, data in enumerate(datas):
-            digests = [codec.digest(data[k * CS : (k + 1) * CS]) for k in range(m.files[f].chunks(CS))]
-            for k, dig in enumerate(digests):
-                if stop_after_first_of_a and f == 0 and k > 0:
-                    break
-                if not plan.has(f, k):
-                    plan.write(f, k, data[k * CS : (k + 1) * CS])
-                    plan.make_durable([(f, k, dig)])
-            roots.append(codec.root_digest(digests).hex())
-        plan.close()
-        return roots
+        return receive_chunks(store, m, datas, CS, first_chunk_of_file0_only=stop_after_first_of_a)
 
     store = Store(tmp_path, overwrite=True)
     roots = send(store, t1, [a, b])

@@ -14,11 +14,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from rqtest import libc_with_mmap
+
+from transfer import codec
+from transfer.manifest import Manifest
+from transfer.store import Store
 
 TOKEN = "test-token-7f3a"
 REPO = Path(__file__).resolve().parents[2]
@@ -297,3 +302,31 @@ def interrupt_after(src: Path, recv: Recv, chunks: int, chunk_size: int) -> None
     opts = SendOptions(chunk_size=chunk_size, window=1, streams=1, compress="none")
     with pytest.raises(Stop):
         send([src], get_transport("tcp"), copts, TOKEN.encode(), opts, on_event)
+
+
+def receive_chunks(
+    store: Store,
+    m: Manifest,
+    datas: Sequence[bytes],
+    chunk_size: int,
+    *,
+    first_chunk_of_file0_only: bool = False,
+) -> list[str]:
+    """Writes and makes durable every chunk of `m` (files in manifest order) through `store`'s plan,
+    as a receiver would; returns each file's root digest. `first_chunk_of_file0_only` stops file 0
+    after its first chunk (a transfer cut short)."""
+    plan, roots = store.plan(m), []
+    for f, data in enumerate(datas):
+        digests = [
+            codec.digest(data[k * chunk_size : (k + 1) * chunk_size])
+            for k in range(m.files[f].chunks(chunk_size))
+        ]
+        for k, dig in enumerate(digests):
+            if first_chunk_of_file0_only and f == 0 and k > 0:
+                break
+            if not plan.has(f, k):
+                plan.write(f, k, data[k * chunk_size : (k + 1) * chunk_size])
+                plan.make_durable([(f, k, dig)])
+        roots.append(codec.root_digest(digests).hex())
+    plan.close()
+    return roots
