@@ -1026,7 +1026,7 @@ def _read_all(fd: int, size: int) -> bytes:
 
 def _check_tier(tier: str | None) -> None:
     if tier is not None and tier not in TIERS:
-        raise ValueError(f"tier must be one of {', '.join(TIERS)}, not {tier!r}")
+        raise BadSourceError(f"tier must be one of {', '.join(TIERS)}, not {tier!r}")
 
 
 def _match(url: str, pattern: str) -> bool:

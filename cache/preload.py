@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cache import events as ev
-from cache.errors import CacheError, NotFoundError
+from cache.errors import BadSourceError, CacheError, NotFoundError
 from cache.fetcher import Fetcher, FetchResult, Job
 from cache.landing import ObjectInfo
 from cache.origins import LocalOrigin, Origin, parse_source
@@ -228,9 +228,15 @@ def run_preload(
 ) -> PreloadResult:
     """`keep_planned=False`: a dry run reports its plan only through WouldFetch events, without
     a list in `PreloadResult.planned` (rq preload --dry-run over millions of objects)."""
-    from cache.api import Cache, _PromoteOrigin
+    from cache.api import Cache, _check_tier, _PromoteOrigin
 
     assert isinstance(cache, Cache)
+    # one string where a list belongs would be read a character at a time: include="*.tar" as
+    # ["*", ".", …] matched every key and fetched the whole dataset
+    for name, value in (("sources", sources), ("include", include), ("exclude", exclude)):
+        if isinstance(value, str | bytes):
+            raise BadSourceError(f"{name} takes a list of strings, not one string: [{value!r}]")
+    _check_tier(tier)
     started = time.monotonic()
     started_wall = time.time()
     state = cache._state()
