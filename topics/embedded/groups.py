@@ -21,6 +21,12 @@ def check_group_name(name: str) -> str:
     return name
 
 
+def check_commit_offset(group: str, offset: int) -> None:
+    """Offsets start at 0: a negative one stored would read as a group whose records aged out."""
+    if offset < 0:
+        raise SpecError(f"cannot commit offset {offset} for group {group}: offsets start at 0")
+
+
 class GroupStore:
     """Committed offsets: the next offset the group will read (Kafka's convention)."""
 
@@ -46,6 +52,7 @@ class GroupStore:
 
     def commit(self, group: str, offset: int) -> None:
         check_group_name(group)
+        check_commit_offset(group, offset)
         created = not self.dir.exists()
         self.dir.mkdir(exist_ok=True)
         if created:

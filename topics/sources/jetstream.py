@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from topics.embedded.groups import check_commit_offset
 from topics.errors import (
     AccessDenied,
     DigestMismatch,
@@ -395,6 +396,9 @@ class JetStreamSource:
         self.subject: str = ref.subject
         self.host, self.port = ref.host, ref.port
         self.idle_timeout = idle_timeout
+        self._known_end = (
+            0  # an end seen once: the stream's end only grows, so commits below it skip the check
+        )
         self.conn = _Conn(ref, connect_timeout)
         try:
             self.conn.stream_info()
@@ -643,8 +647,9 @@ class JetStreamSource:
         import nats.errors
         import nats.js.errors
 
-        offset = max(offset, 1)
         try:
+            self._check_commit_offset(group, offset)
+            offset = max(offset, 1)
             for _ in range(_COMMIT_TRIES):
                 existing = self._consumer(group)
                 if existing is None:
@@ -678,6 +683,18 @@ class JetStreamSource:
             f"could not store the offset of group {group}: other writers kept moving it "
             f"({_COMMIT_TRIES} tries); try again"
         )
+
+    def _check_commit_offset(self, group: str, offset: int) -> None:
+        """A group past the end would skip records not yet written; negative is no offset."""
+        check_commit_offset(group, offset)
+        if offset <= self._known_end:
+            return
+        self._known_end = self.end_offset()
+        if offset > self._known_end:
+            raise SpecError(
+                f"cannot commit offset {offset} for group {group}: the stream ends at {self._known_end} "
+                f"(a group's offset is at most the end)"
+            )
 
     def _group_config(self, group: str, offset: int) -> Any:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy

@@ -1,0 +1,52 @@
+"""The topics library refuses, with its own error types, what it cannot store or read back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_jetstream import make_stream, publish
+
+
+def _js_source(nats_url: str, stream: str) -> Any:
+    from topics.sources.jetstream import JetStreamSource
+    from topics.sources.open import parse_topic
+
+    return JetStreamSource(parse_topic(f"{nats_url}/{stream}", Path("/nonexistent")))
+
+
+def test_an_embedded_group_refuses_a_negative_offset(tmp_path: Path) -> None:
+    # -3 was stored, and `rq replay --group` then warned that the group's records had aged out
+    from topics.embedded.groups import GroupStore
+    from topics.errors import SpecError
+
+    store = GroupStore(tmp_path)
+    with pytest.raises(SpecError, match="offsets start at 0"):
+        store.commit("trainer", -3)
+    assert store.committed("trainer") is None
+    store.commit("trainer", 0)
+    assert store.committed("trainer") == 0
+
+
+@pytest.mark.integration
+def test_a_jetstream_group_refuses_a_negative_offset_or_one_past_the_end(
+    nats_url: str, stream_name: str
+) -> None:
+    from topics.errors import SpecError
+
+    make_stream(nats_url, stream_name)
+    publish(nats_url, f"{stream_name}.a", [b"%d" % i for i in range(3)])
+    src = _js_source(nats_url, stream_name)
+    try:
+        with pytest.raises(SpecError, match="offsets start at 0"):
+            src.commit("g", -3)
+        with pytest.raises(SpecError, match="the stream ends at 4"):
+            src.commit("g", 6)
+        assert src.committed("g") is None
+        src.commit("g", 4)  # the end: every record read
+        assert src.committed("g") == 4
+        src.commit("g", 2)
+        assert src.committed("g") == 2
+    finally:
+        src.close()
