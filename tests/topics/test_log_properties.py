@@ -16,7 +16,7 @@ from topics.errors import CorruptRecord
 records = st.lists(
     st.tuples(
         st.none() | st.binary(max_size=12),
-        st.lists(st.tuples(st.text(max_size=6), st.binary(max_size=8)), max_size=3).map(tuple),
+        st.lists(st.tuples(st.text(min_size=1, max_size=6), st.binary(max_size=8)), max_size=3).map(tuple),
         st.binary(max_size=64),
     ),
     min_size=1,

@@ -50,3 +50,31 @@ def test_a_jetstream_group_refuses_a_negative_offset_or_one_past_the_end(
         assert src.committed("g") == 2
     finally:
         src.close()
+
+
+def test_an_embedded_append_refuses_a_header_with_an_empty_name(tmp_path: Path) -> None:
+    # stored, `rq tail --format json | rq produce --format json` could not copy it back in
+    from topics.embedded.log import LogWriter, TopicLog
+    from topics.errors import SpecError
+
+    topic = tmp_path / "t"
+    with LogWriter(topic) as w:
+        w.append([(None, None, (("a", b"1"),), b"first")])
+        with pytest.raises(SpecError, match="empty name"):
+            w.append([(None, None, (("b", b"2"),), b"ok"), (None, None, (("", b"x"),), b"bad")])
+        w.append([(None, None, (), b"after")])
+    assert [r[4] for batch in TopicLog(topic).reader(0, None) for r in batch] == [b"first", b"after"]
+
+
+@pytest.mark.integration
+def test_a_jetstream_append_refuses_a_header_with_an_empty_name(nats_url: str, stream_name: str) -> None:
+    from topics.errors import SpecError
+    from topics.sources.open import open_sink, parse_topic
+
+    make_stream(nats_url, stream_name)
+    sink = open_sink(parse_topic(f"{nats_url}/{stream_name}/{stream_name}.a", Path("/nonexistent")))
+    try:
+        with pytest.raises(SpecError, match="empty name"):
+            sink.append([(None, None, (("", b"x"),), b"bad")])
+    finally:
+        sink.close()

@@ -26,6 +26,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 
+from topics.errors import SpecError
 from topics.record import NO_HEADERS, Headers, Record
 
 MAGIC = b"RQB1"
@@ -60,6 +61,9 @@ def encode_headers(headers: Headers) -> bytes:
         return b""
     parts = [HEADER_COUNT.pack(len(headers))]
     for name, value in headers:
+        if not name:
+            # stored, it could not be read back in: `rq produce --format json` refuses a nameless header
+            raise SpecError("a record has a header with an empty name: give every header a name")
         raw = name.encode("utf-8")
         parts += [HEADER_NAME.pack(len(raw)), raw, HEADER_VALUE.pack(len(value)), value]
     return b"".join(parts)

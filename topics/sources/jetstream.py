@@ -953,6 +953,10 @@ class JetStreamSink:
         limit = int(self.conn.nc.max_payload or 0)
         for i, (value, hdrs) in enumerate(messages):
             for name in hdrs or ():
+                if not name:
+                    raise SpecError(
+                        f"record {i + 1} of the batch has a header with an empty name: give it a name"
+                    )
                 if name.strip() and not _NATS_HEADER_NAME.fullmatch(name.strip()):
                     raise SpecError(
                         f"record {i + 1} of the batch has a header name NATS cannot carry: {name!r} "
