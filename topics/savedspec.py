@@ -53,6 +53,10 @@ class ReplaySpec:
             data: Any = orjson.loads(path.read_bytes())
         except FileNotFoundError:
             raise SpecError(f"replay spec {path} does not exist") from None
+        except IsADirectoryError:
+            raise SpecError(
+                f"replay spec {path} is a directory: name the spec file saved by --save-spec"
+            ) from None
         except orjson.JSONDecodeError as exc:
             raise SpecError(f"replay spec {path} is not valid JSON: {exc}") from None
         if not isinstance(data, dict) or data.get("rq_replay_spec") != VERSION:

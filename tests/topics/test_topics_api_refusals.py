@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rqtest import run_rq
 from test_jetstream import make_stream, publish
 
 
@@ -78,3 +79,31 @@ def test_a_jetstream_append_refuses_a_header_with_an_empty_name(nats_url: str, s
             sink.append([(None, None, (("", b"x"),), b"bad")])
     finally:
         sink.close()
+
+
+@pytest.mark.parametrize("where", ["file", "proc"])
+def test_a_topic_path_that_cannot_be_a_directory_is_a_topic_error(tmp_path: Path, where: str) -> None:
+    # these were a raw NotADirectoryError / FileNotFoundError (rq produce: exit 1 "Not a directory")
+    from topics.embedded.log import LogWriter
+    from topics.errors import SpecError
+
+    (tmp_path / "afile").write_bytes(b"x")
+    path = tmp_path / "afile" / "t" if where == "file" else Path("/proc/no-such-pid/t")
+    with pytest.raises(SpecError, match="cannot make topic"):
+        LogWriter(path)
+
+
+def test_a_replay_spec_that_is_a_directory_is_a_spec_error(tmp_path: Path) -> None:
+    from topics.errors import SpecError
+    from topics.savedspec import ReplaySpec
+
+    with pytest.raises(SpecError, match="is a directory"):
+        ReplaySpec.load(tmp_path)
+
+
+def test_produce_into_a_path_through_a_file_is_exit_2_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_bytes(b"x")
+    res = run_rq("produce", str(tmp_path / "afile" / "t"), input=b"x\n")
+    assert res.returncode == 2, res.stderr
+    err = res.stderr.decode()
+    assert "cannot make topic" in err and len(err.strip().splitlines()) == 1

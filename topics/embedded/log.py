@@ -961,17 +961,24 @@ class LogWriter:
         exists = (directory / CONFIG_NAME).is_file()
         if not exists and not create:
             raise TopicNotFound(f"topic {directory} does not exist")
-        if not exists:
-            parent_new = not directory.exists()
-            if not parent_new:
-                _check_unclaimed(directory)
-            directory.mkdir(parents=True, exist_ok=True)
-            if parent_new:
-                fsync_dir(directory.parent)
-        self.config = config or TopicConfig.load(directory)
-        if config is not None or not exists:
-            self.config.save(directory)
-        self.lock_fd = os.open(directory / "writer.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            if not exists:
+                parent_new = not directory.exists()
+                if not parent_new:
+                    _check_unclaimed(directory)
+                directory.mkdir(parents=True, exist_ok=True)
+                if parent_new:
+                    fsync_dir(directory.parent)
+            self.config = config or TopicConfig.load(directory)
+            if config is not None or not exists:
+                self.config.save(directory)
+            self.lock_fd = os.open(directory / "writer.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except (FileNotFoundError, NotADirectoryError) as exc:
+            # a path that cannot hold a topic (a file on the way, a parent that cannot be made)
+            raise SpecError(
+                f"cannot make topic {directory}: {exc.filename or directory}: {exc.strerror}; "
+                "name a path where a directory can be made"
+            ) from None
         try:
             fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
