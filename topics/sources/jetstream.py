@@ -723,7 +723,7 @@ class JetStreamSource:
     def _reset(self, group: str, offset: int) -> str:
         """Moves the consumer in place: "moved"; "refused" when the server cannot (one older than
         2.14, or a start sequence above `offset`); "gone" when the consumer is (the server does not
-        answer a reset of a missing consumer)."""
+        answer a reset of a missing consumer, nor, at times, one it is re-creating)."""
         import nats.errors
         import nats.js.errors
 
@@ -734,9 +734,12 @@ class JetStreamSource:
         except nats.js.errors.ConsumerInvalidResetError:
             return "refused"
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-            if self._consumer(group, recover=False) is None:
-                return "gone"
-            raise
+            # The server answers a reset of a missing consumer with silence. If the info asked
+            # now answers, the server is up: the consumer was re-created by another writer
+            # between our info and the reset (a concurrent move), so this commit tries again,
+            # as for "gone". A server that is down fails the info itself.
+            self._consumer(group, recover=False)
+            return "gone"
         return "moved"
 
     def _can_reset(self) -> bool:
