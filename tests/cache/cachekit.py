@@ -16,6 +16,14 @@ def payload(i: int, size: int) -> bytes:
     return (seed * (size // len(seed) + 1))[:size]
 
 
+def local_source(root: Path, n: int, size: int) -> Path:
+    """A directory `root` of n distinct random files f0..f{n-1} of `size` + 1 bytes: a local origin."""
+    root.mkdir()
+    for i in range(n):
+        (root / f"f{i}").write_bytes(os.urandom(size) + bytes([i]))
+    return root
+
+
 def seed_objects(s3: Any, bucket: str, prefix: str, n: int, size: int) -> dict[str, bytes]:
     data = {f"{prefix}{i:05d}.bin": payload(i, size) for i in range(n)}
     with ThreadPoolExecutor(16) as pool:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cachekit import summary
+from cachekit import local_source, summary
 from rqtest import run_rq
 
 from cache import Cache, CacheError
@@ -45,10 +45,7 @@ def test_double_slash_prefix_is_relative_to_what_the_store_lists(
 def test_library_preload_to_ram_makes_a_removed_ram_root_again(tmp_path: Path, ram_dir: Path) -> None:
     """`Cache.preload(..., tier="ram")` in a process whose RAM root was removed after the Cache
     was made (a tmp cleaner): every object failed with 'No such file or directory: …/tmp/….part'."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(3):
-        (src / f"f{i}").write_bytes(os.urandom(1000) + bytes([i]))
+    src = local_source(tmp_path / "src", 3, 1000)
     cache = Cache(tmp_path / "cache", ram_dir=ram_dir)
     try:
         shutil.rmtree(ram_dir)
@@ -72,10 +69,7 @@ def test_a_cap_given_to_a_failed_preload_is_not_remembered(tmp_path: Path, cache
     """`rq preload --disk-limit 500 --ram-limit 100M` that ends with exit 7 (objects bigger than the
     cap) left both caps stored: every later run and `rq cache du` used them. Now a run that fails
     puts the old caps back; one that succeeds keeps its own."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(3):
-        (src / f"f{i}").write_bytes(os.urandom(1000))
+    src = local_source(tmp_path / "src", 3, 1000)
     before = _limits(cache_env)
     proc = run_rq("preload", str(src), "--disk-limit", "500", "--ram-limit", "100M", "--json", env=cache_env)
     assert proc.returncode == 7, proc.stderr.decode()

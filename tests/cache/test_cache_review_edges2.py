@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cachekit import local_source
 from rqtest import popen_rq, run_rq
 
 import cache.api
@@ -79,10 +80,7 @@ def test_verify_does_not_call_an_entry_landed_again_meanwhile_corrupt(
 def test_verify_still_reports_a_file_that_is_really_missing(tmp_path: Path, ram_dir: Path) -> None:
     """The other side: a file gone under an entry the index still names is reported, and
     --repair drops that entry (only that one)."""
-    src = tmp_path / "src"
-    src.mkdir()
-    for i in range(3):
-        (src / f"f{i}").write_bytes(os.urandom(3000) + bytes([i]))
+    src = local_source(tmp_path / "src", 3, 3000)
     c = Cache(tmp_path / "cache", ram_dir=ram_dir)
     try:
         c.preload([str(src)], tier="disk")
