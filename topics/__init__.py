@@ -19,16 +19,19 @@ Errors are `topics.errors.TopicError` subclasses; nothing here prints or exits.
 from topics.embedded import GroupStore, LogReader, LogWriter, TopicConfig, TopicLog
 from topics.errors import TopicError
 from topics.expr import compile_where
+from topics.savedspec import ReplaySpec, replay_spec
 from topics.spec import parse_position, parse_range
 
 __all__ = [
     "GroupStore",
     "LogReader",
     "LogWriter",
+    "ReplaySpec",
     "TopicConfig",
     "TopicError",
     "TopicLog",
     "compile_where",
     "parse_position",
     "parse_range",
+    "replay_spec",
 ]

@@ -3,10 +3,20 @@
 A spec pins a replay to exact offsets, so replaying it later yields the same records in the same
 order or fails loudly: the digest covers each replayed record's offset, timestamp, key, headers and
 value (xxh3-128, length-framed; see pipeline.digest_records).
+
+From a training script, `replay_spec` is the whole check (the CLI uses the same steps):
+
+    spec = ReplaySpec.load(Path("run42.json"))
+    source = open_source(parse_topic(spec.source, topics_dir))
+    try:
+        replay_spec(source, spec, emit)  # DigestMismatch if the records are not the ones pinned
+    finally:
+        source.close()
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +24,10 @@ from typing import Any
 import orjson
 
 from topics.embedded.files import write_atomic
-from topics.errors import SpecError
+from topics.errors import DigestMismatch, SpecError
+from topics.expr import compile_where
+from topics.pipeline import Emit, Rate, Request, Result, dry_run, run
+from topics.sources.base import Source
 
 VERSION = 1
 
@@ -82,3 +95,90 @@ class ReplaySpec:
         if spec.stop < spec.start:
             raise SpecError(f"replay spec {path}: stop comes before start")
         return spec
+
+    def request(
+        self,
+        source: Source,
+        rate: Rate | None = None,
+        skip_corrupt: bool = False,
+        decode_values: bool = False,
+    ) -> Request:
+        """The read this spec pins on `source`, once the source is checked to still hold it:
+        DigestMismatch, before anything is read for output, when records it pins were deleted
+        (retention, or JetStream messages deleted inside the range) or the topic ends before
+        `stop`. The spec's own --where and time bounds are applied; the caller picks the pace."""
+        self._check_range(source)
+        req = Request(
+            start=self.start,
+            stop=self.stop,
+            time_from=self.time_from,
+            time_to=self.time_to,
+            time_per_record=True,  # the bounds the saved replay applied record by record
+            where=compile_where(self.where) if self.where else None,
+            rate=rate or Rate(),
+            skip_corrupt=skip_corrupt,
+            decode_values=decode_values,
+            digest=True,
+        )
+        self._check_filtered_range(source, req)
+        return req
+
+    def verify(self, res: Result) -> None:
+        """After the read: the records replayed are the ones pinned (count and digest), else
+        DigestMismatch. What was emitted before it is raised is not what the spec pinned."""
+        if res.emitted != self.records or res.digest != self.digest:
+            raise DigestMismatch(
+                f"REPLAY DOES NOT MATCH THE SPEC: {res.emitted} records with digest {res.digest}, "
+                f"the spec pinned {self.records} records with {self.digest} — the data in offsets "
+                f"{self.start}..{self.stop - 1} changed"
+            )
+
+    def _check_range(self, source: Source) -> None:
+        first, end = source.first_offset(), source.end_offset()
+        if self.records and self.start < first and (self.first_offset is None or self.first_offset < first):
+            raise DigestMismatch(
+                f"the spec starts at offset {self.start} but the topic now starts at {first}: "
+                "records the spec pins were deleted (retention?)"
+            )
+        if self.stop > end and self.stop > self.start:  # an empty spec needs no offsets
+            raise DigestMismatch(
+                f"the spec needs offsets up to {self.stop - 1} but the topic ends at {end - 1}"
+            )
+        # A source whose messages can be deleted in the middle (JetStream) counts what is left first.
+        check_range = getattr(source, "check_spec_range", None)
+        if callable(check_range):
+            check_range(self.start, self.stop, self.records)
+
+    def _check_filtered_range(self, source: Source, req: Request) -> None:
+        """A spec with --where over a source that deleted messages in its range: counting what is
+        left cannot tell a deleted record the filter kept from one it dropped, so the range is read
+        once without writing, and a replay that would not match fails before anything is written."""
+        deleted_in = getattr(source, "deleted_in", None)
+        if not self.where or not callable(deleted_in) or not deleted_in(self.start, self.stop):
+            return
+        dry = dry_run(source, req)
+        if dry.emitted < self.records:
+            raise DigestMismatch(
+                f"records the spec pins were deleted: offsets {self.start}..{self.stop - 1} of "
+                f"{source.url} hold {dry.emitted} records that pass its --where now, the spec "
+                f"pinned {self.records}"
+            )
+        self.verify(dry)
+
+
+def replay_spec(
+    source: Source,
+    spec: ReplaySpec,
+    emit: Emit,
+    rate: Rate | None = None,
+    decode_values: bool = False,
+    on_idle: Callable[[], None] | None = None,
+) -> Result:
+    """Replays exactly what `spec` pinned from `source` through `emit`, and proves it: the range
+    is checked before the read (records deleted since: DigestMismatch, nothing emitted) and count
+    and digest after it (data changed: DigestMismatch once the records read were emitted, so a
+    caller that must not use them keeps them aside until this returns)."""
+    req = spec.request(source, rate=rate, decode_values=decode_values)
+    res = run(source, req, emit, on_idle=on_idle)
+    spec.verify(res)
+    return res

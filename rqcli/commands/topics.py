@@ -50,7 +50,7 @@ from topics.errors import (
 from topics.expr import compile_where
 from topics.paths import Path as FieldPath
 from topics.paths import parse_fields
-from topics.pipeline import Rate, Request, Result, dry_run, run
+from topics.pipeline import Rate, Request, Result, run
 from topics.plan import parse_window, resolve_window
 from topics.record import NO_HEADERS, Headers, Record, encode_bytes_field, encode_value, json_value_bytes
 from topics.render import Decoded, Renderer, make_renderer
@@ -1093,31 +1093,29 @@ def replay(
         stopped: KeyboardInterrupt | None = None
         committed_to: list[int] = []  # the offset last stored for the group, if any
         try:
+            decode_values = writer.needs_decode if writer is not None else False
             if saved is not None:
-                _check_saved_range(source, saved)
-                start, stop = saved.start, saved.stop
-                window_time: tuple[int | None, int | None] = (saved.time_from, saved.time_to)
+                # the library checks the range (and a filtered one record by record) before the
+                # sink opens or anything is written, and verifies the digest after the read
+                req = saved.request(source, rate=pace, skip_corrupt=skip_corrupt, decode_values=decode_values)
             else:
                 committed = source.committed(group) if group else None
                 window = resolve_window(source, start_pos, stop_pos, follow, committed)
-                start, stop = window.start, window.stop
-                window_time = (window.time_from, window.time_to)
-            req = Request(
-                start=start,
-                stop=stop,
-                follow=follow,
-                time_from=window_time[0],
-                time_to=window_time[1],
-                where=filt,
-                count=count,
-                rate=pace,
-                skip_corrupt=skip_corrupt,
-                decode_values=writer.needs_decode if writer is not None else False,
-                digest=bool(save_spec or saved),
-                time_per_record=saved is not None,
-            )
-            if saved is not None:
-                _check_filtered_range(source, saved, req)
+                req = Request(
+                    start=window.start,
+                    stop=window.stop,
+                    follow=follow,
+                    time_from=window.time_from,
+                    time_to=window.time_to,
+                    where=filt,
+                    count=count,
+                    rate=pace,
+                    skip_corrupt=skip_corrupt,
+                    decode_values=decode_values,
+                    digest=save_spec is not None,
+                )
+            start, stop = req.start, req.stop
+            window_time = (req.time_from, req.time_to)
             sink = open_sink(_ref(to_topic, topics_dir)) if to_topic else None
             last_commit = [time.monotonic()]
             # What a spec saved now would pin: updated after each batch is counted and written, so
@@ -1206,7 +1204,7 @@ def replay(
                 out.emit(summary)
             raise stopped
         if saved is not None:
-            _verify_saved(saved, res)
+            saved.verify(res)
         truncated = count is not None and res.emitted >= count
         if save_spec is not None:
             end = stop if stop is not None and not truncated else res.next_offset
@@ -1343,47 +1341,6 @@ def _spec_of(
         )
 
     return make
-
-
-def _check_saved_range(source: Source, saved: ReplaySpec) -> None:
-    first, end = source.first_offset(), source.end_offset()
-    if saved.records and saved.start < first and (saved.first_offset is None or saved.first_offset < first):
-        raise DigestMismatch(
-            f"the spec starts at offset {saved.start} but the topic now starts at {first}: "
-            "records the spec pins were deleted (retention?)"
-        )
-    if saved.stop > end and saved.stop > saved.start:  # an empty spec needs no offsets
-        raise DigestMismatch(f"the spec needs offsets up to {saved.stop - 1} but the topic ends at {end - 1}")
-    # A source whose messages can be deleted in the middle (JetStream) counts what is left first.
-    check_range = getattr(source, "check_spec_range", None)
-    if callable(check_range):
-        check_range(saved.start, saved.stop, saved.records)
-
-
-def _check_filtered_range(source: Source, saved: ReplaySpec, req: Request) -> None:
-    """A spec with --where over a source that deleted messages in its range: counting what is
-    left cannot tell a deleted record the filter kept from one it dropped, so the range is read
-    once without writing, and a replay that would not match fails before anything is written."""
-    deleted_in = getattr(source, "deleted_in", None)
-    if not saved.where or not callable(deleted_in) or not deleted_in(saved.start, saved.stop):
-        return
-    dry = dry_run(source, req)
-    if dry.emitted < saved.records:
-        raise DigestMismatch(
-            f"records the spec pins were deleted: offsets {saved.start}..{saved.stop - 1} of "
-            f"{safe_text(source.url)} hold {dry.emitted} records that pass its --where now, the spec "
-            f"pinned {saved.records}"
-        )
-    _verify_saved(saved, dry)
-
-
-def _verify_saved(saved: ReplaySpec, res: Result) -> None:
-    if res.emitted != saved.records or res.digest != saved.digest:
-        raise DigestMismatch(
-            f"REPLAY DOES NOT MATCH THE SPEC: {res.emitted} records with digest {res.digest}, "
-            f"the spec pinned {saved.records} records with {saved.digest} — the data in offsets "
-            f"{saved.start}..{saved.stop - 1} changed"
-        )
 
 
 # -- offsets ------------------------------------------------------------------------------------
