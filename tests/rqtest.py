@@ -95,6 +95,43 @@ def netns_usable() -> bool:
     return ok
 
 
+@dataclass(frozen=True)
+class VethLink:
+    ns: str  # the namespace; `ip netns exec <ns> …` runs there
+    outer: str  # the veth end in this namespace (qdiscs on it shape what goes into ns)
+    inner: str  # the end inside ns
+    here: str  # outer's address
+    there: str  # inner's address
+
+
+@contextmanager
+def veth_namespace(prefix: str) -> Iterator[VethLink]:
+    """A fresh network namespace joined to this one by a veth pair (/24, both ends up), removed on
+    exit. Names and subnet derive from the pid so parallel runs do not collide."""
+    tag = f"{os.getpid() % 10000}"
+    ns, outer, inner = f"{prefix}{tag}", f"{prefix}o{tag}", f"{prefix}i{tag}"
+    subnet = 200 + os.getpid() % 50
+    link = VethLink(ns, outer, inner, f"10.{subnet}.77.1", f"10.{subnet}.77.2")
+    inside = ["ip", "netns", "exec", ns]
+    cmds = [
+        ["ip", "netns", "add", ns],
+        ["ip", "link", "add", outer, "type", "veth", "peer", "name", inner],
+        ["ip", "link", "set", inner, "netns", ns],
+        ["ip", "addr", "add", f"{link.here}/24", "dev", outer],
+        ["ip", "link", "set", outer, "up"],
+        [*inside, "ip", "addr", "add", f"{link.there}/24", "dev", inner],
+        [*inside, "ip", "link", "set", inner, "up"],
+        [*inside, "ip", "link", "set", "lo", "up"],
+    ]
+    try:
+        for cmd in cmds:
+            subprocess.run(cmd, check=True, capture_output=True)
+        yield link
+    finally:
+        subprocess.run(["ip", "link", "del", outer], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+
+
 # Older spelling, kept for tests written before the rename.
 _rdma_device_present = rdma_device_present
 

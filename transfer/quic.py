@@ -67,6 +67,17 @@ class _Backend:
                 f"QUIC backend {name} is not installed ({exc}); use --quic-backend aioquic or --transport tcp"
             ) from None
         self.max_datagram = QH3_MAX_DATAGRAM if name == "qh3" else AIOQUIC_MAX_DATAGRAM
+        # qh3 keeps a stream's send buffer in Rust; only get_send_buffer_size (qh3 >= 2.1) tells how
+        # much of it has not gone out. Without it a sender cannot see progress or be held back: a
+        # slow healthy link then looked stalled once the window was handed over.
+        self.unsent_of: Callable[[Any, int], int] | None = None
+        if name == "qh3":
+            if not hasattr(self.connection.QuicConnection, "get_send_buffer_size"):
+                raise UnsupportedError(
+                    "QUIC backend qh3 is older than 2.1 (no get_send_buffer_size); "
+                    "upgrade it (pip install 'qh3>=2.1') or use --quic-backend aioquic"
+                )
+            self.unsent_of = lambda quic, stream_id: int(quic.get_send_buffer_size(stream_id))
 
 
 def pick_backend(choice: str) -> _Backend:
@@ -148,11 +159,15 @@ class QuicChannel:
         self._pre_end = False
         self._on_authenticated = on_authenticated
         self._handed = 0  # bytes given to the QUIC library for this stream
+        # qh3 only: bytes of this stream not yet sent once, read on the loop thread after each
+        # transmit (qh3 is not thread-safe, so the sender's threads never call into it)
+        self._unsent: int | None = None
 
     def progress(self) -> int:
         """A count that grows as the bytes sent reach the peer (see TcpChannel.progress): those
-        handed to the library less the backlog it still holds for the peer to acknowledge. qh3
-        keeps its backlog out of sight: there, bytes handed over."""
+        handed to the library less the backlog it still holds. aioquic's backlog runs until the
+        peer acknowledges; qh3's until the bytes are first sent, which stops as surely when the peer
+        stops reading (flow control) or vanishes (congestion window)."""
         return self._handed - self._backlog()
 
     # called on the loop thread
@@ -264,8 +279,10 @@ class QuicChannel:
             callback()
 
     def _backlog(self) -> int:
-        """Bytes aioquic holds for this stream, sent or not, until the peer acknowledges them; 0
-        where that is not a Python bytearray (qh3 keeps its buffer in Rust)."""
+        """Bytes aioquic holds for this stream, sent or not, until the peer acknowledges them; with
+        qh3, those not yet sent (its buffer is in Rust; see _Backend.unsent_of)."""
+        if self._unsent is not None:
+            return self._unsent
         stream = getattr(self._proto._quic, "_streams", {}).get(self.stream_id)
         buf = getattr(getattr(stream, "sender", None), "_buffer", None)
         return len(buf) if isinstance(buf, bytearray) else 0
@@ -406,6 +423,7 @@ def _protocol_class(
 ) -> type:
     base = backend.protocol.QuicConnectionProtocol
     ev = backend.events
+    unsent_of = backend.unsent_of
 
     class Proto(base):  # type: ignore[misc, valid-type]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -439,6 +457,9 @@ def _protocol_class(
         def transmit(self) -> None:
             try:
                 super().transmit()
+                if unsent_of is not None:
+                    for ch in self.channels.values():
+                        ch._unsent = unsent_of(self._quic, ch.stream_id)
             except Exception as exc:
                 if not _from_quic_library(exc, (backend.name,)):
                     raise

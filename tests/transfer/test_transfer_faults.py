@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import zstandard
+from rqtest import veth_namespace
 from xfer_kit import TOKEN, Recv, Relay, free_port, journal_records, rq_cmd, rq_env, send, summary, wait_for
 
 from transfer import codec, journal
@@ -587,48 +588,16 @@ class LossyRelay:
 def lossy_link() -> Iterator[dict[str, Any]]:
     """A network namespace joined by a veth pair; 20 ms each way and 1% loss with tc netem, or — where
     the kernel has no sch_netem (as on this VM) — with LossyRelay on the veth in front of the receiver."""
-    tag = f"{os.getpid() % 10000}"
-    ns, veth_out, veth_in = f"rqx{tag}", f"rqxo{tag}", f"rqxi{tag}"
-    subnet = 200 + os.getpid() % 50
-    here, there = f"10.{subnet}.77.1", f"10.{subnet}.77.2"
-    cmds = [
-        ["ip", "netns", "add", ns],
-        ["ip", "link", "add", veth_out, "type", "veth", "peer", "name", veth_in],
-        ["ip", "link", "set", veth_in, "netns", ns],
-        ["ip", "addr", "add", f"{here}/24", "dev", veth_out],
-        ["ip", "link", "set", veth_out, "up"],
-        ["ip", "netns", "exec", ns, "ip", "addr", "add", f"{there}/24", "dev", veth_in],
-        ["ip", "netns", "exec", ns, "ip", "link", "set", veth_in, "up"],
-        ["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"],
-    ]
-    netem = [
-        ["tc", "qdisc", "add", "dev", veth_out, "root", "netem", "delay", "20ms", "loss", "1%"],
-        [
-            "ip",
-            "netns",
-            "exec",
-            ns,
-            "tc",
-            "qdisc",
-            "add",
-            "dev",
-            veth_in,
-            "root",
-            "netem",
-            "delay",
-            "20ms",
-            "loss",
-            "1%",
-        ],
-    ]
-    try:
-        for cmd in cmds:
-            subprocess.run(cmd, check=True, capture_output=True)
-        has_netem = all(subprocess.run(c, capture_output=True, check=False).returncode == 0 for c in netem)
-        yield {"ns": ns, "here": here, "there": there, "netem": has_netem}
-    finally:
-        subprocess.run(["ip", "link", "del", veth_out], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
+    with veth_namespace("rqx") as link:
+        netem = ["root", "netem", "delay", "20ms", "loss", "1%"]
+        has_netem = all(
+            subprocess.run(c, capture_output=True, check=False).returncode == 0
+            for c in (
+                ["tc", "qdisc", "add", "dev", link.outer, *netem],
+                ["ip", "netns", "exec", link.ns, "tc", "qdisc", "add", "dev", link.inner, *netem],
+            )
+        )
+        yield {"ns": link.ns, "here": link.here, "there": link.there, "netem": has_netem}
 
 
 @pytest.mark.netns
