@@ -57,3 +57,12 @@ class AccessDenied(TopicError):
         super().__init__(message)
         self.credentials = credentials
         self.server = server  # "nats" or "mqtt": which settings the fix is in
+
+
+class PermissionDenied(AccessDenied):
+    """The file system refused rq a topic's own files (EACCES, EPERM: another user's topic, a
+    directory rq may not write in, an immutable file). Exit 4, as a server's refused permission:
+    the path is fine, the rights are missing."""
+
+    def __init__(self, message: str):
+        super().__init__(message, credentials=False, server="local")

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import run_rq
+from rqtest import rq_command, run_rq
 from test_jetstream import make_stream, publish
 
 
@@ -107,3 +112,74 @@ def test_produce_into_a_path_through_a_file_is_exit_2_in_one_line(tmp_path: Path
     assert res.returncode == 2, res.stderr
     err = res.stderr.decode()
     assert "cannot make topic" in err and len(err.strip().splitlines()) == 1
+
+
+@contextlib.contextmanager
+def _unwritable(directory: Path) -> Iterator[None]:
+    """A directory this process may not write in, also as root (whom mode bits do not stop): an
+    immutable flag then (chattr +i, EPERM), else mode 0555 (EACCES); skipped where neither holds."""
+    directory.mkdir(exist_ok=True)
+    if os.geteuid() != 0:
+        directory.chmod(0o555)
+        try:
+            yield
+        finally:
+            directory.chmod(0o755)
+        return
+    if subprocess.run(["chattr", "+i", str(directory)], capture_output=True, check=False).returncode != 0:
+        pytest.skip("running as root and chattr +i does not work here")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(directory)], check=True)
+
+
+def test_a_topic_rq_may_not_write_is_permission_denied_in_one_line(tmp_path: Path) -> None:
+    # a raw PermissionError came out of LogWriter (and GroupStore.commit), with its traceback
+    from topics.embedded.groups import GroupStore
+    from topics.embedded.log import LogWriter
+    from topics.errors import AccessDenied, PermissionDenied
+
+    with LogWriter(tmp_path / "t") as w:
+        w.append([(None, None, (), b"x")])
+    with _unwritable(tmp_path / "locked"):
+        with pytest.raises(
+            PermissionDenied, match=r"cannot write topic .*locked/t: .*; run as a user"
+        ) as caught:
+            LogWriter(tmp_path / "locked" / "t")
+        assert isinstance(caught.value, AccessDenied) and "\n" not in str(caught.value)
+    with (
+        _unwritable(tmp_path / "t" / "groups"),
+        pytest.raises(PermissionDenied, match="the offset of group g"),
+    ):
+        GroupStore(tmp_path / "t").commit("g", 1)
+    assert GroupStore(tmp_path / "t").committed("g") is None
+
+
+def _without_root_rights() -> list[str]:
+    """A command prefix that takes root's file-permission override away (so mode bits apply)."""
+    if os.geteuid() != 0:
+        return []
+    drop = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner,-linux_immutable"]
+    if shutil.which("setpriv") is None or subprocess.run([*drop, "true"], check=False).returncode != 0:
+        pytest.skip("running as root and setpriv cannot drop the file-permission capabilities")
+    return drop
+
+
+def test_produce_into_a_directory_rq_may_not_write_is_exit_4_in_one_line(tmp_path: Path) -> None:
+    """EACCES: exit 4 (a permission refused, as for a server's), one line naming the path."""
+    prefix = _without_root_rights()
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    res = subprocess.run(
+        [*prefix, *rq_command(), "produce", str(locked / "t")],
+        input=b"x\n",
+        capture_output=True,
+        env={**os.environ, "CI": "1"},
+        timeout=60,
+        check=False,
+    )
+    err = res.stderr.decode()
+    assert res.returncode == 4, err
+    assert len(err.strip().splitlines()) == 1 and f"cannot write topic {locked}/t" in err, err
+    assert "Permission denied" in err and not (locked / "t").exists(), err

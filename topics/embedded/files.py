@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from pathlib import Path
+
+from topics.errors import PermissionDenied, TopicError
 
 
 def fsync_dir(path: Path) -> None:
@@ -33,3 +36,17 @@ def write_atomic(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def not_writable(what: str, exc: OSError) -> TopicError | None:
+    """An OSError that says rq may not write `what` (a topic, a group's offset) -> one line that
+    names the file and the fix; None for anything else (a full disk stays an OSError: exit 7)."""
+    name = os.fsdecode(exc.filename) if exc.filename else ""
+    where = f"{name}: " if name and not what.endswith(f" {name}") else ""  # the topic's own dir: once
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return PermissionDenied(
+            f"cannot write {what}: {where}{exc.strerror}; run as a user that may write there, or name another path"
+        )
+    if exc.errno == errno.EROFS:
+        return TopicError(f"cannot write {what}: {where}read-only file system; name another path")
+    return None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 
-from topics.embedded.files import fsync_dir, write_atomic
+from topics.embedded.files import fsync_dir, not_writable, write_atomic
 from topics.errors import DamagedGroup, SpecError
 
 _GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -53,12 +53,15 @@ class GroupStore:
     def commit(self, group: str, offset: int) -> None:
         check_group_name(group)
         check_commit_offset(group, offset)
-        created = not self.dir.exists()
-        self.dir.mkdir(exist_ok=True)
-        if created:
-            fsync_dir(self.dir.parent)
         body = {"group": group, "committed": offset, "updated_ms": int(time.time() * 1000)}
-        write_atomic(self.dir / f"{group}.json", orjson.dumps(body))
+        try:
+            created = not self.dir.exists()
+            self.dir.mkdir(exist_ok=True)
+            if created:
+                fsync_dir(self.dir.parent)
+            write_atomic(self.dir / f"{group}.json", orjson.dumps(body))
+        except OSError as exc:
+            raise not_writable(f"the offset of group {group}", exc) or exc from None
 
     def groups(self) -> list[str]:
         if not self.dir.is_dir():

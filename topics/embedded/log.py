@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from topics.embedded import format as fmt
-from topics.embedded.files import fsync_dir, write_atomic
+from topics.embedded.files import fsync_dir, not_writable, write_atomic
 from topics.embedded.groups import GroupStore
 from topics.errors import (
     CorruptRecord,
@@ -979,6 +979,8 @@ class LogWriter:
                 f"cannot make topic {directory}: {exc.filename or directory}: {exc.strerror}; "
                 "name a path where a directory can be made"
             ) from None
+        except OSError as exc:
+            raise not_writable(f"topic {directory}", exc) or exc from None
         try:
             fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -988,6 +990,10 @@ class LogWriter:
         self.idx_fd = -1
         try:
             self._recover()
+        except OSError as exc:
+            self.close()
+            # a topic whose files another user owns: its directory may be writable, its segment not
+            raise not_writable(f"topic {directory}", exc) or exc from None
         except BaseException:
             self.close()
             raise
