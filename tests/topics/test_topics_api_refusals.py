@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 import subprocess
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -183,3 +185,30 @@ def test_produce_into_a_directory_rq_may_not_write_is_exit_4_in_one_line(tmp_pat
     assert res.returncode == 4, err
     assert len(err.strip().splitlines()) == 1 and f"cannot write topic {locked}/t" in err, err
     assert "Permission denied" in err and not (locked / "t").exists(), err
+
+
+@pytest.mark.integration
+def test_a_closed_jetstream_source_says_so_without_a_warning(nats_url: str, stream_name: str) -> None:
+    """end_offset() after close() said 'lost the connection' (SourceUnreachable: exit 6, as if the
+    server had gone) and left a coroutine never awaited (RuntimeWarning); a second close() too."""
+    from topics.errors import SourceUnreachable, TopicError
+
+    make_stream(nats_url, stream_name)
+    publish(nats_url, f"{stream_name}.a", [b"x"])
+    src = _js_source(nats_url, stream_name)
+    assert src.end_offset() == 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        src.close()
+        for call in (
+            src.end_offset,
+            src.first_offset,
+            lambda: src.commit("g", 1),
+            lambda: list(src.read(1, 2, False)),
+        ):
+            with pytest.raises(TopicError, match="was closed by close") as refused:
+                call()
+            assert not isinstance(refused.value, SourceUnreachable)
+        src.close()  # again: nothing
+        gc.collect()  # an unawaited coroutine warns when it is collected
+    assert [str(w.message) for w in caught] == []

@@ -137,6 +137,7 @@ class _Conn:
         self.where = hostport(ref.host, ref.port)
         self.denied: str | None = None  # the last permissions violation the server reported
         self.lost = False  # the connection closed under us (the server went away)
+        self.closed = False  # closed by its owner (close()): nothing more may run on it
         self.names: set[str] = {ref.subject} if ref.subject else set()  # consumer names, subjects used
         # set by either: what a request in flight waits on besides its answer (see run)
         self.trouble = asyncio.Event()
@@ -237,7 +238,11 @@ class _Conn:
                 raise self._trouble()
             return work.result()
 
-        if self.lost:
+        if self.closed or self.lost:
+            # never run, so never awaited: closed here, or Python warns about it at exit
+            if asyncio.iscoroutine(coro):
+                coro.close()
+            self.check_open()
             raise self._trouble()
         self.denied = None
         self.trouble.clear()
@@ -299,7 +304,19 @@ class _Conn:
         except nats.js.errors.NotFoundError:
             return None
 
+    def check_open(self) -> None:
+        """A source or sink used after its close(): a clear error, not 'lost the connection' (exit
+        6, as if the server had gone) nor a cached answer that may be stale by now."""
+        if self.closed:
+            raise TopicError(
+                f"the NATS connection to {self.where} (stream {self.stream}) was closed by close(): "
+                "open the topic again to use it"
+            )
+
     def close(self) -> None:
+        if self.closed:
+            return  # a second close: the loop is gone, nats-py's close() would never be awaited
+        self.closed = True
         with contextlib.suppress(Exception):
             self.loop.run_until_complete(self.nc.close())
         self.loop.close()
@@ -591,6 +608,7 @@ class JetStreamSource:
         on_gap: Callable[[int, int], None] | None = None,
     ) -> Iterator[list[Record]]:
         """An ordered push consumer from `start`, read by the wire-level reader (natswire.py)."""
+        self.conn.check_open()  # the reader has its own socket: it would read on, unasked
         if stop is not None and start >= stop:
             return
         reader = OrderedReader(self.host, self.port, self.conn.stream, self.subject, self.conn.access)
