@@ -15,8 +15,8 @@ from typing import Any, TypeGuard
 import orjson
 import xxhash
 
-from transfer.errors import LimitError, ProtocolError
-from transfer.names import validate_name
+from transfer.errors import LimitError, ProtocolError, UnsafeNameError
+from transfer.names import display_name, validate_name
 
 PROTOCOL_VERSION = 1
 # A manifest that lists directories (empty ones: the others arrive as parents of their files) says
@@ -73,6 +73,10 @@ class Manifest:
     # (name, mtime_ns) of the transfer's directories (those in `dirs` and the parents of its
     # files), set once their contents are placed. Optional on the wire, outside the transfer id.
     dir_mtimes: tuple[tuple[str, int], ...] = ()
+    # (name, mode) of the same directories: the sender's permission bits, applied (less what the
+    # receiver refuses, store.final_mode) deepest first once everything under them is placed.
+    # Optional on the wire, outside the transfer id: older peers and in-flight resumes agree.
+    dir_modes: tuple[tuple[str, int], ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -93,6 +97,8 @@ class Manifest:
             body["dirs"] = list(self.dirs)
         if self.dir_mtimes:
             body["dir_mtimes"] = dict(self.dir_mtimes)
+        if self.dir_modes:
+            body["dir_modes"] = dict(self.dir_modes)
         return orjson.dumps(body)
 
 
@@ -135,6 +141,7 @@ def make_manifest(
     files: list[FileEntry],
     dirs: list[str] | None = None,
     dir_mtimes: dict[str, int] | None = None,
+    dir_modes: dict[str, int] | None = None,
 ) -> Manifest:
     ordered = tuple(sorted(files, key=lambda f: f.name))
     dirs_t = tuple(sorted(set(dirs or ())))
@@ -145,6 +152,7 @@ def make_manifest(
         transfer_id=transfer_id(chunk_size, ordered, dirs_t),
         dirs=dirs_t,
         dir_mtimes=tuple(sorted((dir_mtimes or {}).items())),
+        dir_modes=tuple(sorted((dir_modes or {}).items())),
     )
 
 
@@ -187,7 +195,8 @@ def parse_manifest(body: bytes | memoryview, limits: Limits) -> Manifest:
         version=version,
         transfer_id=str(raw.get("transfer_id", "")),
         dirs=dirs,
-        dir_mtimes=_parse_dir_mtimes(raw.get("dir_mtimes", {}), files, dirs),
+        dir_mtimes=_parse_dir_table(raw.get("dir_mtimes", {}), "dir_mtimes", files, dirs),
+        dir_modes=_parse_dir_table(raw.get("dir_modes", {}), "dir_modes", files, dirs),
     )
     if manifest.total_chunks > limits.max_chunks:
         raise LimitError(
@@ -267,20 +276,29 @@ def _parse_dirs(items: list[str], files: list[FileEntry]) -> tuple[str, ...]:
     return tuple(items)
 
 
-def _parse_dir_mtimes(raw: Any, files: list[FileEntry], dirs: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
-    """Each a directory the transfer makes or fills (one of `dirs`, or a parent of one or of a file):
-    a name from the network is data, and only the transfer's own directories get a time."""
+def _parse_dir_table(
+    raw: Any, field_name: str, files: list[FileEntry], dirs: tuple[str, ...]
+) -> tuple[tuple[str, int], ...]:
+    """`dir_mtimes` or `dir_modes`: each name one of the transfer's directories (one of `dirs`, or
+    a parent of one or of a file). A name from the network is data: one that would escape DEST
+    ('..', absolute) or names a directory the transfer does not fill is refused like a bad file
+    name (UnsafeNameError), so a sender cannot chmod or touch anything else under DEST."""
     if not isinstance(raw, dict):
-        raise ProtocolError("manifest dir_mtimes must be an object of names and times")
+        raise ProtocolError(f"manifest {field_name} must be an object of names and values")
     ours = set(dirs)
     for name in [*(f.name for f in files), *dirs]:
         parts = name.split("/")
         ours.update("/".join(parts[:i]) for i in range(1, len(parts)))
-    for name, ns in raw.items():
+    for name, value in raw.items():
+        validate_name(name)
         if name not in ours:
-            raise ProtocolError(
-                f"manifest gives a time to {name!r}, which is not a directory of the transfer"
+            what = "a mode" if field_name == "dir_modes" else "a time"
+            raise UnsafeNameError(
+                f"manifest gives {what} to {display_name(name)!r}, which is not a directory of the transfer"
             )
-        if not _is_ns(ns):
-            raise ProtocolError(f"bad mtime {ns!r} for a directory")
+        if field_name == "dir_modes":
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 0o7777:
+                raise ProtocolError(f"bad mode {value!r} for a directory")
+        elif not _is_ns(value):
+            raise ProtocolError(f"bad mtime {value!r} for a directory")
     return tuple(sorted(raw.items()))

@@ -55,6 +55,7 @@ def scan(
     found: dict[str, tuple[SourceFile, int]] = {}
     dirs: list[str] = []
     dir_mtimes: dict[str, int] = {}
+    dir_modes: dict[str, int] = {}
     out = skipped if skipped is not None else []
     for src in sources:
         if not src.exists():
@@ -62,7 +63,7 @@ def scan(
         base = src.resolve().name if src.name in ("", ".", "..") else src.name
         if src.is_dir():
             validate_name(base)  # an argument the user named is refused, not skipped
-            _walk(src, base, found, out, dirs, dir_mtimes)
+            _walk(src, base, found, out, dirs, (dir_mtimes, dir_modes))
         else:
             reason = _not_regular(src)
             if reason is not None:  # a FIFO (`<(tar c …)`) or a device would arrive as an empty file
@@ -80,7 +81,7 @@ def scan(
                 mtime_ns=sf.mtime_ns,
             )
         )
-    manifest = make_manifest(chunk_size, entries, dirs, dir_mtimes)
+    manifest = make_manifest(chunk_size, entries, dirs, dir_mtimes, dir_modes)
     by_name = {name: sf for name, (sf, _) in found.items()}
     return manifest, [by_name[f.name] for f in manifest.files]
 
@@ -91,10 +92,11 @@ def _walk(
     found: dict[str, tuple[SourceFile, int]],
     skipped: list[Skipped],
     empty_dirs: list[str],
-    dir_mtimes: dict[str, int],
+    dir_meta: tuple[dict[str, int], dict[str, int]],
 ) -> None:
     """Adds the files under directory `src` to `found`, the directories with none under them to
-    `empty_dirs`, and the mtime of every directory sent (either way) to `dir_mtimes`."""
+    `empty_dirs`, and the mtime and permission bits of every directory sent (either way) to
+    `dir_meta` (mtimes, modes)."""
     sent_under: set[Path] = set()  # directories that get a file (they arrive as its parents)
     walked: list[Path] = []
     for root, dirs, files in _tree(src):
@@ -123,7 +125,9 @@ def _walk(
             validate_name(name)
             empty_dirs.append(name)
         with contextlib.suppress(OSError):  # gone since it was listed: it keeps the time it gets
-            dir_mtimes[name] = os.stat(d).st_mtime_ns
+            st = os.stat(d)
+            dir_meta[0][name] = st.st_mtime_ns
+            dir_meta[1][name] = stat.S_IMODE(st.st_mode)
 
 
 def _tree(top: Path) -> Iterator[tuple[str, list[str], list[str]]]:

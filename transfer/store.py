@@ -54,6 +54,8 @@ from transfer.names import STATE_DIR_NAME, display_name, validate_name
 from transfer.reserve import reserve
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# a directory to chmod: no read permission needed on it, only search on its parents
+_PATH_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # Below this a second open() costs more than the page-cache copy it saves.
 _DIRECT_MIN = 256 * 1024
@@ -658,22 +660,63 @@ class Store:
         for name in manifest.dirs:
             os.close(self._open_parent(name, tuple(_components(name)), sync_new=True))
 
+    def _open_dir(self, name: str, flags: int = _DIR_FLAGS) -> int:
+        """The directory `name` under DEST, reached component by component without following links."""
+        fd = os.dup(self.fd)
+        try:
+            for comp in _components(name):
+                nfd = os.open(comp, flags, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
     def _set_dir_times(self, manifest: Manifest) -> None:
         """Gives the transfer's directories the sender's mtimes (like rsync -a), deepest first,
         once everything under them is placed: a link or mkdir inside one after would move it.
         Best effort, like the times of a directory this receiver does not own: never an error."""
         for name, ns in sorted(manifest.dir_mtimes, key=lambda d: -d[0].count("/")):
-            fd = os.dup(self.fd)
-            try:
-                for comp in _components(name):
-                    nfd = os.open(comp, _DIR_FLAGS, dir_fd=fd)
+            with contextlib.suppress(OSError):
+                fd = self._open_dir(name)
+                try:
+                    os.utime(fd, ns=(os.fstat(fd).st_atime_ns, ns))
+                finally:
                     os.close(fd)
-                    fd = nfd
-                os.utime(fd, ns=(os.fstat(fd).st_atime_ns, ns))
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+
+    def _set_dir_modes(self, manifest: Manifest) -> None:
+        """Gives the transfer's directories the sender's permission bits as final_mode keeps them
+        (less group/other write, never setuid, setgid or sticky), after their times and deepest
+        first: a parent made 0500 before its children were done would refuse their opens (a
+        receiver that is not root), and a chmod does not move an mtime. Reached through O_PATH, so
+        a parent needs only search permission. Only the transfer's own directories, all under
+        DEST (parse_manifest checked each name), never DEST itself. Best effort, like the times:
+        one this receiver does not own (EPERM) keeps its mode."""
+        for name, mode in sorted(manifest.dir_modes, key=lambda d: -d[0].count("/")):
+            with contextlib.suppress(OSError):
+                fd = self._open_dir(name, _PATH_DIR_FLAGS)
+                try:
+                    os.chmod(f"/proc/self/fd/{fd}", final_mode(mode))
+                finally:
+                    os.close(fd)
+
+    def _open_dirs_for_placing(self, manifest: Manifest) -> None:
+        """A directory of this transfer that an earlier one left without owner write or search
+        permission (its sender's 0500 or 0555) would refuse this commit's links and mkdirs when
+        the receiver is not root: like rsync, give it u+rwx until _set_dir_modes gives it its mode
+        at the end (shallowest first, so that each is reachable). Only directories we own."""
+        if not manifest.dir_modes or os.geteuid() == 0:
+            return  # root is refused nothing
+        for name, _mode in sorted(manifest.dir_modes, key=lambda d: d[0].count("/")):
+            with contextlib.suppress(OSError):
+                fd = self._open_dir(name, _PATH_DIR_FLAGS)
+                try:
+                    st = os.fstat(fd)
+                    if st.st_mode & 0o700 != 0o700 and st.st_uid == os.geteuid():
+                        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) | 0o700)
+                finally:
+                    os.close(fd)
 
     def _still_placed(self, entry: FileEntry, chunk_size: int) -> bool:
         state = self._placed_state(entry, chunk_size)
@@ -1157,6 +1200,7 @@ class Store:
             self._record_placed(entry, cs, self._part_stat(entry.key), sync=not batch)
         if batch:
             self.syncfs()
+        self._open_dirs_for_placing(manifest)
         try:
             placed = self._link_all(ready, overwrite, sync=not batch)
         except (TransferError, OSError):
@@ -1172,6 +1216,7 @@ class Store:
             self.syncfs()
         self.make_dirs(manifest)
         self._set_dir_times(manifest)
+        self._set_dir_modes(manifest)
         # Remember the transfer finished: a sender killed between our DONE and reading it re-runs
         # the same command and must hear "complete", not "exists".
         marker = [[f.name, f.size] for f in manifest.files]

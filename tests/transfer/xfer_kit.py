@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import hashlib
@@ -330,3 +331,71 @@ def receive_chunks(
         roots.append(codec.root_digest(digests).hex())
     plan.close()
     return roots
+
+
+def control_channel(port: int, tid: str, token: str = TOKEN) -> Any:
+    """An authenticated control channel to a real `rq recv` (TCP, no TLS), speaking the protocol
+    by hand as a hostile sender would: what it sends next is up to the test."""
+    from transfer.frames import FrameType, control
+    from transfer.session import auth_mac
+    from transfer.tcp import TcpChannel
+
+    ch = TcpChannel(socket.create_connection(("127.0.0.1", port), timeout=10), 1 << 26)
+    nonce = os.urandom(16)
+    hello = {"role": "control", "transfer_id": tid, "nonce": base64.b64encode(nonce).decode()}
+    ch.send(control(FrameType.HELLO, hello))
+    frame = ch.recv(10)
+    assert frame is not None and frame.type is FrameType.CHALLENGE
+    server_nonce = base64.b64decode(frame.json()["nonce"])
+    ch.send(control(FrameType.AUTH, {"mac": auth_mac(token.encode(), server_nonce, nonce, "control", tid)}))
+    return ch
+
+
+def manifest_reply(port: int, body: bytes) -> dict[str, Any]:
+    """Sends a manifest body (any JSON at all, its own transfer_id) and returns the receiver's
+    answer: {"type": "ACCEPT" | "ERROR" | …, plus the frame's JSON (an ERROR's "code")}."""
+    from transfer.frames import FrameType, header
+
+    ch = control_channel(port, str(json.loads(body).get("transfer_id", "")))
+    try:
+        ch.send(header(FrameType.MANIFEST, len(body)), body)
+        frame = ch.recv(10)
+        assert frame is not None
+        out: dict[str, Any] = {"type": frame.type.name}
+        if frame.type in (FrameType.ERROR, FrameType.ACCEPT, FrameType.DONE):
+            out.update(frame.json())
+        return out
+    finally:
+        ch.close()
+
+
+NOBODY = 65534
+# setpriv, not a preexec_fn calling setuid: here only a program exec'd by setpriv may run the
+# venv's Python as nobody (it lives under /root)
+AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
+
+
+@contextlib.contextmanager
+def nobody_home() -> Any:
+    """A directory only `nobody` may write, for an `rq recv` run as nobody (Recv(wrap=AS_NOBODY)):
+    as root (where the tests run) permission bits never stop an open or a link. Skips the test
+    where that cannot be done (not root, no setpriv, nobody cannot run this Python)."""
+    import shutil
+    import tempfile
+
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the receiver as nobody")
+    home = Path(tempfile.mkdtemp(prefix="rq-nobody-", dir="/tmp"))
+    os.chown(home, NOBODY, NOBODY)
+    try:
+        try:
+            probe = subprocess.run([*AS_NOBODY, sys.executable, "-c", "import transfer.store"], cwd=REPO)
+        except FileNotFoundError:  # no setpriv
+            probe = None
+        if probe is None or probe.returncode != 0:
+            pytest.skip("nobody cannot run this Python here")
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
