@@ -6,18 +6,28 @@ moved. Real `rq recv` and `rq send` over TCP on loopback, plus the manifest's wi
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
-import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
 import pytest
-from xfer_kit import REPO, Recv, Relay, make_tree, rq_cmd, rq_env, summary, tree_digest, wait_for
+from xfer_kit import (
+    AS_NOBODY,
+    NOBODY,
+    REPO,
+    Recv,
+    Relay,
+    make_tree,
+    rq_cmd,
+    rq_env,
+    summary,
+    tree_digest,
+    wait_for,
+)
+from xfer_kit import nobody_home as nobody_dir
 from xfer_kit import send as rq_send
 
 from transfer.errors import ProtocolError
@@ -148,35 +158,11 @@ def test_bad_times_from_the_network_are_refused(change: object, says: str) -> No
 
 # -- permission bits ------------------------------------------------------------------------------
 
-NOBODY = 65534
-
-
-# setpriv, not a preexec_fn calling setuid: here only a program exec'd by setpriv may run the
-# venv's Python as nobody (it lives under /root)
-AS_NOBODY = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-
 
 @pytest.fixture
 def nobody_home() -> Iterator[Path]:
-    """A directory only `nobody` may write, for a receiver that runs as nobody: as root (where the
-    tests run) permission bits never stop an open, and the receiver's own 0400 files would pass."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run the receiver as nobody")
-    home = Path(tempfile.mkdtemp(prefix="rq-modes-", dir="/tmp"))
-    os.chown(home, NOBODY, NOBODY)
-    try:
-        probe = subprocess.run(
-            [*AS_NOBODY, sys.executable, "-c", "import transfer.store"], cwd=REPO, check=False
-        )
-    except FileNotFoundError:  # no setpriv
-        probe = None
-    if probe is None or probe.returncode != 0:
-        shutil.rmtree(home)
-        pytest.skip("nobody cannot run this Python here")
-    try:
+    with nobody_dir() as home:
         yield home
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def _recv_as_nobody(home: Path, *extra: str) -> Recv:

@@ -3,7 +3,6 @@ a lossy high-latency link (netns + netem), and a sender that speaks the protocol
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import hashlib
@@ -21,12 +20,24 @@ from typing import Any
 import pytest
 import zstandard
 from rqtest import veth_namespace
-from xfer_kit import TOKEN, Recv, Relay, free_port, journal_records, rq_cmd, rq_env, send, summary, wait_for
+from xfer_kit import (
+    Recv,
+    Relay,
+    control_channel,
+    free_port,
+    journal_records,
+    manifest_reply,
+    reply,
+    rq_cmd,
+    rq_env,
+    send,
+    summary,
+    wait_for,
+)
 
 from transfer import codec, journal
-from transfer.frames import ChunkHeader, FrameType, chunk_frame_header, control, header
+from transfer.frames import ChunkHeader, FrameType, chunk_frame_header, header
 from transfer.manifest import FileEntry, Manifest, file_key, make_manifest
-from transfer.session import auth_mac
 from transfer.tcp import TcpChannel
 
 pytestmark = pytest.mark.integration
@@ -420,31 +431,6 @@ def test_receiver_disk_errors_name_the_kind_and_keep_paths_inside_dest(tmp_path:
 # -- a hostile sender ----------------------------------------------------------------------------
 
 
-def _open(port: int, role: str, tid: str, token: str = TOKEN) -> TcpChannel:
-    ch = TcpChannel(socket.create_connection(("127.0.0.1", port), timeout=10), 1 << 26)
-    nonce = os.urandom(16)
-    ch.send(
-        control(
-            FrameType.HELLO, {"role": role, "transfer_id": tid, "nonce": base64.b64encode(nonce).decode()}
-        )
-    )
-    frame = ch.recv(10)
-    assert frame is not None and frame.type is FrameType.CHALLENGE
-    server_nonce = base64.b64decode(frame.json()["nonce"])
-    ch.send(control(FrameType.AUTH, {"mac": auth_mac(token.encode(), server_nonce, nonce, role, tid)}))
-    return ch
-
-
-def _reply(ch: TcpChannel) -> dict[str, Any]:
-    frame = ch.recv(10)
-    assert frame is not None
-    out = {"type": frame.type.name}
-    if frame.type in (FrameType.ERROR, FrameType.ACCEPT, FrameType.DONE):
-        out.update(frame.json())
-    ch.close()
-    return out
-
-
 def _forged(names: list[str], size: int = 1000, chunk: int = 1 << 16) -> Manifest:
     """A manifest with any names at all (make_manifest would not validate them; the receiver must)."""
     files = [
@@ -454,21 +440,14 @@ def _forged(names: list[str], size: int = 1000, chunk: int = 1 << 16) -> Manifes
     return make_manifest(chunk, files)
 
 
-def _send_manifest(port: int, m: Manifest) -> dict[str, Any]:
-    ch = _open(port, "control", m.transfer_id)
-    body = m.to_json()
-    ch.send(header(FrameType.MANIFEST, len(body)), body)
-    return _reply(ch)
-
-
 def _chunk_after_accept(port: int, m: Manifest, h: ChunkHeader, payload: bytes) -> dict[str, Any]:
-    ch = _open(port, "control", m.transfer_id)
+    ch = control_channel(port, m.transfer_id)
     body = m.to_json()
     ch.send(header(FrameType.MANIFEST, len(body)), body)
     frame = ch.recv(10)
     assert frame is not None and frame.type is FrameType.ACCEPT
     ch.send(chunk_frame_header(h, len(payload)), payload)
-    return _reply(ch)
+    return reply(ch)
 
 
 def test_hostile_sender_is_refused_and_receiver_stays_up(tmp_path: Path) -> None:
@@ -481,18 +460,18 @@ def test_hostile_sender_is_refused_and_receiver_stays_up(tmp_path: Path) -> None
     try:
         # names that would escape DEST, or go through a symlink planted in it
         for name in ["../escape", f"{outside}/abs", "a/../../escape", "link/evil", "a\\..\\evil", "x\x1b[2J"]:
-            reply = _send_manifest(port, _forged([name]))
-            assert reply["type"] == "ERROR" and reply["code"] in ("unsafe-name", "protocol"), (name, reply)
+            answer = manifest_reply(port, _forged([name]).to_json())
+            assert answer["type"] == "ERROR" and answer["code"] in ("unsafe-name", "protocol"), (name, answer)
         # too many files, too many bytes, a manifest frame bigger than any allowed
-        assert _send_manifest(port, _forged([f"f{i}" for i in range(51)]))["code"] == "limit"
-        assert _send_manifest(port, _forged(["big"], size=11 << 20))["code"] == "limit"
-        ch = _open(port, "control", "0" * 32)
+        assert manifest_reply(port, _forged([f"f{i}" for i in range(51)]).to_json())["code"] == "limit"
+        assert manifest_reply(port, _forged(["big"], size=11 << 20).to_json())["code"] == "limit"
+        ch = control_channel(port, "0" * 32)
         ch.send(header(FrameType.MANIFEST, 1 << 30))
-        assert _reply(ch)["code"] == "protocol"
+        assert reply(ch)["code"] == "protocol"
         # before authenticating, a peer cannot make the receiver buffer more than 64 KiB
         raw = TcpChannel(socket.create_connection(("127.0.0.1", port), timeout=10), 1 << 26)
         raw.send(header(FrameType.HELLO, 1 << 20))
-        assert _reply(raw)["code"] == "protocol"
+        assert reply(raw)["code"] == "protocol"
         # chunks that do not exist, or claim more bytes than their place in the file holds
         m = _forged(["ok.bin"], size=100_000)
         data = os.urandom(1 << 16)
@@ -504,13 +483,13 @@ def test_hostile_sender_is_refused_and_receiver_stays_up(tmp_path: Path) -> None
             assert _chunk_after_accept(port, m, h, data)["code"] == "protocol", h
         # a chunk that decompresses past its declared size: refused (NACK), nothing written
         bomb = zstandard.ZstdCompressor().compress(b"\0" * (64 << 20))
-        reply = _chunk_after_accept(port, m, ChunkHeader(0, 0, 1 << 16, codec.Codec.ZSTD, b"\0" * 16), bomb)
-        assert reply["type"] == "NACK"
+        answer = _chunk_after_accept(port, m, ChunkHeader(0, 0, 1 << 16, codec.Codec.ZSTD, b"\0" * 16), bomb)
+        assert answer["type"] == "NACK"
         # the wrong token, and a data channel for a transfer that does not exist
-        ch = _open(port, "control", m.transfer_id, token="guess")
-        assert _reply(ch)["code"] == "auth"
-        ch = _open(port, "data", "f" * 32)
-        assert _reply(ch)["code"] == "unknown-transfer"
+        ch = control_channel(port, m.transfer_id, token="guess")
+        assert reply(ch)["code"] == "auth"
+        ch = control_channel(port, "f" * 32, role="data")
+        assert reply(ch)["code"] == "unknown-transfer"
         # and after all that, an honest sender still gets through
         src = tmp_path / "honest.bin"
         src.write_bytes(os.urandom(300_000))

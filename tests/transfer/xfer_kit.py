@@ -333,32 +333,30 @@ def receive_chunks(
     return roots
 
 
-def control_channel(port: int, tid: str, token: str = TOKEN) -> Any:
-    """An authenticated control channel to a real `rq recv` (TCP, no TLS), speaking the protocol
-    by hand as a hostile sender would: what it sends next is up to the test."""
+def control_channel(port: int, tid: str, token: str = TOKEN, role: str = "control") -> Any:
+    """An authenticated channel (`role` "control" or "data") to a real `rq recv` (TCP, no TLS),
+    speaking the protocol by hand as a hostile sender would: what it sends next is up to the test."""
     from transfer.frames import FrameType, control
     from transfer.session import auth_mac
     from transfer.tcp import TcpChannel
 
     ch = TcpChannel(socket.create_connection(("127.0.0.1", port), timeout=10), 1 << 26)
     nonce = os.urandom(16)
-    hello = {"role": "control", "transfer_id": tid, "nonce": base64.b64encode(nonce).decode()}
+    hello = {"role": role, "transfer_id": tid, "nonce": base64.b64encode(nonce).decode()}
     ch.send(control(FrameType.HELLO, hello))
     frame = ch.recv(10)
     assert frame is not None and frame.type is FrameType.CHALLENGE
     server_nonce = base64.b64decode(frame.json()["nonce"])
-    ch.send(control(FrameType.AUTH, {"mac": auth_mac(token.encode(), server_nonce, nonce, "control", tid)}))
+    ch.send(control(FrameType.AUTH, {"mac": auth_mac(token.encode(), server_nonce, nonce, role, tid)}))
     return ch
 
 
-def manifest_reply(port: int, body: bytes) -> dict[str, Any]:
-    """Sends a manifest body (any JSON at all, its own transfer_id) and returns the receiver's
-    answer: {"type": "ACCEPT" | "ERROR" | …, plus the frame's JSON (an ERROR's "code")}."""
-    from transfer.frames import FrameType, header
+def reply(ch: Any) -> dict[str, Any]:
+    """The receiver's next frame on `ch` as {"type": "ACCEPT" | "ERROR" | …, plus the frame's JSON
+    (an ERROR's "code")}; closes `ch`."""
+    from transfer.frames import FrameType
 
-    ch = control_channel(port, str(json.loads(body).get("transfer_id", "")))
     try:
-        ch.send(header(FrameType.MANIFEST, len(body)), body)
         frame = ch.recv(10)
         assert frame is not None
         out: dict[str, Any] = {"type": frame.type.name}
@@ -367,6 +365,16 @@ def manifest_reply(port: int, body: bytes) -> dict[str, Any]:
         return out
     finally:
         ch.close()
+
+
+def manifest_reply(port: int, body: bytes) -> dict[str, Any]:
+    """Sends a manifest body (any JSON at all, its own transfer_id) and returns the receiver's
+    answer (`reply`)."""
+    from transfer.frames import FrameType, header
+
+    ch = control_channel(port, str(json.loads(body).get("transfer_id", "")))
+    ch.send(header(FrameType.MANIFEST, len(body)), body)
+    return reply(ch)
 
 
 NOBODY = 65534
