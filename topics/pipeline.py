@@ -147,18 +147,31 @@ def run(
     on_progress: Callable[[Result], None] | None = None,
     on_idle: Callable[[], None] | None = None,
     on_aged_out: Callable[[int, int], None] | None = None,
+    on_skipped: Callable[[int, int, str], None] | None = None,
 ) -> Result:
     """Reads [start, stop) (or follows), emits what passes the filters; returns the tally.
 
     `on_idle` is called whenever nothing is emitted for a while: the source is waiting for new
     records (a follow polls about every 50 ms), a batch left nothing after the filters, or the
-    pacer sleeps. It may raise to end the read (the CLI does when stdout's reader has gone)."""
+    pacer sleeps. It may raise to end the read (the CLI does when stdout's reader has gone).
+    `on_skipped(first, last, where)` tells each range --skip-corrupt stepped over (all are kept
+    in `res.skipped` too) once the batch read with it has been emitted: a follow may run for days."""
     res = result or Result()
     res.next_offset = req.start
     res.skip_corrupt = req.skip_corrupt
+    told = [0]  # res.skipped[: told[0]] went to on_skipped
 
     def on_skip(first: int, last: int, where: str) -> None:
         res.skipped.append((first, last, where))
+
+    def tell_skips(before: int | None = None) -> None:
+        """Those not told yet (only those that start before offset `before`, if given)."""
+        while on_skipped is not None and told[0] < len(res.skipped):
+            skip = res.skipped[told[0]]
+            if before is not None and skip[0] >= before:
+                return
+            told[0] += 1
+            on_skipped(*skip)
 
     where = req.where
     need_decode = req.decode_values or (where is not None and where.uses_value)
@@ -181,11 +194,15 @@ def run(
 
     for batch in source.read(req.start, req.stop, req.follow, req.skip_corrupt, on_skip, on_gap):
         if not batch:
+            tell_skips()  # nothing of this read left to write out first
             if stop_on_time and time.time_ns() // 1_000_000 >= hi:
                 break  # --to @t with --follow: t has passed
             if on_idle is not None:
                 on_idle()
             continue
+        # a skip found while this batch was read lies before it (a damaged segment stepped over
+        # on the way) or inside it: told before its records, or after them
+        tell_skips(before=batch[0][0])
         res.scanned += len(batch)
         read_to = batch[-1][0] + 1  # consumption position, whatever the filters keep
         past_end = False
@@ -232,8 +249,10 @@ def run(
         res.next_offset = max(read_to, res.next_offset)
         if on_progress is not None:
             on_progress(res)
+        tell_skips()
         if past_end or (remaining is not None and remaining <= 0):
             break
+    tell_skips()  # found by the read's last step (not after an exception: the caller has res.skipped)
     return res
 
 

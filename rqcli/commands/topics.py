@@ -452,16 +452,36 @@ def _aged_out_reporter(out: Output, topic: str) -> Callable[[int, int], None]:
     return report
 
 
-def _report_skips(out: Output, res: Result, topic: str) -> None:
-    """--skip-corrupt's skips, after the records: a warning each, and under --json one line each
-    (the shape of a retention gap's; last is null where the read could not tell where it ends)."""
-    for first, last, where in res.skipped:
+class _SkipReporter:
+    """--skip-corrupt's skips: a warning each, and under --json one line each (the shape of a
+    retention gap's; last is null where the read could not tell where it ends). Said as the read
+    goes, once the records read before each skip are out (a follow may run for days); `rest`
+    says those a read stopped by Ctrl-C had not told yet."""
+
+    def __init__(self, out: Output, topic: str):
+        self.out = out
+        self.topic = topic
+        self.told = 0
+
+    def __call__(self, first: int, last: int, where: str) -> None:
+        try:
+            self._say(first, last, where)
+        except BrokenPipeError:
+            _stdout_gone()
+            raise ReaderLeft from None  # as when a record's write finds the reader gone
+
+    def rest(self, res: Result) -> None:
+        for first, last, where in res.skipped[self.told :]:
+            self._say(first, last, where)
+
+    def _say(self, first: int, last: int, where: str) -> None:
+        self.told += 1
         span = f"offset {first}" if last in (first, -1) else f"offsets {first}..{last}"
-        out.warn(f"skipped corrupt record(s) at {span} ({where})")
-        out.emit(
+        self.out.warn(f"skipped corrupt record(s) at {span} ({where})")
+        self.out.emit(
             {
                 "event": "skipped",
-                "topic": topic,
+                "topic": self.topic,
                 "first": first,
                 "last": None if last < 0 else last,
                 "reason": "corrupt",
@@ -884,6 +904,7 @@ def tail(
         )
         sink = open_sink(_ref(record_to, topics_dir)) if record_to else None
         res = Result()
+        skips = _SkipReporter(out, ref.url)
         shown = [0]  # records written out
         stopped: KeyboardInterrupt | None = None
         try:
@@ -905,7 +926,16 @@ def tail(
                 shown[0] += len(records)  # counted once written: a Ctrl-C may land inside a write
 
             try:
-                run(source, req, shown_out, res, None, _reader_watch(), _aged_out_reporter(out, ref.url))
+                run(
+                    source,
+                    req,
+                    shown_out,
+                    res,
+                    None,
+                    _reader_watch(),
+                    _aged_out_reporter(out, ref.url),
+                    skips,
+                )
             except ReaderLeft:
                 return
             except KeyboardInterrupt as exc:
@@ -915,7 +945,7 @@ def tail(
             source.close()
             if sink is not None:
                 sink.close()
-        _report_skips(out, res, ref.url)
+        skips.rest(res)
         done: dict[str, Any] = {
             "event": "done",
             "topic": ref.url,
@@ -1086,6 +1116,7 @@ def replay(
         )
         sink: Sink | None = None
         res = Result()
+        skips = _SkipReporter(out, ref.url)
         start: int
         stop: int | None
         shown = [0]  # records written out
@@ -1156,7 +1187,7 @@ def replay(
                         shown[0] += len(records)  # once written: a Ctrl-C may land inside a write
 
                     reading = True
-                    run(source, req, shown_out, res, progress, watch, gaps)
+                    run(source, req, shown_out, res, progress, watch, gaps, skips)
             except KeyboardInterrupt:
                 if save_spec is not None and follow:
                     records, digest, first_off, last_off, reached_to = pinned[0]
@@ -1195,7 +1226,7 @@ def replay(
             if sink is not None:
                 sink.close()
             source.close()
-        _report_skips(out, res, ref.url)
+        skips.rest(res)
         if stopped is not None:
             summary = _replay_done(ref, res, start, committed_to if commit and group else None, group)
             summary["records"] = shown[0]

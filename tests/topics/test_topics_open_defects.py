@@ -6,13 +6,16 @@ MQTT URL whose user info holds an unencoded '/'."""
 from __future__ import annotations
 
 import json
+import queue
+import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import js_call, run_rq
+from rqtest import js_call, popen_rq, run_rq
 from test_access import _env, _one_line
 from test_jetstream_review import _delete
 
@@ -165,8 +168,8 @@ def test_offsets_of_a_whole_log_is_unchanged(tmp_path: Path) -> None:
 # -- 4. --skip-corrupt under --json ----------------------------------------------------------------
 
 
-def test_skip_corrupt_skips_are_json_lines_and_counted(tmp_path: Path) -> None:
-    """Skips were warnings on stderr only: a script reading --json saw a clean done line."""
+def _rotten_topic(tmp_path: Path) -> dict[str, str]:
+    """Topic 'rot': values record-00000..record-00299, record 123 failing its CRC."""
     env = {"RQ_TOPICS_DIR": str(tmp_path / "topics")}
     r = run_rq("produce", "rot", input=b"".join(b"record-%05d\n" % i for i in range(300)), env=env)
     assert r.returncode == 0, r.stderr
@@ -174,6 +177,12 @@ def test_skip_corrupt_skips_are_json_lines_and_counted(tmp_path: Path) -> None:
     data = bytearray(seg.read_bytes())
     data[data.index(b"record-00123") + 8] ^= 0x01
     seg.write_bytes(bytes(data))
+    return env
+
+
+def test_skip_corrupt_skips_are_json_lines_and_counted(tmp_path: Path) -> None:
+    """Skips were warnings on stderr only: a script reading --json saw a clean done line."""
+    env = _rotten_topic(tmp_path)
     for cmd in (["replay", "rot", "--from", "start"], ["tail", "rot", "-n", "300"]):
         r = run_rq(*cmd, "--skip-corrupt", "--json", "--format", "raw", env=env)
         assert r.returncode == 0, r.stderr
@@ -184,6 +193,31 @@ def test_skip_corrupt_skips_are_json_lines_and_counted(tmp_path: Path) -> None:
         assert skipped["reason"] == "corrupt" and skipped["where"].startswith("segment "), skipped
         assert skipped["topic"] == done["topic"], skipped
         assert done["event"] == "done" and done["skipped"] == 1, done
+
+
+def test_a_follow_tells_a_skip_when_it_happens_not_when_it_stops(tmp_path: Path) -> None:
+    """`tail -f --skip-corrupt --json` printed its skip lines only once the follow stopped: a script
+    watching a long follow never heard of them."""
+    env = _rotten_topic(tmp_path)
+    proc = popen_rq("tail", "rot", "-n", "300", "-f", "--skip-corrupt", "--json", "--format", "raw", env=env)
+    lines: queue.Queue[bytes] = queue.Queue()
+    assert proc.stdout is not None
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()], daemon=True).start()
+    seen: list[bytes] = []
+    try:
+        while not seen or not seen[-1].startswith(b"{"):
+            seen.append(lines.get(timeout=30))  # bounded: the old code said nothing until stopped
+        assert proc.poll() is None  # still following
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    skipped = json.loads(seen[-1])
+    assert (skipped["event"], skipped["first"], skipped["last"]) == ("skipped", 123, 123), skipped
+    assert [b"record-%05d\n" % i for i in range(123)] == seen[:123]  # the records before it came first
+    rest = [lines.get(timeout=30) for _ in range(300 - 1 - len(seen) + 2)]  # records left, then done
+    done = json.loads(rest[-1])
+    assert done["event"] == "done" and done["skipped"] == 1 and done["error"] == "interrupted", done
+    assert b"skipped" not in b"".join(rest[:-1])  # told once
 
 
 # -- 6. an MQTT token or user name with an unencoded '/' -------------------------------------------

@@ -173,9 +173,14 @@ def test_a_middle_segment_cut_short_is_reported_as_damage_naming_the_file(
     assert r.returncode == 0, err
     assert f"skipped corrupt record(s) at offsets {lost} (segment {SEG}, byte {size})" in err, err
     first, last = (int(n) for n in lost.split(".."))
-    *records, skipped, _ = r.stdout.splitlines()  # --json: the skip's own line before the done line
+    *lines, done = r.stdout.splitlines()
+    # --json: the skip's own line as soon as the records read before it are out, not at the end
+    at = next(i for i, line in enumerate(lines) if line.startswith(b"{"))
+    skipped, records = lines[at], lines[:at] + lines[at + 1 :]
     assert [int(v) for v in records] == [n for n in range(100) if not first <= n <= last]
+    assert [int(v) for v in lines[:at]] == list(range(first)), lines[at - 2 : at + 2]
     assert (json.loads(skipped)["first"], json.loads(skipped)["last"]) == (first, last), skipped
+    assert json.loads(done)["event"] == "done", done
 
 
 def test_records_retention_deleted_still_age_out(env: dict[str, str]) -> None:
