@@ -14,7 +14,8 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECAS
 
 def parse_size(text: str | int | float) -> int:
     """Bytes from `text`; units are binary (K = 1024) whether written `K`, `KB` or `KiB`.
-    A number is a count of bytes (`1.5e9` is fine; `1.5` is not a whole number of bytes)."""
+    A number without a unit is a count of bytes, so it must be whole (`0.5` is refused, not taken
+    as 0); with a unit a fraction is rounded down to whole bytes (`1.5K` is 1536)."""
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise BadSourceError(f"not a size: {text!r} (use bytes as an int, or text such as 512M, 4G, 1.5T)")
     if isinstance(text, float):
@@ -32,6 +33,8 @@ def parse_size(text: str | int | float) -> int:
             raise BadSourceError(f"size out of range: {text[:20]!r}… (must be below 8 EiB)")
         from fractions import Fraction  # parsing a size is rare; importing it costs every start
 
+        if not unit and Fraction(number).denominator != 1:
+            raise BadSourceError(f"not a whole number of bytes: {text!r} (use e.g. '1.5G' for 1.5 GiB)")
         size = int(Fraction(number) * _UNITS[unit.upper()])  # exact: a float loses the low bits
     if not 0 <= size <= MAX_SIZE:
         raise BadSourceError(f"size out of range: {text!r} (must be 0 to {MAX_SIZE} bytes, just under 8 EiB)")

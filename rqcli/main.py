@@ -20,6 +20,7 @@ from rqcli.config import check_config, load_config
 from rqcli.errors import CliError, Terminated, interruption
 from rqcli.exitcodes import EXIT_CODE_HELP, ExitCode
 from rqcli.output import Output
+from rqcli.params import documented_env_names_everywhere
 
 # name -> (module, attribute, one-line example). Modules load only when their command runs, so
 # `rq tail` does not pay for boto3 and `rq preload` does not pay for aioquic. A module that is not
@@ -72,6 +73,10 @@ class LazyGroup(click.Group):
             return None
         command = getattr(importlib.import_module(entry[0]), entry[1])
         assert isinstance(command, click.Command)
+        # every command reads RQ_<COMMAND>_<OPTION> from its flag's name (RQ_PRELOAD_JSON, not only
+        # Click's RQ_PRELOAD_JSON_ from the parameter json_); idempotent, so a command module that
+        # already did it is left as it is
+        documented_env_names_everywhere(command, cmd_name.replace("-", "_"))
         if cmd_name not in OWN_GC:
             gc.enable()  # off while rq imported (rqcli.console)
         return command

@@ -43,6 +43,15 @@ class CommandEnvFirst(click.Option):
         return super().resolve_envvar_value(ctx)
 
 
+def documented_env_names_everywhere(command: click.Command, name: str) -> None:
+    """documented_env_names for a command and, for a group (`rq cache`), each of its subcommands
+    under the name Click's automatic variables use (RQ_CACHE_DU_JSON)."""
+    documented_env_names(command, name)
+    if isinstance(command, click.Group):
+        for sub_name, sub in command.commands.items():
+            documented_env_names_everywhere(sub, f"{name}_{sub_name}")
+
+
 def documented_env_names(command: click.Command, name: str) -> None:
     """The documented rule is RQ_<COMMAND>_<OPTION>, from the flag; Click's automatic name comes
     from the Python parameter (RQ_REPLAY_FMT for --format, RQ_REPLAY_FROM_SPEC for --from). Each

@@ -29,9 +29,10 @@ cache_dir_option = click.option(
 # max age (60 s) is revalidated there first, so a store that is not AWS needs its endpoint on a hit too.
 endpoint_option = click.option(
     "--endpoint-url",
-    envvar="AWS_ENDPOINT_URL",
+    envvar=["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"],  # botocore's order: the service's own first
     cls=CommandEnvFirst,
-    help="S3 endpoint (MinIO, SeaweedFS, …), to revalidate a stale entry or fetch a miss (env AWS_ENDPOINT_URL).",
+    help="S3 endpoint (MinIO, SeaweedFS, …), to revalidate a stale entry or fetch a miss "
+    "(env AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL).",
 )
 profile_option = click.option(
     "--profile",
@@ -207,8 +208,8 @@ def path(
 
     Like `rq cache cat`, it first revalidates the entry (a directory origin always, S3 after 60 s)
     and fetches it again if the origin changed or the cached file is gone, so a store that is not
-    AWS needs --endpoint-url (or AWS_ENDPOINT_URL) here as for `rq preload`. A URL that is not
-    cached exits 3.
+    AWS needs --endpoint-url (or AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL) here as for `rq preload`.
+    A URL that is not cached exits 3.
 
     Example: tar tf "$(rq cache path s3://bucket/shard-0001.tar --endpoint-url http://minio:9000)"
     """

@@ -172,7 +172,7 @@ EXIT_FOR_KIND = {
 )
 @click.option(
     "--endpoint-url",
-    envvar="AWS_ENDPOINT_URL",
+    envvar=["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"],  # botocore's order: the service's own first
     cls=CommandEnvFirst,
     help="S3 endpoint (MinIO, SeaweedFS, …).",
 )

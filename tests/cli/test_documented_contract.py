@@ -1,0 +1,78 @@
+"""What docs/cli.md and docs/cache.md promise about sizes, environment variables and endpoints,
+checked through the real `rq` (the findings of a docs-against-behaviour review)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rqtest import run_rq
+
+from cache.errors import BadSourceError
+from cache.sizes import parse_size
+
+
+def _last_json(stdout: bytes) -> dict[str, Any]:
+    line = stdout.decode().strip().splitlines()[-1]
+    parsed: dict[str, Any] = json.loads(line)
+    return parsed
+
+
+@pytest.mark.parametrize("text", ["0.5", "1.5", "0.3"])
+def test_a_plain_number_of_bytes_must_be_whole(text: str) -> None:
+    with pytest.raises(BadSourceError, match="whole number of bytes"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize(("text", "size"), [("1.5K", 1536), ("1.5GiB", 3 << 29), ("1.0", 1), ("64", 64)])
+def test_a_fraction_with_a_unit_is_whole_bytes(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+def test_a_fractional_ram_limit_is_refused_not_taken_as_zero(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"x" * 100)
+    cache_dir = tmp_path / "cache"
+    done = run_rq("preload", str(src), "--tier", "ram", "--cache-dir", str(cache_dir), "--ram-limit", "0.5")
+    assert done.returncode == 2, done.stderr.decode()
+    assert b"whole number of bytes" in done.stderr
+    assert not cache_dir.exists()  # refused while parsing: no cap of 0 remembered
+
+
+def test_rq_command_option_variables_work_for_every_command(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.bin").write_bytes(b"x" * 100)
+    env = {"RQ_CACHE_DIR": str(tmp_path / "cache")}
+    done = run_rq("preload", str(src), env={**env, "RQ_PRELOAD_JSON": "1"})
+    assert done.returncode == 0, done.stderr.decode()
+    assert _last_json(done.stdout)["objects"] == 1
+    du = run_rq("cache", "du", env={**env, "RQ_CACHE_DU_JSON": "1"})
+    assert du.returncode == 0, du.stderr.decode()
+    assert _last_json(du.stdout)["disk"]["objects"] == 1
+
+
+@pytest.mark.integration
+def test_the_s3_specific_endpoint_variable_wins(
+    tmp_path: Path, aws_env: dict[str, str], bucket: str, s3_client: Any
+) -> None:
+    s3_client.put_object(Bucket=bucket, Key="p/a.bin", Body=b"y" * 10)
+    endpoint = aws_env["AWS_ENDPOINT_URL"]
+    env = {
+        **aws_env,
+        "AWS_ENDPOINT_URL_S3": endpoint,
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",  # nothing listens there (discard)
+        "RQ_CACHE_DIR": str(tmp_path / "cache"),
+    }
+    done = run_rq("preload", f"s3://{bucket}/p/", "--json", env=env, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+    assert _last_json(done.stdout)["objects"] == 1
+    url = f"s3://{bucket}/p/a.bin"
+    cached = Path(run_rq("cache", "path", url, "--no-check", env=env).stdout.decode().strip())
+    cached.unlink()  # gone: `rq cache path` fetches it again from the endpoint
+    path = run_rq("cache", "path", url, env=env, timeout=60)
+    assert path.returncode == 0, path.stderr.decode()
+    assert Path(path.stdout.decode().strip()).read_bytes() == b"y" * 10
