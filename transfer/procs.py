@@ -15,6 +15,8 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import time
+from collections.abc import Callable
 from typing import Any
 
 from transfer.errors import PeerUnreachableError, TransferError, error_from_code
@@ -25,6 +27,7 @@ from transfer.transport import ConnectOptions, Transport
 
 Pair = tuple[int, int]
 _PR_SET_PDEATHSIG = 1
+STOP_S = 2.0  # how long children told to stop get to finish the chunk they are sending
 
 
 def die_with_parent(parent: int | None = None) -> bool:
@@ -48,9 +51,12 @@ def _child(
     opts: Any,
     todo: list[Pair],
     out: Any,
+    stop: Any,
 ) -> None:
     if not die_with_parent(parent):
         return  # nobody is left to read what this child would report
+    import threading
+
     from transfer.sender import Stats, Work, run_connection
     from transfer.transport import get_transport
 
@@ -59,6 +65,18 @@ def _child(
             out.put(("moved", ev.raw_bytes, ev.wire_bytes, ev.file, ev.index))
 
     digests: list[dict[int, bytes]] = [{} for _ in manifest.files]
+    work = Work(todo, lambda n: out.put(("acked", n)))
+
+    def _stop_when_told() -> None:
+        # The parent closed its end: it gave up on this attempt. Stop between chunks, so that
+        # every chunk handed to the connection has been reported (a kill would lose the reports
+        # still queued). A pipe, not an mp.Event: Event.set() waits for every waiter to wake, and
+        # hangs for ever on a child that died (or exited) while it waited
+        with contextlib.suppress(Exception):
+            stop.poll(None)
+        work.fail(PeerUnreachableError("the attempt was given up"))
+
+    threading.Thread(target=_stop_when_told, daemon=True).start()
     try:
         conn = get_transport(name).connect(copts)
         try:
@@ -68,7 +86,7 @@ def _child(
                 token,
                 manifest,
                 files,
-                Work(todo, lambda n: out.put(("acked", n))),
+                work,
                 opts,
                 digests,
                 Stats(),
@@ -100,6 +118,7 @@ def move_in_processes(
     n = min(opts.connections, len(todo))
     ctx = mp.get_context("spawn")  # never fork a process that runs threads and an event loop
     out = ctx.Queue()
+    stop, stopping = ctx.Pipe(duplex=False)
     shares = [todo[i::n] for i in range(n)]
     procs = [
         ctx.Process(
@@ -114,6 +133,7 @@ def move_in_processes(
                 opts,
                 share,
                 out,
+                stop,
             ),
             daemon=True,
         )
@@ -122,6 +142,15 @@ def move_in_processes(
     for p in procs:
         p.start()
     pending = len(procs)
+
+    def take(msg: tuple[Any, ...]) -> None:
+        if msg[0] == "moved":  # the parent's Stats knows every attempt: it tells what was resent
+            if stats.add(msg[1], msg[2], (msg[3], msg[4])):
+                on_event(ChunkResent("sent again"))
+            on_event(ChunkMoved(msg[1], msg[2], msg[3], msg[4]))
+        elif msg[0] == "acked":
+            stats.add_acked(msg[1])
+
     try:
         while pending:
             try:
@@ -130,25 +159,40 @@ def move_in_processes(
                 if any(p.exitcode not in (None, 0) for p in procs):
                     raise PeerUnreachableError("a connection process died") from None
                 continue
-            if msg[0] == "moved":  # the parent's Stats knows every attempt: it tells what was resent
-                if stats.add(msg[1], msg[2], (msg[3], msg[4])):
-                    on_event(ChunkResent("sent again"))
-                on_event(ChunkMoved(msg[1], msg[2], msg[3], msg[4]))
-            elif msg[0] == "acked":
-                stats.add_acked(msg[1])
-            elif msg[0] == "ok":
+            take(msg)
+            if msg[0] == "ok":
                 for f, k, d in msg[1]:
                     digests[f][k] = d
                 pending -= 1
-            else:
+            elif msg[0] == "error":
                 raise error_from_code(msg[1], msg[2])
     finally:
-        for p in procs:
-            p.join(timeout=2)
-            if p.is_alive():
-                p.kill()
+        # Children still running when one failed go on sending until told to stop: what they
+        # moved is counted (the summary's bytes_raw and chunks_sent, chunks_acked), or chunks the
+        # receiver keeps would be missing from it and never sent again to be counted
+        stopping.close()
+        _drain(out, procs, take)
+        stop.close()
         with contextlib.suppress(Exception):
             out.close()
+
+
+def _drain(out: Any, procs: list[Any], take: Callable[[tuple[Any, ...]], None]) -> None:
+    """Takes the children's last reports while they stop (at most STOP_S), then kills those
+    still running (one stuck sending to a receiver that is gone) and takes what they had sent."""
+    deadline = time.monotonic() + STOP_S
+    while any(p.is_alive() for p in procs) and time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            take(out.get(timeout=0.02))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join(timeout=2)
+    # what a child wrote before it exited is still in the pipe; a child killed while writing
+    # may have left half a report, which ends the reading
+    with contextlib.suppress(Exception):
+        while True:
+            take(out.get_nowait())
 
 
 def _port(copts: ConnectOptions, data_ports: list[int], i: int) -> ConnectOptions:
