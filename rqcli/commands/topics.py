@@ -446,8 +446,15 @@ def _aged_out_reporter(out: Output, topic: str) -> Callable[[int, int], None]:
 
     def report(first: int, last: int) -> None:
         span = f"offset {first}" if first == last else f"offsets {first}..{last}"
-        out.warn(f"{span} aged out (retention) before they were read")
-        out.emit({"event": "gap", "topic": topic, "first": first, "last": last, "reason": "retention"})
+        try:
+            out.warn(f"{span} aged out (retention) before they were read")
+            out.emit({"event": "gap", "topic": topic, "first": first, "last": last, "reason": "retention"})
+        except BrokenPipeError:
+            # The reader left while the records before the gap sat in the pipe: as when a
+            # record's write finds it gone, they were not consumed (a raw BrokenPipeError let
+            # `replay --commit` store the position past them).
+            _stdout_gone()
+            raise ReaderLeft from None
 
     return report
 
@@ -1204,8 +1211,10 @@ def replay(
                     interrupted.aged_out = [[a, b] for a, b in res.gaps if a < reached_to] or None
                     interrupted.save(save_spec)
                 raise
-            except ReaderLeft:
-                # What the reader never read is not consumed: no commit, no spec, exit 0 (like `| head`).
+            except (ReaderLeft, BrokenPipeError):
+                # What the reader never read is not consumed: no commit, no spec, exit 0 (like `|
+                # head`). A BrokenPipeError is any other write that found it gone (never a commit).
+                _stdout_gone()
                 reader_left = True
             finally:
                 # Records written out before a Ctrl-C/SIGTERM count even if the read loop had not

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rqtest import run_rq
-from test_log import fill
+from test_log import fill, value
 
 import topics.embedded.log as logmod
 from topics.embedded.log import LogWriter, TopicConfig, TopicLog
@@ -120,3 +122,60 @@ def test_rq_says_which_offsets_aged_out_before_a_group_read_them(tmp_path: Path)
     assert r.returncode == 0 and b"aged out" not in r.stderr
     assert json.loads(spec.read_text())["aged_out"] is None
     assert os.listdir(t)  # the topic is still there
+
+
+# rq itself, with retention deleting the segments named in argv[1] at the moment the reader moves
+# on from segment 0 (as in _deleting_view), which then waits for stdout's reader to leave.
+_RQ_RETENTION_AS_HEAD_LEAVES = """
+import select, sys, time
+from pathlib import Path
+import topics.embedded.log as logmod
+real = logmod.LogReader._next_segment
+victims, fired = sys.argv.pop(1).split(","), []
+def next_segment(self, done):
+    if not fired:
+        fired.append(1)
+        for victim in victims:
+            Path(victim).unlink()
+        poller = select.poll()
+        poller.register(1, 0)  # POLLERR: head has gone
+        until = time.monotonic() + 30
+        while not poller.poll(50) and time.monotonic() < until:
+            pass
+    return real(self, done)
+logmod.LogReader._next_segment = next_segment
+from rqcli.console import main
+main()
+"""
+
+
+def test_a_gap_line_that_finds_the_reader_gone_commits_nothing(tmp_path: Path) -> None:
+    """`rq replay --group g --commit --json | head -n 1`, with retention deleting the next segment
+    while rq is in the first: the {"event":"gap"} line was the write that found head gone, raised
+    BrokenPipeError rather than ReaderLeft, and the group was committed past the 19 records head
+    never read. Now it is a departed reader: nothing committed, exit 0."""
+    topics_dir = tmp_path / "topics"
+    t = topics_dir / "ev"
+    fill(t, 200, batch=20, config=TopicConfig(segment_bytes=1_000))  # a batch per segment
+    segs = _segments(t)
+    assert int(segs[1].stem) == 20 and int(segs[2].stem) == 40
+    hook = tmp_path / "rq_hooked.py"
+    hook.write_text(_RQ_RETENTION_AS_HEAD_LEAVES)
+    env = {**os.environ, "RQ_TOPICS_DIR": str(topics_dir), "CI": "1"}
+    args = ["replay", "ev", "--group", "g", "--commit", "--json", "--format", "raw"]
+    rq = subprocess.Popen(
+        [sys.executable, str(hook), f"{segs[0]},{segs[1]}", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert rq.stdout is not None
+    head = subprocess.run(["head", "-n", "1"], stdin=rq.stdout, capture_output=True, timeout=60, check=False)
+    rq.stdout.close()  # head's end is the only reader left
+    _, err = rq.communicate(timeout=60)
+    assert head.stdout == value(0) + b"\n"
+    assert b"offsets 20..39 aged out (retention)" in err, err  # the gap was met
+    assert rq.returncode == 0, err
+    r = run_rq("offsets", "ev", "--group", "g", "--json", env={"RQ_TOPICS_DIR": str(topics_dir)})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["groups"] == [{"group": "g", "committed": None, "lag": 160}]
