@@ -165,7 +165,7 @@ def check_s3(endpoint: str | None, bucket: str | None, explicit: bool) -> Findin
     return Finding("s3", "ok", detail)
 
 
-def check_nats(url: str, explicit: bool) -> Finding:
+def check_nats(url: str, explicit: bool, configured: bool = False) -> Finding:
     """Reads the server's INFO line over a plain socket: quick, and no client library's retry delay."""
     parsed = _validate_url(url, ("nats", "tls"), "NATS URL")
     from topics.sources.access import redact_url
@@ -179,7 +179,8 @@ def check_nats(url: str, explicit: bool) -> Finding:
     except OSError as exc:
         return Finding(
             "nats",
-            "fail" if explicit else "skip",
+            # asked for: fail; set in the environment other commands read: warn; the default: skip
+            "fail" if explicit else "warn" if configured else "skip",
             f"{url}: unreachable ({exc.strerror or exc})",
             "start nats-server with -js, or pass --nats-url",
             int(ExitCode.UNREACHABLE),
@@ -374,7 +375,12 @@ def run_checks(
         bad_nats = _from_environment("nats", env_nats, ("nats", "tls"), "NATS URL", "RQ_NATS_URL")
     findings = [
         bad_s3 or check_s3(endpoint or env_endpoint, bucket, explicit=bool(endpoint or bucket)),
-        bad_nats or check_nats(nats_url or env_nats or "nats://127.0.0.1:4222", explicit=bool(nats_url)),
+        bad_nats
+        or check_nats(
+            nats_url or env_nats or "nats://127.0.0.1:4222",
+            explicit=bool(nats_url),
+            configured=bool(env_nats),
+        ),
         check_quic_backends(),
         check_udp_buffers(),
         check_rdma(),
@@ -436,7 +442,8 @@ def doctor(endpoint_url: str | None, bucket: str | None, nats_url: str | None, c
     elif not out.quiet:
         table = Table(title="rq doctor", show_lines=False)
         for col in ("check", "status", "finding", "what to do"):
-            table.add_column(col)
+            # fold, never cut with "…": a CI log (no terminal, 80 columns) must keep whole URLs
+            table.add_column(col, overflow="fold")
         for f in findings:
             # findings carry text like 'rqcli[rdma]': escape it, or rich reads it as markup
             table.add_row(f.check, f"[{STYLE[f.status]}]{f.status}[/]", escape(f.detail), escape(f.fix))

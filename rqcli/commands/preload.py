@@ -254,6 +254,17 @@ def _preload(
     from cache.s3 import S3Settings, start_listings
 
     settings = S3Settings(endpoint_url=endpoint_url, profile=profile)
+
+    def refused(err: CliError) -> CliError:
+        """A failure before the cache is open: --json still ends with the aborted summary."""
+        if out.json:
+            tally.reported = True
+            seconds = time.monotonic() - started
+            report(
+                out, tally.summary(seconds, tier, _root_for_summary(cache_dir), err, dry_run), dry_run=dry_run
+            )
+        return err
+
     try:
         check_sources(list(sources), settings)  # a bad argument creates nothing
         # the listing runs on the CRT's threads while the rest of the cache is imported and opened
@@ -264,25 +275,21 @@ def _preload(
             # listings' first pages are waited for here, after the imports they overlap with
             check_sources_exist(list(sources), settings)
     except CacheError as exc:
-        err = cache_error_to_cli(exc)
-        if out.json:
-            tally.reported = True
-            seconds = time.monotonic() - started
-            report(
-                out, tally.summary(seconds, tier, _root_for_summary(cache_dir), err, dry_run), dry_run=dry_run
-            )
-        raise err from None
-    scratch = _scratch_for_dry_run(cache_dir) if dry_run else None
-    c = open_cache(
-        cache_dir if scratch is None else Path(scratch.name) / "cache",
-        ram_dir=None if scratch is None else Path(scratch.name) / "ram",
-        # a dry run changes nothing: a limit given with it is not remembered for later runs
-        ram_limit=None if dry_run else ram_limit,
-        disk_limit=None if dry_run else disk_limit,
-        endpoint_url=endpoint_url,
-        profile=profile,
-        durable=not no_fsync,
-    )
+        raise refused(cache_error_to_cli(exc)) from None
+    try:
+        scratch = _scratch_for_dry_run(cache_dir) if dry_run else None
+        c = open_cache(
+            cache_dir if scratch is None else Path(scratch.name) / "cache",
+            ram_dir=None if scratch is None else Path(scratch.name) / "ram",
+            # a dry run changes nothing: a limit given with it is not remembered for later runs
+            ram_limit=None if dry_run else ram_limit,
+            disk_limit=None if dry_run else disk_limit,
+            endpoint_url=endpoint_url,
+            profile=profile,
+            durable=not no_fsync,
+        )
+    except CliError as exc:  # not a cache (and not empty), unwritable, a cap too small, …
+        raise refused(exc) from None
     root = c.root if scratch is None else _requested_root(cache_dir)
     tally.root = root
     # a dry run prints its plan as it is listed (a line per object): no bar to draw around it

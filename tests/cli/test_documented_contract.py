@@ -76,3 +76,31 @@ def test_the_s3_specific_endpoint_variable_wins(
     path = run_rq("cache", "path", url, env=env, timeout=60)
     assert path.returncode == 0, path.stderr.decode()
     assert Path(path.stdout.decode().strip()).read_bytes() == b"y" * 10
+
+
+def test_doctor_warns_about_an_unreachable_rq_nats_url_from_the_environment(tmp_path: Path) -> None:
+    done = run_rq("doctor", "--json", env={"RQ_NATS_URL": "nats://127.0.0.1:9"}, timeout=60)
+    findings = [json.loads(x) for x in done.stdout.decode().splitlines() if '"finding"' in x]
+    nats = next(f for f in findings if f["check"] == "nats")
+    assert nats["status"] == "warn", nats  # set, so checked; not asked for, so no failure
+    assert done.returncode == 0, done.stderr.decode()
+
+
+def test_doctor_table_in_a_ci_log_keeps_whole_paths(tmp_path: Path) -> None:
+    deep = tmp_path / ("a-long-directory-name-" * 4) / "cache"
+    done = run_rq("doctor", "--cache-dir", str(deep), timeout=60)  # stdout is a pipe: no terminal
+    assert "…" not in done.stdout.decode()
+    assert str(deep).replace("/", "") in "".join(c for c in done.stdout.decode() if c not in "│ \n/")
+
+
+def test_preload_into_a_directory_that_is_no_cache_ends_json_with_its_summary(tmp_path: Path) -> None:
+    src, not_a_cache = tmp_path / "src", tmp_path / "mine"
+    src.mkdir()
+    not_a_cache.mkdir()
+    (src / "a.bin").write_bytes(b"x")
+    (not_a_cache / "notes.txt").write_text("mine")
+    done = run_rq("preload", str(src), "--cache-dir", str(not_a_cache), "--json")
+    assert done.returncode == 2, done.stderr.decode()
+    last = _last_json(done.stdout)
+    assert last["event"] == "summary" and last["aborted"] is True and "not an rq cache" in last["error"]
+    assert sorted(p.name for p in not_a_cache.iterdir()) == ["notes.txt"]
