@@ -585,6 +585,10 @@ class Store:
     def _plan(self, manifest: Manifest) -> Plan:
         self._finish_interrupted(but=manifest.transfer_id)
         self._check_chunk_size(manifest)  # first: files kept at another size are not "in the way"
+        with self._dirs_opened(manifest):
+            return self._plan_checked(manifest)
+
+    def _plan_checked(self, manifest: Manifest) -> Plan:
         states = [self._placed_state(entry, manifest.chunk_size) for entry in manifest.files]
         in_the_way: list[tuple[str, ExistsError]] = []
         for entry, state in zip(manifest.files, states, strict=True):
@@ -628,9 +632,10 @@ class Store:
         # A file moved or deleted since: not complete, send it again (plan() keeps the files still
         # in place, see _placed_state). A done marker from before placed records were kept (no
         # record) counts the file by its size, as it did then.
-        if not all(self._still_placed(entry, manifest.chunk_size) for entry in manifest.files):
-            return False
-        return all(self._is_dir(name) for name in manifest.dirs)  # one removed since: make it again
+        with self._dirs_opened(manifest):
+            if not all(self._still_placed(entry, manifest.chunk_size) for entry in manifest.files):
+                return False
+            return all(self._is_dir(name) for name in manifest.dirs)  # one removed since: make it again
 
     def _is_dir(self, name: str) -> bool:
         st = self._final_stat(name)
@@ -701,13 +706,16 @@ class Store:
                 finally:
                     os.close(fd)
 
-    def _open_dirs_for_placing(self, manifest: Manifest) -> None:
-        """A directory of this transfer that an earlier one left without owner write or search
-        permission (its sender's 0500 or 0555) would refuse this commit's links and mkdirs when
-        the receiver is not root: like rsync, give it u+rwx until _set_dir_modes gives it its mode
-        at the end (shallowest first, so that each is reachable). Only directories we own."""
+    def _open_dirs_for_placing(self, manifest: Manifest) -> list[tuple[str, int]]:
+        """A directory of this transfer that an earlier one left without owner read, write or
+        search permission (its sender's 0500, 0300 or 0000) would refuse this commit's links and
+        mkdirs, and the O_RDONLY walks of plan's checks and _set_dir_times, when the receiver is
+        not root: like rsync, give it u+rwx until _set_dir_modes gives it its mode at the end
+        (shallowest first, so that each is reachable). Only directories we own. Returns those
+        changed, with their modes before, for _restore_dir_modes."""
+        changed: list[tuple[str, int]] = []
         if not manifest.dir_modes or os.geteuid() == 0:
-            return  # root is refused nothing
+            return changed  # root is refused nothing
         for name, _mode in sorted(manifest.dir_modes, key=lambda d: d[0].count("/")):
             with contextlib.suppress(OSError):
                 fd = self._open_dir(name, _PATH_DIR_FLAGS)
@@ -715,8 +723,32 @@ class Store:
                     st = os.fstat(fd)
                     if st.st_mode & 0o700 != 0o700 and st.st_uid == os.geteuid():
                         os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(st.st_mode) | 0o700)
+                        changed.append((name, stat.S_IMODE(st.st_mode)))
                 finally:
                     os.close(fd)
+        return changed
+
+    def _restore_dir_modes(self, changed: list[tuple[str, int]]) -> None:
+        """Gives the directories _open_dirs_for_placing opened their modes back, deepest first
+        (each parent still searchable). Best effort, like _set_dir_modes."""
+        for name, mode in reversed(changed):
+            with contextlib.suppress(OSError):
+                fd = self._open_dir(name, _PATH_DIR_FLAGS)
+                try:
+                    os.chmod(f"/proc/self/fd/{fd}", mode)
+                finally:
+                    os.close(fd)
+
+    @contextlib.contextmanager
+    def _dirs_opened(self, manifest: Manifest) -> Iterator[None]:
+        """The transfer's directories opened (u+rwx) for a look at what is under them (a re-run's
+        plan, "already complete?"), their modes back after: a receiver that is not root found an
+        earlier transfer's 0300 or 0000 directory "not a plain directory" and refused every re-run."""
+        changed = self._open_dirs_for_placing(manifest)
+        try:
+            yield
+        finally:
+            self._restore_dir_modes(changed)
 
     def _still_placed(self, entry: FileEntry, chunk_size: int) -> bool:
         state = self._placed_state(entry, chunk_size)

@@ -140,6 +140,43 @@ def test_read_only_directories_as_a_receiver_that_is_not_root(tmp_path: Path) ->
         assert tree_digest(dest / "ckpt") == tree_digest(src / "ckpt")
 
 
+@pytest.mark.parametrize("mode", [0o300, 0o000])
+def test_directories_without_owner_read_or_search_as_a_receiver_that_is_not_root(
+    tmp_path: Path, mode: int
+) -> None:
+    """A directory an earlier transfer left 0300 (no read) or 0000 (no search either) got in the
+    way of a receiver that is not root: every re-run, even of the same command, was refused as
+    "locked in the destination is not a plain directory" (its plan and "already complete" checks
+    walk with O_RDONLY). They now open it (u+rwx) for the checks, as the commit does, and give it
+    back its mode."""
+    src = tmp_path / "src"
+    (src / "ckpt" / "locked" / "deep").mkdir(parents=True)
+    (src / "ckpt" / "locked" / "deep" / "a.bin").write_bytes(os.urandom(100_000))
+    (src / "ckpt" / "locked" / "top.bin").write_bytes(os.urandom(1_000))
+    (src / "ckpt" / "locked").chmod(mode)  # root reads it anyway
+    with nobody_home() as home:
+        dest = home / "dst"
+        locked = dest / "ckpt" / "locked"
+        recv = Recv(dest, home / "cert", "tcp", env=rq_env(HOME=str(home)), wrap=AS_NOBODY).start()
+        try:
+            proc = rq_send([src / "ckpt"], recv)
+            assert proc.returncode == 0, proc.stderr.decode()
+            assert stat.S_IMODE(locked.stat().st_mode) == mode
+            proc = rq_send([src / "ckpt"], recv)  # the same command again: nothing to send
+            assert proc.returncode == 0, proc.stderr.decode()
+            assert summary(proc)["bytes_raw"] == 0, summary(proc)
+            assert stat.S_IMODE(locked.stat().st_mode) == mode
+            (src / "ckpt" / "locked" / "deep" / "b.bin").write_bytes(os.urandom(50_000))
+            proc = rq_send([src / "ckpt"], recv)  # a shard added under it
+            assert proc.returncode == 0, proc.stderr.decode()
+            assert summary(proc)["bytes_raw"] == 50_000, summary(proc)
+        finally:
+            recv.stop()
+        assert stat.S_IMODE(locked.stat().st_mode) == mode
+        locked.chmod(0o755)  # as root: to compare
+        assert tree_digest(dest / "ckpt") == tree_digest(src / "ckpt")
+
+
 def _entry(name: str) -> FileEntry:
     return FileEntry(name=name, size=1000, mode=0o644, key=file_key(name, 1000, 1, 1, 1 << 16))
 
