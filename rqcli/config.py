@@ -74,8 +74,21 @@ def check_config(
                 command = root.get_command(ctx, key)
                 if command is not None:
                     _check_table(value, command, click.Context(command, parent=ctx), key, where)
+        elif not isinstance(value, dict):
+            # rq's own options (--json, -q, -v) are read before the file is: a top-level key would
+            # be accepted and do nothing
+            raise CliError(
+                f"config file {where}: top-level {key!r} is not read; options go in a command's table",
+                ExitCode.USAGE,
+                hint=f"write it under the command it is for, e.g. [preload] then {key} = …",
+            )
         else:
-            _check_key(config, key, root, ctx, "", where, sorted(commands))
+            near = difflib.get_close_matches(key, sorted(commands), n=1)
+            raise CliError(
+                f"config file {where}: [{key}]: no such command",
+                ExitCode.USAGE,
+                hint=f"did you mean {near[0]!r}?" if near else f"known: {', '.join(sorted(commands))}",
+            )
 
 
 def _check_table(

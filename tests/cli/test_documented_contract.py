@@ -104,3 +104,14 @@ def test_preload_into_a_directory_that_is_no_cache_ends_json_with_its_summary(tm
     last = _last_json(done.stdout)
     assert last["event"] == "summary" and last["aborted"] is True and "not an rq cache" in last["error"]
     assert sorted(p.name for p in not_a_cache.iterdir()) == ["notes.txt"]
+
+
+def test_a_top_level_key_in_the_config_file_is_refused_not_ignored(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("json = true\n")
+    done = run_rq("--config", str(config), "cache", "du", "--cache-dir", str(tmp_path / "c"))
+    assert done.returncode == 2
+    assert "top-level 'json' is not read" in done.stderr.decode()
+    config.write_text("[prelod]\nworkers = 4\n")
+    done = run_rq("--config", str(config), "cache", "du", "--cache-dir", str(tmp_path / "c"))
+    assert done.returncode == 2 and "did you mean 'preload'" in done.stderr.decode()
