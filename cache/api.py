@@ -146,7 +146,7 @@ class Cache:
         if isinstance(max_age, bool) or not isinstance(max_age, int | float) or not max_age >= 0:
             raise BadSourceError(f"max_age must be seconds (a number >= 0), not {max_age!r}")
         self.durable = durable
-        self.on_event = on_event  # ServedStale, from open() and path()
+        self.on_event = on_event  # ServedStale and Demoted, from open(), path() and prefetch()
         self._unreachable: dict[str, tuple[float, str]] = {}  # bucket: (ask again after, why)
         self._tighten = ram_dir is None  # rq's own default root: see Layout.create
         self._ram_pid = 0  # the process whose hold on the RAM root this object counts in (cache.orphans)
@@ -506,6 +506,12 @@ class Cache:
         self._unreachable.pop(bucket, None)
         return info, None
 
+    def _read_event(self, event: ev.Event) -> None:
+        """What a read-through's fetch tells the caller: only that an object asked for in RAM
+        landed on disk (a full RAM file system); its landings and progress are not news there."""
+        if isinstance(event, ev.Demoted):
+            self.on_event(event)
+
     def _served_stale(self, entry: Entry, why: str) -> None:
         self.on_event(ev.ServedStale(entry.url, max(0.0, time.time() - entry.checked_at), why))
 
@@ -590,7 +596,9 @@ class Cache:
         if tier == "ram":
             self._ensure_ram_root()
         for again in (True, False):
-            fetcher = Fetcher(state.store, self.layout, tier, 16, durable=self.durable, keep_entries=True)
+            fetcher = Fetcher(
+                state.store, self.layout, tier, 16, self._read_event, durable=self.durable, keep_entries=True
+            )
             try:
                 result = fetcher.run([Job(info, origin, keep_open=keep_open)])
             except CacheError:
@@ -909,7 +917,8 @@ class Prefetcher:
                     jobs.append(Job(origin.stat(url), origin))
                 except CacheError as exc:  # one missing item must not cost the whole window
                     self._error(str(exc))
-        result = Fetcher(state.store, cache.layout, self.tier, 32, durable=cache.durable).run(jobs)
+        fetcher = Fetcher(state.store, cache.layout, self.tier, 32, cache._read_event, durable=cache.durable)
+        result = fetcher.run(jobs)
         for failure in result.failed:  # each item that failed alone, for whoever reads .errors
             self._error(
                 failure.message if failure.url in failure.message else f"{failure.url}: {failure.message}"
@@ -919,6 +928,10 @@ class Prefetcher:
 class _PromoteOrigin(LocalOrigin):
     """Copies a cached blob into another tier (RAM promotion). The blob is checked against its
     recorded digest once (streaming, bounded memory) before any of it is copied."""
+
+    # a promotion that finds the RAM file system full leaves the copy on disk where it is, rather
+    # than have the fetcher copy it onto disk a second time (Fetcher._elsewhere)
+    promotes = True
 
     def __init__(self, path: Path, entry: Entry, fallback: Origin | None = None):
         super().__init__(path.parent, workers=8)

@@ -57,6 +57,13 @@ class CacheFullError(CacheError):
     """A tier cap cannot be honoured (nothing evictable) or the file system is full."""
 
 
+class FileSystemFullError(CacheFullError):
+    """The file system under a tier ran out of space (ENOSPC/EDQUOT) below the tier's cap: room
+    taken by files that are not the cache's, or a cap set above what the file system holds. Its
+    message begins "no space left". A RAM-tier landing that meets it evicts, then lands on disk
+    (docs/cache.md, "A full RAM file system")."""
+
+
 class BusyError(CacheError):
     """Another process is fetching the same big object right now; try again shortly."""
 

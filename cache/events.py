@@ -60,7 +60,22 @@ class ServedStale:
     reason: str  # the error that kept the origin from answering
 
 
-Event = Planned | WouldFetch | Progress | Landed | Failed | Retrying | ServedStale
+@dataclass(frozen=True)
+class Demoted:
+    """An object asked for in the RAM tier landed in the disk tier instead: the RAM tier's file
+    system was full (ENOSPC below rq's cap: others' files) and evicting the RAM tier's LRU entries
+    could not free enough. Reported just before its `Landed`; a read through `Cache.open` is served
+    from the disk copy. A promotion of a disk entry into RAM that meets the same full file system
+    is reported too (no `Landed`: it stays where it was). RAM entries that evictions move to disk
+    are not reported one by one."""
+
+    url: str
+    size: int
+    tier: str  # where it landed ("disk")
+    reason: str  # the file system error that kept it out of RAM
+
+
+Event = Planned | WouldFetch | Progress | Landed | Failed | Retrying | ServedStale | Demoted
 EventSink = Callable[[Event], None]
 
 

@@ -34,6 +34,7 @@ from cache.errors import (
     CacheFullError,
     ChangedError,
     DeniedError,
+    FileSystemFullError,
     NotFoundError,
     OriginError,
     UncacheableError,
@@ -161,6 +162,10 @@ class Job:
     requests: list[Any] = field(default_factory=list)
     keep_open: bool = False  # Cache.open's own miss: land it already locked for that reader
     done: bool = False  # landed, or failed for good: the run lets go of it
+    # where it lands when not the run's own tier: "disk" after the RAM tier's file system was full
+    tier: str = ""
+    made_room: bool = False  # the RAM file system was full once: LRU entries were evicted for it
+    demoted: str = ""  # why it left the RAM tier for the disk tier (the file system error)
 
     @property
     def big(self) -> bool:
@@ -173,6 +178,9 @@ class FetchResult:
     landed_bytes: int = 0
     largest: int = 0  # the biggest object landed
     landed: list[Entry] = field(default_factory=list)  # their entries: only with Fetcher(keep_entries=True)
+    # asked for in RAM, on disk (landed there, or a promotion left there): the RAM file system was
+    # full (one events.Demoted each)
+    demoted: int = 0
     failed: list[ev.Failed] = field(default_factory=list)
     bytes: int = 0
     resumed_bytes: int = 0  # pieces of big objects found durable from an earlier, interrupted run
@@ -249,6 +257,7 @@ class Fetcher:
         self._held_bytes = 0  # bytes reserved by this run for work not yet landed
         self.starved = False  # the tier budget is spent by our own work in flight
         self._body_bytes = 0  # sizes of whole-object requests in flight whose origin holds bodies
+        self._demoted = 0  # asked for in RAM, on disk: the RAM file system was full (FetchResult.demoted)
 
     # --- callbacks from other threads ----------------------------------------------------------
 
@@ -452,6 +461,7 @@ class Fetcher:
         result.bytes = self._bytes
         result.resumed_bytes = self.resumed_bytes
         result.throttled = self.throttled
+        result.demoted = self._demoted
         result.smallest_window = self.window.smallest
         self.on_event(ev.Progress(self._bytes))
         if fatal is not None:
@@ -473,7 +483,13 @@ class Fetcher:
     @staticmethod
     def _take(ready: deque[Job], room: int) -> list[Job]:
         batch = [ready.popleft()]
-        while ready and len(batch) < min(room, LAND_BATCH) and not batch[-1].big and not ready[0].big:
+        while (
+            ready
+            and len(batch) < min(room, LAND_BATCH)
+            and not batch[-1].big
+            and not ready[0].big
+            and ready[0].tier == batch[0].tier  # (one reservation, in one tier, per batch)
+        ):
             batch.append(ready.popleft())
         return batch
 
@@ -485,7 +501,8 @@ class Fetcher:
         delayed: list[tuple[float, int, Job]],
     ) -> list[Job]:
         """Reserves space for a batch (one transaction), opens landings, queues their requests."""
-        cap = self.store.caps[self.tier]
+        tier = self._tier(batch[0])
+        cap = self.store.caps[tier]
         new = [j for j in batch if not j.hold]
         # Space this run holds for work in flight may not pass half the cap: the rest stays free for
         # landed entries (which can be evicted) so a small cap never fills with our own reservations.
@@ -498,13 +515,15 @@ class Fetcher:
         if new:
             try:
                 holds = self.store.reserve(
-                    self.tier,
+                    tier,
                     [HoldSpec(j.info.size, blob_name(j.info.url, j.info.version), j.info.url) for j in new],
                     # with our own work in flight, do not wait inside reserve: it lands only when
                     # this loop runs, so give up at once and retry after the next landing
                     patience=0.0 if self._held_bytes else 10.0,
                 )
-            except CacheFullError:
+            except CacheFullError as exc:
+                if self._held_bytes == 0 and new[0].demoted:
+                    raise self._nowhere(new[0], exc) from exc
                 if self._held_bytes == 0:
                     raise
                 # full of our own in-flight work: wait for it to land (then it can be evicted)
@@ -523,7 +542,7 @@ class Fetcher:
             try:
                 job.landing = Landing(
                     self.layout,
-                    self.tier,
+                    tier,
                     job.info,
                     blob_name(job.info.url, job.info.version),
                     job.hold,
@@ -539,13 +558,20 @@ class Fetcher:
                 self._release(job, keep=False)
                 heapq.heappush(delayed, (time.monotonic() + 0.5, next(self._seq), job))
                 continue
+            except FileSystemFullError as exc:  # a big object's blocks, allocated up front
+                self._release(job, keep=self._has_partial(job))
+                if job.demoted:
+                    raise self._nowhere(job, exc) from exc
+                if not self._elsewhere(job, exc, ready):
+                    raise
+                continue
             except OSError as exc:
                 # the tier's tmp/ gone (an emptied /dev/shm) or unwritable: a partial that was never
                 # opened is no reason to keep a hold, which would count as in flight until a clear
                 self._release(job, keep=self._has_partial(job))
                 raise CacheError(
-                    f"could not start {job.info.url} in the {self.tier} tier under "
-                    f"{self.layout.tier_root(self.tier)}: {exc}"
+                    f"could not start {job.info.url} in the {tier} tier under "
+                    f"{self.layout.tier_root(tier)}: {exc}"
                 ) from exc
             job.error = None
             if job.big:
@@ -631,7 +657,9 @@ class Fetcher:
         job.requests.clear()
         landing = job.landing
         job.landing = None
-        resumable = job.big and not isinstance(err, VerifyError | ChangedError)
+        # a full RAM file system: its partial would only keep taking the room it lacks
+        elsewhere = isinstance(err, FileSystemFullError) and fatal is None and self._may_leave_ram(job)
+        resumable = job.big and not isinstance(err, VerifyError | ChangedError) and not elsewhere
         if landing is not None:
             if resumable:
                 landing.keep_for_resume()
@@ -643,6 +671,13 @@ class Fetcher:
                 err = UnreachableError(
                     f"{err}; {self._lost_in_a_row} connections in a row dropped with nothing landing"
                 )
+        if elsewhere:
+            self._release(job, keep=False)
+            self._elsewhere(job, err, ready)
+            return fatal
+        if isinstance(err, CacheFullError) and job.demoted and fatal is None:
+            cause, err = err, self._nowhere(job, err)
+            err.__cause__ = cause
         if isinstance(err, UnreachableError | CacheFullError | AuthError) or fatal is not None:
             self._release(job, keep=resumable)
             return fatal or err
@@ -677,6 +712,43 @@ class Fetcher:
         heapq.heappush(delayed, (time.monotonic() + delay, next(self._seq), job))
         return fatal
 
+    def _tier(self, job: Job) -> str:
+        return job.tier or self.tier
+
+    def _may_leave_ram(self, job: Job) -> bool:
+        """Whether a RAM landing that met a full file system may evict, then land on disk."""
+        return self._tier(job) == "ram" and self.store.caps.get("disk", 0) > 0
+
+    def _elsewhere(self, job: Job, err: BaseException, ready: deque[Job]) -> bool:
+        """The RAM tier's file system is full below its cap (its hold released, nothing of it
+        left in the tier): once, evict LRU RAM entries (demoted to disk, as for the cap) to make
+        room and try RAM again; then, or when nothing can be evicted, land it on disk. False: it
+        cannot leave (not a RAM landing, or no disk tier)."""
+        if not self._may_leave_ram(job):
+            return False
+        if not job.made_room:
+            job.made_room = True
+            if self.store.make_room("ram", job.info.size):
+                ready.appendleft(job)  # next, before the rest take the room
+                return True
+        if getattr(job.origin, "promotes", False):
+            job.done = True  # a promotion from disk: it stays cached there, nothing to copy
+            self._demoted += 1
+            self.on_event(ev.Demoted(job.info.url, job.info.size, "disk", str(err)))
+            return True
+        job.tier, job.demoted = "disk", str(err)
+        ready.appendleft(job)
+        return True
+
+    def _nowhere(self, job: Job, err: CacheFullError) -> CacheFullError:
+        """A demoted object the disk tier cannot take either: one error naming both tiers (its
+        cause is `err`, which the caller sets; never the error itself: rqcli walks the chain)."""
+        return CacheFullError(
+            f"no space left for {job.info.url} in either tier: the RAM tier's file system under "
+            f"{self.layout.tier_root('ram')} is full, and the disk tier under "
+            f"{self.layout.tier_root('disk')} cannot take it: {err}"
+        )
+
     def _release(self, job: Job, keep: bool) -> None:
         if job.hold:
             self._held_bytes -= job.info.size
@@ -708,7 +780,7 @@ class Fetcher:
         """A big object's hold is kept for a later run to resume only if its partial file is there:
         kept without one (its landing never opened) it would count as in flight until a clear."""
         blob = blob_name(job.info.url, job.info.version)
-        return job.big and self.layout.tmp_path(self.tier, blob, ".part").exists()
+        return job.big and self.layout.tmp_path(self._tier(job), blob, ".part").exists()
 
     def _land(self, items: list[Landed], result: FetchResult) -> None:
         """Lands a batch here and now (the end of a run, and the path without batch syncs)."""
@@ -719,7 +791,7 @@ class Fetcher:
         if self.durable:
             # the renames must be durable before the index names them: one fsync per directory per
             # batch (ext4 commits them together) instead of one per object
-            for directory in {self.layout.blob_path(self.tier, e.blob).parent for _, e, _ in items}:
+            for directory in {self.layout.blob_path(e.tier, e.blob).parent for _, e, _ in items}:
                 fsync_dir(directory)
         self._book(Published(durable=items), result)
 
@@ -735,11 +807,15 @@ class Fetcher:
         """Verified temp files -> durable -> final names -> durable names. I/O only: no index, no
         holds, no events (those are booked by the main thread in _book)."""
         items = [item for item in items if item[2].landing is not None]  # (not landed already)
+        # the run's tier, and the disk tier too when the RAM file system was full for some
+        roots = {self.layout.tier_root(e.tier): e.tier for _, e, _ in items}
         root = self.layout.tier_root(self.tier)
         try:
-            if not syncfs(root):
-                for _, _, job in items:
-                    os.fsync(job.landing.fd)  # type: ignore[union-attr]
+            for root, tier in roots.items():
+                if not syncfs(root):
+                    for _, entry, job in items:
+                        if entry.tier == tier:
+                            os.fsync(job.landing.fd)  # type: ignore[union-attr]
         except OSError as exc:
             for _, _, job in items:
                 job.landing.abort()  # type: ignore[union-attr]
@@ -756,11 +832,14 @@ class Fetcher:
             out.durable.append(item)
         if out.durable:
             try:
-                if not syncfs(root):
-                    for directory in {
-                        self.layout.blob_path(self.tier, e.blob).parent for _, e, _ in out.durable
-                    }:
-                        fsync_dir(directory)
+                for root, tier in roots.items():
+                    if not syncfs(root):
+                        for directory in {
+                            self.layout.blob_path(tier, e.blob).parent
+                            for _, e, _ in out.durable
+                            if e.tier == tier
+                        }:
+                            fsync_dir(directory)
             except OSError as exc:
                 # under final names but not durably named: not indexed, and taken back in _book
                 out.dropped.extend(out.durable)
@@ -794,7 +873,7 @@ class Fetcher:
             landing.release_kept()  # our own shared lock would make take_back see "a reader has it"
             if landing.placed:
                 with contextlib.suppress(Exception):  # (then it waits, unindexed, for the next run)
-                    self.store.take_back(self.tier, landing.blob)
+                    self.store.take_back(landing.tier, landing.blob)
             landing.abort()
         job.landing = None
         self._release(job, keep=False)
@@ -836,6 +915,9 @@ class Fetcher:
             result.largest = max(result.largest, entry.size)
             if self.keep_entries:
                 result.landed.append(entry)
+            if job.demoted:
+                self._demoted += 1
+                self.on_event(ev.Demoted(entry.url, entry.size, entry.tier, job.demoted))
             self.on_event(ev.Landed(entry.url, entry.size))
         if outcome.error is not None:
             raise outcome.error
@@ -843,7 +925,7 @@ class Fetcher:
     @staticmethod
     def _disk_error(root: Any, exc: OSError) -> CacheError:
         if is_no_space(exc):
-            return CacheFullError(f"no space left on the file system under {root}")
+            return FileSystemFullError(f"no space left on the file system under {root}")
         return CacheError(f"could not make the cache durable under {root}: {exc}")
 
 

@@ -33,7 +33,7 @@ from cache.digests import (
     whole_crc32,
 )
 from cache.directio import ALIGN, CHUNK, open_direct, pwrite_all, write_aligned, write_behind
-from cache.errors import BusyError, CacheFullError, ChangedError, VerifyError
+from cache.errors import BusyError, ChangedError, FileSystemFullError, VerifyError
 from cache.index import Entry
 from cache.layout import Layout
 from cache.store import fsync_dir, is_no_space, libc_function, lock_twin, unlink_quiet
@@ -170,7 +170,13 @@ class Landing:
             else:
                 os.ftruncate(self.fd, 0)
                 # reserve blocks up front so a full disk shows now, not after half the pieces
-                os.posix_fallocate(self.fd, 0, self.info.size)
+                try:
+                    os.posix_fallocate(self.fd, 0, self.info.size)
+                except OSError:
+                    # empty and ours (we hold its lock): left behind, it would keep a hold and a
+                    # stray file after the full disk that stops the run
+                    unlink_quiet(self.tmp)
+                    raise
             if self.durable:
                 self._dfd = open_direct(self.tmp)
         except OSError as exc:
@@ -561,7 +567,7 @@ class Landing:
 
     def _no_space_or_raise(self, exc: OSError) -> None:
         if is_no_space(exc):
-            raise CacheFullError(
+            raise FileSystemFullError(
                 f"no space left on the file system under {self.layout.tier_root(self.tier)} "
                 f"writing {self.info.url}"
             ) from exc

@@ -40,6 +40,10 @@ class PreloadResult:
     planned: list[ObjectInfo] = field(default_factory=list)
     evicted_own: int = 0  # landed by this run, then evicted by it again (the tier's cap is too small)
     demoted_own: int = 0  # landed in RAM by this run, then moved to disk to make room
+    # asked for in RAM, on disk: the RAM tier's file system was full below its cap (others' files)
+    # and evicting RAM entries could not make room, so they landed on disk, or (cached there
+    # already) stayed there (events.Demoted, one per object)
+    demoted_full: int = 0
 
     @property
     def mb_per_s(self) -> float:
@@ -337,6 +341,7 @@ def run_preload(
     result.objects = fetched.objects
     result.bytes = fetched.landed_bytes
     result.evicted_own, result.demoted_own = _pushed_out(state, tier, sources, started_wall, fetched)
+    result.demoted_full = fetched.demoted
     result.failed += fetched.failed
     result.resumed_bytes = fetched.resumed_bytes
     result.throttled = fetched.throttled
@@ -374,7 +379,8 @@ def _pushed_out(
     prefixes = _disjoint(p for source in sources for p in _url_prefixes(source))
     counts = state.index.created_since(since, prefixes)
     here = counts.get(tier, 0)
-    elsewhere = sum(n for t, n in counts.items() if t != tier)
+    # (those that landed on disk because the RAM file system was full were never in RAM)
+    elsewhere = max(0, sum(n for t, n in counts.items() if t != tier) - fetched.demoted)
     # an entry of ours in the other tier is still cached, not evicted; only RAM demotes (to disk):
     # new RAM entries beside a disk run are another process's landings (a parallel --tier ram
     # preload) or ours promoted by a reader, never moved there by this run

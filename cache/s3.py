@@ -26,8 +26,8 @@ from cache.errors import (
     AuthError,
     BadSourceError,
     CacheError,
-    CacheFullError,
     ChangedError,
+    FileSystemFullError,
     NotFoundError,
     OriginError,
     UnreachableError,
@@ -165,7 +165,7 @@ def map_error(
     if "NO_SPACE" in name:
         # the CRT writes a body straight to its file: ENOSPC comes back as one of its errors.
         # A full disk stops the run (exit 7); retrying each object only fails again, slowly
-        return CacheFullError(f"no space left on the file system writing {what} ({name})")
+        return FileSystemFullError(f"no space left on the file system writing {what} ({name})")
     if "SLOW_DOWN" in name or "THROTTL" in name:
         err = OriginError(f"{what}: throttled by the store ({name})")
         err.throttled = True  # type: ignore[attr-defined]

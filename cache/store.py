@@ -210,6 +210,28 @@ class Store:
             with contextlib.suppress(CacheFullError):
                 self.reserve(tier, [], patience=0.0)
 
+    def make_room(self, tier: str, size: int) -> bool:
+        """The tier's file system is full below its cap (ENOSPC: others' files): evicts LRU entries
+        (RAM: demotes them) as a cap does, until `size` bytes fit in what the file system has free.
+        False, evicting nothing, when they cannot: what is left is pinned, open or being written,
+        or the space is not the cache's to give back."""
+        try:
+            fs = os.statvfs(self.layout.tier_root(tier))
+        except OSError:
+            return False
+        block = fs.f_frsize or 4096
+        # whole blocks per file, and one more for the directory entry a new objects/xx/ may need
+        shortfall = -(-size // block) * block + block - fs.f_bavail * block
+        if shortfall <= 0:
+            return True  # freed meanwhile (another process evicted, the other files went)
+        with self.index.write() as db:
+            try:
+                victims = self._pick_victims(db, tier, shortfall)
+            except CacheFullError:
+                return False
+        self._retire(tier, victims)
+        return True
+
     def _add_or_adopt(self, db: sqlite3.Connection, tier: str, spec: HoldSpec) -> int:
         """A new hold, or an orphaned landing hold of the same blob (a resumable partial download)."""
         row = db.execute(

@@ -61,3 +61,26 @@ def summary(proc: Any) -> dict[str, Any]:
     """The final `{"event": "summary", …}` line of a `--json` run."""
     lines = [json.loads(x) for x in proc.stdout.decode().splitlines() if x.strip()]
     return next(x for x in reversed(lines) if x.get("event") == "summary")
+
+
+def entry_count(cache_dir: Path) -> int:
+    from cache import Cache
+
+    with Cache(cache_dir) as c:
+        return len(c.entries())
+
+
+def assert_consistent(cache_env: dict[str, str]) -> None:
+    """Every entry verifies; one file per entry under objects/ (both tiers); tmp/ is empty."""
+    from rqtest import run_rq  # (here: reader subprocesses import this kit without tests/ on the path)
+
+    verify = run_rq("cache", "verify", "--json", env=cache_env)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    from cache import Cache
+
+    cache_dir = Path(cache_env["RQ_CACHE_DIR"])
+    ram_root = Cache(cache_dir).layout.ram_root
+    on_disk = len(tree_files(cache_dir / "objects")) + len(tree_files(ram_root / "objects"))
+    assert on_disk == entry_count(cache_dir)
+    leftovers = {**tree_files(cache_dir / "tmp"), **tree_files(ram_root / "tmp")}
+    assert leftovers == {}, leftovers

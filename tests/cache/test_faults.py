@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cachekit import payload, seed_objects, summary, tree_bytes, tree_files
+from cachekit import assert_consistent, entry_count, payload, seed_objects, summary, tree_bytes, tree_files
 from rqtest import rq_command, run_rq, small_tmpfs
 
 pytestmark = pytest.mark.integration
@@ -39,27 +39,6 @@ def wait_for(pred: Any, timeout: float, what: str) -> None:
             return
         time.sleep(0.01)
     raise AssertionError(f"timed out waiting for {what}")
-
-
-def entry_count(cache_dir: Path) -> int:
-    from cache import Cache
-
-    with Cache(cache_dir) as c:
-        return len(c.entries())
-
-
-def assert_consistent(cache_env: dict[str, str]) -> None:
-    """Every entry verifies; one file per entry under objects/ (both tiers); tmp/ is empty."""
-    verify = run_rq("cache", "verify", "--json", env=cache_env)
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    from cache import Cache
-
-    cache_dir = Path(cache_env["RQ_CACHE_DIR"])
-    ram_root = Cache(cache_dir).layout.ram_root
-    on_disk = len(tree_files(cache_dir / "objects")) + len(tree_files(ram_root / "objects"))
-    assert on_disk == entry_count(cache_dir)
-    leftovers = {**tree_files(cache_dir / "tmp"), **tree_files(ram_root / "tmp")}
-    assert leftovers == {}, leftovers
 
 
 def test_kill9_midway_then_rerun_fetches_only_missing(

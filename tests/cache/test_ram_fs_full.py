@@ -1,0 +1,163 @@
+"""The RAM tier's file system full below rq's cap (others' files fill /dev/shm): a RAM miss evicts
+LRU RAM entries and tries again, then lands on disk (events.Demoted); both tiers full is one clear
+CacheFullError with nothing half-written. Real small tmpfs mounts, real origins (docs/cache.md,
+"A full RAM file system")."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cachekit import assert_consistent, local_source, seed_objects, tree_files
+from rqtest import run_rq, small_tmpfs
+
+pytestmark = pytest.mark.integration
+
+SIZE = 300 << 10  # + 1 byte (local_source): three fit in the 1 MiB RAM file system, four do not
+
+
+@pytest.fixture
+def ram_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs whose `ram/` is the RAM tier's directory (the cap is set far above it)."""
+    with small_tmpfs(tmp_path / f"shm-{uuid.uuid4().hex[:6]}", "1m") as mnt:
+        yield mnt
+
+
+def fill(mnt: Path, leave: int) -> None:
+    """Someone else's file takes all but `leave` bytes of the file system."""
+    fs = os.statvfs(mnt)
+    with open(mnt / "others.bin", "ab") as fh:
+        fh.write(b"x" * max(0, fs.f_bavail * fs.f_frsize - leave))
+
+
+def new_cache(cache_dir: Path, ram_fs: Path, events: list[Any] | None = None) -> Any:
+    from cache import Cache
+
+    sink = events.append if events is not None else (lambda _: None)
+    return Cache(
+        cache_dir, ram_dir=ram_fs / "ram", ram_limit="1G", disk_limit="1G", tier="ram", on_event=sink
+    )
+
+
+@contextmanager
+def checked_cache(
+    cache_dir: Path, ram_fs: Path, events: list[Any] | None = None, **env: str
+) -> Iterator[Any]:
+    """new_cache(); closed, then checked whole: every entry verifies, no stray file, tmp/ empty."""
+    c = new_cache(cache_dir, ram_fs, events)
+    try:
+        yield c
+    finally:
+        c.close()
+    assert_consistent({**env, "RQ_CACHE_DIR": str(cache_dir)})
+
+
+def tiers(c: Any) -> dict[str, str]:
+    return {e.url.rsplit("/", 1)[-1]: e.tier for e in c.entries()}
+
+
+def test_a_full_ram_file_system_evicts_lru_ram_entries_then_lands_in_ram(
+    tmp_path: Path, ram_fs: Path
+) -> None:
+    src = local_source(tmp_path / "src", 3, SIZE)
+    with checked_cache(tmp_path / "cache", ram_fs) as c:
+        for name in ("f0", "f1"):
+            assert c.read_bytes(str(src / name)) == (src / name).read_bytes()
+        fill(ram_fs, 64 << 10)  # the cap is 1 GiB: only the file system says no
+        with c.open(str(src / "f2"), tier="ram") as fh:
+            assert fh.read() == (src / "f2").read_bytes()
+        # the least recently used went to disk (demoted, as the cap's eviction does); f2 is in RAM
+        assert tiers(c) == {"f0": "disk", "f1": "ram", "f2": "ram"}
+
+
+def test_ram_taken_by_others_lands_the_miss_on_disk_and_says_so(
+    s3_client: Any, bucket: str, aws_env: dict[str, str], tmp_path: Path, ram_fs: Path
+) -> None:
+    from cache import events as ev
+
+    data = seed_objects(s3_client, bucket, "full/", 4, 256 << 10)
+    url = f"s3://{bucket}/full/00000.bin"
+    events: list[Any] = []
+    with checked_cache(tmp_path / "cache", ram_fs, events, **aws_env) as c:
+        fill(ram_fs, 64 << 10)  # nothing of rq's there to evict
+        with c.open(url, tier="ram") as fh:
+            assert fh.read() == data["full/00000.bin"]
+        demoted = [e for e in events if isinstance(e, ev.Demoted)]
+        assert [(e.url, e.size, e.tier) for e in demoted] == [(url, 256 << 10, "disk")]
+        assert demoted[0].reason.startswith("no space left")
+        # a preload into RAM goes on the same way: every object lands, each reported; the one
+        # cached on disk already cannot be promoted, and stays there (reported, not copied again)
+        got: list[Any] = []
+        result = c.preload([f"s3://{bucket}/full/"], tier="ram", on_event=got.append)
+        assert (result.objects, result.failed, result.demoted_full) == (3, [], 4)
+        assert result.demoted_own == 0  # (never in RAM, so not pushed out of it)
+        assert sorted(e.url for e in got if isinstance(e, ev.Demoted)) == [
+            f"s3://{bucket}/{key}" for key in sorted(data)
+        ]
+        assert set(tiers(c).values()) == {"disk"}
+
+
+def test_rq_preload_into_a_full_ram_file_system_succeeds(
+    s3_client: Any, bucket: str, aws_env: dict[str, str], tmp_path: Path, ram_fs: Path
+) -> None:
+    seed_objects(s3_client, bucket, "cli/", 3, 256 << 10)
+    new_cache(tmp_path / "cache", ram_fs).close()
+    fill(ram_fs, 64 << 10)
+    env = {**aws_env, "RQ_CACHE_DIR": str(tmp_path / "cache")}
+    proc = run_rq("preload", f"s3://{bucket}/cli/", "--tier", "ram", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert b"Traceback" not in proc.stderr, proc.stderr
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert summary["event"] == "summary" and summary["objects"] == 3, summary
+    assert_consistent(env)
+
+
+def test_a_big_object_that_cannot_be_allocated_in_ram_lands_on_disk(tmp_path: Path, ram_fs: Path) -> None:
+    """Big objects (>= 64 MiB) reserve their blocks before the first piece: that fails at once."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big").write_bytes(os.urandom(1 << 20) * 64 + b"!")
+    events: list[Any] = []
+    with checked_cache(tmp_path / "cache", ram_fs, events) as c:
+        with c.open(str(src / "big"), tier="ram") as fh:
+            assert fh.read(1 << 20) == (src / "big").read_bytes()[: 1 << 20]
+        assert tiers(c) == {"big": "disk"} and len(events) == 1
+
+
+def test_both_tiers_full_is_one_clear_error_and_nothing_half_written(
+    s3_client: Any, bucket: str, aws_env: dict[str, str], tmp_path: Path, ram_fs: Path
+) -> None:
+    data = seed_objects(s3_client, bucket, "both/", 3, 256 << 10)
+    from cache import CacheFullError
+
+    with small_tmpfs(tmp_path / "disk", "1m") as disk_fs:
+        cache_dir = disk_fs / "cache"
+        env = {**aws_env, "RQ_CACHE_DIR": str(cache_dir)}
+        with checked_cache(cache_dir, ram_fs, **aws_env) as c:
+            kept = f"s3://{bucket}/both/00000.bin"
+            assert c.read_bytes(kept) == data["both/00000.bin"]
+            assert c.pin(kept) == 1  # in RAM, and not to be evicted: nothing there can make room
+            fill(ram_fs, 64 << 10)
+            fill(disk_fs, 160 << 10)  # room for the index to write, not for the object
+            url = f"s3://{bucket}/both/00001.bin"
+            with pytest.raises(CacheFullError) as err:
+                c.open(url, tier="ram")
+            text = str(err.value)
+            assert text.startswith("no space left") and url in text and "\n" not in text, text
+            assert str(ram_fs) in text and str(cache_dir) in text, text  # both tiers named
+            assert list(tiers(c)) == ["00000.bin"] and c.read_bytes(kept) == data["both/00000.bin"]
+            # nothing half-written (looked at before usage(), whose collect() sweeps tmp/), no hold
+            assert tree_files(cache_dir / "tmp") == {} == tree_files(ram_fs / "ram" / "tmp")
+            assert [u["held"] for u in c.usage().values()] == [0, 0]
+        proc = run_rq("preload", f"s3://{bucket}/both/", "--tier", "ram", env=env)
+        err_text = proc.stderr.decode()
+        assert proc.returncode == 7, err_text
+        assert "Traceback" not in err_text and "no space left" in err_text, err_text
+        assert len(err_text.strip().splitlines()) == 1, err_text
+        assert_consistent(env)
