@@ -80,6 +80,11 @@ class Result:
     def digest(self) -> str:
         return "xxh3_128:" + self.hasher.hexdigest()
 
+    def snapshot(self) -> Result:
+        """A copy that a read going on does not change (e.g. taken in on_progress, once a batch
+        is out, to record a spec of what had been written when a stop comes mid-batch)."""
+        return replace(self, skipped=list(self.skipped), gaps=list(self.gaps), hasher=self.hasher.copy())
+
 
 def digest_records(hasher: xxhash.xxh3_128, records: Sequence[Record]) -> None:
     """Offset, timestamp, key, headers and value of each record, length-framed."""

@@ -4,7 +4,14 @@ A spec pins a replay to exact offsets, so replaying it later yields the same rec
 order or fails loudly: the digest covers each replayed record's offset, timestamp, key, headers and
 value (xxh3-128, length-framed; see pipeline.digest_records).
 
-From a training script, `replay_spec` is the whole check (the CLI uses the same steps):
+To record the exact sequence a training script consumed, read with `digest=True` and keep the
+spec of what the read returned (the CLI's --save-spec does the same):
+
+    req = Request(start=source.first_offset(), stop=source.end_offset(), digest=True)
+    res = run(source, req, emit)
+    ReplaySpec.from_result(source, req, res).save(Path("run42.json"))
+
+To replay it later, `replay_spec` is the whole check (the CLI uses the same steps):
 
     spec = ReplaySpec.load(Path("run42.json"))
     source = open_source(parse_topic(spec.source, topics_dir))
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +63,50 @@ class ReplaySpec:
     # Offsets [first, last] inside start..stop that retention deleted before the replay read them:
     # never replayed, so not in the digest (a copy that still holds them does not match the spec).
     aged_out: list[list[int]] | None = None
+
+    @classmethod
+    def from_result(
+        cls,
+        source: Source,
+        req: Request,
+        res: Result,
+        stop: int | None = None,
+        *,
+        from_spec: str | None = None,
+        to_spec: str | None = None,
+        group: str | None = None,
+        fields: str | None = None,
+    ) -> ReplaySpec:
+        """The spec that pins what `run(source, req, emit)` emitted, `res` being its Result: the
+        offsets read, `req`'s --where and time bounds, the count and digest, and the offsets that
+        aged out unread. `req` must ask for the digest (Request(digest=True)). `stop`: where the
+        pinned range ends, by default where the read ended (`req.stop`, or the position reached
+        when it followed or stopped at its --count). The keyword fields only describe the replay
+        for people reading the file (the SPECs as written, the group, --fields)."""
+        if not req.digest:
+            raise SpecError("a replay spec needs the read's digest: read with Request(digest=True)")
+        if stop is None:
+            cut = req.count is not None and res.emitted >= req.count
+            stop = req.stop if req.stop is not None and not cut else res.next_offset
+        return cls(
+            source=source.url,
+            kind=source.kind,
+            start=req.start,
+            stop=max(stop, req.start),
+            records=res.emitted,
+            digest=res.digest,
+            from_spec=from_spec,
+            to_spec=to_spec,
+            group=group,
+            where=req.where.text if req.where is not None else None,
+            fields=fields,
+            first_offset=res.first_offset,
+            last_offset=res.last_offset,
+            created=datetime.now(UTC).isoformat(timespec="seconds"),
+            time_from=req.time_from,
+            time_to=req.time_to,
+            aged_out=[[a, b] for a, b in res.gaps if a < stop] or None,
+        )
 
     def save(self, path: Path) -> None:
         body = {"rq_replay_spec": VERSION, **asdict(self)}

@@ -1153,12 +1153,18 @@ def replay(
                     digest=save_spec is not None,
                 )
             start, stop = req.start, req.stop
-            window_time = (req.time_from, req.time_to)
             sink = open_sink(_ref(to_topic, topics_dir)) if to_topic else None
             last_commit = [time.monotonic()]
-            # What a spec saved now would pin: updated after each batch is counted and written, so
-            # an interrupted follow saves where it stopped, consistently.
-            pinned: list[tuple[int, str, int | None, int | None, int]] = [(0, res.digest, None, None, start)]
+            # What a spec saved now would pin: the tally after each batch is counted and written,
+            # so an interrupted follow saves where it stopped, consistently.
+            keep_pinned = save_spec is not None and follow
+            pinned = [res.snapshot()]
+
+            def spec_of(r: Result, upto: int | None = None) -> ReplaySpec:
+                return ReplaySpec.from_result(
+                    source, req, r, upto, from_spec=from_spec, to_spec=to_spec, group=group, fields=fields
+                )
+
             # A bar on stderr only when records are not drawn on the same terminal.
             show_bar = stop is not None and not sys.stdout.isatty()
             bar_cm = out.progress(transfer=False) if show_bar else contextlib.nullcontext(None)
@@ -1171,7 +1177,8 @@ def replay(
                     )
 
                     def progress(r: Result) -> None:
-                        pinned[0] = (r.emitted, r.digest, r.first_offset, r.last_offset, r.next_offset)
+                        if keep_pinned:
+                            pinned[0] = r.snapshot()
                         if bar is not None and task is not None:
                             bar.update(task, completed=r.next_offset - start)
                         if commit and group and follow and time.monotonic() - last_commit[0] > 1.0:
@@ -1196,20 +1203,16 @@ def replay(
                     reading = True
                     run(source, req, shown_out, res, progress, watch, gaps, skips)
             except KeyboardInterrupt:
-                if save_spec is not None and follow:
-                    records, digest, first_off, last_off, reached_to = pinned[0]
+                if keep_pinned and save_spec is not None:
+                    tally = pinned[0]
+                    reached_to = tally.next_offset
                     # The stop may come as a batch finished going out, before the read loop
                     # reported it: the tally already counts that batch (digested before it was
                     # written), and all of it is out when emitted_to reaches its last record.
                     last = res.last_offset
                     if stops is not None and last is not None and stops.emitted_to == last + 1 > reached_to:
-                        records, digest = res.emitted, res.digest
-                        first_off, last_off, reached_to = res.first_offset, last, last + 1
-                    interrupted = _spec_of(
-                        ref, start, reached_to, from_spec, to_spec, group, where, fields, window_time
-                    )(records, digest, first_off, last_off)
-                    interrupted.aged_out = [[a, b] for a, b in res.gaps if a < reached_to] or None
-                    interrupted.save(save_spec)
+                        tally, reached_to = res, last + 1
+                    spec_of(tally, reached_to).save(save_spec)
                 raise
             except (ReaderLeft, BrokenPipeError):
                 # What the reader never read is not consumed: no commit, no spec, exit 0 (like `|
@@ -1245,14 +1248,8 @@ def replay(
             raise stopped
         if saved is not None:
             saved.verify(res)
-        truncated = count is not None and res.emitted >= count
         if save_spec is not None:
-            end = stop if stop is not None and not truncated else res.next_offset
-            spec = _spec_of(ref, start, end, from_spec, to_spec, group, where, fields, window_time)(
-                res.emitted, res.digest, res.first_offset, res.last_offset
-            )
-            spec.aged_out = [[a, b] for a, b in res.gaps if a < end] or None
-            spec.save(save_spec)
+            spec_of(res).save(save_spec)
         summary = _replay_done(ref, res, start, committed_to if commit and group else None, group)
         if req.digest:
             summary["digest"] = res.digest
@@ -1345,42 +1342,6 @@ class _Stops:
         if self.pending:
             self.pending = False
             raise self._stop()
-
-
-def _spec_of(
-    ref: TopicRef,
-    start: int,
-    stop: int,
-    from_spec: str | None,
-    to_spec: str | None,
-    group: str | None,
-    where: str | None,
-    fields: str | None,
-    window_time: tuple[int | None, int | None],
-) -> Callable[[int, str, int | None, int | None], ReplaySpec]:
-    """The spec of a replay, given what it emitted: (records, digest, first, last offset)."""
-
-    def make(records: int, digest: str, first: int | None, last: int | None) -> ReplaySpec:
-        return ReplaySpec(
-            source=ref.url,
-            kind=ref.kind,
-            start=start,
-            stop=max(stop, start),
-            records=records,
-            digest=digest,
-            from_spec=from_spec,
-            to_spec=to_spec,
-            group=group,
-            where=where,
-            fields=fields,
-            first_offset=first,
-            last_offset=last,
-            created=datetime.now(UTC).isoformat(timespec="seconds"),
-            time_from=window_time[0],
-            time_to=window_time[1],
-        )
-
-    return make
 
 
 # -- offsets ------------------------------------------------------------------------------------
