@@ -635,7 +635,13 @@ class Store:
         with self._dirs_opened(manifest):
             if not all(self._still_placed(entry, manifest.chunk_size) for entry in manifest.files):
                 return False
-            return all(self._is_dir(name) for name in manifest.dirs)  # one removed since: make it again
+            if not all(self._is_dir(name) for name in manifest.dirs):
+                return False  # one removed since: make it again
+        # Complete: the directories get the sender's modes again, as rsync -a fixes them on a
+        # re-run. A transfer an older receiver (no dir_modes) finished kept 0755 for good; one
+        # chmod per directory, and only where the sender sent modes.
+        self._set_dir_modes(manifest)
+        return True
 
     def _is_dir(self, name: str) -> bool:
         st = self._final_stat(name)

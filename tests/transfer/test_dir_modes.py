@@ -65,7 +65,10 @@ def test_directories_arrive_with_their_modes(tmp_path: Path) -> None:
     """Was: every directory arrived 0755 (mkdir 0755 under a umask 022 receiver), a 0700
     subdirectory of a checkpoint readable by everyone. Now each has the source's bits less
     group/other write (setgid dropped), the SOURCE directory and an empty directory included. A
-    re-run after a file under a 0700 directory was deleted sends that file alone and keeps them."""
+    re-run after a file under a 0700 directory was deleted sends that file alone and keeps them.
+    A re-run that finds it already complete gives them the sender's modes again (as an rsync -a
+    re-run fixes permissions): it used to keep the 0755 of a transfer an older receiver (no
+    dir_modes) completed."""
     ckpt = _tree(tmp_path / "src")
     dest = tmp_path / "dst"
     recv = Recv(dest, tmp_path / "cert", "tcp", preexec=_umask_022).start()
@@ -78,6 +81,11 @@ def test_directories_arrive_with_their_modes(tmp_path: Path) -> None:
         proc = rq_send([ckpt], recv)
         assert proc.returncode == 0, proc.stderr.decode()
         assert summary(proc)["bytes_raw"] == 200_000, summary(proc)
+        for name in DIRS:
+            os.chmod(dest / name, 0o755)  # what an older receiver left
+        proc = rq_send([ckpt], recv)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert summary(proc)["bytes_raw"] == 0 and summary(proc)["complete"], summary(proc)
     finally:
         recv.stop()
     assert _modes(dest) == {name: want for name, (_, want) in DIRS.items()}
