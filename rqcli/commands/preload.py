@@ -56,7 +56,9 @@ def file_system_full(exc: BaseException) -> bool:
     not a tier cap. The library raises one class for both; the cause chain tells them apart, and
     its messages for the file system case all begin "no space left"."""
     seen: BaseException | None = exc
-    while seen is not None:
+    visited: set[int] = set()  # a chain that loops back on itself must not hang the CLI
+    while seen is not None and id(seen) not in visited:
+        visited.add(id(seen))
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
         if type(seen).__name__ == "OperationalError" and "full" in str(seen).lower():
@@ -307,6 +309,16 @@ def _preload(
                 if not out.json:  # most messages name the object already: say it once
                     named = event.url in event.message
                     out.warn(safe_text(event.message if named else f"{event.url}: {event.message}"))
+            elif isinstance(event, ev.Demoted):
+                out.emit(
+                    {
+                        "event": "demoted",
+                        "url": event.url,
+                        "size": event.size,
+                        "tier": event.tier,
+                        "reason": event.reason,
+                    }
+                )
             elif isinstance(event, ev.Retrying):
                 out.debug(
                     f"retry {event.attempt} of {safe_text(event.url)} in {event.delay_s:.1f}s: {event.reason}"
@@ -376,6 +388,7 @@ def _preload(
         "dry_run": dry_run,
         "evicted_own": result.evicted_own,
         "demoted_own": result.demoted_own,
+        "demoted_full": result.demoted_full,
         "aborted": False,  # (no "error" key: it comes only with "aborted": true)
     }
     tally.reported = True
@@ -390,6 +403,12 @@ def _preload(
             f"{evicted + demoted} of the {result.objects} objects fetched did not stay in the "
             f"{tier} tier ({gone}) to make room for later ones: the data is bigger than the "
             f"{tier} tier's cap of {format_size(c.caps[tier])}; raise --{tier}-limit or preload less"
+        )
+    if result.demoted_full:
+        out.warn(
+            f"{result.demoted_full} of the objects asked for in the RAM tier are in the disk tier: "
+            f"the RAM tier's file system under {c.layout.ram_root} is full (files that are not rq's); "
+            "free space there"
         )
     if result.failed:
         kinds = {f.kind for f in result.failed}
