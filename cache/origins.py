@@ -299,7 +299,20 @@ def _check_not_a_mistyped_url(text: str) -> None:
 _URL_SCHEMES = frozenset({"s3", "file", "http", "https", "gs", "az", "abfs", "hf"})
 
 
+def _check_not_blank(text: object) -> None:
+    """An empty SOURCE (`rq preload "$UNSET"`) would be the current directory, and one of only
+    spaces a file named so: refuse both, as `cp` and `rq send` refuse "", before anything is read
+    or created. Spaces are taken only as a name that exists (a file may be named " ")."""
+    if not isinstance(text, str):
+        raise BadSourceError(f"a URL or path must be text (str), not {type(text).__name__}")
+    if not text:
+        raise BadSourceError("empty URL or path (an unset variable?)")
+    if not text.strip() and not os.path.lexists(text):
+        raise BadSourceError("a URL or path of only white space (an unset variable?)")
+
+
 def parse_source(text: str, settings: S3Settings) -> S3Origin | LocalOrigin:
+    _check_not_blank(text)
     _check_not_a_mistyped_url(text)
     if text.startswith("s3://"):
         bucket, prefix = split_s3_url(text)
@@ -321,10 +334,7 @@ def normalise_url(url: str) -> str:
     """Cache keys: s3:// URLs as given, local paths made absolute (no symlink resolution).
     Raises BadSourceError for another scheme (it is not a relative path named `http:`) and for
     a name that is not UTF-8 (the index keys entries by URL text)."""
-    if not isinstance(url, str):
-        raise BadSourceError(f"a URL or path must be text (str), not {type(url).__name__}")
-    if not url:
-        raise BadSourceError("empty URL or path")  # it would name the current directory
+    _check_not_blank(url)
     _check_not_a_mistyped_url(url)
     scheme, sep, rest = url.partition("://")
     if sep and scheme.lower() == "s3":

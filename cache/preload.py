@@ -241,6 +241,9 @@ def run_preload(
         if isinstance(value, str | bytes):
             raise BadSourceError(f"{name} takes a list of strings, not one string: [{value!r}]")
     _check_tier(tier)
+    # before the cache is touched (its sweeps, a RAM root made again): sources=[""] named the
+    # current directory and cached whatever was there
+    check_sources(sources, cache.s3_settings)
     started = time.monotonic()
     started_wall = time.time()
     state = cache._state()
