@@ -57,6 +57,7 @@ from topics.render import Decoded, Renderer, make_renderer
 from topics.savedspec import ReplaySpec
 from topics.sources import Sink, Source, open_sink, open_source, parse_topic
 from topics.sources.open import TopicRef, check_writable
+from topics.sources.subjects import subject_matches
 from topics.spec import parse_duration_ms, parse_position, resolve
 
 BATCH_RECORDS = 8192
@@ -350,7 +351,10 @@ def _refuse_feedback(source: TopicRef, target: TopicRef, flag: str) -> None:
         assert source.path is not None and target.path is not None
         same = _same_directory(source.path, target.path)
     elif source.kind == "jetstream":
-        same = source.stream == target.stream and _same_server(source, target)
+        # A publish to the target's subject is read back only if the followed filter takes it:
+        # EV/EV.a copied into EV/EV.b (stream EV takes EV.>) is stored in EV, never read again.
+        reads_it = not source.subject or subject_matches(source.subject, target.subject or target.stream)
+        same = source.stream == target.stream and reads_it and _same_server(source, target)
     else:
         from paho.mqtt.client import topic_matches_sub
 

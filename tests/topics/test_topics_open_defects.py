@@ -5,6 +5,7 @@ MQTT URL whose user info holds an unencoded '/'."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import signal
@@ -120,6 +121,68 @@ def test_follow_into_a_stream_name_whose_publishes_land_in_the_followed_stream_i
         f"{nats_url}/{agg}/{js_stream}.other", "--timeout", "1", env=env, timeout=30,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
+
+
+def _copy_following(env: dict[str, str], source: str, target: str) -> Any:
+    """A follow copying `source` into `target`; a loop ends at --count 20, else the quiet ends it."""
+    return run_rq(
+        "replay", source, "--from", "start", "-f", "--to-topic", target, "--count", "20", "--timeout", "2",
+        "-q", env=env, timeout=30,
+    )  # fmt: skip
+
+
+@pytest.mark.integration
+def test_following_one_subject_into_another_of_the_same_stream_is_no_loop(
+    nats_url: str, js_stream: str, tmp_path: Path
+) -> None:
+    """Stream S takes S.>: following S/S.n while copying into S/S.b was refused by the URL check
+    (same stream name), though the follow never reads S.b. A filter that takes the target's
+    subject, or the whole stream, is still a loop."""
+    _publish_numbers(nats_url, js_stream, 3)
+    env, url = _env(tmp_path), f"{nats_url}/{js_stream}"
+    r = _copy_following(env, f"{url}/{js_stream}.n", f"{url}/{js_stream}.b")
+    assert r.returncode == 0, r.stderr
+    r = run_rq("replay", f"{url}/{js_stream}.b", "--from", "start", "--format", "raw", env=env)
+    assert r.stdout.splitlines() == [b'{"n": 1}', b'{"n": 2}', b'{"n": 3}'], r.stderr
+    for source, target in [
+        (f"{url}/{js_stream}.n", f"{url}/{js_stream}.n"),
+        (f"{url}/{js_stream}.*", f"{url}/{js_stream}.b"),
+        (url, f"{url}/{js_stream}.b"),
+    ]:
+        r = _copy_following(env, source, target)
+        assert r.returncode == 2 and "feeds what is being followed" in _one_line(r), (source, r.stderr)
+
+
+@pytest.mark.integration
+def test_following_a_mirror_of_a_mirror_into_its_origin_is_refused(
+    nats_url: str, js_stream: str, tmp_path: Path
+) -> None:
+    """The server's check looked one level up (this stream's own mirror and sources): following
+    M2, a mirror of M1, a mirror of S, while copying into S read every copy back (S grew to 21
+    records at --count 20; without it, until the disk was full)."""
+    from nats.js.api import StreamSource
+
+    m1, m2 = f"{js_stream}-agg", f"{js_stream}-m2"
+    _publish_numbers(nats_url, js_stream, 3)
+    js_call(nats_url, lambda js: js.add_stream(name=m1, mirror=StreamSource(name=js_stream)))
+    js_call(nats_url, lambda js: js.add_stream(name=m2, mirror=StreamSource(name=m1)))
+    try:
+        env = _env(tmp_path)
+        r = _copy_following(env, f"{nats_url}/{m2}", f"{nats_url}/{js_stream}/{js_stream}.x")
+        assert r.returncode == 2 and "feeds what is being followed" in _one_line(r), r.stderr
+        r = run_rq("offsets", f"{nats_url}/{js_stream}", "--json", env=env)
+        assert json.loads(r.stdout)["records"] == 3, r.stderr  # nothing was copied
+        # a stream outside the chain is no loop
+        r = _copy_following(env, f"{nats_url}/{m2}", f"{nats_url}/{m1}-other/{js_stream}-other.x")
+        assert r.returncode == 0, r.stderr
+    finally:
+
+        async def drop(js: Any) -> None:
+            for name in (m2, f"{m1}-other"):
+                with contextlib.suppress(Exception):  # never made, if the test failed before
+                    await js.delete_stream(name)
+
+        js_call(nats_url, drop)
 
 
 # -- 3. rq offsets over a middle segment cut short -------------------------------------------------

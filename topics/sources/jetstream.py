@@ -47,6 +47,7 @@ from topics.sources.natswire import (
     no_client_certificate,
     refuse_plain,
 )
+from topics.sources.subjects import subject_matches
 
 # A permissions error as nats-py hands it over (lower-cased), and the upper-case tokens of the
 # JetStream API subjects it may name ($JS.API.STREAM.INFO.<stream>, ...).
@@ -386,17 +387,6 @@ def _filters(config: Any) -> set[str]:
     return subjects
 
 
-def _subject_matches(pattern: str, subject: str) -> bool:
-    """NATS subject matching: `*` is one token, `>` one or more trailing tokens."""
-    want, have = pattern.split("."), subject.split(".")
-    for i, tok in enumerate(want):
-        if tok == ">":
-            return len(have) > i
-        if i >= len(have) or (tok != "*" and tok != have[i]):
-            return False
-    return len(want) == len(have)
-
-
 def _headers(raw: dict[str, str] | None) -> Headers:
     if not raw:
         return NO_HEADERS
@@ -577,9 +567,10 @@ class JetStreamSource:
         """Whether publishing to `target` (a JetStream TopicRef) stores records this source reads:
         a follow copying into it would read its own output back. Decided by the server (its
         server_id, and the stream that captures the target's subject, directly or as the mirror or
-        a source of this stream), not by how the two URLs spell the server or name the stream."""
+        a source of this stream, or of those, however far back), not by how the two URLs spell the
+        server or name the stream."""
         subject = target.subject or target.stream
-        if self.subject and not _subject_matches(self.subject, subject):
+        if self.subject and not subject_matches(self.subject, subject):
             return False
         conn = _Conn(target, self.conn.connect_timeout)
         try:
@@ -587,14 +578,29 @@ class JetStreamSource:
             landing = conn.capturing_stream(subject) if same_server else None
         finally:
             conn.close()
-        if landing is None:
-            return False
-        config = self.conn.stream_info().config
-        upstream = {self.conn.stream}
-        if config.mirror is not None:
-            upstream.add(config.mirror.name)
-        upstream.update(src.name for src in config.sources or () if not src.external)
-        return landing in upstream
+        return landing is not None and self._fed_from(landing)
+
+    def _fed_from(self, landing: str) -> bool:
+        """Whether messages stored in stream `landing` reach this stream: it is this stream, or
+        its mirror or a source, or theirs, however far back (a mirror of a mirror of `landing`
+        copies each publish into it too). Each stream is looked at once (sources may form a
+        ring); one of another account or domain (external), one that does not exist, and one
+        this user may not look at cannot be followed further, as before this walked one level."""
+        import nats.js.errors
+
+        seen = {self.conn.stream}
+        todo = [self.conn.stream_info().config]
+        while todo and landing not in seen:
+            config = todo.pop()
+            for src in [*([config.mirror] if config.mirror is not None else []), *(config.sources or ())]:
+                if src.external or src.name in seen:
+                    continue
+                seen.add(src.name)
+                try:
+                    todo.append(self.conn.run(self.conn.js.stream_info(src.name)).config)
+                except (nats.js.errors.NotFoundError, AccessDenied):
+                    continue
+        return landing in seen
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -934,7 +940,7 @@ class JetStreamSink:
             self.conn.close()
             raise
         taken = list(info.config.subjects or [])
-        if taken and not any(_subject_matches(p, self.subject) for p in taken):
+        if taken and not any(subject_matches(p, self.subject) for p in taken):
             # Else the server has no stream to answer the publish: a timeout that reads like an outage.
             self.conn.close()
             raise SpecError(

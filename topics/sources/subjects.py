@@ -28,6 +28,17 @@ def subject_problem(subject: str) -> str | None:
     return None
 
 
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` is one token, `>` one or more trailing tokens."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(want):
+        if tok == ">":
+            return len(have) > i
+        if i >= len(have) or (tok != "*" and tok != have[i]):
+            return False
+    return len(want) == len(have)
+
+
 def is_wildcard(subject: str) -> bool:
     return any(t in ("*", ">") for t in subject.split("."))
 
