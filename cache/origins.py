@@ -11,7 +11,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
@@ -27,7 +27,7 @@ from cache.errors import (
     UnreachableError,
 )
 from cache.landing import Checksums, Landing, ObjectInfo
-from cache.s3 import S3, S3Settings, shared_client, split_s3_url
+from cache.s3 import S3, Item, S3Settings, shared_client, split_s3_url
 
 Done = Callable[[BaseException | None], None]
 _MERGED_SLASHES = re.compile("/{2,}")
@@ -71,18 +71,21 @@ class S3Origin:
         return client
 
     def list(self) -> Iterator[ObjectInfo]:
-        """`s3://b/dir/` lists everything under dir/. `s3://b/name` (no trailing slash) is the
-        object `name` and whatever is under `name/`, like a path: never `name2` or `name.bak`,
-        which a raw key prefix would take too (s5cmd and aws s3 cp take only the object; use
-        --include for a pattern). Keys are relative to the prefix; the object itself is its
-        base name, as a local file source is."""
+        return self.objects(self.client.list_objects(self.bucket, self.prefix))
+
+    def objects(self, items: Iterable[Item]) -> Iterator[ObjectInfo]:
+        """The objects that listed items of this prefix stand for. `s3://b/dir/` lists everything
+        under dir/. `s3://b/name` (no trailing slash) is the object `name` and whatever is under
+        `name/`, like a path: never `name2` or `name.bak`, which a raw key prefix would take too
+        (s5cmd and aws s3 cp take only the object; use --include for a pattern). Keys are
+        relative to the prefix; the object itself is its base name, as a local file source is."""
         prefix = self.prefix
         exact = bool(prefix) and not prefix.endswith("/")
         # AWS keeps `a//b` as a key of its own; SeaweedFS merges the slashes and lists `a/b` for
         # the prefix `a//`. Such keys are kept as listed (never rewritten), and are relative to
         # the prefix as the store read it, so --include/--exclude and names see `b`, not `a/b`
         merged = _MERGED_SLASHES.sub("/", prefix)
-        for key, size, etag, vid in self.client.list_objects(self.bucket, self.prefix):
+        for key, size, etag, vid in items:
             if key.endswith("/") and size == 0:
                 continue  # a "folder" marker, not data
             prefix = self.prefix if key.startswith(self.prefix) else merged

@@ -72,23 +72,52 @@ def check_sources(sources: list[str], settings: S3Settings) -> None:
         parse_source(source, settings)
 
 
-def check_sources_exist(sources: list[str], settings: S3Settings) -> None:
+def check_sources_exist(
+    sources: list[str], settings: S3Settings, include: Iterable[str] = (), exclude: Iterable[str] = ()
+) -> None:
     """Raises the listing's own error for a source that is not there (a missing directory or
-    bucket, a prefix with no keys, credentials refused), as pages() would: `rq preload` asks before
-    it makes a new cache, so such a typo creates nothing. An S3 source's listing (started by
-    start_listings) is only waited for up to its first page, which is left for pages() to take."""
+    bucket, a prefix with no keys, credentials refused), and pages()'s "none of the N objects
+    listed matches" for filters that select nothing, as pages() would: `rq preload` asks before it
+    makes a new cache, so such a typo creates nothing. Each source is looked at up to one page
+    (an S3 listing's first page, started by start_listings and left for pages() to take; a
+    directory's first PAGE files): filters that match nothing there, on a source listed further,
+    pass, and pages() finds it out after the cache is made."""
+    include, exclude = _anchored(include), _anchored(exclude)
+    listed, selected, whole = 0, not (include or exclude), True
     for source in sources:
         origin = parse_source(source, settings)
         if isinstance(origin, LocalOrigin):
-            if next(_listed(source, origin), None) is None:
-                raise NotFoundError(f"no files under {source}")
+            infos = list(itertools.islice(_listed(source, origin), PAGE + 1))
+            last = len(infos) <= PAGE
+            del infos[PAGE:]
+            missing = f"no files under {source}"
+        else:
+            bucket, prefix = split_s3_url(source)
+            items, error, last = origin.client.first_listing_page(bucket, prefix)
+            if error is not None:
+                raise error
+            infos = list(origin.objects(items))
+            missing = f"no objects under {source}"
+        if not infos and not last:
+            whole = False  # siblings of s3://b/name on the first page: the rest may hold it
             continue
-        bucket, prefix = split_s3_url(source)
-        keys, error = origin.client.first_listing_page(bucket, prefix)
-        if error is not None:
-            raise error
-        if not keys:
-            raise NotFoundError(f"no objects under {source}")
+        if not infos:
+            raise NotFoundError(missing)
+        listed += len(infos)
+        whole = whole and last
+        selected = selected or any(_offered(info, include, exclude) for info in infos)
+    if not selected and whole:
+        raise NotFoundError(f"none of the {listed} objects listed matches --include/--exclude")
+
+
+def _anchored(globs: Iterable[str]) -> list[str]:
+    """rclone anchors a pattern at the source with a leading `/`: keys already are."""
+    return [g.lstrip("/") for g in globs]
+
+
+def _offered(info: ObjectInfo, include: list[str], exclude: list[str]) -> bool:
+    # what a listing could not offer is reported whatever the filters: it may hold matches
+    return info.problem is not None or matches(info.key, include, exclude)
 
 
 def pages(
@@ -106,7 +135,7 @@ def pages(
     Every source is checked before the first page is handed on (a URL it cannot parse, a directory
     that is not there, a bucket or prefix with no objects): a typo in the last source must stop the
     run before the first one's objects are fetched, and maybe other entries evicted for them."""
-    include, exclude = [g.lstrip("/") for g in include], [g.lstrip("/") for g in exclude]
+    include, exclude = _anchored(include), _anchored(exclude)
     listings = []
     for source in sources:
         origin = parse_source(source, settings)
@@ -132,8 +161,7 @@ def pages(
             if stopped():
                 return
             listed_count += 1
-            # what a listing could not offer is reported whatever the filters: it may hold matches
-            if info.problem is None and not matches(info.key, include, exclude):
+            if not _offered(info, include, exclude):
                 continue
             offered += 1
             if seen is not None:

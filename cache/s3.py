@@ -419,14 +419,17 @@ class S3:
             if (bucket, prefix) not in self._listings:
                 self._listings[(bucket, prefix)] = Listing(self, bucket, prefix)
 
-    def first_listing_page(self, bucket: str, prefix: str) -> tuple[int, CacheError | None]:
+    def first_listing_page(self, bucket: str, prefix: str) -> tuple[list[Item], CacheError | None, bool]:
         """Waits for the first page of bucket/prefix's listing (starting it if need be) and leaves
-        it for list_objects() to take over: (keys on it, the listing's error). `rq preload` asks
-        before it makes a new cache, so a missing bucket or an empty prefix creates nothing."""
+        it for list_objects() to take over: (its items, the listing's error, whether it is the last
+        page). `rq preload` asks before it makes a new cache, so a missing bucket, an empty prefix
+        or filters that match nothing on a listing of one page create nothing."""
         self.start_listing(bucket, prefix)
         with self._listings_lock:
             listing = self._listings.get((bucket, prefix))
-        return listing.first_page() if listing is not None else (1, None)
+        if listing is None:  # already taken by a reader: nothing left to tell
+            return [], None, False
+        return listing.first_page()
 
     def list_objects(self, bucket: str, prefix: str) -> Iterator[tuple[str, int, str, str | None]]:
         """(key, size, etag, version) for every object under prefix (ListObjectsV2, url-encoded keys)."""
@@ -586,12 +589,11 @@ class Listing:
         if token is not None:
             self._ask(token)
 
-    def first_page(self) -> tuple[int, CacheError | None]:
-        """Waits for the first page, keeping it for the reader: (keys on it, its error)."""
+    def first_page(self) -> tuple[list[Item], CacheError | None, bool]:
+        """Waits for the first page, keeping it for the reader: (its items, its error, last page)."""
         if self._head is None:
             self._head = self._pages.get()
-        items, error, _ = self._head
-        return len(items), error
+        return self._head
 
     def __iter__(self) -> Iterator[Item]:
         try:

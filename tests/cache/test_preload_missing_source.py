@@ -77,9 +77,10 @@ def test_the_first_page_waited_for_is_left_to_the_listing(
     for key in keys:
         s3_client.put_object(Bucket=bucket, Key=key, Body=b"x")
     client = shared_client(S3Settings(endpoint_url=services.s3_endpoint))
-    assert client.first_listing_page(bucket, "p/") == (2, None)
-    assert client.first_listing_page(bucket, "p/") == (2, None)  # asked twice: still the same page
+    first = client.first_listing_page(bucket, "p/")
+    assert [key for key, *_ in first[0]] == keys[:2] and first[1:] == (None, False)
+    assert client.first_listing_page(bucket, "p/") == first  # asked twice: still the same page
     assert [key for key, *_ in client.list_objects(bucket, "p/")] == keys
-    assert client.first_listing_page(bucket, "q/") == (0, None)
+    assert client.first_listing_page(bucket, "q/") == ([], None, True)
     missing = client.first_listing_page(f"{bucket}-missing", "p/")
-    assert missing[0] == 0 and "not found" in str(missing[1])
+    assert missing[0] == [] and "not found" in str(missing[1])
