@@ -45,7 +45,8 @@ from cache.index import Entry
 from cache.landing import Landing, ObjectInfo, piece_ranges
 from cache.layout import Layout, blob_name
 from cache.origins import Origin
-from cache.store import HoldSpec, Store, fsync_dir, is_no_space, syncfs
+from cache.sizes import format_size
+from cache.store import HoldSpec, Store, fs_need, fs_room, fsync_dir, is_no_space, syncfs
 
 LAND_BATCH = 64
 # landed objects waiting while a batch is published (one at a time): past this, no new requests
@@ -501,6 +502,9 @@ class Fetcher:
         delayed: list[tuple[float, int, Job]],
     ) -> list[Job]:
         """Reserves space for a batch (one transaction), opens landings, queues their requests."""
+        self._check_ram_fs(batch, ready)
+        if not batch:
+            return []
         tier = self._tier(batch[0])
         cap = self.store.caps[tier]
         new = [j for j in batch if not j.hold]
@@ -739,6 +743,31 @@ class Fetcher:
         job.tier, job.demoted = "disk", str(err)
         ready.appendleft(job)
         return True
+
+    def _check_ram_fs(self, batch: list[Job], ready: deque[Job]) -> None:
+        """A RAM batch's objects that its file system has no room for (statvfs; the batch's own
+        objects counted one after another) go to _elsewhere before they start: found out by
+        ENOSPC, each cost a download into RAM that was thrown away (a small object's whole body)
+        before the one that landed on disk. In-flight landings of earlier batches are not counted:
+        one that loses that race still meets ENOSPC and goes the same way."""
+        if self._tier(batch[0]) != "ram" or not self._may_leave_ram(batch[0]):
+            return
+        root = self.layout.tier_root("ram")
+        room = fs_room(root)
+        if room is None:
+            return  # the landing says what is wrong with the tier
+        free, block = room
+        for job in [j for j in batch if not j.hold]:  # (a held one's blocks are taken already)
+            need = fs_need(job.info.size, block)
+            if need <= free:
+                free -= need
+                continue
+            batch.remove(job)
+            full = FileSystemFullError(
+                f"no space left on the file system under {root} for {job.info.url}: "
+                f"{format_size(free)} free, {format_size(need)} needed"
+            )
+            self._elsewhere(job, full, ready)
 
     def _nowhere(self, job: Job, err: CacheFullError) -> CacheFullError:
         """A demoted object the disk tier cannot take either: one error naming both tiers (its

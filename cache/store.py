@@ -134,6 +134,22 @@ def syncfs(path: Path) -> bool:
     return True
 
 
+def fs_room(path: Path) -> tuple[int, int] | None:
+    """(bytes free to us, block size) of the file system holding `path`; None if it cannot tell."""
+    try:
+        fs = os.statvfs(path)
+    except OSError:
+        return None
+    block = fs.f_frsize or 4096
+    return fs.f_bavail * block, block
+
+
+def fs_need(size: int, block: int) -> int:
+    """What a file of `size` bytes takes: whole blocks, and one more for the directory entry a new
+    objects/xx/ may need."""
+    return -(-size // block) * block + block
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
@@ -215,13 +231,11 @@ class Store:
         (RAM: demotes them) as a cap does, until `size` bytes fit in what the file system has free.
         False, evicting nothing, when they cannot: what is left is pinned, open or being written,
         or the space is not the cache's to give back."""
-        try:
-            fs = os.statvfs(self.layout.tier_root(tier))
-        except OSError:
+        room = fs_room(self.layout.tier_root(tier))
+        if room is None:
             return False
-        block = fs.f_frsize or 4096
-        # whole blocks per file, and one more for the directory entry a new objects/xx/ may need
-        shortfall = -(-size // block) * block + block - fs.f_bavail * block
+        free, block = room
+        shortfall = fs_need(size, block) - free
         if shortfall <= 0:
             return True  # freed meanwhile (another process evicted, the other files went)
         with self.index.write() as db:

@@ -47,7 +47,7 @@ class Stats:
     slowdowns: int = 0
     resets: int = 0
     forwarded: int = 0
-    paths: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # the path of each GET (/bucket/key), in order
     ranges: list[str] = field(default_factory=list)  # the Range header of each GET that had one
     connections: int = 0
     cuts: int = 0
@@ -150,6 +150,8 @@ class FaultProxy:
                 path = head.split(b" ", 2)[1].split(b"?", 1)[0].decode()
                 ranged = _header(head, b"range")[:1]
                 self.stats.ranges.extend(ranged)
+                if method == b"GET":
+                    self.stats.paths.append(path)
                 is_object = "/" in path.strip("/")  # path-style: /bucket/key
                 faultable = (
                     (method == b"GET" or not self.only_get)

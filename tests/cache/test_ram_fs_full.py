@@ -29,6 +29,16 @@ def ram_fs(tmp_path: Path) -> Iterator[Path]:
         yield mnt
 
 
+@pytest.fixture(params=["statvfs", "enospc"])
+def found_by(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the full file system is found: by the free space looked at before a landing starts,
+    or (that look unable to tell, as when another landing takes the room meanwhile) by the
+    ENOSPC of the landing's own writes."""
+    if request.param == "enospc":
+        monkeypatch.setattr("cache.fetcher.fs_room", lambda _path: None)
+    return str(request.param)
+
+
 def fill(mnt: Path, leave: int) -> None:
     """Someone else's file takes all but `leave` bytes of the file system."""
     fs = os.statvfs(mnt)
@@ -36,21 +46,31 @@ def fill(mnt: Path, leave: int) -> None:
         fh.write(b"x" * max(0, fs.f_bavail * fs.f_frsize - leave))
 
 
-def new_cache(cache_dir: Path, ram_fs: Path, events: list[Any] | None = None) -> Any:
+def new_cache(cache_dir: Path, ram_fs: Path, events: list[Any] | None = None, **kwargs: Any) -> Any:
     from cache import Cache
 
     sink = events.append if events is not None else (lambda _: None)
     return Cache(
-        cache_dir, ram_dir=ram_fs / "ram", ram_limit="1G", disk_limit="1G", tier="ram", on_event=sink
+        cache_dir,
+        ram_dir=ram_fs / "ram",
+        ram_limit="1G",
+        disk_limit="1G",
+        tier="ram",
+        on_event=sink,
+        **kwargs,
     )
 
 
 @contextmanager
 def checked_cache(
-    cache_dir: Path, ram_fs: Path, events: list[Any] | None = None, **env: str
+    cache_dir: Path,
+    ram_fs: Path,
+    events: list[Any] | None = None,
+    endpoint_url: str | None = None,
+    **env: str,
 ) -> Iterator[Any]:
     """new_cache(); closed, then checked whole: every entry verifies, no stray file, tmp/ empty."""
-    c = new_cache(cache_dir, ram_fs, events)
+    c = new_cache(cache_dir, ram_fs, events, endpoint_url=endpoint_url)
     try:
         yield c
     finally:
@@ -63,7 +83,7 @@ def tiers(c: Any) -> dict[str, str]:
 
 
 def test_a_full_ram_file_system_evicts_lru_ram_entries_then_lands_in_ram(
-    tmp_path: Path, ram_fs: Path
+    tmp_path: Path, ram_fs: Path, found_by: str
 ) -> None:
     src = local_source(tmp_path / "src", 3, SIZE)
     with checked_cache(tmp_path / "cache", ram_fs) as c:
@@ -77,7 +97,7 @@ def test_a_full_ram_file_system_evicts_lru_ram_entries_then_lands_in_ram(
 
 
 def test_ram_taken_by_others_lands_the_miss_on_disk_and_says_so(
-    s3_client: Any, bucket: str, aws_env: dict[str, str], tmp_path: Path, ram_fs: Path
+    s3_client: Any, bucket: str, aws_env: dict[str, str], tmp_path: Path, ram_fs: Path, found_by: str
 ) -> None:
     from cache import events as ev
 
@@ -91,6 +111,8 @@ def test_ram_taken_by_others_lands_the_miss_on_disk_and_says_so(
         demoted = [e for e in events if isinstance(e, ev.Demoted)]
         assert [(e.url, e.size, e.tier) for e in demoted] == [(url, 256 << 10, "disk")]
         assert demoted[0].reason.startswith("no space left")
+        # (which way it was found: the free space looked at first, or the landing's ENOSPC)
+        assert ("needed" in demoted[0].reason) == (found_by == "statvfs"), demoted[0].reason
         # a preload into RAM goes on the same way: every object lands, each reported; the one
         # cached on disk already cannot be promoted, and stays there (reported, not copied again)
         got: list[Any] = []
@@ -101,6 +123,25 @@ def test_ram_taken_by_others_lands_the_miss_on_disk_and_says_so(
             f"s3://{bucket}/{key}" for key in sorted(data)
         ]
         assert set(tiers(c).values()) == {"disk"}
+
+
+def test_an_object_that_cannot_fit_in_the_ram_file_system_is_downloaded_once(
+    s3_client: Any, bucket: str, aws_env: dict[str, str], tmp_path: Path, ram_fs: Path, proxy_factory: Any
+) -> None:
+    """The file system's free space is looked at before a RAM landing starts: an object that
+    cannot fit goes straight to making room, then to disk. Each one used to be downloaded whole
+    into RAM first, fail there (ENOSPC), and be downloaded again for the disk tier."""
+    data = seed_objects(s3_client, bucket, "once/", 4, 256 << 10)
+    store = proxy_factory()
+    with checked_cache(tmp_path / "cache", ram_fs, endpoint_url=store.endpoint, **aws_env) as c:
+        fill(ram_fs, 64 << 10)  # nothing of rq's there to evict
+        url = f"s3://{bucket}/once/00000.bin"
+        assert c.read_bytes(url) == data["once/00000.bin"]
+        result = c.preload([f"s3://{bucket}/once/"], tier="ram")
+        assert (result.objects, result.failed, result.demoted_full) == (3, [], 4)
+        assert set(tiers(c).values()) == {"disk"}
+    objects = [p for p in store.stats.paths if p != f"/{bucket}/"]  # (not the listing's GETs)
+    assert sorted(objects) == [f"/{bucket}/{key}" for key in sorted(data)]
 
 
 def test_rq_preload_into_a_full_ram_file_system_succeeds(
@@ -118,7 +159,9 @@ def test_rq_preload_into_a_full_ram_file_system_succeeds(
     assert_consistent(env)
 
 
-def test_a_big_object_that_cannot_be_allocated_in_ram_lands_on_disk(tmp_path: Path, ram_fs: Path) -> None:
+def test_a_big_object_that_cannot_be_allocated_in_ram_lands_on_disk(
+    tmp_path: Path, ram_fs: Path, found_by: str
+) -> None:
     """Big objects (>= 64 MiB) reserve their blocks before the first piece: that fails at once."""
     src = tmp_path / "src"
     src.mkdir()
@@ -131,7 +174,7 @@ def test_a_big_object_that_cannot_be_allocated_in_ram_lands_on_disk(tmp_path: Pa
 
 
 def test_both_tiers_full_is_one_clear_error_and_nothing_half_written(
-    s3_client: Any, bucket: str, aws_env: dict[str, str], tmp_path: Path, ram_fs: Path
+    s3_client: Any, bucket: str, aws_env: dict[str, str], tmp_path: Path, ram_fs: Path, found_by: str
 ) -> None:
     data = seed_objects(s3_client, bucket, "both/", 3, 256 << 10)
     from cache import CacheFullError
