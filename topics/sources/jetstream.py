@@ -896,6 +896,31 @@ _NATS_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _NEWLINES = str.maketrans({"\r": " ", "\n": " "})
 
 
+# Headers a JetStream message may carry that describe where it came from (Nats-Stream-Source, set
+# by the server on a sourced message) or make its publish conditional or part of an atomic batch
+# (Nats-Expected-*, Nats-Batch-*): nats-server drops exactly these when it copies a message into a
+# stream that sources it, and refuses or fails a client's publish that carries them (400 "message
+# stream source header is not allowed", "expected stream does not match"). A copy keeps the data
+# and the user's headers, so the sink drops them too. The server matches header names by case.
+_NOT_COPIED = ("Nats-Stream-Source",)
+_NOT_COPIED_PREFIXES = ("Nats-Expected-", "Nats-Batch-")
+
+
+def _copied(headers: Headers) -> Headers:
+    if not headers:
+        return headers
+    return tuple(
+        (k, v) for k, v in headers if k not in _NOT_COPIED and not k.startswith(_NOT_COPIED_PREFIXES)
+    )
+
+
+def _controls(hdrs: dict[str, str] | None) -> list[str]:
+    """The NATS control headers (Nats-TTL, Nats-Rollup, Nats-Msg-Id, ...) a message carries: the
+    server may refuse such a message (TTLs or rollups not allowed on the stream, ...), so it is
+    published acknowledged, not as a core publish whose refusal nobody hears."""
+    return [k for k in hdrs or () if k[:5].lower() == "nats-"]
+
+
 def _nats_headers(headers: Headers) -> dict[str, str] | None:
     # A byte that is not UTF-8 goes out as U+FFFD: three bytes on the wire for one.
     out = dict((k, v.decode("utf-8", "replace")) for k, v in headers)
@@ -915,6 +940,14 @@ def _header_block_size(hdrs: dict[str, str]) -> int:
         if name.strip():
             size += len(name.strip().encode()) + 4 + len(value.strip().translate(_NEWLINES).encode())
     return size
+
+
+class _Refused(Exception):
+    """A publish of the batch the server answered with an API error (its index in the batch)."""
+
+    def __init__(self, index: int, answer: dict[str, Any]):
+        super().__init__(str(answer))
+        self.index, self.answer = index, answer
 
 
 class JetStreamSink:
@@ -951,27 +984,76 @@ class JetStreamSink:
     def append(self, records: Sequence[Pending]) -> tuple[int, int]:
         # Header values go to nats-py as str (it sends them UTF-8 encoded): build them once, so
         # the size check measures exactly what goes out.
-        messages = [(value, _nats_headers(headers)) for _, _, headers, value in records]
+        messages = [(value, _nats_headers(_copied(headers))) for _, _, headers, value in records]
         self._check(messages)
-
-        async def send() -> Any:
-            nc = self.conn.nc
-            subject = self.subject
-            for value, hdrs in messages[:-1]:
-                await nc.publish(subject, value, headers=hdrs)
-            value, hdrs = messages[-1]
-            return await self.conn.js.publish(subject, value, headers=hdrs, timeout=10)
-
         import nats.errors
 
         try:
-            ack = self.conn.run(send())
+            last = self.conn.run(self._send(messages))
         except nats.errors.MaxPayloadError:
             raise RecordTooLarge(f"a record is over the NATS server's max_payload ({self.url})") from None
+        except _Refused as refused:
+            raise self._refused(
+                refused.index, len(messages), messages[refused.index][1], refused.answer
+            ) from None
+        except TopicError:
+            raise
         except Exception as exc:
+            # only a publish that got no answer: one the server answered is never an outage
             raise SourceUnreachable(f"publishing to {self.url} failed: {reason(exc)}") from None
-        last = int(ack.seq)
         return last - len(records) + 1, last
+
+    async def _send(self, messages: list[tuple[bytes, dict[str, str] | None]]) -> int:
+        """Publishes the batch in order on one connection and returns the last record's stream
+        sequence. The last record, and every one carrying a NATS control header, asks for the
+        server's answer on an inbox of its own (pipelined, read after all went out); the others go
+        as core publishes. Raises _Refused for the first record (in batch order) the server
+        refused. (nats-py's publish_async cannot serve here: its reply handler raises a refusal
+        inside its callback instead of handing it to the future, which then waits for ever.)"""
+        nc = self.conn.nc
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(f"{inbox}.*")
+        try:
+            asked = 0
+            for i, (value, hdrs) in enumerate(messages):
+                if i == len(messages) - 1 or _controls(hdrs):
+                    await nc.publish(self.subject, value, reply=f"{inbox}.{i}", headers=hdrs)
+                    asked += 1
+                else:
+                    await nc.publish(self.subject, value, headers=hdrs)
+            answers: dict[int, Any] = {}
+            for _ in range(asked):
+                msg = await sub.next_msg(timeout=10)
+                answers[int(msg.subject.rsplit(".", 1)[1])] = msg
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        for i in sorted(answers):
+            msg = answers[i]
+            if msg.headers and msg.headers.get("Status") == "503" and not msg.data:
+                raise TopicNotFound(
+                    f"no JetStream stream took the publish to {self.subject} ({self.url}): "
+                    "was the stream deleted?"
+                )
+            answer = json.loads(msg.data)
+            if "error" in answer:
+                raise _Refused(i, answer["error"])
+        return int(json.loads(answers[len(messages) - 1].data)["seq"])
+
+    def _refused(
+        self, index: int, size: int, hdrs: dict[str, str] | None, answer: dict[str, Any]
+    ) -> TopicError:
+        """The server answered a publish with an API error: it is up, so this is a refusal (exit 1,
+        a JetStream API error; 6 only where it says JetStream is unavailable), never 'unreachable'."""
+        what = answer.get("description") or "refused"
+        carries = _controls(hdrs)
+        text = (
+            f"the NATS server refused record {index + 1} of the batch published to {self.url}: {what}"
+            + (f" (err_code {answer['err_code']})" if answer.get("err_code") else "")
+            + (f"; the record carries the NATS header(s) {', '.join(carries)}" if carries else "")
+            + (f"; the batch's other {size - 1} record(s) were published" if size > 1 else "")
+        )
+        return SourceUnreachable(text) if answer.get("code") == 503 else TopicError(text)
 
     def _check(self, messages: list[tuple[bytes, dict[str, str] | None]]) -> None:
         """A message the server or nats-py would refuse (over max_payload, a header name NATS cannot
