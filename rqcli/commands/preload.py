@@ -274,8 +274,9 @@ def _preload(
         if not dry_run and not _cache_exists(cache_dir):
             # nor does a source that is not there (a missing bucket or directory, an empty
             # prefix): a new cache is made only once each source has listed something. The S3
-            # listings' first pages are waited for here, after the imports they overlap with
-            check_sources_exist(list(sources), settings)
+            # listings' first pages are waited for here, after the imports they overlap with; a
+            # first page that is the whole listing and that --include/--exclude leave empty too
+            check_sources_exist(list(sources), settings, include, exclude)
     except CacheError as exc:
         raise refused(cache_error_to_cli(exc)) from None
     try:
