@@ -15,6 +15,11 @@ class TopicNotFound(TopicError):
     """The topic, stream or log directory does not exist."""
 
 
+class SpecFileNotFound(TopicNotFound):
+    """A saved replay spec (`--spec FILE`) does not exist: a file not found, as rq's other missing
+    files are (exit 3), not a malformed spec."""
+
+
 class SourceUnreachable(TopicError):
     """A server (NATS, MQTT) could not be reached or the connection was lost."""
 

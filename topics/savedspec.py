@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from topics.embedded.files import write_atomic
-from topics.errors import DigestMismatch, SpecError
+from topics.errors import DigestMismatch, SpecError, SpecFileNotFound
 from topics.expr import compile_where
 from topics.pipeline import Emit, Rate, Request, Result, dry_run, run
 from topics.sources.base import Source
@@ -117,7 +117,7 @@ class ReplaySpec:
         try:
             data: Any = orjson.loads(path.read_bytes())
         except FileNotFoundError:
-            raise SpecError(f"replay spec {path} does not exist") from None
+            raise SpecFileNotFound(f"replay spec {path} does not exist") from None
         except IsADirectoryError:
             raise SpecError(
                 f"replay spec {path} is a directory: name the spec file saved by --save-spec"

@@ -42,6 +42,7 @@ from topics.errors import (
     RecordTooLarge,
     SourceUnreachable,
     SpecError,
+    SpecFileNotFound,
     TopicError,
     TopicNotFound,
     Unsupported,
@@ -114,6 +115,8 @@ def library_errors() -> Iterator[None]:
         yield
     except SpecError as exc:
         raise CliError(str(exc), ExitCode.USAGE) from None
+    except SpecFileNotFound as exc:
+        raise CliError(str(exc), ExitCode.NOT_FOUND, hint="name the file that --save-spec wrote") from None
     except TopicNotFound as exc:
         raise CliError(
             str(exc), ExitCode.NOT_FOUND, hint="check the name, or create it with `rq produce`"
@@ -164,30 +167,22 @@ def _parse_headers(items: Sequence[str]) -> Headers:
     return tuple(out)
 
 
-def _size(text: str | None) -> int | None:
-    if text is None:
-        return None
-    units = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    t = text.strip().lower().removesuffix("ib").removesuffix("b")
-    num, unit = (t[:-1], t[-1]) if t and t[-1] in units and t[-1] != "" else (t, "")
-    try:
-        size = int(float(num) * units[unit])
-    except (ValueError, OverflowError):  # 'abc', 'nan', 'inf'
-        size = 0
-    if size <= 0:
-        raise CliError(f"bad size {text!r}", ExitCode.USAGE, hint="use a positive size, e.g. 512M, 10G")
-    return size
-
-
 def _size_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
-    """A size option, checked while parsing: a topic config saved with 0 or less would refuse
-    every later produce."""
+    """A size option, read as every rq size is (cache.sizes.parse_size, docs/cli.md "Sizes": binary
+    units, a number without a unit whole), checked while parsing; positive, as a topic config saved
+    with 0 would refuse every later produce."""
+    from cache.errors import BadSourceError
+    from cache.sizes import parse_size
+
     if value is None:
         return None
     try:
-        return _size(value)
-    except CliError:
-        raise click.BadParameter(f"bad size {value!r}: use a positive size, e.g. 512M, 10G") from None
+        size = parse_size(value)
+    except BadSourceError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if size <= 0:
+        raise click.BadParameter(f"bad size {value!r}: use a positive size, e.g. 512M, 10G")
+    return size
 
 
 def _duration_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
@@ -207,8 +202,22 @@ idle_timeout_option = click.option(
     "--timeout",
     "idle_timeout",
     type=Seconds(positive=True),
-    help="With --follow: exit after this many seconds without a record.",
+    help="With --follow (an MQTT topic always follows): exit after this many seconds without a record.",
 )
+
+
+def _check_timeout(idle_timeout: float | None, follows: bool) -> None:
+    """--timeout ends a follow after a silence; on a read that ends at the topic's end it would do
+    nothing, so on the command line it is refused rather than ignored without a word. From the
+    environment or the config file it is a default for follows, and a plain read goes on."""
+    if idle_timeout is None or follows:
+        return
+    source = click.get_current_context().get_parameter_source("idle_timeout")
+    if source == click.core.ParameterSource.COMMANDLINE:
+        raise CliError(
+            "--timeout ends a follow after a silence: add -f/--follow, or drop --timeout", ExitCode.USAGE
+        )
+
 
 topics_dir_option = click.option(
     "--topics-dir",
@@ -418,7 +427,10 @@ def _same_server(a: TopicRef, b: TopicRef) -> bool:
 
 
 def _default_format(fmt: str | None) -> str:
-    if fmt:
+    if fmt == "":
+        # an empty --format (an unset variable) took the default without a word
+        raise CliError("--format is empty: name one (json, raw, table) or give a template", ExitCode.USAGE)
+    if fmt is not None:
         return fmt
     return "table" if sys.stdout.isatty() else "json"
 
@@ -716,10 +728,15 @@ def produce(
             raise full from None
         total, first, last = 0, None, None
         acks = True
+
+        def offsets(span: tuple[int, int]) -> tuple[int | None, int | None]:
+            # MQTT has no offsets (a published message gets none); the sink's count is no offset
+            return (None, None) if ref.kind == "mqtt" else span
+
         try:
             try:
                 for batch in itertools.chain(head, batches):
-                    a, b = sink.append(batch)
+                    a, b = offsets(sink.append(batch))
                     total += len(batch)
                     first = a if first is None else first
                     last = b
@@ -792,7 +809,7 @@ def _produced(
     with contextlib.suppress(BrokenPipeError):
         out.emit(summary)
     if error is None and not out.json and not out.quiet:
-        span = f" (offsets {first}..{last})" if total else ""
+        span = f" (offsets {first}..{last})" if total and first is not None else ""
         click.echo(f"produced {total} records to {safe_text(ref.url)}{span}", err=True)
 
 
@@ -904,6 +921,7 @@ def tail(
             check_writable(_ref(record_to, topics_dir))  # before connecting to anything
         if no_retained and ref.kind != "mqtt":
             raise CliError("--no-retained is for MQTT topics", ExitCode.USAGE)
+        _check_timeout(idle_timeout, follow or ref.kind == "mqtt")
         if record_to and (follow or ref.kind == "mqtt"):
             _refuse_feedback(ref, _ref(record_to, topics_dir), "--record")
         source = _open_followed(
@@ -1089,6 +1107,7 @@ def replay(
             check_group_name(group)
         if commit and not group:
             raise CliError("--commit needs --group", ExitCode.USAGE)
+        _check_timeout(idle_timeout, follow)
         # A follow whose spec is saved stops like a committing one: the spec records where it stopped.
         stops = _Stops() if commit or (save_spec is not None and follow) else None
         if stops is not None:
@@ -1376,6 +1395,14 @@ def offsets(
         if words[0] == "reset" and len(words) == 2:
             _reset(words[1], group, to_spec, dry_run, topics_dir, out)
             return
+        if words == ("reset",):
+            # `reset` first is always the subcommand: taken as a topic name it said "topic …/reset
+            # does not exist" (exit 3) to someone who only forgot the TOPIC
+            raise CliError(
+                "rq offsets reset: TOPIC is missing",
+                ExitCode.USAGE,
+                hint="rq offsets reset TOPIC --group G --to SPEC (a topic named reset: give its full path)",
+            )
         if len(words) != 1:
             raise CliError(
                 "expected TOPIC, or reset TOPIC",
@@ -1430,7 +1457,8 @@ def offsets(
         console = out.console()
         shown_last = "-" if last is None else last  # (an empty topic)
         gone = f" ({sum(b - a + 1 for a, b, _ in lost)} lost)" if lost else ""
-        out.info(f"{safe_text(ref.url)}: first {first}, last {shown_last}, {records} records{gone}")
+        # what `rq offsets` was asked for: printed under -q too, as the group table is
+        out.result(f"{safe_text(ref.url)}: first {first}, last {shown_last}, {records} records{gone}")
         if rows:
             table = Table(show_edge=False)
             for col in ("group", "committed", "lag"):
@@ -1486,7 +1514,10 @@ def _reset(
     out.emit({"topic": ref.url, "group": group, "before": before, "after": target, "dry_run": dry_run})
     verb = "would move" if dry_run else "moved"
     shown = "-" if before is None else before  # a new group: as `rq offsets` shows it
-    out.info(f"{verb} group {safe_text(group)} on {safe_text(ref.url)} from {shown} to {target}")
+    # a dry run's line is its whole answer (-q keeps it); after a real move it is a report, like
+    # the counts -q drops elsewhere
+    say = out.result if dry_run else out.info
+    say(f"{verb} group {safe_text(group)} on {safe_text(ref.url)} from {shown} to {target}")
 
 
 for _command, _name in ((produce, "produce"), (tail, "tail"), (replay, "replay"), (offsets, "offsets")):
