@@ -46,7 +46,17 @@ from cache.landing import Landing, ObjectInfo, piece_ranges
 from cache.layout import Layout, blob_name
 from cache.origins import Origin
 from cache.sizes import format_size
-from cache.store import HoldSpec, Store, fs_need, fs_room, fsync_dir, is_no_space, syncfs
+from cache.store import (
+    FILES_PER_OBJECT,
+    FILES_TO_PUBLISH,
+    HoldSpec,
+    Store,
+    fs_need,
+    fs_room,
+    fsync_dir,
+    is_no_space,
+    syncfs,
+)
 
 LAND_BATCH = 64
 # landed objects waiting while a batch is published (one at a time): past this, no new requests
@@ -218,6 +228,9 @@ class Published:
     durable: list[Landed] = field(default_factory=list)  # under final names, durable: index them
     failed: list[tuple[Landed, BaseException]] = field(default_factory=list)  # publish() gave up
     dropped: list[Landed] = field(default_factory=list)  # not indexed (a sync failed), holds to release
+    # RAM landings whose publish met a full file system (ENOSPC: the objects/xx/ mkdir or the link,
+    # tmpfs out of inodes): not failures, unless they cannot go elsewhere (Fetcher._book decides)
+    full: list[tuple[Landed, FileSystemFullError]] = field(default_factory=list)
     error: BaseException | None = None  # what stops the run, if anything
 
 
@@ -376,9 +389,8 @@ class Fetcher:
                         waiting.append(payload)
                 elif kind == "published":
                     publishing = False
-                    fatal = self._settle(
-                        functools.partial(self._book, payload, result), fatal, requests, jobs
-                    )
+                    book = functools.partial(self._book, payload, result, ready if fatal is None else None)
+                    fatal = self._settle(book, fatal, requests, jobs)
                 elif kind:
                     self.starved = False
                     inflight -= 1
@@ -723,16 +735,18 @@ class Fetcher:
         """Whether a RAM landing that met a full file system may evict, then land on disk."""
         return self._tier(job) == "ram" and self.store.caps.get("disk", 0) > 0
 
-    def _elsewhere(self, job: Job, err: BaseException, ready: deque[Job]) -> bool:
+    def _elsewhere(
+        self, job: Job, err: BaseException, ready: deque[Job], promised: tuple[int, int] = (0, 0)
+    ) -> bool:
         """The RAM tier's file system is full below its cap (its hold released, nothing of it
         left in the tier): once, evict LRU RAM entries (demoted to disk, as for the cap) to make
         room and try RAM again; then, or when nothing can be evicted, land it on disk. False: it
-        cannot leave (not a RAM landing, or no disk tier)."""
+        cannot leave (not a RAM landing, or no disk tier). `promised`: Store.make_room's."""
         if not self._may_leave_ram(job):
             return False
         if not job.made_room:
             job.made_room = True
-            if self.store.make_room("ram", job.info.size):
+            if self.store.make_room("ram", job.info.size, promised):
                 ready.appendleft(job)  # next, before the rest take the room
                 return True
         if getattr(job.origin, "promotes", False):
@@ -756,18 +770,26 @@ class Fetcher:
         room = fs_room(root)
         if room is None:
             return  # the landing says what is wrong with the tier
-        free, block = room
+        free = room.free
+        files = None if room.files is None else room.files - FILES_TO_PUBLISH
+        files_before = files or 0
         for job in [j for j in batch if not j.hold]:  # (a held one's blocks are taken already)
-            need = fs_need(job.info.size, block)
-            if need <= free:
+            need = fs_need(job.info.size, room.block)
+            if need > free:
+                lack = f"{format_size(free)} free, {format_size(need)} needed"
+            elif files is not None and files < FILES_PER_OBJECT:
+                lack = f"{max(0, files)} free files (inodes), {FILES_PER_OBJECT} needed"
+            else:
                 free -= need
+                if files is not None:
+                    files -= FILES_PER_OBJECT
                 continue
             batch.remove(job)
             full = FileSystemFullError(
-                f"no space left on the file system under {root} for {job.info.url}: "
-                f"{format_size(free)} free, {format_size(need)} needed"
+                f"no space left on the file system under {root} for {job.info.url}: {lack}"
             )
-            self._elsewhere(job, full, ready)
+            # (the room the batch's objects before it take is not there to be found free)
+            self._elsewhere(job, full, ready, (room.free - free, files_before - (files or 0)))
 
     def _nowhere(self, job: Job, err: CacheFullError) -> CacheFullError:
         """A demoted object the disk tier cannot take either: one error naming both tiers (its
@@ -854,6 +876,9 @@ class Fetcher:
             try:
                 item[2].landing.publish(item[1].xxh3)  # type: ignore[union-attr]
             except Exception as exc:  # publish() has removed the temp file
+                if isinstance(exc, FileSystemFullError) and item[1].tier == "ram":
+                    out.full.append((item, exc))
+                    continue
                 out.failed.append((item, exc))
                 if isinstance(exc, CacheFullError):
                     out.error = out.error or exc
@@ -907,12 +932,20 @@ class Fetcher:
         job.landing = None
         self._release(job, keep=False)
 
-    def _book(self, outcome: Published, result: FetchResult) -> None:
+    def _book(self, outcome: Published, result: FetchResult, ready: deque[Job] | None = None) -> None:
         """Main thread: index what is durable, release the holds of the rest, report; then raise
-        the batch's error, if any."""
+        the batch's error, if any. With `ready` (the run goes on), a RAM landing its file system
+        had no room to publish goes to _elsewhere (evict, or the disk tier) and is fetched again:
+        its verified temp file is gone already."""
         for _, _, job in outcome.dropped:
             self._take_back(job)
-        for (_, entry, job), exc in outcome.failed:
+        failed = list(outcome.failed)
+        for item, full in outcome.full:
+            self._take_back(item[2])
+            if ready is None or not self._elsewhere(item[2], full, ready):
+                failed.append((item, full))  # nowhere else: stops the run, as any full file system
+                outcome.error = outcome.error or full
+        for (_, entry, job), exc in failed:
             self._take_back(job)
             job.done = True
             failure = ev.Failed(entry.url, error_kind(exc), str(exc) or type(exc).__name__)

@@ -23,7 +23,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cache import procs
 from cache.errors import BusyError, CacheError, CacheFullError
@@ -134,14 +134,31 @@ def syncfs(path: Path) -> bool:
     return True
 
 
-def fs_room(path: Path) -> tuple[int, int] | None:
-    """(bytes free to us, block size) of the file system holding `path`; None if it cannot tell."""
+class FsRoom(NamedTuple):
+    """What the file system holding a tier has free to us (statvfs)."""
+
+    free: int  # bytes
+    block: int  # its block size
+    files: int | None  # files (inodes) it can still make; None: it sets no limit
+
+
+# What landing one object may take of a file system's files: its own, and the objects/xx/ directory
+# a new name may need. tmpfs (nr_inodes) runs out of these as it does of bytes.
+FILES_PER_OBJECT = 2
+# ... and one more while it is published: tmpfs counts a hard link as a file, and the temp file is
+# linked to its final name before its temp name goes (one object at a time)
+FILES_TO_PUBLISH = 1
+
+
+def fs_room(path: Path) -> FsRoom | None:
+    """What the file system holding `path` has free to us; None if it cannot tell."""
     try:
         fs = os.statvfs(path)
     except OSError:
         return None
     block = fs.f_frsize or 4096
-    return fs.f_bavail * block, block
+    # f_files 0: the file system sets no limit on files (tmpfs with nr_inodes=0, btrfs)
+    return FsRoom(fs.f_bavail * block, block, fs.f_favail if fs.f_files else None)
 
 
 def fs_need(size: int, block: int) -> int:
@@ -226,21 +243,23 @@ class Store:
             with contextlib.suppress(CacheFullError):
                 self.reserve(tier, [], patience=0.0)
 
-    def make_room(self, tier: str, size: int) -> bool:
+    def make_room(self, tier: str, size: int, promised: tuple[int, int] = (0, 0)) -> bool:
         """The tier's file system is full below its cap (ENOSPC: others' files): evicts LRU entries
-        (RAM: demotes them) as a cap does, until `size` bytes fit in what the file system has free.
-        False, evicting nothing, when they cannot: what is left is pinned, open or being written,
-        or the space is not the cache's to give back."""
+        (RAM: demotes them) as a cap does, until `size` bytes fit in what the file system has free
+        and it can make the files one landing needs (out of inodes: each entry evicted gives one).
+        `promised`: bytes and files of that free room that landings about to start will take (the
+        objects before this one in its batch). False, evicting nothing, when they cannot: what is
+        left is pinned, open or being written, or the space is not the cache's to give back."""
         room = fs_room(self.layout.tier_root(tier))
         if room is None:
             return False
-        free, block = room
-        shortfall = fs_need(size, block) - free
-        if shortfall <= 0:
+        shortfall = fs_need(size, room.block) + promised[0] - room.free
+        files = 0 if room.files is None else FILES_PER_OBJECT + FILES_TO_PUBLISH + promised[1] - room.files
+        if shortfall <= 0 and files <= 0:
             return True  # freed meanwhile (another process evicted, the other files went)
         with self.index.write() as db:
             try:
-                victims = self._pick_victims(db, tier, shortfall)
+                victims = self._pick_victims(db, tier, max(0, shortfall), files=files)
             except CacheFullError:
                 return False
         self._retire(tier, victims)
@@ -258,17 +277,21 @@ class Store:
             return int(row[0])
         return Index.add_hold(db, tier, spec.size, "landing", spec.blob, spec.url, self.owner)
 
-    def _pick_victims(self, db: sqlite3.Connection, tier: str, to_free: int) -> list[tuple[Entry, int, int]]:
-        """Turns LRU entries into `evicting` holds (inside the caller's transaction). Returns
+    def _pick_victims(
+        self, db: sqlite3.Connection, tier: str, to_free: int, files: int = 0
+    ) -> list[tuple[Entry, int, int]]:
+        """Turns LRU entries into `evicting` holds (inside the caller's transaction) until `to_free`
+        bytes and `files` files (make_room: a file system out of inodes) are freed. Returns
         (entry, locked fd or -1, hold id). Raises CacheFullError when not enough can be freed."""
         chosen: list[tuple[Entry, int]] = []
         freed = 0
+        taken = 0  # entries and holds given back: a file each (most of them)
         # Space nobody will use is the cheapest to give back: orphaned partial downloads, holds of
         # processes that died (kill -9 in the middle of a read-through), and superseded blobs no
         # reader holds open any more. Without this a tier could stay "full" of nothing until the
         # next preload or verify ran collect().
         for hold in Index.holds(db, tier):
-            if freed >= to_free:
+            if freed >= to_free and taken >= files:
                 break
             if hold.kind == "landing" and hold.pid == 0:
                 if not self._blob_busy(db, hold):
@@ -280,21 +303,25 @@ class Store:
             elif hold.pid != 0 and not procs.alive(hold.pid, hold.pid_start):
                 self._drop_dead(db, hold)
                 freed += hold.size
+            else:
+                continue  # (a live process's)
+            taken += 1
         # read lazily, oldest first: a cache of millions of entries must not load them all to
         # free room for one object (the index on (tier, pinned, last_access) serves this order)
         candidates = self.index.lru(db, tier)
         try:
             for entry in candidates:
-                if freed >= to_free:
+                if freed >= to_free and taken >= files:
                     break
                 fd = lock_exclusive(self.layout.blob_path(tier, entry.blob))
                 if fd is None:
                     continue  # a reader has it open
                 chosen.append((entry, fd))
                 freed += entry.size
+                taken += 1
         finally:
             candidates.close()  # the cursor ends before this transaction deletes rows
-        if freed < to_free:
+        if freed < to_free or taken < files:
             for _, fd in chosen:
                 if fd >= 0:
                     os.close(fd)

@@ -204,3 +204,83 @@ def test_both_tiers_full_is_one_clear_error_and_nothing_half_written(
         assert "Traceback" not in err_text and "no space left" in err_text, err_text
         assert len(err_text.strip().splitlines()) == 1, err_text
         assert_consistent(env)
+
+
+# --- a RAM file system out of files (inodes) while it has bytes to spare -----------------------
+
+FILES = 12  # tmpfs nr_inodes: its root, ram/, ram/tmp/, ram/objects/ and ram/owner leave 7
+
+
+@pytest.fixture
+def few_inodes(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of 1 MiB that can hold only FILES files and directories: bytes to spare, files not."""
+    with small_tmpfs(tmp_path / f"shm-{uuid.uuid4().hex[:6]}", f"1m,nr_inodes={FILES}") as mnt:
+        yield mnt
+
+
+def use_files(mnt: Path, leave: int) -> None:
+    """Someone else's empty files take all but `leave` of the file system's free files."""
+    others = mnt / "others"
+    others.mkdir(exist_ok=True)
+    while os.statvfs(mnt).f_favail > leave:
+        (others / uuid.uuid4().hex).touch()
+
+
+def test_a_preload_into_a_ram_file_system_out_of_inodes_lands_the_rest_on_disk(
+    tmp_path: Path, few_inodes: Path, found_by: str
+) -> None:
+    """Room for 3 objects' files (each its own and an objects/xx/ directory): the whole preload
+    used to stop with FileSystemFullError, nothing cached, when the batch's publish met ENOSPC
+    (tmpfs counts a hard link as a file). Now what does not fit lands on disk, found before the
+    download (statvfs's free files) or, found by the publish's ENOSPC, fetched again for disk."""
+    from cache import events as ev
+
+    src = local_source(tmp_path / "src", 6, 1 << 10)
+    got: list[Any] = []
+    with checked_cache(tmp_path / "cache", few_inodes) as c:
+        result = c.preload([str(src)], tier="ram", on_event=got.append)
+        placed = tiers(c)
+    demoted = [e for e in got if isinstance(e, ev.Demoted)]
+    assert (result.objects, result.failed) == (6, [])
+    assert result.demoted_full == len(demoted) == list(placed.values()).count("disk") > 0, placed
+    assert {e.tier for e in demoted} == {"disk"}
+    assert all(e.reason.startswith("no space left") for e in demoted), demoted
+    if found_by == "statvfs":  # found before any download: exactly the three that do not fit
+        assert sorted(placed.values()) == ["disk"] * 3 + ["ram"] * 3, placed
+        assert all("free files (inodes)" in e.reason for e in demoted), demoted
+    else:  # the batch's publish (its mkdir or link) or a temp file met ENOSPC
+        assert all(" writing " in e.reason for e in demoted), demoted
+
+
+def test_a_ram_file_system_out_of_inodes_evicts_lru_ram_entries_then_lands_in_ram(
+    tmp_path: Path, few_inodes: Path, found_by: str
+) -> None:
+    """Inodes taken by others are the same 'full below the cap' as bytes: the LRU entry is
+    demoted to disk (a file given back each) and the miss lands in RAM. (Before, the room was
+    looked for in bytes only: none was made, and the miss went to disk.)"""
+    src = local_source(tmp_path / "src", 3, 1 << 10)
+    with checked_cache(tmp_path / "cache", few_inodes) as c:
+        for name in ("f0", "f1"):
+            assert c.read_bytes(str(src / name)) == (src / name).read_bytes()
+        use_files(few_inodes, 2)  # one short of a landing: a file, a directory, a link
+        with c.open(str(src / "f2"), tier="ram") as fh:
+            assert fh.read() == (src / "f2").read_bytes()
+        placed = tiers(c)
+    assert placed["f2"] == "ram" and placed["f0"] == "disk", placed
+
+
+def test_rq_preload_into_a_ram_file_system_out_of_inodes_says_what_went_to_disk(
+    tmp_path: Path, few_inodes: Path
+) -> None:
+    src = local_source(tmp_path / "src", 6, 1 << 10)
+    cache_dir = tmp_path / "cache"
+    new_cache(cache_dir, few_inodes).close()
+    env = {"RQ_CACHE_DIR": str(cache_dir)}
+    proc = run_rq("preload", str(src), "--tier", "ram", "--json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert b"Traceback" not in proc.stderr, proc.stderr
+    lines = [json.loads(x) for x in proc.stdout.splitlines()]
+    demoted = [x for x in lines if x.get("event") == "demoted"]
+    assert lines[-1]["event"] == "summary" and lines[-1]["objects"] == 6, lines[-1]
+    assert lines[-1]["demoted_full"] == len(demoted) > 0 and {x["tier"] for x in demoted} == {"disk"}
+    assert_consistent(env)
