@@ -408,8 +408,8 @@ def _preload(
     if result.demoted_full:
         out.warn(
             f"{result.demoted_full} of the objects asked for in the RAM tier are in the disk tier: "
-            f"the RAM tier's file system under {c.layout.ram_root} is full (files that are not rq's); "
-            "free space there"
+            f"the RAM tier's file system under {c.layout.ram_root} is full (space or inodes taken "
+            "by files that are not rq's); free some there"
         )
     if result.failed:
         kinds = {f.kind for f in result.failed}
