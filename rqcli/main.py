@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import gc
 import importlib
 import importlib.util
@@ -10,6 +12,8 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +43,40 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 # commands that turn the collector back on themselves, once their lazy imports are done
 OWN_GC = {"preload"}
+
+
+# A command whose --json output always ends with a summary (docs/cli.md) names it with this
+# attribute: a function of the one-line error that returns the summary of a run that never started.
+# main() prints it under --json when Click refused the arguments or a signal came before the command
+# ran; once the command's own code runs, printing it is the command's job.
+NOT_STARTED = "not_started_summary"
+
+
+@dataclass
+class _Run:
+    """What main() needs to know about the invocation going on, after Click has let go of it."""
+
+    out: Output | None = None  # the group's Output: --json before or after the command name
+    entered: bool = False  # the command's own code began
+
+
+_run = _Run()
+_marked: set[click.Command] = set()
+
+
+def _mark_entry(command: click.Command) -> None:
+    """Has the command's callback note that it began, once per command, if it has a summary."""
+    callback = command.callback
+    if callback is None or command in _marked or getattr(command, NOT_STARTED, None) is None:
+        return
+
+    @functools.wraps(callback)
+    def entered(*args: Any, **kwargs: Any) -> Any:
+        _run.entered = True
+        return callback(*args, **kwargs)
+
+    command.callback = entered
+    _marked.add(command)
 
 
 class _Interrupted(BaseException):
@@ -77,6 +115,7 @@ class LazyGroup(click.Group):
         # Click's RQ_PRELOAD_JSON_ from the parameter json_); idempotent, so a command module that
         # already did it is left as it is
         documented_env_names_everywhere(command, cmd_name.replace("-", "_"))
+        _mark_entry(command)
         if cmd_name not in OWN_GC:
             gc.enable()  # off while rq imported (rqcli.console)
         return command
@@ -145,7 +184,7 @@ def cli(ctx: click.Context, json_: bool, quiet: bool, verbose: int, config_path:
     Settings come from flags, then RQ_<COMMAND>_<OPTION> environment variables,
     then the config file, then defaults.
     """
-    ctx.obj = Output(json=json_, quiet=quiet, verbose=verbose)
+    ctx.obj = _run.out = Output(json=json_, quiet=quiet, verbose=verbose)
     ctx.default_map = load_config(config_path)
     check_config(ctx.default_map, cli, ctx, COMMANDS, config_path)
 
@@ -190,19 +229,63 @@ def _name_the_variable(exc: click.UsageError) -> None:
         exc.param_hint = f"{param.get_error_hint(ctx)} (from {variable})"
 
 
-def _command_path(args: list[str]) -> str:
-    """`rq send` for `rq -q send --pin`: the (sub)commands named in args, for a usage hint."""
-    path, group = ["rq"], cli
-    for arg in args:
-        if arg == "--":
-            break
-        if not isinstance(group, click.Group) or arg.startswith("-"):
+def _invoked(args: list[str]) -> tuple[str, click.Command]:
+    """`rq send` and its command for `rq -q send --pin`: the (sub)commands named in args."""
+    path, command = ["rq"], cli
+    for arg in _words(args):
+        if not isinstance(command, click.Group) or arg.startswith("-"):
             continue
-        ctx = click.Context(group, info_name=path[-1])
-        if arg in group.list_commands(ctx):
+        ctx = click.Context(command, info_name=path[-1])
+        if arg in command.list_commands(ctx):
             path.append(arg)
-            group = group.get_command(ctx, arg)  # type: ignore[assignment]
-    return " ".join(path)
+            command = command.get_command(ctx, arg)  # type: ignore[assignment]
+    return " ".join(path), command
+
+
+def _words(args: list[str]) -> list[str]:
+    """The arguments up to `--` (after it every word is an operand)."""
+    return args[: args.index("--")] if "--" in args else args
+
+
+def _json_asked(command: click.Command, args: list[str], ctx: click.Context | None) -> bool:
+    """--json for a run Click may have stopped before it read the option: the group's Output, the
+    word itself, else the command's own RQ_<COMMAND>_JSON (and config key, once its context exists)."""
+    if (_run.out is not None and _run.out.json) or "--json" in _words(args):
+        return True
+    param = next((p for p in command.params if p.name == "json_"), None)
+    if param is None:
+        return False
+    try:
+        if ctx is not None and ctx.command is command:
+            value, _source = param.consume_value(ctx, {})
+        else:
+            names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or [])
+            value = next((os.environ[n] for n in names if os.environ.get(n)), None)
+        return value is not None and bool(click.BOOL.convert(value, param, ctx))
+    except click.ClickException:
+        return False
+
+
+def _owed_summary(args: list[str], ctx: click.Context | None, error: str) -> None:
+    """Under --json, the summary a command promises as its last line, for a run that never got to
+    the command's own code (arguments refused, a signal while starting): `tail -n1` is the result."""
+    if _run.entered:
+        return
+    try:
+        command = ctx.command if ctx is not None and hasattr(ctx.command, NOT_STARTED) else _invoked(args)[1]
+        summary: Callable[[str], dict[str, Any]] | None = getattr(command, NOT_STARTED, None)
+        if summary is not None and _json_asked(command, args, ctx):
+            Output(json=True).emit(summary(error))
+    except (KeyboardInterrupt, OSError):
+        pass  # a second Ctrl-C, or stdout's reader gone: the stderr line and exit code still say it
+
+
+def _interrupted(args: list[str], exc: BaseException) -> int:
+    why = interruption(exc)
+    _owed_summary(args, None, why)
+    with contextlib.suppress(OSError):
+        click.echo(f"rq: {why}", err=True)
+    return int(ExitCode.INTERRUPTED)
 
 
 def _terminate(_signum: int, _frame: Any) -> None:
@@ -212,13 +295,19 @@ def _terminate(_signum: int, _frame: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: runs `rq` and turns every failure into one stderr line and an exit code."""
     console = argv is None
-    verbose = any(
-        a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"})
-        for a in (argv or sys.argv[1:])
-    )
-    if threading.current_thread() is threading.main_thread():  # (signal.signal's own rule)
-        signal.signal(signal.SIGTERM, _terminate)  # commands that serve (rq recv) set their own
+    args = list(sys.argv[1:] if argv is None else argv)
+    verbose = any(a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"}) for a in args)
+    global _run
+    _run = _Run()
     try:
+        if threading.current_thread() is threading.main_thread():  # (signal.signal's own rule)
+            signal.signal(signal.SIGTERM, _terminate)  # commands that serve (rq recv) set their own
+        if console:
+            from rqcli.console import held_signals
+
+            held = held_signals()  # came while rq was importing: answered as if they came now
+            if held:
+                raise Terminated() if held[0] == signal.SIGTERM else KeyboardInterrupt()
         rv: Any = cli.main(args=argv, prog_name="rq", standalone_mode=False, auto_envvar_prefix="RQ")
         code = int(rv) if isinstance(rv, int) else 0
     except CliError as exc:
@@ -229,25 +318,24 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         code = exc.exit_code
     except click.exceptions.Abort as exc:  # Click's wrapping of KeyboardInterrupt (and Terminated)
-        click.echo(f"rq: {interruption(exc.__cause__ or exc)}", err=True)
-        code = int(ExitCode.INTERRUPTED)
+        code = _interrupted(args, exc.__cause__ or exc)
     except _SHOW_HELP as exc:  # plain `rq`: the help is the answer (exit 2, as Click has it)
         exc.show()
         code = exc.exit_code
     except click.UsageError as exc:
         # One line like every other error (Click's own shape is four), with where to look.
         # (Click's parser raises some, such as a missing option value, without a context)
-        where = exc.ctx.command_path if exc.ctx is not None else _command_path(argv or sys.argv[1:])
+        where = exc.ctx.command_path if exc.ctx is not None else _invoked(args)[0]
         _name_the_variable(exc)
         err = CliError(exc.format_message(), ExitCode.USAGE, hint=f"see `{where} --help`")
+        _owed_summary(args, exc.ctx, err.one_line())
         click.echo(f"rq: error: {err.one_line()}", err=True)
         code = exc.exit_code
     except click.ClickException as exc:
         click.echo(f"rq: error: {CliError(exc.format_message()).one_line()}", err=True)
         code = exc.exit_code
     except (KeyboardInterrupt, _Interrupted) as exc:
-        click.echo(f"rq: {interruption(exc.cause if isinstance(exc, _Interrupted) else exc)}", err=True)
-        code = int(ExitCode.INTERRUPTED)
+        code = _interrupted(args, exc.cause if isinstance(exc, _Interrupted) else exc)
     except OSError as exc:
         if verbose:
             _print_traceback()

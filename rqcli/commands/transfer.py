@@ -27,26 +27,23 @@ from rqcli.params import CommandEnvFirst, Seconds, documented_env_names
 if TYPE_CHECKING:
     from transfer.codec import CompressMode
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str | int | None) -> int | None:
-    """'4MiB', '64M', '1.5G', '4096' → bytes (K/M/G/T are powers of 1024, as for chunk sizes)."""
-    if text is None or isinstance(text, int):
-        return text
-    m = _SIZE.match(str(text))
-    if not m:
-        raise click.BadParameter(f"{text!r} is not a size like 4MiB, 64M or 1G")
-    power = " kmgtp".index(m.group(2).lower() or " ")
-    return int(float(m.group(1)) * 1024**power)
-
 
 def _size_option(_ctx: click.Context, _param: click.Parameter, value: Any) -> int | None:
-    return parse_size(value)
+    """A size read as every rq command reads one (docs/cli.md "Sizes"): cache.sizes, not a parser of
+    our own, which took `--max-bytes 1.5` for 1 byte."""
+    from cache.errors import BadSourceError
+    from cache.sizes import parse_size
+
+    if value is None or isinstance(value, int):
+        return value
+    try:
+        return parse_size(value)
+    except BadSourceError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _positive_size_option(ctx: click.Context, param: click.Parameter, value: Any) -> int | None:
-    size = parse_size(value)
+    size = _size_option(ctx, param, value)
     if size is not None and size < 1:
         raise click.BadParameter(f"{value!r} must be at least 1 byte")
     return size
@@ -158,6 +155,38 @@ def _transport_extra(
     return extra
 
 
+# Options that mean something for some transports only -> (those transports, why it is refused).
+_TRANSPORT_ONLY: dict[str, tuple[tuple[str, ...], str]] = {
+    "tls": (("tcp",), "QUIC and RDMA always set up over TLS with the pinned certificate"),
+    "datagram_size": (("quic",), "only QUIC sends datagrams"),
+    "quic_backend": (("quic",), "it picks the QUIC library"),
+    "rdma_device": (("rdma",), "it names an RDMA device"),
+    "rdma_port": (("rdma",), "it names an RDMA device's port"),
+    "gid_index": (("rdma",), "it picks an RDMA GID"),
+    "workers": (("quic",), "TCP and RDMA receive in threads of one process"),
+}
+
+
+def _refuse_other_transports_flags(ctx: click.Context, transport: str) -> None:
+    """A flag typed for another transport would be ignored without a word, and a script that
+    passes one believes it took effect (as with --pin on plain TCP). Only the command line is
+    checked: RQ_* variables and the config file hold settings for whichever transport runs."""
+    for param in ctx.command.params:
+        rule = _TRANSPORT_ONLY.get(param.name or "")
+        if rule is None or transport in rule[0]:
+            continue
+        if ctx.get_parameter_source(param.name or "") is not click.core.ParameterSource.COMMANDLINE:
+            continue
+        if param.name == "workers" and ctx.params.get("workers") == 1:
+            continue  # one process is what TCP and RDMA do anyway
+        flag = param.opts[0] if param.name != "tls" else ("--tls" if ctx.params.get("tls") else "--no-tls")
+        raise CliError(
+            f"{flag} is for --transport {' / '.join(rule[0])} only ({rule[1]}); "
+            f"with --transport {transport} it would be ignored: drop it",
+            ExitCode.USAGE,
+        )
+
+
 def _quick_gil_handoff(transport: str) -> None:
     """QUIC runs aioquic in an event-loop thread that holds the GIL almost all the time; the threads
     that read, hash and write chunks wait up to the switch interval (5 ms) for it after every syscall.
@@ -218,8 +247,15 @@ def _common(func: Any) -> Any:
 # ---------------------------------------------------------------------------------------------- recv
 
 
+def _dest_argument(_ctx: click.Context, _param: click.Parameter, value: str) -> Path:
+    if not value:
+        # Path("") is ".": an unset "$DEST" would receive into the working directory (as for SOURCE)
+        raise CliError("DEST_DIR is an empty string (an unset variable?)", ExitCode.USAGE)
+    return Path(value)
+
+
 @click.command("recv")
-@click.argument("dest_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("dest_dir", type=click.Path(file_okay=False), callback=_dest_argument)
 @click.option(
     "--listen", default="127.0.0.1:7420", show_default=True, help="HOST:PORT to listen on (port 0: any)."
 )
@@ -287,6 +323,7 @@ def recv(
     from transfer.transport import ListenOptions, get_transport
 
     out = get_output()
+    _refuse_other_transports_flags(click.get_current_context(), transport)
     _quick_gil_handoff(transport)
     if worker:
         from transfer.procs import die_with_parent
@@ -325,19 +362,22 @@ def recv(
                 **_transport_extra(datagram_size, quic_backend, rdma_device, rdma_port, gid_index),
             },
         )
-        listener = driver.listen(opts, receiver.handle_channel)
     except TransferError as exc:
         raise _cli_error(exc) from None
     except OSError as exc:
-        if exc.filename is not None:  # DEST, the token file or the cert dir, not the socket
-            where = safe_text(os.fsdecode(exc.filename))
-            why = exc.strerror or str(exc)
-            if exc.errno == errno.EROFS or (
-                exc.errno in (errno.EACCES, errno.EPERM) and os.fsdecode(exc.filename) == os.fspath(dest_dir)
-            ):
-                why = f"not writable ({why})"
-            raise CliError(f"cannot use {where}: {why}", ExitCode.FAILURE) from None
-        raise CliError(f"cannot listen on {listen}: {exc.strerror or exc}", ExitCode.UNREACHABLE) from None
+        if exc.filename is None:
+            raise
+        where = safe_text(os.fsdecode(exc.filename))
+        why = exc.strerror or str(exc)
+        if exc.errno == errno.EROFS or (
+            exc.errno in (errno.EACCES, errno.EPERM) and os.fsdecode(exc.filename) == os.fspath(dest_dir)
+        ):
+            why = f"not writable ({why})"
+        # a file where a directory must be (DEST or a parent of it) is a usage error, as Click's own
+        # check of a DEST that is a file and every other rq command's directory options have it
+        code = ExitCode.USAGE if exc.errno == errno.ENOTDIR else ExitCode.FAILURE
+        raise CliError(f"cannot use {where}: {why}", code) from None
+    listener = _listen(driver, opts, receiver, listen)
     addr_host, addr_port = listener.address
     shown_host = socket.gethostname() if addr_host in ("0.0.0.0", "::") else addr_host
     url_host = f"[{shown_host}]" if ":" in shown_host else shown_host
@@ -359,7 +399,7 @@ def recv(
             "recv",
             str(dest_dir),
             "--listen",
-            f"[{addr_host}]:0" if ":" in addr_host else f"{addr_host}:0",
+            _address(addr_host, 0),
             "--transport",
             transport,
             "--worker",
@@ -390,7 +430,7 @@ def recv(
     out.emit(
         {
             "event": "listening",
-            "address": f"[{addr_host}]:{addr_port}" if ":" in addr_host else f"{addr_host}:{addr_port}",
+            "address": _address(addr_host, addr_port),
             "transport": transport,
             "pin": pin,
             "send": line,
@@ -399,7 +439,7 @@ def recv(
     if out.quiet:
         # -q drops chatter, not answers: the line to paste is how a script learns a `:0` port
         out.result(line)
-    out.info(f"receiving into {dest_dir} on {addr_host}:{addr_port}; on the sender run:\n  {line}")
+    out.info(f"receiving into {dest_dir} on {_address(addr_host, addr_port)}; on the sender run:\n  {line}")
     if token_file is None and not os.environ.get("RQ_TOKEN") and not worker:
         out.info(
             f"  (with the token from {_default_token_file()} copied to the same place there, or RQ_TOKEN)"
@@ -437,6 +477,40 @@ def recv(
         for child in children:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=10)
+
+
+def _address(host: str, port: int) -> str:
+    """HOST:PORT as --listen and rq:// take it back: an IPv6 address in brackets ([::]:7420)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# a listen address that cannot be bound is the user's to change (2), never an unreachable peer (6)
+_BIND_USAGE = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES, errno.EAFNOSUPPORT, errno.EINVAL}
+
+
+def _listen(driver: Any, opts: Any, receiver: Any, listen: str) -> Any:
+    from transfer.errors import TransferError
+
+    try:
+        return driver.listen(opts, receiver.handle_channel)
+    except TransferError as exc:
+        receiver.close()
+        raise _cli_error(exc) from None
+    except OSError as exc:
+        receiver.close()
+        # socket.create_server says where in strerror; the line names --listen already
+        why = (exc.strerror or str(exc)).split(" (while attempting to bind")[0]
+        # a name that does not resolve: gaierror, or create_server's OSError with its EAI_* (< 0)
+        unresolved = isinstance(exc, socket.gaierror) or (exc.errno or 0) < 0
+        if unresolved:
+            why = f"{why}: HOST must be an address or name of this machine"
+        elif exc.errno == errno.EADDRNOTAVAIL:
+            why = f"{why}: HOST is not an address of this machine"
+        elif exc.errno == errno.EADDRINUSE:
+            why = f"{why}: another process listens there (pick another port, or port 0 for any)"
+        usage = unresolved or exc.errno in _BIND_USAGE
+        code = ExitCode.USAGE if usage else ExitCode.FAILURE
+        raise CliError(f"cannot listen on {safe_text(listen)}: {why}", code) from None
 
 
 def _drop_dead_workers(receiver: Any, ports: dict[subprocess.Popen[bytes], int], out: Output) -> None:
@@ -614,12 +688,23 @@ def send(**kwargs: Any) -> None:
     said: list[bool] = []  # a summary was emitted
     try:
         _send(out, said, **kwargs)
-    except CliError as err:
-        if not said:
-            # one that could not start (a SOURCE missing, bad arguments) ends --json with a
-            # summary too, as every other failure does: `tail -n1` is the result (docs/cli.md)
-            _emit_partial(out, None, err.one_line(), said)
+    except BaseException as exc:
+        # one that could not start (a SOURCE missing, bad arguments, Ctrl-C while it imported)
+        # ends --json with a summary too, as every other failure does: `tail -n1` is the result
+        # (docs/cli.md); before this function ran, rqcli.main prints it (not_started_summary)
+        _emit_partial(out, None, _why(exc), said)
         raise
+
+
+def _why(exc: BaseException) -> str:
+    """The summary's `error` for what stopped a send."""
+    if isinstance(exc, CliError):
+        return exc.one_line()
+    if isinstance(exc, KeyboardInterrupt):
+        return interruption(exc)
+    if isinstance(exc, click.ClickException):
+        return CliError(exc.format_message()).one_line()
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _send(
@@ -649,6 +734,7 @@ def _send(
     from transfer.sender import send as do_send
     from transfer.transport import ConnectOptions, get_transport
 
+    _refuse_other_transports_flags(click.get_current_context(), transport)
     _quick_gil_handoff(transport)
     if len(args) < 2:
         raise CliError("give at least one SOURCE and the rq://HOST:PORT destination", ExitCode.USAGE)
@@ -715,8 +801,7 @@ def _send(
     except FileNotFoundError as exc:
         raise CliError(f"source not found: {exc.filename}", ExitCode.NOT_FOUND) from None
     except BaseException as exc:  # Ctrl-C, SIGTERM, an unexpected error: the summary still comes last
-        why = interruption(exc) if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
-        _emit_partial(out, getattr(exc, "partial_summary", None), why, said)
+        _emit_partial(out, getattr(exc, "partial_summary", None), _why(exc), said)
         raise
     out.emit({"event": "summary", **summary})
     out.info(
@@ -854,6 +939,13 @@ def _send_progress(out: Output, bar: Any) -> Any:
 
     return on_event
 
+
+def _not_started(error: str) -> dict[str, Any]:
+    return {"event": "summary", **_NOT_STARTED, "error": error}
+
+
+# rqcli.main prints it under --json when Click refuses an argument or a signal comes before send ran
+send.not_started_summary = _not_started  # type: ignore[attr-defined]
 
 for _command, _name in ((send, "send"), (recv, "recv")):
     documented_env_names(_command, _name)

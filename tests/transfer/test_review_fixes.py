@@ -332,13 +332,14 @@ def _rq(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[bytes]:
 
 
 def test_recv_names_the_path_it_cannot_create(tmp_path: Path) -> None:
-    """Was: 'cannot listen on 127.0.0.1:0: Not a directory' for a DEST under a regular file."""
+    """Was: 'cannot listen on 127.0.0.1:0: Not a directory' for a DEST under a regular file. A file
+    where a directory must be is a usage error (2), as for a DEST that is a file itself."""
     (tmp_path / "file").write_bytes(b"x")
     proc = _rq(
         "recv", str(tmp_path / "file" / "dest"), "--listen", "127.0.0.1:0", "--cert-dir", str(tmp_path / "c")
     )
     err = proc.stderr.decode()
-    assert proc.returncode == 1, err
+    assert proc.returncode == 2, err
     assert "cannot listen" not in err and "file/dest" in err and "Not a directory" in err
 
 
