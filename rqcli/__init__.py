@@ -1,9 +1,7 @@
 """rq command-line interface: the only part of rq that talks to people."""
 
-from typing import Any
 
-
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> str:  # (no typing import: rqcli.console holds signals only after this)
     # resolved on first use: importlib.metadata costs ~35 ms, paid by every rq command at start-up
     if name == "__version__":
         from importlib.metadata import PackageNotFoundError, version
