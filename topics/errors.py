@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 
 class TopicError(Exception):
     """Base of every error the topics library raises."""
@@ -71,3 +74,36 @@ class PermissionDenied(AccessDenied):
 
     def __init__(self, message: str):
         super().__init__(message, credentials=False, server="local")
+
+
+class PublishRefused(TopicError):
+    """The server answered the publish of a record with a refusal (a stream's limits under discard
+    policy `new`, a Nats-TTL or rollup the stream does not allow, ...). It is up: not an outage.
+
+    `index` is the record's place in the append's batch (0-based). `appended` (a
+    topics.sources.Appended) is what that append stored nonetheless: the records before it, and
+    those already on their way after it that the server took. `sent` records of the batch went out,
+    none after them. `str()` names the record by its place in the batch; `describe` words the same
+    with the caller's names (its place in the input, its offset in the source)."""
+
+    def __init__(self, url: str, index: int, reason: str, appended: Any, stored_before: int, sent: int):
+        self.url, self.index, self.reason = url, index, reason
+        self.appended, self.stored_before, self.sent = appended, stored_before, sent
+        super().__init__(self.describe(lambda i: f"record {i + 1} of the batch", stored_before))
+
+    def describe(self, name: Callable[[int], str], stored_before: int) -> str:
+        """One line: the refused record (`name(index)`), the server's reason, and what is stored
+        around it (`stored_before`: the caller's count of records stored before it)."""
+        after = self.sent - self.index - 1
+        stored_after = self.appended.stored - self.stored_before
+        return (
+            f"the NATS server refused {name(self.index)}, published to {self.url}: {self.reason}; "
+            f"{stored_before} record(s) before it are stored"
+            + (
+                f"; of the {after} sent after it before rq stopped (through "
+                f"{name(self.sent - 1)}), {stored_after} are stored"
+                if after
+                else ""
+            )
+            + "; nothing later was sent"
+        )

@@ -39,6 +39,7 @@ from topics.errors import (
     CorruptRecord,
     DamagedGroup,
     DigestMismatch,
+    PublishRefused,
     RecordTooLarge,
     SourceUnreachable,
     SpecError,
@@ -56,7 +57,8 @@ from topics.plan import parse_window, resolve_window
 from topics.record import NO_HEADERS, Headers, Record, encode_bytes_field, encode_value, json_value_bytes
 from topics.render import Decoded, Renderer, make_renderer
 from topics.savedspec import ReplaySpec
-from topics.sources import Sink, Source, open_sink, open_source, parse_topic
+from topics.sources import Appended, Sink, Source, open_sink, open_source, parse_topic
+from topics.sources.base import Pending
 from topics.sources.open import TopicRef, check_writable
 from topics.sources.subjects import subject_matches
 from topics.spec import parse_duration_ms, parse_position, resolve
@@ -435,12 +437,44 @@ def _default_format(fmt: str | None) -> str:
     return "table" if sys.stdout.isatty() else "json"
 
 
-def _emitters(writer: Writer | None, sink: Sink | None, keep_time: bool, stops: _Stops | None = None) -> Any:
+class _Copied:
+    """What a sink (`--to-topic`, `--record`) stored of the records given to it, and how many it
+    took as duplicates without storing them (a JetStream stream's Nats-Msg-Id dedup window)."""
+
+    def __init__(self) -> None:
+        self.stored = 0
+        self.duplicates = 0
+
+    def add(self, done: Appended) -> None:
+        self.stored += done.stored
+        self.duplicates += done.duplicates
+
+    def append(self, sink: Sink, records: Sequence[Record], keep_time: bool) -> None:
+        """sink.append; a record the server refused is named by its offset in the source read."""
+        try:
+            self.add(sink.append([(r[1] if keep_time else None, r[2], r[3], r[4]) for r in records]))
+        except PublishRefused as exc:
+            before = self.stored + exc.stored_before
+            self.add(exc.appended)
+            raise TopicError(
+                exc.describe(lambda i: f"the record at offset {records[i][0]}", before)
+            ) from None
+
+
+def _emitters(
+    writer: Writer | None,
+    sink: Sink | None,
+    keep_time: bool,
+    stops: _Stops | None = None,
+    copied: _Copied | None = None,
+) -> Any:
     """keep_time: `tail --record` captures records with their own (arrival) times; `replay
     --to-topic` republishes them as new traffic, stamped when appended. With `stops`, a Ctrl-C or
-    SIGTERM waits for the records being written out, which then count as consumed."""
+    SIGTERM waits for the records being written out, which then count as consumed. `copied`
+    counts what the sink stored."""
     if writer is not None and stops is not None:
         writer.exact = True
+    tally = copied if copied is not None else _Copied()
 
     def emit(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
         with stops.held() if stops is not None else contextlib.nullcontext():
@@ -449,7 +483,7 @@ def _emitters(writer: Writer | None, sink: Sink | None, keep_time: bool, stops: 
                 if stops is not None:
                     writer.flush()  # out of rq's buffer before the records count as consumed
             if sink is not None:
-                sink.append([(r[1] if keep_time else None, r[2], r[3], r[4]) for r in records])
+                tally.append(sink, records, keep_time)
             if stops is not None:
                 stops.emitted_to = max(stops.emitted_to, records[-1][0] + 1)
 
@@ -717,7 +751,7 @@ def produce(
             try:
                 head = list(itertools.islice(batches, 1))
             except (Exception, KeyboardInterrupt) as exc:
-                _produced(out, ref, 0, None, None, started, exc)
+                _produced(out, ref, _Produced(), started, exc)
                 raise
         try:
             sink = open_sink(ref, config)
@@ -726,24 +760,22 @@ def produce(
             if full is None:
                 raise
             raise full from None
-        total, first, last = 0, None, None
+        tally = _Produced()
         acks = True
-
-        def offsets(span: tuple[int, int]) -> tuple[int | None, int | None]:
-            # MQTT has no offsets (a published message gets none); the sink's count is no offset
-            return (None, None) if ref.kind == "mqtt" else span
-
         try:
             try:
                 for batch in itertools.chain(head, batches):
-                    a, b = offsets(sink.append(batch))
-                    total += len(batch)
-                    first = a if first is None else first
-                    last = b
+                    done = tally.batch(sink, batch)
                     if acks:
                         try:
                             out.emit(
-                                {"event": "ack", "first_offset": a, "last_offset": b, "records": len(batch)}
+                                {
+                                    "event": "ack",
+                                    "first_offset": done.first,
+                                    "last_offset": done.last,
+                                    "records": done.stored,
+                                    "duplicates": done.duplicates,
+                                }
                             )
                         except BrokenPipeError:
                             # Nobody reads the acks any more (`rq produce --json | head -1`): that must
@@ -754,12 +786,44 @@ def produce(
                 sink.close()
         except (Exception, KeyboardInterrupt) as exc:
             # what was acknowledged before the failure is in the log: a script's last line says so
-            _produced(out, ref, total, first, last, started, exc)
-            full = _full_disk(exc, ref, total) if isinstance(exc, OSError) else None
+            _produced(out, ref, tally, started, exc)
+            full = _full_disk(exc, ref, tally.stored) if isinstance(exc, OSError) else None
             if full is not None:
                 raise full from None
             raise
-        _produced(out, ref, total, first, last, started, None)
+        _produced(out, ref, tally, started, None)
+
+
+class _Produced(_Copied):
+    """`rq produce`'s tally: records read from the input and handed to the sink, what it stored
+    (first and last offset), and the duplicates it did not store."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent = 0  # input records handed to the sink, answered
+        self.first: int | None = None
+        self.last: int | None = None
+
+    def add(self, done: Appended) -> None:
+        super().add(done)
+        if done.first is not None:
+            self.first = done.first if self.first is None else min(self.first, done.first)
+        if done.last is not None:
+            self.last = done.last if self.last is None else max(self.last, done.last)
+
+    def batch(self, sink: Sink, records: Sequence[Pending]) -> Appended:
+        """One batch into the sink; a record the server refused is named by its place in the input
+        (the n-th record read, counting from 1), with what the input stored before it."""
+        try:
+            done = sink.append(records)
+        except PublishRefused as exc:
+            before, at = self.stored + exc.stored_before, self.sent
+            self.add(exc.appended)
+            self.sent += exc.sent
+            raise TopicError(exc.describe(lambda i: f"record {at + i + 1} of the input", before)) from None
+        self.add(done)
+        self.sent += len(records)
+        return done
 
 
 def _full_disk(exc: OSError, ref: TopicRef, acknowledged: int) -> CliError | None:
@@ -780,24 +844,20 @@ def _full_disk(exc: OSError, ref: TopicRef, acknowledged: int) -> CliError | Non
 
 
 def _produced(
-    out: Output,
-    ref: TopicRef,
-    total: int,
-    first: int | None,
-    last: int | None,
-    started: float,
-    error: BaseException | None,
+    out: Output, ref: TopicRef, tally: _Produced, started: float, error: BaseException | None
 ) -> None:
-    """`rq produce`'s done line (--json) or its one human line, also after a failure."""
+    """`rq produce`'s done line (--json) or its one human line, also after a failure. `records`
+    counts the records stored, `duplicates` those the topic answered without storing them."""
     secs = time.perf_counter() - started
     summary: dict[str, Any] = {
         "event": "done",
         "topic": ref.url,
-        "records": total,
-        "first_offset": first,
-        "last_offset": last,
+        "records": tally.stored,
+        "duplicates": tally.duplicates,
+        "first_offset": tally.first,
+        "last_offset": tally.last,
         "seconds": round(secs, 3),
-        "records_per_s": round(total / secs) if secs > 0 else None,
+        "records_per_s": round(tally.sent / secs) if secs > 0 else None,
     }
     if error is not None:
         summary["error"] = (
@@ -809,8 +869,21 @@ def _produced(
     with contextlib.suppress(BrokenPipeError):
         out.emit(summary)
     if error is None and not out.json and not out.quiet:
-        span = f" (offsets {first}..{last})" if total and first is not None else ""
-        click.echo(f"produced {total} records to {safe_text(ref.url)}{span}", err=True)
+        first, last = tally.first, tally.last
+        span = f" (offsets {first}..{last})" if first is not None else ""
+        click.echo(
+            f"produced {tally.stored} records to {safe_text(ref.url)}{span}" + _duplicates_note(tally),
+            err=True,
+        )
+
+
+def _duplicates_note(tally: _Copied) -> str:
+    if not tally.duplicates:
+        return ""
+    return (
+        f"; {tally.duplicates} more were duplicates, not stored again (their Nats-Msg-Id was in the "
+        "stream's dedup window)"
+    )
 
 
 def _batches(
@@ -1145,6 +1218,7 @@ def replay(
             idle_timeout=idle_timeout,
         )
         sink: Sink | None = None
+        copied = _Copied()  # what --to-topic stored
         res = Result()
         skips = _SkipReporter(out, ref.url)
         start: int
@@ -1211,7 +1285,7 @@ def replay(
 
                     watch = _reader_watch() if writer is not None else None
                     gaps = _aged_out_reporter(out, ref.url)
-                    emit = _emitters(writer, sink, False, stops)
+                    emit = _emitters(writer, sink, False, stops, copied)
 
                     def shown_out(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
                         try:
@@ -1262,9 +1336,13 @@ def replay(
                 sink.close()
             source.close()
         skips.rest(res)
+        if to_topic:
+            _copy_note(out, copied, _ref(to_topic, topics_dir).url)
         if stopped is not None:
             summary = _replay_done(ref, res, start, committed_to if commit and group else None, group)
             summary["records"] = shown[0]
+            if to_topic:
+                summary.update(stored=copied.stored, duplicates=copied.duplicates)
             summary["error"] = interruption(stopped)
             with contextlib.suppress(BrokenPipeError):
                 out.emit(summary)
@@ -1274,6 +1352,8 @@ def replay(
         if save_spec is not None:
             spec_of(res).save(save_spec)
         summary = _replay_done(ref, res, start, committed_to if commit and group else None, group)
+        if to_topic:
+            summary.update(stored=copied.stored, duplicates=copied.duplicates)
         if req.digest:
             summary["digest"] = res.digest
         out.emit(summary)
@@ -1282,6 +1362,17 @@ def replay(
                 f"rq: replay matches spec {safe_text(str(spec_file))}: {res.emitted} records, {res.digest}",
                 err=True,
             )
+
+
+def _copy_note(out: Output, copied: _Copied, to_topic: str) -> None:
+    """A copy whose target took records as duplicates stored fewer than it read: said, not only
+    in --json's done line (`stored`, `duplicates`)."""
+    if copied.duplicates:
+        out.warn(
+            f"{copied.duplicates} of the {copied.stored + copied.duplicates} records copied to "
+            f"{safe_text(to_topic)} were not stored: duplicates (their Nats-Msg-Id was in the "
+            "stream's dedup window)"
+        )
 
 
 def _replay_done(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from topics.record import Headers, Record
@@ -46,11 +47,27 @@ class Source(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Appended:
+    """What one `Sink.append` did with its records: `stored + duplicates == len(records)`.
+
+    A JetStream stream acknowledges a record whose Nats-Msg-Id is in its dedup window without
+    storing it again (its ack says `duplicate`): counted apart, so a copy never reports records it
+    did not store. `first`/`last` are the offsets of the first and last record stored by this
+    append (None when none was, or where the topic has no offsets: MQTT); on JetStream they need not
+    be contiguous (another publisher may interleave), `stored` is the count."""
+
+    first: int | None
+    last: int | None
+    stored: int
+    duplicates: int = 0
+
+
 class Sink(Protocol):
-    """A writable topic: each append is one durable batch; returns (first, last) offsets."""
+    """A writable topic: each append is one durable batch, every record of it confirmed."""
 
     url: str
 
-    def append(self, records: Sequence[Pending]) -> tuple[int, int]: ...
+    def append(self, records: Sequence[Pending]) -> Appended: ...
 
     def close(self) -> None: ...

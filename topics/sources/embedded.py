@@ -7,7 +7,7 @@ from pathlib import Path
 
 from topics.embedded.log import CorruptRange, LogWriter, TopicConfig, TopicLog
 from topics.record import Record
-from topics.sources.base import Pending
+from topics.sources.base import Appended, Pending
 
 
 class EmbeddedSource:
@@ -75,8 +75,9 @@ class EmbeddedSink:
         self.writer = LogWriter(directory, config)
         self.url = str(directory)
 
-    def append(self, records: Sequence[Pending]) -> tuple[int, int]:
-        return self.writer.append(records)
+    def append(self, records: Sequence[Pending]) -> Appended:
+        first, last = self.writer.append(records)
+        return Appended(first, last, len(records))
 
     def close(self) -> None:
         self.writer.close()

@@ -25,10 +25,13 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 from topics.embedded.groups import check_commit_offset
 from topics.errors import (
     AccessDenied,
     DigestMismatch,
+    PublishRefused,
     RecordTooLarge,
     SourceUnreachable,
     SpecError,
@@ -37,9 +40,10 @@ from topics.errors import (
 )
 from topics.record import NO_HEADERS, Headers, Record
 from topics.sources.access import Access, hostport, nats_access, reason, tls_context
-from topics.sources.base import Pending
+from topics.sources.base import Appended, Pending
 from topics.sources.natswire import (
     OrderedReader,
+    Publisher,
     certificate_refused,
     client_certificate_refused,
     client_certificate_rejected,
@@ -916,8 +920,8 @@ def _copied(headers: Headers) -> Headers:
 
 def _controls(hdrs: dict[str, str] | None) -> list[str]:
     """The NATS control headers (Nats-TTL, Nats-Rollup, Nats-Msg-Id, ...) a message carries: the
-    server may refuse such a message (TTLs or rollups not allowed on the stream, ...), so it is
-    published acknowledged, not as a core publish whose refusal nobody hears."""
+    server may refuse a message for one (TTLs or rollups not allowed on the stream, ...), so a
+    refusal names them."""
     return [k for k in hdrs or () if k[:5].lower() == "nats-"]
 
 
@@ -934,28 +938,71 @@ def _nats_headers(headers: Headers) -> dict[str, str] | None:
     return out or None
 
 
-def _header_block_size(hdrs: dict[str, str]) -> int:
-    size = len(b"NATS/1.0\r\n\r\n")
+def _header_block(hdrs: dict[str, str]) -> bytes:
+    """The header block as nats-py writes it (HPUB): names and values trimmed, CR/LF in a value
+    turned into spaces, an empty name dropped."""
+    out = [b"NATS/1.0\r\n"]
     for name, value in hdrs.items():
         if name.strip():
-            size += len(name.strip().encode()) + 4 + len(value.strip().translate(_NEWLINES).encode())
-    return size
+            out.append(b"%s: %s\r\n" % (name.strip().encode(), value.strip().translate(_NEWLINES).encode()))
+    out.append(b"\r\n")
+    return b"".join(out)
 
 
-class _Refused(Exception):
-    """A publish of the batch the server answered with an API error (its index in the batch)."""
+# The JetStream API errors (code 503) that say JetStream itself is not there to take a publish:
+# an outage, exit 6. Every other error answer is a refusal of that record by a server that is up,
+# among them 10077 (503 too): a stream's limits under discard policy `new` ("maximum messages
+# exceeded", "maximum bytes exceeded", "maximum messages per subject exceeded").
+_UNAVAILABLE = frozenset({10008, 10035, 10039, 10076})
 
-    def __init__(self, index: int, answer: dict[str, Any]):
-        super().__init__(str(answer))
-        self.index, self.answer = index, answer
+# Records published and not yet answered, at most: enough to keep the connection and the server
+# busy, few enough that the answers never pile up towards the server's slow-consumer limit and a
+# refusal stops the publishing soon after it.
+_WINDOW = 4096
+
+# How long a publish may go without any answer before the server counts as gone.
+_ANSWER_TIMEOUT = 10.0
+
+
+class _Answers:
+    """The server's answers to one batch's publishes."""
+
+    def __init__(self, size: int):
+        self.seq = [0] * size  # stream sequence of each record stored (0: none)
+        self.duplicates = 0
+        self.refused: dict[int, dict[str, Any]] = {}
+        self.no_stream = False
+
+    def take(self, index: int, hdr: bytes, data: bytes) -> bool:
+        """One answer; True when it is a refusal (nothing more is published then)."""
+        if not data and hdr.startswith(b"NATS/1.0 503"):
+            self.no_stream = True  # nothing listens on the subject: no stream took it
+            return True
+        try:
+            answer = orjson.loads(data)
+            if "error" in answer:
+                self.refused[index] = answer["error"]
+                return True
+            if answer.get("duplicate"):
+                self.duplicates += 1  # its seq is the message stored before: not this record's
+            else:
+                self.seq[index] = int(answer["seq"])
+        except (orjson.JSONDecodeError, TypeError, KeyError, ValueError, AttributeError):
+            self.refused[index] = {"description": f"an answer rq cannot read: {data[:80]!r}"}
+            return True
+        return False
 
 
 class JetStreamSink:
     """Publishes to the URL's subject (or the stream name); creates the stream if it is missing.
 
-    Records go out as core publishes, pipelined; each `append` ends with one acknowledged JetStream
-    publish of the batch's last record, which the server stores after the others (one connection
-    keeps order), so a returned append means the whole batch is in the stream.
+    Every record is confirmed: each is published asking for the server's answer (pipelined by
+    natswire.Publisher, up to _WINDOW awaiting theirs), and an `append` returns once all are
+    answered (one connection keeps their order). A record the server refuses (a stream's limits
+    under discard policy `new`, a TTL the stream does not allow, ...) raises PublishRefused naming
+    it; one it takes as a duplicate (its Nats-Msg-Id in the dedup window) is counted apart, never
+    as stored. nats-py serves for the stream's info; its per-message answer path would cost
+    more than the publishing itself.
     """
 
     def __init__(self, ref: Any, connect_timeout: float = 3.0, **_: Any):
@@ -965,103 +1012,78 @@ class JetStreamSink:
         self.subject: str = ref.subject or ref.stream
         self.conn = _Conn(ref, connect_timeout)
         try:
-            info = self.conn.run(self.conn.js.stream_info(ref.stream))
-        except nats.js.errors.NotFoundError:
-            self.conn.run(self.conn.js.add_stream(name=ref.stream, subjects=[self.subject]))
-            return
+            try:
+                info = self.conn.run(self.conn.js.stream_info(ref.stream))
+            except nats.js.errors.NotFoundError:
+                self.conn.run(self.conn.js.add_stream(name=ref.stream, subjects=[self.subject]))
+            else:
+                taken = list(info.config.subjects or [])
+                if taken and not any(subject_matches(p, self.subject) for p in taken):
+                    # Else the server has no stream to answer the publish: a timeout that reads
+                    # like an outage.
+                    raise SpecError(
+                        f"stream {ref.stream} does not take subject {self.subject} (its subjects: "
+                        f"{', '.join(taken)}): name one of those in the URL"
+                    )
+            self.wire = Publisher(ref.host, ref.port, self.conn.access, connect_timeout)
         except BaseException:
             self.conn.close()
             raise
-        taken = list(info.config.subjects or [])
-        if taken and not any(subject_matches(p, self.subject) for p in taken):
-            # Else the server has no stream to answer the publish: a timeout that reads like an outage.
-            self.conn.close()
-            raise SpecError(
-                f"stream {ref.stream} does not take subject {self.subject} (its subjects: "
-                f"{', '.join(taken)}): name one of those in the URL"
+
+    def append(self, records: Sequence[Pending]) -> Appended:
+        self.conn.check_open()
+        if not records:
+            return Appended(None, None, 0)
+        # The header block is built once (as nats-py builds it), so the size check measures
+        # exactly what goes out.
+        hdrs = [_nats_headers(_copied(headers)) for _, _, headers, _ in records]
+        messages = [(_header_block(h) if h else b"", r[3]) for h, r in zip(hdrs, records, strict=True)]
+        self._check(messages, hdrs)
+        answers = _Answers(len(messages))
+        sent = self.wire.publish(self.subject, messages, answers.take, _WINDOW, _ANSWER_TIMEOUT)
+        if answers.no_stream:
+            raise TopicNotFound(
+                f"no JetStream stream took the publish to {self.subject} ({self.url}): "
+                "was the stream deleted?"
             )
-
-    def append(self, records: Sequence[Pending]) -> tuple[int, int]:
-        # Header values go to nats-py as str (it sends them UTF-8 encoded): build them once, so
-        # the size check measures exactly what goes out.
-        messages = [(value, _nats_headers(_copied(headers))) for _, _, headers, value in records]
-        self._check(messages)
-        import nats.errors
-
-        try:
-            last = self.conn.run(self._send(messages))
-        except nats.errors.MaxPayloadError:
-            raise RecordTooLarge(f"a record is over the NATS server's max_payload ({self.url})") from None
-        except _Refused as refused:
-            raise self._refused(
-                refused.index, len(messages), messages[refused.index][1], refused.answer
-            ) from None
-        except TopicError:
-            raise
-        except Exception as exc:
-            # only a publish that got no answer: one the server answered is never an outage
-            raise SourceUnreachable(f"publishing to {self.url} failed: {reason(exc)}") from None
-        return last - len(records) + 1, last
-
-    async def _send(self, messages: list[tuple[bytes, dict[str, str] | None]]) -> int:
-        """Publishes the batch in order on one connection and returns the last record's stream
-        sequence. The last record, and every one carrying a NATS control header, asks for the
-        server's answer on an inbox of its own (pipelined, read after all went out); the others go
-        as core publishes. Raises _Refused for the first record (in batch order) the server
-        refused. (nats-py's publish_async cannot serve here: its reply handler raises a refusal
-        inside its callback instead of handing it to the future, which then waits for ever.)"""
-        nc = self.conn.nc
-        inbox = nc.new_inbox()
-        sub = await nc.subscribe(f"{inbox}.*")
-        try:
-            asked = 0
-            for i, (value, hdrs) in enumerate(messages):
-                if i == len(messages) - 1 or _controls(hdrs):
-                    await nc.publish(self.subject, value, reply=f"{inbox}.{i}", headers=hdrs)
-                    asked += 1
-                else:
-                    await nc.publish(self.subject, value, headers=hdrs)
-            answers: dict[int, Any] = {}
-            for _ in range(asked):
-                msg = await sub.next_msg(timeout=10)
-                answers[int(msg.subject.rsplit(".", 1)[1])] = msg
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-        for i in sorted(answers):
-            msg = answers[i]
-            if msg.headers and msg.headers.get("Status") == "503" and not msg.data:
-                raise TopicNotFound(
-                    f"no JetStream stream took the publish to {self.subject} ({self.url}): "
-                    "was the stream deleted?"
-                )
-            answer = json.loads(msg.data)
-            if "error" in answer:
-                raise _Refused(i, answer["error"])
-        return int(json.loads(answers[len(messages) - 1].data)["seq"])
+        stored = [seq for seq in answers.seq[:sent] if seq]
+        done = Appended(min(stored, default=None), max(stored, default=None), len(stored), answers.duplicates)
+        if answers.refused:
+            index = min(answers.refused)
+            raise self._refused(index, hdrs[index], answers.refused[index], done, answers, sent)
+        return done
 
     def _refused(
-        self, index: int, size: int, hdrs: dict[str, str] | None, answer: dict[str, Any]
+        self,
+        index: int,
+        hdrs: dict[str, str] | None,
+        answer: dict[str, Any],
+        done: Appended,
+        answers: _Answers,
+        sent: int,
     ) -> TopicError:
         """The server answered a publish with an API error: it is up, so this is a refusal (exit 1,
-        a JetStream API error; 6 only where it says JetStream is unavailable), never 'unreachable'."""
-        what = answer.get("description") or "refused"
+        a JetStream API error; 6 only where it says JetStream is not available), never
+        'unreachable'."""
         carries = _controls(hdrs)
-        text = (
-            f"the NATS server refused record {index + 1} of the batch published to {self.url}: {what}"
+        why = (
+            (answer.get("description") or "refused")
             + (f" (err_code {answer['err_code']})" if answer.get("err_code") else "")
             + (f"; the record carries the NATS header(s) {', '.join(carries)}" if carries else "")
-            + (f"; the batch's other {size - 1} record(s) were published" if size > 1 else "")
         )
-        return SourceUnreachable(text) if answer.get("code") == 503 else TopicError(text)
+        before = sum(1 for seq in answers.seq[:index] if seq)
+        refused = PublishRefused(self.url, index, why, done, before, sent)
+        if answer.get("code") == 503 and answer.get("err_code") in _UNAVAILABLE:
+            return SourceUnreachable(str(refused))
+        return refused
 
-    def _check(self, messages: list[tuple[bytes, dict[str, str] | None]]) -> None:
-        """A message the server or nats-py would refuse (over max_payload, a header name NATS cannot
-        carry) is refused before anything of the batch goes out (else the batch is half published
-        and the error reads like an outage)."""
-        limit = int(self.conn.nc.max_payload or 0)
-        for i, (value, hdrs) in enumerate(messages):
-            for name in hdrs or ():
+    def _check(self, messages: list[tuple[bytes, bytes]], hdrs: list[dict[str, str] | None]) -> None:
+        """A message the server would refuse (over max_payload, a header name NATS cannot carry)
+        is refused before anything of the batch goes out (else the batch is half published and
+        the error reads like an outage)."""
+        limit = self.wire.max_payload
+        for i, ((block, value), named) in enumerate(zip(messages, hdrs, strict=True)):
+            for name in named or ():
                 if not name:
                     raise SpecError(
                         f"record {i + 1} of the batch has a header with an empty name: give it a name"
@@ -1071,7 +1093,7 @@ class JetStreamSink:
                         f"record {i + 1} of the batch has a header name NATS cannot carry: {name!r} "
                         "(letters, digits and !#$%&'*+-.^_`|~ only)"
                     )
-            size = len(value) + (_header_block_size(hdrs) if hdrs else 0)
+            size = len(value) + len(block)
             if limit and size > limit:
                 raise RecordTooLarge(
                     f"record {i + 1} of the batch takes {size} bytes (headers as sent, and value); "
@@ -1080,4 +1102,6 @@ class JetStreamSink:
                 )
 
     def close(self) -> None:
+        if not self.conn.closed:
+            self.wire.close()
         self.conn.close()

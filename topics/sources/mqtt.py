@@ -18,7 +18,7 @@ from typing import Any
 from topics.errors import AccessDenied, SourceUnreachable, SpecError, TopicError, Unsupported
 from topics.record import NO_HEADERS, Headers, Record
 from topics.sources.access import Access, hostport, mqtt_access, reason, tls_context, tls_hint
-from topics.sources.base import Pending
+from topics.sources.base import Appended, Pending
 
 _DRAIN = 4096
 
@@ -242,9 +242,8 @@ class MqttSink:
         self.url = ref.url
         self.topic: str = ref.subject
         self.client = _client(ref, connect_timeout)
-        self.sent = 0
 
-    def append(self, records: Sequence[Pending]) -> tuple[int, int]:
+    def append(self, records: Sequence[Pending]) -> Appended:
         infos = [self.client.publish(self.topic, value, qos=1) for _, _, _, value in records]
         for info in infos:
             try:
@@ -253,9 +252,8 @@ class MqttSink:
                 raise SourceUnreachable(f"publishing to {self.url} failed: {reason(exc)}") from None
             if not info.is_published():
                 raise SourceUnreachable(f"the MQTT broker did not acknowledge a publish to {self.topic}")
-        first = self.sent
-        self.sent += len(records)
-        return first, self.sent - 1
+        # A published message gets no offset (MQTT has none): stored, but nowhere to name.
+        return Appended(None, None, len(records))
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -22,7 +22,7 @@ import os
 import socket
 import ssl
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -126,23 +126,15 @@ def _parse_headers(block: bytes) -> tuple[str, Headers]:
     return status, tuple(out)
 
 
-class OrderedReader:
-    """Reads a stream from a sequence with an ordered push consumer, yielding record batches."""
+class _Wire:
+    """One NATS connection of rq's own: handshake (TLS, credentials), sending, and MSG/HMSG frames
+    parsed in batches out of one reusable receive buffer."""
 
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        stream: str,
-        subject: str,
-        access: Access | None = None,
-        timeout: float = 5.0,
-    ):
+    def __init__(self, host: str, port: int, access: Access | None = None, timeout: float = 5.0):
         self.host = host
         self.access = access or Access()
-        self.stream = stream
-        self.subject = subject
         self.timeout = timeout
+        self.info: dict[str, Any] = {}
         try:
             self.sock = socket.create_connection((host, port), timeout=timeout)
         except OSError as exc:
@@ -155,17 +147,12 @@ class OrderedReader:
         self.view = memoryview(self.buf)
         self.start = 0  # unparsed bytes are buf[start:end]
         self.end = 0
-        self.out: list[bytes] = []
         self.token = os.urandom(8).hex()
-        self.api_inbox = f"_INBOX.rq.{self.token}.api"
-        self.sid = b"0"  # the deliver subscription; a new one per consumer so old pushes are ignored
-        self.sids = 2
-        self.consumer: str | None = None
-        self._early: list[tuple[bytes, bytes, bytes, bytes, bytes]] = []
-        self.next_dseq = 1
-        self.last_sseq = 0
-        self.pending_left = -1
-        self._handshake()
+        try:
+            self._handshake()
+        except BaseException:
+            self.sock.close()
+            raise
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -214,7 +201,7 @@ class OrderedReader:
 
     def _handshake(self) -> None:
         info = self._line()
-        meta = parse_info(info)
+        meta = self.info = parse_info(info)
         if self.access.tls and not meta.get("tls_required"):
             raise SourceUnreachable(refuse_plain(self.where))
         if meta.get("tls_verify") and self.access.cert is None:
@@ -250,7 +237,6 @@ class OrderedReader:
                     raise AccessDenied(f"NATS at {self.where} refused rq {self.access.who()}: {said}")
                 raise SourceUnreachable(f"NATS refused the connection: {said}")
             line = self._line()
-        self._send(f"SUB {self.api_inbox} 2\r\n".encode())
 
     def _start_tls(self) -> None:
         """The server asks for TLS after its INFO line; nothing else is in flight at this point."""
@@ -265,6 +251,89 @@ class OrderedReader:
             raise SourceUnreachable(f"TLS with NATS at {self.where} failed: {reason(exc)}") from None
         except OSError as exc:
             raise SourceUnreachable(f"TLS with NATS at {self.where} failed: {reason(exc)}") from None
+
+    # -- frames ---------------------------------------------------------------------------------
+
+    def _frames(self) -> Iterator[tuple[bytes, bytes, bytes, bytes, bytes]]:
+        """Complete MSG/HMSG frames in the buffer as (sid, subject, reply, headers, payload);
+        answers PING on the way."""
+        buf = self.buf
+        find = buf.find
+        while True:
+            start = self.start
+            i = find(_CRLF, start, self.end)
+            if i < 0:
+                return
+            line = bytes(buf[start:i])
+            if line.startswith(b"MSG "):
+                parts = line.split(b" ")
+                size = _size(parts[-1], line)
+                body = i + 2
+                if body + size + 2 > self.end:
+                    return
+                reply = parts[3] if len(parts) == 5 else b""
+                self.start = body + size + 2
+                yield parts[2], parts[1], reply, b"", bytes(buf[body : body + size])
+            elif line.startswith(b"HMSG "):
+                parts = line.split(b" ")
+                hsize, total = _size(parts[-2], line), _size(parts[-1], line)
+                if hsize > total:
+                    raise WireError(f"malformed frame from the NATS server: {line[:80]!r}")
+                body = i + 2
+                if body + total + 2 > self.end:
+                    return
+                reply = parts[3] if len(parts) == 6 else b""
+                self.start = body + total + 2
+                yield (
+                    parts[2],
+                    parts[1],
+                    reply,
+                    bytes(buf[body : body + hsize]),
+                    bytes(buf[body + hsize : body + total]),
+                )
+            else:
+                self.start = i + 2
+                if line == b"PING":
+                    self._send(b"PONG\r\n")
+                elif line.startswith(b"-ERR"):
+                    said = line.decode(errors="replace")
+                    if "permissions violation" in said.lower():
+                        raise AccessDenied(
+                            f"NATS at {self.where} denied rq {self.access.who()}: {said}", credentials=False
+                        )
+                    raise SourceUnreachable(f"NATS error: {said}")
+                # +OK, PONG, INFO: nothing to do
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        self.view.release()
+
+
+class OrderedReader(_Wire):
+    """Reads a stream from a sequence with an ordered push consumer, yielding record batches."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        stream: str,
+        subject: str,
+        access: Access | None = None,
+        timeout: float = 5.0,
+    ):
+        super().__init__(host, port, access, timeout)
+        self.stream = stream
+        self.subject = subject
+        self.api_inbox = f"_INBOX.rq.{self.token}.api"
+        self.sid = b"0"  # the deliver subscription; a new one per consumer so old pushes are ignored
+        self.sids = 2
+        self.consumer: str | None = None
+        self._early: list[tuple[bytes, bytes, bytes, bytes, bytes]] = []
+        self.next_dseq = 1
+        self.last_sseq = 0
+        self.pending_left = -1
+        self._send(f"SUB {self.api_inbox} 2\r\n".encode())
 
     # -- the JetStream API ----------------------------------------------------------------------
 
@@ -333,58 +402,6 @@ class OrderedReader:
             self.sock.sendall(
                 f"PUB $JS.API.CONSUMER.DELETE.{self.stream}.{name} 0\r\n".encode() + payload + _CRLF
             )
-
-    # -- frames ---------------------------------------------------------------------------------
-
-    def _frames(self) -> Iterator[tuple[bytes, bytes, bytes, bytes, bytes]]:
-        """Complete MSG/HMSG frames in the buffer as (sid, subject, reply, headers, payload);
-        answers PING on the way."""
-        buf = self.buf
-        find = buf.find
-        while True:
-            start = self.start
-            i = find(_CRLF, start, self.end)
-            if i < 0:
-                return
-            line = bytes(buf[start:i])
-            if line.startswith(b"MSG "):
-                parts = line.split(b" ")
-                size = _size(parts[-1], line)
-                body = i + 2
-                if body + size + 2 > self.end:
-                    return
-                reply = parts[3] if len(parts) == 5 else b""
-                self.start = body + size + 2
-                yield parts[2], parts[1], reply, b"", bytes(buf[body : body + size])
-            elif line.startswith(b"HMSG "):
-                parts = line.split(b" ")
-                hsize, total = _size(parts[-2], line), _size(parts[-1], line)
-                if hsize > total:
-                    raise WireError(f"malformed frame from the NATS server: {line[:80]!r}")
-                body = i + 2
-                if body + total + 2 > self.end:
-                    return
-                reply = parts[3] if len(parts) == 6 else b""
-                self.start = body + total + 2
-                yield (
-                    parts[2],
-                    parts[1],
-                    reply,
-                    bytes(buf[body : body + hsize]),
-                    bytes(buf[body + hsize : body + total]),
-                )
-            else:
-                self.start = i + 2
-                if line == b"PING":
-                    self._send(b"PONG\r\n")
-                elif line.startswith(b"-ERR"):
-                    said = line.decode(errors="replace")
-                    if "permissions violation" in said.lower():
-                        raise AccessDenied(
-                            f"NATS at {self.where} denied rq {self.access.who()}: {said}", credentials=False
-                        )
-                    raise SourceUnreachable(f"NATS error: {said}")
-                # +OK, PONG, INFO: nothing to do
 
     def batches(
         self, start_seq: int, stop: int | None, follow: bool, idle_timeout: float | None
@@ -461,6 +478,78 @@ class OrderedReader:
 
     def close(self) -> None:
         self.delete()
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        self.view.release()
+        super().close()
+
+
+# What one send of a publisher's window holds at most, in bytes: big records are not all joined
+# into one buffer.
+_SEND_BYTES = 1 << 20
+
+
+class Publisher(_Wire):
+    """Publishes to JetStream, every message asking for the server's answer (its PubAck) on an
+    inbox of its own; pipelined: up to `window` messages await their answer while more go out, in
+    sends of up to _SEND_BYTES. All messages go out on this one connection, so the stream stores
+    them in the order given.
+
+    Why not nats-py: its answer path (protocol parser, a Msg object, an asyncio queue, a callback
+    task per message) costs more than the publishing; here the answers are parsed in batches."""
+
+    def __init__(self, host: str, port: int, access: Access | None = None, timeout: float = 5.0):
+        super().__init__(host, port, access, timeout)
+        self.inbox = f"_INBOX.rq.{self.token}.p.".encode()
+        self._send(b"SUB " + self.inbox + b"* 1\r\n")
+        self.max_payload = int(self.info.get("max_payload") or 0)
+
+    def publish(
+        self,
+        subject: str,
+        messages: Sequence[tuple[bytes, bytes]],
+        on_answer: Callable[[int, bytes, bytes], bool],
+        window: int,
+        answer_timeout: float,
+    ) -> int:
+        """Publishes `messages` ((header block or b"", value), in order) to `subject`; calls
+        `on_answer(index, header block, data)` for each answer, which returns True to stop the
+        publishing (a refusal). Returns how many went out, every one of them answered."""
+        head, inbox, skip = subject.encode(), self.inbox, len(self.inbox)
+        total, sent, answered, stop = len(messages), 0, 0, False
+        while sent < total and not stop:
+            chunk: list[bytes] = []
+            size = 0
+            end = min(total, answered + window)
+            while sent < end and size < _SEND_BYTES:
+                hdr, value = messages[sent]
+                if hdr:
+                    chunk.append(
+                        b"HPUB %s %s%d %d %d\r\n" % (head, inbox, sent, len(hdr), len(hdr) + len(value))
+                    )
+                    chunk.append(hdr)
+                else:
+                    chunk.append(b"PUB %s %s%d %d\r\n" % (head, inbox, sent, len(value)))
+                chunk.append(value)
+                chunk.append(_CRLF)
+                size += len(hdr) + len(value) + 40
+                sent += 1
+            self._send(b"".join(chunk))
+            if sent - answered < window and sent < total:
+                continue  # room in the window: the answers are read once it is full
+            # a full window: read until half of it is answered (all at the end, or once stopped)
+            until = sent if sent == total else sent - window // 2
+            while answered < until or (stop and answered < sent):
+                for sid, subj, _reply, hdr, data in self._frames():
+                    if sid != b"1":
+                        continue
+                    index = subj[skip:]
+                    if not index.isdigit():
+                        raise WireError(f"an answer on an unexpected subject: {subj[:80]!r}")
+                    stop = on_answer(int(index), hdr, data) or stop
+                    answered += 1
+                if answered >= until and not (stop and answered < sent):
+                    break
+                if not self._fill(answer_timeout):
+                    raise SourceUnreachable(
+                        f"no answer from the NATS server for {sent - answered} published record(s) "
+                        f"within {answer_timeout:g} s"
+                    )
+        return sent
