@@ -182,6 +182,13 @@ class Job:
     def big(self) -> bool:
         return is_big(self.info.size)
 
+    def finish(self) -> None:
+        """Landed, or failed for good. Its CRT requests go: each one's callbacks hold this job,
+        a cycle through native code the garbage collector cannot see, so every finished job of a
+        run stayed alive (~15 KB an object: 821 MB of RSS for 50,000 objects)."""
+        self.done = True
+        self.requests.clear()
+
 
 @dataclass
 class FetchResult:
@@ -699,7 +706,7 @@ class Fetcher:
             return fatal or err
         if isinstance(err, NotFoundError | DeniedError | UncacheableError) or not isinstance(err, CacheError):
             self._release(job, keep=False)
-            job.done = True
+            job.finish()
             failure = ev.Failed(job.info.url, error_kind(err), str(err) or type(err).__name__)
             result.failed.append(failure)
             self.on_event(failure)
@@ -707,7 +714,7 @@ class Fetcher:
         job.attempts += 1
         if job.attempts >= MAX_ATTEMPTS:
             self._release(job, keep=resumable)
-            job.done = True
+            job.finish()
             failure = ev.Failed(job.info.url, error_kind(err), str(err))
             result.failed.append(failure)
             self.on_event(failure)
@@ -750,7 +757,7 @@ class Fetcher:
                 ready.appendleft(job)  # next, before the rest take the room
                 return True
         if getattr(job.origin, "promotes", False):
-            job.done = True  # a promotion from disk: it stays cached there, nothing to copy
+            job.finish()  # a promotion from disk: it stays cached there, nothing to copy
             self._demoted += 1
             self.on_event(ev.Demoted(job.info.url, job.info.size, "disk", str(err)))
             return True
@@ -947,7 +954,7 @@ class Fetcher:
                 outcome.error = outcome.error or full
         for (_, entry, job), exc in failed:
             self._take_back(job)
-            job.done = True
+            job.finish()
             failure = ev.Failed(entry.url, error_kind(exc), str(exc) or type(exc).__name__)
             result.failed.append(failure)
             self.on_event(failure)
@@ -971,7 +978,7 @@ class Fetcher:
             self._held_bytes -= job.info.size
             job.hold = 0
             job.landing = None
-            job.done = True
+            job.finish()
             result.objects += 1
             result.landed_bytes += entry.size
             result.largest = max(result.largest, entry.size)

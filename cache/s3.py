@@ -373,7 +373,7 @@ class S3:
             on_result(int(status_code or 0), got.get("headers", []), bytes(body), mapped)
 
         try:
-            ticket.request = self.client.make_request(
+            request = self.client.make_request(
                 type=s3.S3RequestType.DEFAULT,
                 operation_name=operation,
                 request=self._request(
@@ -386,6 +386,7 @@ class S3:
         except BaseException:
             ticket.close()  # never started: nothing to watch
             raise
+        ticket.hold(request)
 
     def _call(
         self, operation: str, method: str, bucket: str, key: str, query: str = "", checksum_mode: bool = False
@@ -495,7 +496,7 @@ class S3:
             on_done(map_error_safely("GetObject", what, error, status_code, kw.get("error_body"), endpoint))
 
         try:
-            ticket.request = self.client.make_request(
+            request = self.client.make_request(
                 type=s3.S3RequestType.DEFAULT,
                 operation_name="GetObject",
                 request=self._request("GET", host, path, [("x-amz-checksum-mode", "ENABLED")]),
@@ -507,7 +508,8 @@ class S3:
         except BaseException:
             ticket.close()  # never started: nothing to watch
             raise
-        return ticket.request
+        ticket.hold(request)
+        return request
 
 
 Item = tuple[str, int, str, str | None]  # (key, size, etag, version id)

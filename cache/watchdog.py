@@ -24,7 +24,7 @@ SLOWEST_BYTES_PER_S = 256 << 10
 class Ticket:
     """One request's watch: `alive()` on every sign of life, `close()` when it is done."""
 
-    __slots__ = ("allowance", "answered", "dog", "id", "last", "request", "timed_out")
+    __slots__ = ("allowance", "answered", "closed", "dog", "id", "last", "request", "timed_out")
 
     def __init__(self, dog: Watchdog, ident: int, allowance: float):
         self.dog, self.id, self.allowance = dog, ident, allowance
@@ -32,6 +32,7 @@ class Ticket:
         self.answered = False  # headers came: the store is working on this one
         self.request: Any = None  # the CRT's S3Request, set once make_request returned it
         self.timed_out = False
+        self.closed = False
 
     def alive(self, body_bytes: int = 0) -> None:
         """A sign of life; `body_bytes`: the size of a body that will now arrive unobserved."""
@@ -40,7 +41,19 @@ class Ticket:
         if body_bytes:
             self.allowance = self.dog.silence + body_bytes / SLOWEST_BYTES_PER_S
 
+    def hold(self, request: Any) -> None:
+        """Keeps the request to cancel, unless it is already done (its on_done may run on a CRT
+        thread before make_request returns)."""
+        self.request = request
+        if self.closed:  # done meanwhile (close() sets closed before it clears request)
+            self.request = None
+
     def close(self) -> None:
+        # The request goes with the watch: its callbacks hold this ticket, a cycle through the
+        # CRT's native code the garbage collector cannot see, which kept every request of a run
+        # (and what its callbacks refer to) alive.
+        self.closed = True
+        self.request = None
         self.dog.forget(self)
 
 
