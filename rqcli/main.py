@@ -292,6 +292,21 @@ def _terminate(_signum: int, _frame: Any) -> None:
     raise Terminated()
 
 
+def _raise_open_files_limit() -> None:
+    """The soft limit on open files up to the hard one, as Go programs (s5cmd, rclone) do at start:
+    a default of 1,024 (or a CI runner's 256) failed preload objects one by one with EMFILE at
+    256 requests in flight. A process may raise its soft limit to its hard one without privilege."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft != resource.RLIM_INFINITY and soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ImportError, ValueError, OSError):  # not POSIX, or the kernel's nr_open is lower
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry: runs `rq` and turns every failure into one stderr line and an exit code."""
     console = argv is None
@@ -299,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
     verbose = any(a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"}) for a in args)
     global _run
     _run = _Run()
+    if console:
+        _raise_open_files_limit()
     try:
         if threading.current_thread() is threading.main_thread():  # (signal.signal's own rule)
             signal.signal(signal.SIGTERM, _terminate)  # commands that serve (rq recv) set their own

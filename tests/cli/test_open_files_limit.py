@@ -1,0 +1,22 @@
+"""rq raises its soft open-files limit to the hard one at start (as Go tools do): under a CI
+runner's low soft limit a preload with 256 requests in flight failed objects with EMFILE."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from pathlib import Path
+
+from rqtest import random_files, rq_command
+
+
+def test_a_low_soft_open_files_limit_does_not_fail_a_preload(tmp_path: Path) -> None:
+    src = random_files(tmp_path / "src", 600, 64)
+    rq = shlex.join([*rq_command(), "preload", str(src), "--cache-dir", str(tmp_path / "c"), "--json"])
+    done = subprocess.run(
+        ["bash", "-c", f"ulimit -Sn 64 && exec {rq}"], capture_output=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()[-500:]
+    summary = json.loads(done.stdout.decode().splitlines()[-1])
+    assert summary["objects"] == 600 and summary["failed"] == 0
