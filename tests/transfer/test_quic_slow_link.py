@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from rqtest import VethLink, veth_namespace
-from xfer_kit import Recv, free_port, send, summary
+from xfer_kit import quic_recv_in_namespace, send, summary
 
 pytestmark = [pytest.mark.integration, pytest.mark.netns]
 
@@ -41,17 +40,7 @@ def test_slow_link_outlasting_the_timeout_per_chunk_completes(
         pytest.importorskip("qh3")
     src = tmp_path / "model.bin"
     src.write_bytes(os.urandom(12 << 20))
-    recv = Recv(
-        tmp_path / "dst",
-        tmp_path / "cert",
-        "quic",
-        "--once",
-        "--quic-backend",
-        backend,
-        netns=slow_link.ns,
-        host=slow_link.there,
-        port=free_port(socket.SOCK_DGRAM),
-    ).start()
+    recv = quic_recv_in_namespace(tmp_path, slow_link.ns, slow_link.there, backend)
     try:
         proc = send([src], recv, "--quic-backend", backend, "--timeout", "2", "--retry-for", "20", timeout=90)
         assert proc.returncode == 0, proc.stderr.decode()

@@ -27,6 +27,7 @@ from xfer_kit import (
     free_port,
     journal_records,
     manifest_reply,
+    quic_recv_in_namespace,
     reply,
     rq_cmd,
     rq_env,
@@ -584,18 +585,8 @@ def lossy_link() -> Iterator[dict[str, Any]]:
 def test_quic_over_lossy_high_latency_link(tmp_path: Path, lossy_link: dict[str, Any]) -> None:
     src = tmp_path / "model.bin"
     src.write_bytes(os.urandom(3 << 20))
-    port = free_port(socket.SOCK_DGRAM)
-    recv = Recv(
-        tmp_path / "dst",
-        tmp_path / "cert",
-        "quic",
-        "--once",
-        "--quic-backend",
-        "aioquic",
-        netns=lossy_link["ns"],
-        host=lossy_link["there"],
-        port=port,
-    ).start()
+    recv = quic_recv_in_namespace(tmp_path, lossy_link["ns"], lossy_link["there"], "aioquic")
+    port = recv.port
     relay = (
         None
         if lossy_link["netem"]

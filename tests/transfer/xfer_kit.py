@@ -164,6 +164,22 @@ class Recv:
         return self.proc.returncode, out.decode(), err.decode()
 
 
+def quic_recv_in_namespace(tmp_path: Path, ns: str, host: str, backend: str) -> Recv:
+    """A started `rq recv --once` over QUIC inside network namespace `ns`, listening on `host` at a
+    free UDP port (recv.port), into tmp_path/dst."""
+    return Recv(
+        tmp_path / "dst",
+        tmp_path / "cert",
+        "quic",
+        "--once",
+        "--quic-backend",
+        backend,
+        netns=ns,
+        host=host,
+        port=free_port(socket.SOCK_DGRAM),
+    ).start()
+
+
 def rq_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "rqcli", *args]
 
