@@ -41,6 +41,9 @@ def cache_error_to_cli(exc: Exception) -> CliError:
         (e.BusyError, ExitCode.FAILURE, "another rq is fetching it; try again"),
         (e.OriginError, ExitCode.UNREACHABLE, "the store kept failing; re-run to continue"),
     ]
+    if isinstance(exc, e.CacheError) and out_of_descriptors(exc):
+        # the process's open-files limit, not the store or the path: --endpoint-url is no help
+        return CliError(safe_text(str(exc)), ExitCode.FAILURE, hint=_DESCRIPTORS_HINT.format(limit=_nofile()))
     if isinstance(exc, e.CacheFullError) and file_system_full(exc):
         # the file system ran out before the cap: a higher cap would only make it worse
         full = "free space there, lower --ram-limit/--disk-limit below its free space, or use another --cache-dir"
@@ -51,20 +54,49 @@ def cache_error_to_cli(exc: Exception) -> CliError:
     return CliError(safe_text(str(exc)), ExitCode.FAILURE)
 
 
+_DESCRIPTORS_HINT = (
+    "the process ran out of open files (limit {limit}): raise it (ulimit -n) or lower --workers; "
+    "re-run the same command to continue"
+)
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """exc and what it was raised from, in order; a chain that loops back on itself must not
+    hang the CLI."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and all(seen is not c for c in chain):
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
 def file_system_full(exc: BaseException) -> bool:
     """Whether a CacheFullError is the file system's ENOSPC/EDQUOT (or SQLite's "disk is full"),
     not a tier cap. The library raises one class for both; the cause chain tells them apart, and
     its messages for the file system case all begin "no space left"."""
-    seen: BaseException | None = exc
-    visited: set[int] = set()  # a chain that loops back on itself must not hang the CLI
-    while seen is not None and id(seen) not in visited:
-        visited.add(id(seen))
+    for seen in _causes(exc):
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
             return True
         if type(seen).__name__ == "OperationalError" and "full" in str(seen).lower():
             return True
-        seen = seen.__cause__ or seen.__context__
     return str(exc).startswith("no space left")
+
+
+def out_of_descriptors(exc: BaseException) -> bool:
+    """Whether the cause is EMFILE/ENFILE. The library reports a source it cannot open as it
+    reports an unreachable store; the errno, or its text where the error was re-worded, tells."""
+    for seen in _causes(exc):
+        if isinstance(seen, OSError) and seen.errno in (errno.EMFILE, errno.ENFILE):
+            return True
+    return "Too many open files" in str(exc)
+
+
+def _nofile() -> str:
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
 
 
 def open_cache(cache_dir: Path | None, **kwargs: Any) -> Any:
