@@ -80,30 +80,55 @@ class PublishRefused(TopicError):
     """The server answered the publish of a record with a refusal (a stream's limits under discard
     policy `new`, a Nats-TTL or rollup the stream does not allow, ...). It is up: not an outage.
 
-    `index` is the record's place in the append's batch (0-based). `appended` (a
-    topics.sources.Appended) is what that append stored nonetheless: the records before it, and
-    those already on their way after it that the server took. `sent` records of the batch went out,
-    none after them. `str()` names the record by its place in the batch; `describe` words the same
-    with the caller's names (its place in the input, its offset in the source)."""
+    `index` is the record's place in the append's batch (0-based). Records already on their way
+    after it (`sent` records of the batch went out, none after them) that the server took are
+    removed again (`removed` of them), so the topic holds exactly the records before it and a rerun
+    from the refused record neither skips nor duplicates any; those that could not be removed
+    (`why_kept` says why, e.g. a stream that denies deletes) stay stored. `appended` (a
+    topics.sources.Appended) is what that append left stored: the records before it
+    (`stored_before`), and those after it that stay. `str()` names the record by its place in the
+    batch; `describe` words the same with the caller's names (its place in the input, its offset
+    in the source)."""
 
-    def __init__(self, url: str, index: int, reason: str, appended: Any, stored_before: int, sent: int):
+    def __init__(
+        self,
+        url: str,
+        index: int,
+        reason: str,
+        appended: Any,
+        stored_before: int,
+        sent: int,
+        removed: int = 0,
+        why_kept: str | None = None,
+    ):
         self.url, self.index, self.reason = url, index, reason
         self.appended, self.stored_before, self.sent = appended, stored_before, sent
+        self.removed, self.why_kept = removed, why_kept
         super().__init__(self.describe(lambda i: f"record {i + 1} of the batch", stored_before))
+
+    @property
+    def kept_after(self) -> int:
+        """Records after the refused one that stay stored (they could not be removed)."""
+        return int(self.appended.stored) - self.stored_before
 
     def describe(self, name: Callable[[int], str], stored_before: int) -> str:
         """One line: the refused record (`name(index)`), the server's reason, and what is stored
         around it (`stored_before`: the caller's count of records stored before it)."""
         after = self.sent - self.index - 1
-        stored_after = self.appended.stored - self.stored_before
+        around = ""
+        if after:
+            around = f"; of the {after} sent after it before rq stopped (through {name(self.sent - 1)}), "
+            if self.kept_after:
+                around += (
+                    f"{self.kept_after} stay stored (rq could not remove them: {self.why_kept}): "
+                    "a rerun from the refused record stores them again"
+                    + (f", {self.removed} were removed again" if self.removed else "")
+                )
+            elif self.removed:
+                around += f"{self.removed} the stream took were removed again"
+            else:
+                around += "none was stored"
         return (
             f"the NATS server refused {name(self.index)}, published to {self.url}: {self.reason}; "
-            f"{stored_before} record(s) before it are stored"
-            + (
-                f"; of the {after} sent after it before rq stopped (through "
-                f"{name(self.sent - 1)}), {stored_after} are stored"
-                if after
-                else ""
-            )
-            + "; nothing later was sent"
+            f"{stored_before} record(s) before it are stored{around}; nothing later was sent"
         )

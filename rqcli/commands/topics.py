@@ -444,6 +444,9 @@ class _Copied:
     def __init__(self) -> None:
         self.stored = 0
         self.duplicates = 0
+        # the offset of a record the target refused: everything before it is stored, nothing
+        # after it (the sink removes what it took after it), so `--commit` stores this position
+        self.refused_at: int | None = None
 
     def add(self, done: Appended) -> None:
         self.stored += done.stored
@@ -456,6 +459,7 @@ class _Copied:
         except PublishRefused as exc:
             before = self.stored + exc.stored_before
             self.add(exc.appended)
+            self.refused_at = records[exc.index][0]
             raise TopicError(
                 exc.describe(lambda i: f"the record at offset {records[i][0]}", before)
             ) from None
@@ -1320,6 +1324,10 @@ def replay(
                 # Records written out before a Ctrl-C/SIGTERM count even if the read loop had not
                 # moved its position past them yet.
                 reached = max(res.next_offset, stops.emitted_to if stops is not None else 0)
+                if copied.refused_at is not None:
+                    # the records of the batch before the one --to-topic refused are stored: a
+                    # rerun starts at the refused record, neither skipping nor copying any twice
+                    reached = max(reached, copied.refused_at)
                 if commit and group and reached > start and not reader_left:
                     source.commit(group, reached)
                     committed_to[:] = [reached]

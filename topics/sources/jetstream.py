@@ -993,6 +993,10 @@ class _Answers:
         return False
 
 
+def _appended(stored: list[int], duplicates: int) -> Appended:
+    return Appended(min(stored, default=None), max(stored, default=None), len(stored), duplicates)
+
+
 class JetStreamSink:
     """Publishes to the URL's subject (or the stream name); creates the stream if it is missing.
 
@@ -1046,12 +1050,56 @@ class JetStreamSink:
                 f"no JetStream stream took the publish to {self.subject} ({self.url}): "
                 "was the stream deleted?"
             )
-        stored = [seq for seq in answers.seq[:sent] if seq]
-        done = Appended(min(stored, default=None), max(stored, default=None), len(stored), answers.duplicates)
         if answers.refused:
             index = min(answers.refused)
-            raise self._refused(index, hdrs[index], answers.refused[index], done, answers, sent)
-        return done
+            # Records already on their way after the refused one that the stream took are removed
+            # again: the stream then holds exactly the records before it, so a rerun from the
+            # refused record (`replay --group --commit` stores that position) neither skips nor
+            # duplicates any.
+            before = [seq for seq in answers.seq[:index] if seq]
+            after = [seq for seq in answers.seq[index + 1 : sent] if seq]
+            kept, why_kept = self._remove(after)
+            done = _appended(before + kept, answers.duplicates)
+            raise self._refused(
+                index,
+                hdrs[index],
+                answers.refused[index],
+                done,
+                sent,
+                len(before),
+                len(after) - len(kept),
+                why_kept,
+            )
+        return _appended([seq for seq in answers.seq[:sent] if seq], answers.duplicates)
+
+    def _remove(self, seqs: list[int]) -> tuple[list[int], str | None]:
+        """Deletes messages this sink stored (by the sequences the server gave it); returns those
+        left (and why), e.g. on a stream that denies deletes. no_erase: the data need not be
+        overwritten on disk, only gone from the stream."""
+        if not seqs:
+            return [], None
+        subject = f"$JS.API.STREAM.MSG.DELETE.{self.conn.stream}"
+
+        async def delete(seq: int) -> str | None:
+            msg = await self.conn.nc.request(subject, orjson.dumps({"seq": seq, "no_erase": True}), timeout=5)
+            answer = orjson.loads(msg.data)
+            if answer.get("success"):
+                return None
+            error = answer.get("error") or {}
+            return str(error.get("description") or answer)
+
+        async def delete_all() -> list[str | BaseException | None]:
+            return await asyncio.gather(*(delete(seq) for seq in seqs), return_exceptions=True)
+
+        try:
+            outcomes: list[str | BaseException | None] = self.conn.run(delete_all())
+        except TopicError as exc:  # the connection went, or a permission was denied
+            return seqs, str(exc)
+        left = [(seq, why) for seq, why in zip(seqs, outcomes, strict=True) if why is not None]
+        if not left:
+            return [], None
+        first = left[0][1]
+        return [seq for seq, _ in left], reason(first) if isinstance(first, BaseException) else str(first)
 
     def _refused(
         self,
@@ -1059,8 +1107,10 @@ class JetStreamSink:
         hdrs: dict[str, str] | None,
         answer: dict[str, Any],
         done: Appended,
-        answers: _Answers,
         sent: int,
+        before: int,
+        removed: int,
+        why_kept: str | None,
     ) -> TopicError:
         """The server answered a publish with an API error: it is up, so this is a refusal (exit 1,
         a JetStream API error; 6 only where it says JetStream is not available), never
@@ -1071,8 +1121,7 @@ class JetStreamSink:
             + (f" (err_code {answer['err_code']})" if answer.get("err_code") else "")
             + (f"; the record carries the NATS header(s) {', '.join(carries)}" if carries else "")
         )
-        before = sum(1 for seq in answers.seq[:index] if seq)
-        refused = PublishRefused(self.url, index, why, done, before, sent)
+        refused = PublishRefused(self.url, index, why, done, before, sent, removed, why_kept)
         if answer.get("code") == 503 and answer.get("err_code") in _UNAVAILABLE:
             return SourceUnreachable(str(refused))
         return refused
