@@ -51,7 +51,7 @@ from topics.sources.natswire import (
     no_client_certificate,
     refuse_plain,
 )
-from topics.sources.subjects import subject_matches
+from topics.sources.subjects import subject_matches, subjects_overlap, transformed
 
 # A permissions error as nats-py hands it over (lower-cased), and the upper-case tokens of the
 # JetStream API subjects it may name ($JS.API.STREAM.INFO.<stream>, ...).
@@ -391,6 +391,34 @@ def _filters(config: Any) -> set[str]:
     return subjects
 
 
+def _feeds(config: Any) -> list[Any]:
+    """A stream config's mirror and sources (StreamSource each)."""
+    return [*([config.mirror] if config.mirror is not None else []), *(config.sources or ())]
+
+
+def _sourced(src: Any, subject: str) -> list[str]:
+    """The subject(s) a message on `subject` has once a mirror or source `src` copies it ([]: its
+    filter leaves it out). With subject transforms, the first whose source takes it applies, and
+    one no transform takes is not copied; else filter_subject, if any, filters."""
+    transforms = src.subject_transforms or []
+    if transforms:
+        for t in transforms:
+            found = transformed(t.src or ">", t.dest or "", subject)
+            if found:
+                return found
+        return []
+    if src.filter_subject and not subjects_overlap(src.filter_subject, subject):
+        return []
+    return [subject]
+
+
+def _ingest(config: Any, subject: str) -> list[str]:
+    """The subject(s) a message arriving on `subject` is stored under in a stream: its own
+    subject_transform rewrites what it takes (published or sourced alike), the rest stay."""
+    t = config.subject_transform
+    return (transformed(t.src or ">", t.dest or "", subject) if t is not None else []) or [subject]
+
+
 def _headers(raw: dict[str, str] | None) -> Headers:
     if not raw:
         return NO_HEADERS
@@ -570,41 +598,64 @@ class JetStreamSource:
     def fed_by(self, target: Any) -> bool:
         """Whether publishing to `target` (a JetStream TopicRef) stores records this source reads:
         a follow copying into it would read its own output back. Decided by the server (its
-        server_id, and the stream that captures the target's subject, directly or as the mirror or
-        a source of this stream, or of those, however far back), not by how the two URLs spell the
-        server or name the stream."""
+        server_id, and the stream that captures the target's subject), not by how the two URLs
+        spell the server or name the stream; and by the subject each record has on its way: the
+        capturing stream's own subject transform, the filter and subject transforms of each mirror
+        or source that copies it on (however far), and this source's subject filter at the end."""
         subject = target.subject or target.stream
-        if self.subject and not subject_matches(self.subject, subject):
-            return False
         conn = _Conn(target, self.conn.connect_timeout)
         try:
             same_server = conn.server_id == self.conn.server_id
             landing = conn.capturing_stream(subject) if same_server else None
         finally:
             conn.close()
-        return landing is not None and self._fed_from(landing)
+        if landing is None:
+            return False
+        return any(
+            not self.subject or subjects_overlap(self.subject, arrives)
+            for arrives in self._arrives_as(landing, subject)
+        )
 
-    def _fed_from(self, landing: str) -> bool:
-        """Whether messages stored in stream `landing` reach this stream: it is this stream, or
-        its mirror or a source, or theirs, however far back (a mirror of a mirror of `landing`
-        copies each publish into it too). Each stream is looked at once (sources may form a
-        ring); one of another account or domain (external), one that does not exist, and one
-        this user may not look at cannot be followed further, as before this walked one level."""
+    def _upstream(self) -> dict[str, Any]:
+        """This stream's config and those of the streams it mirrors or sources, and theirs,
+        however far back, by name. Each stream is looked at once (sources may form a ring); one of
+        another account or domain (external), one that does not exist, and one this user may not
+        look at cannot be followed further."""
         import nats.js.errors
 
-        seen = {self.conn.stream}
-        todo = [self.conn.stream_info().config]
-        while todo and landing not in seen:
-            config = todo.pop()
-            for src in [*([config.mirror] if config.mirror is not None else []), *(config.sources or ())]:
-                if src.external or src.name in seen:
+        configs = {self.conn.stream: self.conn.stream_info().config}
+        todo = [self.conn.stream]
+        while todo:
+            for src in _feeds(configs[todo.pop()]):
+                if src.external or src.name in configs:
                     continue
-                seen.add(src.name)
                 try:
-                    todo.append(self.conn.run(self.conn.js.stream_info(src.name)).config)
+                    configs[src.name] = self.conn.run(self.conn.js.stream_info(src.name)).config
                 except (nats.js.errors.NotFoundError, AccessDenied):
                     continue
-        return landing in seen
+                todo.append(src.name)
+        return configs
+
+    def _arrives_as(self, landing: str, subject: str) -> set[str]:
+        """The subjects a message published to `subject` (stored in stream `landing`) has once it
+        is in this stream (none: it never gets here): walked forward from `landing` through the
+        mirrors and sources between the two, each one's filter and transforms applied, then the
+        receiving stream's own subject transform."""
+        configs = self._upstream()
+        if landing not in configs:
+            return set()
+        seen: set[tuple[str, str]] = set()
+        todo = [(landing, s) for s in _ingest(configs[landing], subject)]
+        while todo:
+            stream, subj = todo.pop()
+            if (stream, subj) in seen:
+                continue
+            seen.add((stream, subj))
+            for name, config in configs.items():
+                for src in _feeds(config):
+                    if src.name == stream and not src.external:
+                        todo.extend((name, t) for s in _sourced(src, subj) for t in _ingest(config, s))
+        return {subj for stream, subj in seen if stream == self.conn.stream}
 
     # -- reading --------------------------------------------------------------------------------
 

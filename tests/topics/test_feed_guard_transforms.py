@@ -1,0 +1,122 @@
+"""The `--to-topic` self-feed guard follows the subject a record has on its way into the followed
+stream: a mirror's or source's filter_subject and subject transforms, and a stream's own
+subject_transform. Real nats-server streams.
+
+The old guard looked only at stream names and the followed URL's subject as typed: it refused a
+copy into a subject the followed stream's source filters out, and it let through a loop whose
+records reach the followed subject under another name (a transform)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from jskit import MakeStream, made_streams
+from rqtest import run_rq
+
+
+@pytest.fixture
+def stream(nats_url: str) -> Iterator[MakeStream]:
+    with made_streams(nats_url, "h-guard") as make:
+        yield make
+
+
+def _follow_copy(source: str, target: str, tmp_path: Path) -> subprocess.CompletedProcess[bytes]:
+    """A follow copying `source` into `target`; a loop ends at --count 20, else the quiet ends it."""
+    return run_rq(
+        "replay", source, "--from", "start", "-f", "--to-topic", target, "--count", "20", "--timeout", "2",
+        "-q", env={"RQ_TOPICS_DIR": str(tmp_path)}, timeout=30,
+    )  # fmt: skip
+
+
+def _refused(r: subprocess.CompletedProcess[bytes]) -> bool:
+    err = r.stderr.decode()
+    return r.returncode == 2 and "feeds what is being followed back into it" in err and err.count("\n") == 1
+
+
+def _values(url: str) -> list[bytes]:
+    r = run_rq("replay", url, "--from", "start", "--format", "raw")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+def _produce(url: str, data: bytes) -> None:
+    r = run_rq("produce", url, input=data)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("how", ["filter_subject", "subject_transforms"])
+def test_a_subject_the_source_filters_out_is_no_loop(
+    nats_url: str, stream: MakeStream, tmp_path: Path, how: str
+) -> None:
+    """AGG sources only ORIG.a of ORIG: following AGG while copying into ORIG.b is a plain copy
+    (the old guard refused it: ORIG is a source of AGG). Into ORIG.a it is a loop."""
+    from nats.js.api import StreamSource, SubjectTransform
+
+    orig = stream(subjects=["{name}.a", "{name}.b"])
+    if how == "filter_subject":
+        src = StreamSource(name=orig, filter_subject=f"{orig}.a")
+    else:  # a transform that keeps the subject: its source is the filter
+        src = StreamSource(
+            name=orig, subject_transforms=[SubjectTransform(src=f"{orig}.a", dest=f"{orig}.a")]
+        )
+    agg = stream(subjects=[], sources=[src])
+    _produce(f"{nats_url}/{orig}/{orig}.a", b"1\n2\n")
+    r = _follow_copy(f"{nats_url}/{agg}", f"{nats_url}/{orig}/{orig}.b", tmp_path)
+    assert r.returncode == 0, r.stderr  # was: refused, exit 2
+    assert _values(f"{nats_url}/{orig}/{orig}.b") == [b"1", b"2"]
+    assert _refused(_follow_copy(f"{nats_url}/{agg}", f"{nats_url}/{orig}/{orig}.a", tmp_path))
+
+
+@pytest.mark.integration
+def test_a_loop_through_the_streams_own_subject_transform_is_refused(
+    nats_url: str, stream: MakeStream, tmp_path: Path
+) -> None:
+    """EV stores what is published to EV.in as EV.out: following EV/EV.out while copying into
+    EV/EV.in reads every copy back (the old guard compared EV.out with EV.in: 20 copies, exit 0)."""
+    from nats.js.api import SubjectTransform
+
+    ev = stream(
+        subjects=["{name}.in"], subject_transform=SubjectTransform(src="*.in", dest="{{wildcard(1)}}.out")
+    )
+    _produce(f"{nats_url}/{ev}/{ev}.in", b"1\n")
+    assert _values(f"{nats_url}/{ev}/{ev}.out") == [b"1"]
+    r = _follow_copy(f"{nats_url}/{ev}/{ev}.out", f"{nats_url}/{ev}/{ev}.in", tmp_path)
+    assert _refused(r), r.stderr
+    assert _values(f"{nats_url}/{ev}") == [b"1"]  # nothing was copied
+
+
+@pytest.mark.integration
+def test_a_loop_through_a_source_transform_is_refused(
+    nats_url: str, stream: MakeStream, tmp_path: Path
+) -> None:
+    """AGG sources ORIG.a as AGG.got.a: following AGG/AGG.got.a while copying into ORIG/ORIG.a is
+    a loop (missed by the old guard), copying into ORIG/ORIG.b is not."""
+    from nats.js.api import StreamSource, SubjectTransform
+
+    orig = stream(subjects=["{name}.*"])
+    moved = SubjectTransform(src=f"{orig}.*", dest="agg.got.$1")
+    agg = stream(subjects=[], sources=[StreamSource(name=orig, subject_transforms=[moved])])
+    _produce(f"{nats_url}/{orig}/{orig}.a", b"1\n")
+    followed = f"{nats_url}/{agg}/agg.got.a"
+    r = _follow_copy(followed, f"{nats_url}/{orig}/{orig}.a", tmp_path)
+    assert _refused(r), r.stderr
+    assert _values(f"{nats_url}/{orig}") == [b"1"]  # nothing was copied
+    r = _follow_copy(followed, f"{nats_url}/{orig}/{orig}.b", tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def test_subject_transforms_as_nats_server_applies_them() -> None:
+    from topics.sources.subjects import subjects_overlap, transformed
+
+    assert transformed("a.*", "b.{{wildcard(1)}}", "a.x") == ["b.x"]
+    assert transformed("a.*.>", "b.$1.>", "a.x.y.z") == ["b.x.y.z"]
+    assert transformed("a.*", "", "a.x") == ["a.x"]  # a filter only
+    assert transformed("a.b", "c", "a.c") == []
+    # a function rq does not work out: the result may be anything
+    assert transformed("a.*", "{{partition(3,1)}}.a", "a.x") == [">"]
+    assert subjects_overlap("a.*", "a.b") and subjects_overlap("*.b", "a.>")
+    assert not subjects_overlap("a.>", "a") and not subjects_overlap("a.b", "a.c")
