@@ -76,6 +76,21 @@ class PermissionDenied(AccessDenied):
         super().__init__(message, credentials=False, server="local")
 
 
+class AppendedPartly(TopicError):
+    """An append stopped after part of its batch was stored: the embedded log splits a batch over
+    its size limit into parts, each durable on its own, and a later part failed (a full disk).
+    The batch's first `stored` records are stored (offsets `first`..`last`) and stay; `error` is
+    what stopped the rest (an OSError keeps its errno). A caller that counts or commits what the
+    target holds counts these: a rerun from the first record not stored duplicates nothing."""
+
+    def __init__(self, url: str, first: int, last: int, stored: int, error: Exception):
+        self.url, self.first, self.last, self.stored, self.error = url, first, last, stored, error
+        super().__init__(
+            f"{url}: the first {stored} record(s) of the batch are stored (offsets {first}..{last}), "
+            f"then: {error}"
+        )
+
+
 class PublishRefused(TopicError):
     """The server answered the publish of a record with a refusal (a stream's limits under discard
     policy `new`, a Nats-TTL or rollup the stream does not allow, ...). It is up: not an outage.

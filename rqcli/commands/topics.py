@@ -36,6 +36,7 @@ from topics.embedded.groups import check_group_name
 from topics.embedded.log import TopicConfig
 from topics.errors import (
     AccessDenied,
+    AppendedPartly,
     CorruptRecord,
     DamagedGroup,
     DigestMismatch,
@@ -444,9 +445,12 @@ class _Copied:
     def __init__(self) -> None:
         self.stored = 0
         self.duplicates = 0
-        # the offset of a record the target refused: everything before it is stored, nothing
-        # after it (the sink removes what it took after it), so `--commit` stores this position
-        self.refused_at: int | None = None
+        # Where what the target kept ends, in source offsets, when it failed partway through a
+        # batch: the offset of a record it refused (everything before it is stored, nothing after
+        # it: the sink removes what it took after it), or of the first record of a split batch
+        # whose part the embedded log could not store. `--commit` stores this position.
+        self.kept_to: int | None = None
+        self.error: OSError | None = None  # the target's own failure (a full disk), not the source's
 
     def add(self, done: Appended) -> None:
         self.stored += done.stored
@@ -459,10 +463,19 @@ class _Copied:
         except PublishRefused as exc:
             before = self.stored + exc.stored_before
             self.add(exc.appended)
-            self.refused_at = records[exc.index][0]
+            self.kept_to = records[exc.index][0]
             raise TopicError(
                 exc.describe(lambda i: f"the record at offset {records[i][0]}", before)
             ) from None
+        except AppendedPartly as exc:
+            self.add(Appended(exc.first, exc.last, exc.stored))
+            self.kept_to = records[exc.stored][0]
+            if isinstance(exc.error, OSError):
+                self.error = exc.error
+            raise exc.error from None
+        except OSError as exc:
+            self.error = exc
+            raise
 
 
 def _emitters(
@@ -825,6 +838,12 @@ class _Produced(_Copied):
             self.add(exc.appended)
             self.sent += exc.sent
             raise TopicError(exc.describe(lambda i: f"record {at + i + 1} of the input", before)) from None
+        except AppendedPartly as exc:
+            # the parts of a split batch before the one that failed are stored: counted, so the
+            # done line and the full-disk line say what the topic holds
+            self.add(Appended(exc.first, exc.last, exc.stored))
+            self.sent += exc.stored
+            raise exc.error from None
         self.add(done)
         self.sent += len(records)
         return done
@@ -1231,6 +1250,7 @@ def replay(
         reading = False  # the read has begun: an interruption from now on ends with the done line
         stopped: KeyboardInterrupt | None = None
         committed_to: list[int] = []  # the offset last stored for the group, if any
+        stopped_at: list[int] = []  # where the read stopped, stored or not: a rerun goes on there
         try:
             decode_values = writer.needs_decode if writer is not None else False
             if saved is not None:
@@ -1254,7 +1274,12 @@ def replay(
                     digest=save_spec is not None,
                 )
             start, stop = req.start, req.stop
-            sink = open_sink(_ref(to_topic, topics_dir)) if to_topic else None
+            if to_topic:
+                try:
+                    sink = open_sink(_ref(to_topic, topics_dir))
+                except OSError as exc:
+                    copied.error = exc
+                    raise
             last_commit = [time.monotonic()]
             # What a spec saved now would pin: the tally after each batch is counted and written,
             # so an interrupted follow saves where it stopped, consistently.
@@ -1324,19 +1349,26 @@ def replay(
                 # Records written out before a Ctrl-C/SIGTERM count even if the read loop had not
                 # moved its position past them yet.
                 reached = max(res.next_offset, stops.emitted_to if stops is not None else 0)
-                if copied.refused_at is not None:
-                    # the records of the batch before the one --to-topic refused are stored: a
-                    # rerun starts at the refused record, neither skipping nor copying any twice
-                    reached = max(reached, copied.refused_at)
+                if copied.kept_to is not None:
+                    # the records of the batch before the one --to-topic refused or could not
+                    # store are stored: a rerun starts there, neither skipping nor copying twice
+                    reached = max(reached, copied.kept_to)
                 if commit and group and reached > start and not reader_left:
                     source.commit(group, reached)
                     committed_to[:] = [reached]
+                stopped_at[:] = [reached]
             if reader_left:
                 return
         except KeyboardInterrupt as exc:
             if not reading:
                 raise
             stopped = exc  # a follow ends this way: the done line still comes last
+        except OSError as exc:
+            if exc is not copied.error or exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not to_topic:
+                raise
+            raise _copy_full_disk(
+                exc, _ref(to_topic, topics_dir), copied, committed_to if commit else None, stopped_at, group
+            ) from None
         finally:
             if writer is not None:
                 writer.close()
@@ -1370,6 +1402,37 @@ def replay(
                 f"rq: replay matches spec {safe_text(str(spec_file))}: {res.emitted} records, {res.digest}",
                 err=True,
             )
+
+
+def _copy_full_disk(
+    exc: OSError,
+    target: TopicRef,
+    copied: _Copied,
+    committed_to: list[int] | None,
+    stopped_at: list[int],
+    group: str | None,
+) -> CliError:
+    """`replay --to-topic` onto an embedded log on a full disk: which target, how many records
+    it stored, where the group stands, and how to go on (as `rq produce` names its topic)."""
+    what = "the disk" if exc.errno == errno.ENOSPC else "the disk quota"
+    where = f" holding {safe_text(str(target.path))}" if target.path is not None else ""
+    line = (
+        f"{what}{where} is full: the copy to {safe_text(target.url)} stored {copied.stored} record(s) "
+        "before it"
+    )
+    if committed_to:
+        line += f"; group {group} is committed at offset {committed_to[0]}, where the copy stopped"
+        hint = "free space and re-run to continue: the group goes on from there, nothing twice"
+    elif committed_to is not None:
+        line += f"; nothing was committed for group {group}"
+        hint = "free space and re-run to continue: the group starts where it stood"
+    else:
+        at = stopped_at[0] if stopped_at else None
+        line += "; nothing was committed (no --group --commit)"
+        hint = "free space and re-run to continue" + (
+            f" with --from {at}, where the copy stopped" if at is not None else ""
+        )
+    return CliError(line, ExitCode.NO_SPACE, hint=hint)
 
 
 def _copy_note(out: Output, copied: _Copied, to_topic: str) -> None:

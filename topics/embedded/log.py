@@ -36,6 +36,7 @@ from topics.embedded import format as fmt
 from topics.embedded.files import fsync_dir, not_writable, write_atomic
 from topics.embedded.groups import GroupStore
 from topics.errors import (
+    AppendedPartly,
     CorruptRecord,
     RecordTooLarge,
     SpecError,
@@ -1114,7 +1115,8 @@ class LogWriter:
 
     def _append_split(self, records: Sequence[fmt.Pending]) -> tuple[int, int]:
         """A batch over the payload limit: refuse a record too big alone (before writing anything),
-        else append it as several batches."""
+        else append it as several batches; one that fails after the first raises AppendedPartly
+        (what the parts before it stored)."""
         sizes = [fmt.record_size(key, headers, value) for _, key, headers, value in records]
         for i, size in enumerate(sizes):
             if size > fmt.MAX_BATCH_PAYLOAD:
@@ -1122,15 +1124,21 @@ class LogWriter:
                     f"record {i + 1} of the batch takes {size} bytes (key, headers and value); "
                     f"the embedded log stores at most {fmt.MAX_BATCH_PAYLOAD} bytes per record"
                 )
-        first, total, start = -1, 0, 0
-        for i, size in enumerate(sizes):
-            if total + size > fmt.MAX_BATCH_PAYLOAD:
-                a, last = self.append(records[start:i])
+        first, last, total, start = -1, -1, 0, 0
+        for i, size in enumerate([*sizes, -1]):  # -1: the end, the last part goes
+            if size < 0 or total + size > fmt.MAX_BATCH_PAYLOAD:
+                try:
+                    a, last = self.append(records[start:i])
+                except Exception as exc:
+                    if start == 0:
+                        raise  # nothing of the batch is stored: the plain error says it all
+                    # The parts before are durable and stay: a caller that counted none of the
+                    # batch would commit short of them and a rerun would store them twice.
+                    raise AppendedPartly(str(self.dir), first, last, start, exc) from exc
                 first = a if first < 0 else first
                 start, total = i, 0
             total += size
-        a, last = self.append(records[start:])
-        return (a if first < 0 else first), last
+        return first, last
 
     def _roll(self) -> None:
         os.fsync(self.fd)
