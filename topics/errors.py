@@ -27,6 +27,12 @@ class SourceUnreachable(TopicError):
     """A server (NATS, MQTT) could not be reached or the connection was lost."""
 
 
+class NoResponders(SourceUnreachable):
+    """JetStream is not there for rq's account: a JetStream API request answered 503 'no
+    responders' (nothing in the account listens on its subject), or the server said it is not
+    enabled. The message says what to change, not to check the server is running."""
+
+
 class CorruptRecord(TopicError):
     """A record or batch failed its CRC in the middle of the log (not a torn tail)."""
 

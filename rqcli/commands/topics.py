@@ -40,6 +40,7 @@ from topics.errors import (
     CorruptRecord,
     DamagedGroup,
     DigestMismatch,
+    NoResponders,
     PublishRefused,
     RecordTooLarge,
     SourceUnreachable,
@@ -125,8 +126,12 @@ def library_errors() -> Iterator[None]:
             str(exc), ExitCode.NOT_FOUND, hint="check the name, or create it with `rq produce`"
         ) from None
     except SourceUnreachable as exc:
+        # JetStream missing for the account: the line says what to change; the server is running
+        missing = isinstance(exc, NoResponders)
         raise CliError(
-            str(exc), ExitCode.UNREACHABLE, hint="is the server running and the URL right?"
+            str(exc),
+            ExitCode.UNREACHABLE,
+            hint=None if missing else "is the server running and the URL right?",
         ) from None
     except AccessDenied as exc:
         raise CliError(

@@ -48,6 +48,7 @@ from topics.sources.natswire import (
     client_certificate_refused,
     client_certificate_rejected,
     closed_after_client_certificate,
+    jetstream_silent,
     no_client_certificate,
     refuse_plain,
 )
@@ -290,8 +291,26 @@ class _Conn:
             raise TopicNotFound(f"JetStream stream {self.stream} does not exist") from None
         except (nats.errors.ConnectionClosedError, nats.errors.NoServersError) as exc:
             raise SourceUnreachable(f"lost the NATS connection: {reason(exc)}") from None
-        except nats.js.errors.ServiceUnavailableError:
-            raise SourceUnreachable("JetStream is not enabled on this NATS server") from None
+        except nats.js.errors.ServiceUnavailableError as exc:
+            raise self.silent(f"$JS.API.STREAM.INFO.{self.stream}", exc) from None
+
+    def silent(self, what: str, exc: Any, account: bool | None = None) -> SourceUnreachable:
+        """A 503 to a JetStream API request, worded by what is known (natswire.jetstream_silent):
+        the server's INFO, and whether the account's own JetStream info is answered (asked here
+        unless `account` is given)."""
+        import nats.js.errors
+
+        said = getattr(exc, "description", None)
+        if account is None and not said:
+            try:
+                self.run(self.js.account_info())
+                account = True
+            except nats.js.errors.ServiceUnavailableError as again:
+                account = False if not getattr(again, "description", None) else None
+            except Exception:
+                account = None
+        info = getattr(self.nc, "_server_info", None) or {}
+        return jetstream_silent(info, self.where, self.access.who(), what, account, said)
 
     @property
     def server_id(self) -> str:
@@ -337,8 +356,8 @@ def check_server(ref: Any, connect_timeout: float = 3.0) -> None:
     conn = _Conn(ref, connect_timeout)
     try:
         conn.run(conn.js.account_info())
-    except nats.js.errors.ServiceUnavailableError:
-        raise SourceUnreachable("JetStream is not enabled on this NATS server") from None
+    except nats.js.errors.ServiceUnavailableError as exc:
+        raise conn.silent("$JS.API.INFO", exc, account=False) from None
     except nats.js.errors.APIError as exc:
         raise TopicError(f"NATS at {conn.where}: JetStream refused the account info request: {exc}") from None
     except TimeoutError:

@@ -27,12 +27,15 @@ from typing import Any
 
 import orjson
 
-from topics.errors import AccessDenied, SourceUnreachable, TopicError, TopicNotFound
+from topics.errors import AccessDenied, NoResponders, SourceUnreachable, TopicError, TopicNotFound
 from topics.record import NO_HEADERS, Headers, Record
 from topics.sources.access import Access, hostport, reason, tls_context, tls_hint
 
 _CRLF = b"\r\n"
 _RECV = 4 * 1024 * 1024
+
+
+_ACCOUNT_INFO = "$JS.API.INFO"
 
 
 class WireError(TopicError):
@@ -48,6 +51,46 @@ def parse_info(line: bytes) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise SourceUnreachable(f"not a NATS server (said {line[:40]!r})")
     return meta
+
+
+def jetstream_silent(
+    info: dict[str, Any], where: str, who: str, what: str, account: bool | None, said: str | None = None
+) -> SourceUnreachable:
+    """The line for a JetStream API request that got no answer but 503, worded by what is known:
+    the server's INFO (`jetstream`: whether the server runs JetStream at all), whether the
+    account's own JetStream info request (`$JS.API.INFO`) is answered (`account`; None: not
+    known), and the server's own description of a 503 when it gave one (`said`, e.g. 'JetStream
+    system temporarily unavailable' while a cluster elects a leader)."""
+    if said and "not enabled" in said.lower():
+        # err_codes 10039 (for the account) and 10076 (on the server): the server says so itself
+        return NoResponders(
+            f"NATS at {where} answered {what}: {said} (connected {who}): enable JetStream for that "
+            "account or server, or connect as a user of an account that has it"
+        )
+    if said:
+        return SourceUnreachable(
+            f"NATS at {where}: JetStream is unavailable for {what}: {said}; try again later"
+        )
+    if info.get("jetstream") is False or ("jetstream" not in info and account is False):
+        return NoResponders(
+            f"JetStream is not enabled on the NATS server at {where} (nothing answered {what}): "
+            "start it with JetStream (nats-server -js)"
+        )
+    if account is False:
+        return NoResponders(
+            f"JetStream runs on the NATS server at {where} but does not answer rq's account "
+            f"(connected {who}): JetStream is not enabled for that account, or its streams are in "
+            "another JetStream domain"
+        )
+    if account:
+        return NoResponders(
+            f"NATS at {where}: JetStream answers rq's account but nothing answered {what}: the "
+            "stream's leader may be unavailable or not yet elected (a cluster); try again later"
+        )
+    return NoResponders(
+        f"nothing answered {what} at NATS {where}: JetStream is not enabled on the server or for "
+        f"rq's account (connected {who})"
+    )
 
 
 def connect_auth(access: Access) -> dict[str, str]:
@@ -301,7 +344,9 @@ class _Wire:
                         raise AccessDenied(
                             f"NATS at {self.where} denied rq {self.access.who()}: {said}", credentials=False
                         )
-                    raise SourceUnreachable(f"NATS error: {said}")
+                    # The server answered: it is reachable, and what it refused is rq's request,
+                    # so this is a failure of the operation (exit 1), not an outage (exit 6).
+                    raise TopicError(f"NATS at {self.where} answered rq's request with an error: {said}")
                 # +OK, PONG, INFO: nothing to do
 
     def close(self) -> None:
@@ -337,6 +382,18 @@ class OrderedReader(_Wire):
 
     # -- the JetStream API ----------------------------------------------------------------------
 
+    def _silent(self, subject: str) -> SourceUnreachable:
+        account: bool | None = None
+        if subject != _ACCOUNT_INFO:
+            try:
+                self._api(_ACCOUNT_INFO, {})
+                account = True
+            except NoResponders:
+                account = False
+            except TopicError:
+                account = None
+        return jetstream_silent(self.info, self.where, self.access.who(), subject, account)
+
     def _api(self, subject: str, body: dict[str, object]) -> dict[str, object]:
         payload = orjson.dumps(body)
         self._send(f"PUB {subject} {self.api_inbox} {len(payload)}\r\n".encode() + payload + _CRLF)
@@ -345,7 +402,7 @@ class OrderedReader(_Wire):
             for sid, _subj, _reply, hdr, data in self._frames():
                 if sid == b"2":
                     if hdr and b" 503" in hdr[:16]:
-                        raise SourceUnreachable("JetStream is not enabled on this NATS server")
+                        raise self._silent(subject)
                     resp: dict[str, object] = orjson.loads(data)
                     err = resp.get("error")
                     if isinstance(err, dict):
