@@ -27,6 +27,13 @@ class SourceUnreachable(TopicError):
     """A server (NATS, MQTT) could not be reached or the connection was lost."""
 
 
+class ProtocolViolation(TopicError):
+    """The server broke its protocol: a frame larger than it said it allows, a line that never
+    ends, a header block larger than its message, a reply of the wrong shape. rq stops reading
+    (nothing of it is buffered past a bound) and closes the connection. The server was reached
+    and answered, so this is a failure of the operation (exit 1), not an outage (exit 6)."""
+
+
 class NoResponders(SourceUnreachable):
     """JetStream is not there for rq's account: a JetStream API request answered 503 'no
     responders' (nothing in the account listens on its subject), or the server said it is not

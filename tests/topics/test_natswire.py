@@ -7,7 +7,8 @@ import socket
 
 import pytest
 
-from topics.sources.natswire import OrderedReader, WireError
+from topics.errors import ProtocolViolation
+from topics.sources.natswire import OrderedReader, frame_limit
 
 
 def reader_with(data: bytes) -> tuple[OrderedReader, socket.socket]:
@@ -18,6 +19,9 @@ def reader_with(data: bytes) -> tuple[OrderedReader, socket.socket]:
     r.view = memoryview(r.buf)
     r.start = r.end = 0
     r.sid = b"3"
+    r.where = "127.0.0.1:4222"
+    r.info = {"max_payload": 1024}
+    r.limit = frame_limit(r.info)
     r.next_dseq = 1
     r.last_sseq = 0
     r.pending_left = -1
@@ -100,10 +104,10 @@ def test_flow_control_and_stalled_heartbeat_are_answered() -> None:
         b"MSG S.a 3 $JS.ACK.S 5\r\nhello\r\n",  # too short to hold the sequences
     ],
 )
-def test_a_malformed_frame_is_a_wire_error(data: bytes) -> None:
+def test_a_malformed_frame_is_a_protocol_violation(data: bytes) -> None:
     r, theirs = reader_with(data)
     try:
-        with pytest.raises(WireError, match="malformed"):
+        with pytest.raises(ProtocolViolation, match=r"NATS at 127\.0\.0\.1:4222 broke the NATS protocol"):
             r._fill(0.2)
             r._take(r._frames())
     finally:

@@ -42,15 +42,21 @@ from topics.record import NO_HEADERS, Headers, Record
 from topics.sources.access import Access, hostport, nats_access, reason, tls_context
 from topics.sources.base import Appended, Pending
 from topics.sources.natswire import (
+    MAX_LINE,
     OrderedReader,
     Publisher,
     certificate_refused,
     client_certificate_refused,
     client_certificate_rejected,
     closed_after_client_certificate,
+    endless_line,
+    frame_limit,
+    header_past_total,
     jetstream_silent,
     no_client_certificate,
     refuse_plain,
+    too_large,
+    violation,
 )
 from topics.sources.subjects import subject_matches, subjects_overlap, transformed
 
@@ -113,14 +119,25 @@ def _client(access: Access, where: str) -> Any:
     for, nats-py would otherwise go on in the clear when that INFO does not require TLS (it upgrades
     only on tls_required), and send the credentials that way. A server that wants a client
     certificate we do not have is named as such instead of failing as a broken pipe."""
+    import nats.errors
     from nats.aio.client import Client
+
+    bounded = _bounded_parser()
 
     if not callable(getattr(Client, "_process_info", None)):
         # the check hooks a private method: a nats-py that renamed it must not skip it silently
         raise TopicError("this nats-py has no Client._process_info: rq cannot check its TLS; use nats-py 2.x")
 
     class Checked(Client):
+        def __init__(self) -> None:
+            super().__init__()
+            self._ps = bounded(self, where)
+            # what the server said or did that ended the connection: the line names it
+            self.rq_broke: TopicError | None = None
+
         async def _process_info(self, info: dict[str, Any], initial_connection: bool = False) -> None:
+            if isinstance(self._ps, bounded):
+                self._ps.info = info
             if not initial_connection:  # a later INFO (cluster news) on a connection already checked
                 await super()._process_info(info, initial_connection)
                 return
@@ -131,7 +148,82 @@ def _client(access: Access, where: str) -> Any:
             self.rq_client_cert_checked = bool(info.get("tls_verify"))
             await super()._process_info(info, initial_connection)
 
+        async def _process_err(self, err_msg: str) -> None:
+            # nats-py closes the connection on a -ERR other than a permission one and keeps the
+            # text to itself: the request in flight would read 'lost the connection'
+            if "permissions violation" not in err_msg and "authorization violation" not in err_msg:
+                self.rq_broke = TopicError(
+                    f"NATS at {where} answered with an error: -ERR {err_msg} (rq ended the connection)"
+                )
+            await super()._process_err(err_msg)
+
+        async def _process_msg(self, *args: Any, **kwargs: Any) -> None:
+            # a header block nats-py cannot parse raises out of its read loop (a logged traceback)
+            # and leaves the request waiting: end the connection with one line instead
+            try:
+                await super()._process_msg(*args, **kwargs)
+            except (IndexError, ValueError, KeyError, UnicodeDecodeError) as exc:
+                self.rq_broke = violation(where, f"a message rq cannot read ({type(exc).__name__}: {exc})")
+                raise nats.errors.ProtocolError() from None
+
     return Checked()
+
+
+def _bounded_parser() -> Any:
+    """nats-py's protocol parser with bounds (natswire's, for the same server): nats-py buffers
+    whatever a MSG/HMSG declares and a line with no end, however large."""
+    import nats.errors
+    from nats.protocol.parser import AWAITING_CONTROL_LINE, Parser
+
+    class Bounded(Parser):
+        def __init__(self, nc: Any, where: str):
+            self.where = where
+            self.info: dict[str, Any] = {}
+            self._needed = 0
+            self._header_needed = 0
+            super().__init__(nc)
+
+        def _broke(self, error: TopicError) -> Exception:
+            self.nc.rq_broke = error
+            return nats.errors.ProtocolError()
+
+        # The parser sets these from a MSG/HMSG line before it waits for the payload: checked
+        # there, before a byte of it is buffered.
+        @property
+        def needed(self) -> int:
+            return self._needed
+
+        @needed.setter
+        def needed(self, size: int) -> None:
+            if size > frame_limit(self.info):
+                raise self._broke(too_large(self.where, size, self.info))
+            self._needed = size
+
+        @property
+        def header_needed(self) -> int:
+            return self._header_needed
+
+        @header_needed.setter
+        def header_needed(self, size: int) -> None:
+            if size > self._needed:
+                raise self._broke(
+                    header_past_total(self.where, f"HMSG declaring {size} header bytes of {self._needed}")
+                )
+            self._header_needed = size
+
+        async def parse(self, data: bytes = b"") -> None:
+            try:
+                await super().parse(data)
+            except nats.errors.ProtocolError:
+                if getattr(self.nc, "rq_broke", None) is None:  # nats-py's own 'unknown protocol'
+                    self.nc.rq_broke = violation(
+                        self.where, f"it sent what is no NATS protocol: {bytes(self.buf[:80])!r}"
+                    )
+                raise
+            if self.state == AWAITING_CONTROL_LINE and len(self.buf) > MAX_LINE:
+                raise self._broke(endless_line(self.where))
+
+    return Bounded
 
 
 class _Conn:
@@ -276,6 +368,9 @@ class _Conn:
         return f'Permissions Violation for {m.group(1).title()} to "{subject}"{m.group(3)}'
 
     def _trouble(self) -> TopicError:
+        broke = getattr(self.nc, "rq_broke", None)
+        if broke is not None:
+            return broke
         if self.denied is not None:
             return AccessDenied(
                 f"NATS at {self.where} denied rq {self.access.who()}: {self.denied}", credentials=False
@@ -286,13 +381,23 @@ class _Conn:
         import nats.js.errors
 
         try:
-            return self.run(self.js.stream_info(self.stream))
+            info = self.run(self.js.stream_info(self.stream))
         except nats.js.errors.NotFoundError:
             raise TopicNotFound(f"JetStream stream {self.stream} does not exist") from None
         except (nats.errors.ConnectionClosedError, nats.errors.NoServersError) as exc:
             raise SourceUnreachable(f"lost the NATS connection: {reason(exc)}") from None
         except nats.js.errors.ServiceUnavailableError as exc:
             raise self.silent(f"$JS.API.STREAM.INFO.{self.stream}", exc) from None
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:
+            # nats-py builds its StreamInfo from whatever JSON came back, and fails on the wrong shape
+            raise self.unreadable("the stream info request", exc) from None
+        if not _stream_info_shape(info):
+            raise self.unreadable("the stream info request", None)
+        return info
+
+    def unreadable(self, what: str, exc: Exception | None) -> TopicError:
+        said = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
+        return violation(self.where, f"it answered {what} with a reply of the wrong shape{said}")
 
     def silent(self, what: str, exc: Any, account: bool | None = None) -> SourceUnreachable:
         """A 503 to a JetStream API request, worded by what is known (natswire.jetstream_silent):
@@ -344,6 +449,14 @@ class _Conn:
         with contextlib.suppress(Exception):
             self.loop.run_until_complete(self.nc.close())
         self.loop.close()
+
+
+def _stream_info_shape(info: Any) -> bool:
+    """Whether a StreamInfo has the fields rq reads, of their types."""
+    state, config = getattr(info, "state", None), getattr(info, "config", None)
+    return isinstance(getattr(config, "name", None), str) and all(
+        isinstance(getattr(state, f, None), int) for f in ("messages", "first_seq", "last_seq")
+    )
 
 
 def check_server(ref: Any, connect_timeout: float = 3.0) -> None:

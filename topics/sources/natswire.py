@@ -27,7 +27,14 @@ from typing import Any
 
 import orjson
 
-from topics.errors import AccessDenied, NoResponders, SourceUnreachable, TopicError, TopicNotFound
+from topics.errors import (
+    AccessDenied,
+    NoResponders,
+    ProtocolViolation,
+    SourceUnreachable,
+    TopicError,
+    TopicNotFound,
+)
 from topics.record import NO_HEADERS, Headers, Record
 from topics.sources.access import Access, hostport, reason, tls_context, tls_hint
 
@@ -36,6 +43,48 @@ _RECV = 4 * 1024 * 1024
 
 
 _ACCOUNT_INFO = "$JS.API.INFO"
+
+# What rq buffers of what a server sends, at most. A protocol line (INFO, MSG/HMSG, -ERR, ...):
+# nats-server writes them well under this, an INFO naming a large cluster's URLs included.
+MAX_LINE = 1024 * 1024
+# A frame's payload: the server's INFO max_payload (nats-server refuses to run with more than
+# 64 MiB), plus room for what the server itself sends beyond a client's limit (JetStream API
+# replies, e.g. a page of 256 consumers' info). Without a bound, a server (or whatever answers on
+# its port) declaring `MSG x 1 100000000000` has rq buffer everything that follows.
+_MAX_PAYLOAD_CEILING = 64 * 1024 * 1024
+_DEFAULT_MAX_PAYLOAD = 1024 * 1024
+_HEADROOM = 8 * 1024 * 1024
+
+
+def frame_limit(info: dict[str, Any]) -> int:
+    """The largest MSG/HMSG payload rq takes from a server that sent this INFO."""
+    declared = info.get("max_payload")
+    payload = declared if isinstance(declared, int) and declared > 0 else _DEFAULT_MAX_PAYLOAD
+    return min(payload, _MAX_PAYLOAD_CEILING) + _HEADROOM
+
+
+def violation(where: str, what: str) -> ProtocolViolation:
+    """One line for a server that broke the NATS protocol; rq closes the connection on it."""
+    return ProtocolViolation(
+        f"NATS at {where} broke the NATS protocol: {what}; rq closed the connection "
+        "(is that port a NATS server's, or is something in between rewriting it?)"
+    )
+
+
+def too_large(where: str, size: int, info: dict[str, Any]) -> ProtocolViolation:
+    return violation(
+        where,
+        f"it sent a message of {size} bytes, more than rq takes from it ({frame_limit(info)} bytes: "
+        f"its max_payload {info.get('max_payload', 'not given')}, plus room for JetStream's replies)",
+    )
+
+
+def endless_line(where: str) -> ProtocolViolation:
+    return violation(where, f"it sent a protocol line of more than {MAX_LINE} bytes with no end")
+
+
+def header_past_total(where: str, frame: str) -> ProtocolViolation:
+    return violation(where, f"a message whose header block is larger than the whole message ({frame})")
 
 
 class WireError(TopicError):
@@ -146,10 +195,10 @@ def certificate_refused(where: str, exc: ssl.SSLCertVerificationError) -> str:
     return f"NATS at {where}: the server's certificate was refused ({exc.verify_message}); {tls_hint(exc, 'NATS_CA')}"
 
 
-def _size(field: bytes, line: bytes) -> int:
-    """A frame's byte count, checked: a server's garbage is a WireError, not a ValueError."""
+def _size(field: bytes, line: bytes, where: str) -> int:
+    """A frame's byte count, checked: a server's garbage is a ProtocolViolation, not a ValueError."""
     if not field.isdigit():
-        raise WireError(f"malformed frame from the NATS server: {line[:80]!r}")
+        raise violation(where, f"a malformed frame ({line[:80]!r})")
     return int(field)
 
 
@@ -190,6 +239,7 @@ class _Wire:
         self.view = memoryview(self.buf)
         self.start = 0  # unparsed bytes are buf[start:end]
         self.end = 0
+        self.limit = frame_limit({})  # the server's own, once its INFO is in
         self.token = os.urandom(8).hex()
         try:
             self._handshake()
@@ -214,9 +264,14 @@ class _Wire:
             n = self.end - self.start
             self.buf[:n] = self.buf[self.start : self.end]
             self.start, self.end = 0, n
-        if self.end == len(self.buf):  # a frame bigger than the buffer: grow once
+        if self.end == len(self.buf):  # a frame bigger than the buffer: grow, up to the bound
+            if self.buf.find(_CRLF, self.start, self.end) < 0 and self.end - self.start > MAX_LINE:
+                raise endless_line(self.where)
+            most = self.limit + MAX_LINE + 2  # a frame's line, its payload and CRLF: _frames checks
+            if len(self.buf) >= most:
+                raise violation(self.where, f"it sent more than {most} bytes without completing a frame")
             self.view.release()  # a bytearray with a live export cannot be resized
-            self.buf.extend(bytes(len(self.buf)))
+            self.buf.extend(bytes(min(len(self.buf), most - len(self.buf))))
             self.view = memoryview(self.buf)
         self.sock.settimeout(timeout)
         try:
@@ -245,6 +300,7 @@ class _Wire:
     def _handshake(self) -> None:
         info = self._line()
         meta = self.info = parse_info(info)
+        self.limit = frame_limit(meta)
         if self.access.tls and not meta.get("tls_required"):
             raise SourceUnreachable(refuse_plain(self.where))
         if meta.get("tls_verify") and self.access.cert is None:
@@ -310,7 +366,9 @@ class _Wire:
             line = bytes(buf[start:i])
             if line.startswith(b"MSG "):
                 parts = line.split(b" ")
-                size = _size(parts[-1], line)
+                size = _size(parts[-1], line, self.where)
+                if size > self.limit:
+                    raise too_large(self.where, size, self.info)
                 body = i + 2
                 if body + size + 2 > self.end:
                     return
@@ -319,9 +377,11 @@ class _Wire:
                 yield parts[2], parts[1], reply, b"", bytes(buf[body : body + size])
             elif line.startswith(b"HMSG "):
                 parts = line.split(b" ")
-                hsize, total = _size(parts[-2], line), _size(parts[-1], line)
+                hsize, total = _size(parts[-2], line, self.where), _size(parts[-1], line, self.where)
+                if total > self.limit:
+                    raise too_large(self.where, total, self.info)
                 if hsize > total:
-                    raise WireError(f"malformed frame from the NATS server: {line[:80]!r}")
+                    raise header_past_total(self.where, repr(line[:80]))
                 body = i + 2
                 if body + total + 2 > self.end:
                     return
@@ -403,7 +463,14 @@ class OrderedReader(_Wire):
                 if sid == b"2":
                     if hdr and b" 503" in hdr[:16]:
                         raise self._silent(subject)
-                    resp: dict[str, object] = orjson.loads(data)
+                    try:
+                        resp = orjson.loads(data)
+                    except orjson.JSONDecodeError:
+                        resp = None
+                    if not isinstance(resp, dict):
+                        raise violation(
+                            self.where, f"a reply to {subject} that is no JSON object: {data[:80]!r}"
+                        )
                     err = resp.get("error")
                     if isinstance(err, dict):
                         if err.get("code") == 404:
@@ -512,7 +579,7 @@ class OrderedReader(_Wire):
                 dseq = int(t[i + 1])
                 seq, ts, pending = int(t[i]), int(t[i + 2]) // 1_000_000, int(t[i + 3])
             except (ValueError, IndexError):
-                raise WireError(f"malformed JetStream delivery from the server: {reply[:80]!r}") from None
+                raise violation(self.where, f"a malformed JetStream delivery ({reply[:80]!r})") from None
             if dseq != self.next_dseq:
                 return batch, True
             self.next_dseq = dseq + 1
