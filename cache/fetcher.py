@@ -263,9 +263,13 @@ class Fetcher:
         self.batch_sync = durable and batch_sync
         self.window = Window(workers)
         self.on_event = on_event
-        self._q: queue.Queue[tuple[str, Any, int | None, Any]] = queue.Queue()
-        # finishing = read back + hash + fsync + rename: blocking calls, so a few threads, off the CRT loop
-        self._finisher = Workers(8, "rq-finish")
+        # (SimpleQueue: a C queue; queue.Queue's Python locks and Condition cost every message)
+        self._q: queue.SimpleQueue[tuple[str, Any, int | None, Any]] = queue.SimpleQueue()
+        # finishing = read back + hash (+ fsync + rename unless a batch makes them durable): off
+        # the CRT loop. With batch syncs or no fsync at all it never waits on the disk (a
+        # page-cache read and the hashing): two threads keep up, and more only woke up and
+        # passed the GIL around (8 of them: ~10% more CPU on 2,000 x 256 KiB). fsyncs: eight.
+        self._finisher = Workers(2 if self.batch_sync or not durable else 8, "rq-finish")
         # syncfs, link, syncfs for a batch: mostly waiting on the disk, so it runs beside the loop,
         # which meanwhile keeps requests flowing (it was blocked ~1/3 of a 2,000-object run)
         self._publisher = ThreadPoolExecutor(1, thread_name_prefix="rq-publish")
@@ -334,6 +338,7 @@ class Fetcher:
         # pages the feed delivered and this loop has not planned yet: one is planned only when the
         # jobs waiting to start run low, so the listing stays a few pages ahead and no further
         waiting: deque[object] = deque()
+        pending: deque[tuple[str, Any, int | None, Any]] = deque()  # messages taken, not yet handled
         low = max(LAND_BATCH, 2 * self.window.limit)
         try:
             if feed is not None:
@@ -381,48 +386,54 @@ class Fetcher:
                 ):
                     break
                 timeout = 0.05 if delayed or to_land else 0.25
-                try:
-                    kind, job, piece, payload = self._q.get(timeout=timeout)
-                except queue.Empty:
-                    kind = ""
-                if kind == "feed":
-                    assert feed is not None
-                    if payload is None or isinstance(payload, BaseException):
-                        feeding = False
-                        if payload is not None and fatal is None:
-                            fatal = payload  # a listing that failed: stop, as when the store goes away
+                with contextlib.suppress(queue.Empty):
+                    pending.append(self._q.get(timeout=timeout))
+                    # and whatever else is waiting: one pass of the checks above per message was
+                    # a good part of this thread's time, and this thread is the run's bottleneck
+                    while len(pending) < LAND_BATCH:
+                        pending.append(self._q.get_nowait())
+                while pending:
+                    kind, job, piece, payload = pending.popleft()
+                    if kind == "feed":
+                        assert feed is not None
+                        if payload is None or isinstance(payload, BaseException):
+                            feeding = False
+                            if payload is not None and fatal is None:
+                                fatal = payload  # a listing that failed: stop, as when the store goes away
+                                self._halt(requests, jobs)
+                        elif fatal is None:
+                            waiting.append(payload)
+                    elif kind == "published":
+                        publishing = False
+                        book = functools.partial(
+                            self._book, payload, result, ready if fatal is None else None
+                        )
+                        fatal = self._settle(book, fatal, requests, jobs)
+                    elif kind:
+                        self.starved = False
+                        inflight -= 1
+                        self._body_bytes -= self._body_size(job, piece)
+                        job.outstanding -= 1
+                        if kind == "piece":
+                            if job.outstanding == 0 and job.error is None:
+                                if len(job.landing.done_pieces) == job_piece_count(job):
+                                    job.outstanding += 1
+                                    inflight += 1
+                                    self._finisher.submit(self._finish_big, job)
+                            elif job.outstanding == 0:
+                                fatal = self._failed(job, job.error, ready, delayed, result, fatal)
+                        elif kind == "landed":
+                            self.window.success()
+                            self._lost_in_a_row = 0
+                            to_land.append((job.hold, payload, job))
+                        else:
+                            job.error = job.error or payload
+                            if job.outstanding == 0:
+                                fatal = self._failed(job, job.error, ready, delayed, result, fatal)
+                            elif isinstance(payload, UnreachableError | CacheFullError | AuthError):
+                                self._cancel(job)
+                        if fatal is not None and requests:
                             self._halt(requests, jobs)
-                    elif fatal is None:
-                        waiting.append(payload)
-                elif kind == "published":
-                    publishing = False
-                    book = functools.partial(self._book, payload, result, ready if fatal is None else None)
-                    fatal = self._settle(book, fatal, requests, jobs)
-                elif kind:
-                    self.starved = False
-                    inflight -= 1
-                    self._body_bytes -= self._body_size(job, piece)
-                    job.outstanding -= 1
-                    if kind == "piece":
-                        if job.outstanding == 0 and job.error is None:
-                            if len(job.landing.done_pieces) == job_piece_count(job):  # type: ignore[union-attr]
-                                job.outstanding += 1
-                                inflight += 1
-                                self._finisher.submit(self._finish_big, job)
-                        elif job.outstanding == 0:
-                            fatal = self._failed(job, job.error, ready, delayed, result, fatal)  # type: ignore[arg-type]
-                    elif kind == "landed":
-                        self.window.success()
-                        self._lost_in_a_row = 0
-                        to_land.append((job.hold, payload, job))
-                    else:
-                        job.error = job.error or payload
-                        if job.outstanding == 0:
-                            fatal = self._failed(job, job.error, ready, delayed, result, fatal)
-                        elif isinstance(payload, UnreachableError | CacheFullError | AuthError):
-                            self._cancel(job)
-                    if fatal is not None and requests:
-                        self._halt(requests, jobs)
                 if len(jobs) > prune_at:
                     jobs = [j for j in jobs if not j.done]
                     prune_at = 2 * len(jobs) + PRUNE_MIN
@@ -448,6 +459,8 @@ class Fetcher:
             self._drop_unstarted(requests)
             for j in jobs:
                 self._cancel(j)
+            while pending:
+                inflight -= self._wind_down(pending.popleft(), to_land, result)
             deadline = time.monotonic() + 30
             while inflight > 0 and time.monotonic() < deadline:
                 try:

@@ -140,11 +140,11 @@ class Landing:
             self.tmp = self.layout.tmp_path(self.tier, self.blob, f".{os.getpid()}.{next(_serial)}.part")
         else:
             self.tmp = self.layout.tmp_path(self.tier, self.blob, ".part")
-        self.journal = self.layout.tmp_path(self.tier, self.blob, ".journal")
         self.final = self.layout.blob_path(self.tier, self.blob)
         self._lock = threading.Lock()
         self._whole = PieceHash()
-        self._md5 = _md5() if self.info.plain_md5 and self.pieces == 1 else None
+        self._md5: Any = None  # made by _hash_whole when no CRC header came (a plain-MD5 ETag)
+        self._md5_want = self.info.plain_md5 if self.pieces == 1 else None
         self._running: dict[int, PieceHash] = {}
         self._piece_results: dict[int, tuple[str, list[int]]] = {}
         self._crc_kind: str | None = None
@@ -183,6 +183,11 @@ class Landing:
             self._close()
             self._no_space_or_raise(exc)
             raise
+
+    @property
+    def journal(self) -> Path:
+        """A big object's journal (whole objects have none: no Path made for them)."""
+        return self.layout.tmp_path(self.tier, self.blob, ".journal")
 
     def external_file(self) -> str:
         """The temp path for an origin that writes the whole body itself (the CRT's recv_filepath:
@@ -302,7 +307,9 @@ class Landing:
             self._crc = crc32(view, self._crc)
         elif self._crc_kind == "crc32c":
             self._crc = _crc32c(view, self._crc)
-        elif self._md5 is not None:
+        elif self._md5_want is not None:
+            if self._md5 is None:
+                self._md5 = _md5()
             self._md5.update(view)
 
     def piece_done(self, index: int) -> None:
@@ -371,11 +378,13 @@ class Landing:
                 if not self._external and self.info.size == 0:
                     self._open_stream()  # an empty object: no write() ever came
                 else:
-                    # the origin wrote the file: one read fd serves the size check and the read-back
+                    # the origin wrote the file: one read fd serves the read-back, which also
+                    # finds its size (no fstat), and then publish() as the reader's lock
                     self.fd = self.fd_read()
-            size = os.fstat(self.fd).st_size
-            if size != self.info.size:
-                raise VerifyError(f"{self.info.url}: got {size} bytes, expected {self.info.size}")
+            if not (self._external and self.pieces == 1):
+                size = os.fstat(self.fd).st_size
+                if size != self.info.size:
+                    raise VerifyError(f"{self.info.url}: got {size} bytes, expected {self.info.size}")
             if self.checksums.etag and self.info.etag and self.checksums.etag != self.info.etag:
                 raise ChangedError(f"{self.info.url}: object changed while it was read (ETag moved)")
             if self.pieces == 1:
@@ -410,7 +419,12 @@ class Landing:
             # by a reader" until the index names it (the caller then releases it, or hands it to the
             # reader that asked, keep_open), so no remover of an older row naming the same file
             # (names are fixed per URL and version) can unlink it before our row goes in
-            self.kept_fd = os.open(self.tmp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            if self._rfd >= 0 and self._rfd == self.fd:
+                # the read-back's descriptor (a file the origin wrote): it becomes the kept one
+                # rather than a second open of the same file
+                self.kept_fd, self.fd, self._rfd = self.fd, -1, -1
+            else:
+                self.kept_fd = os.open(self.tmp, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
             if self.pieces > 1:
                 # our own writer's lock (_lock_partial) is exclusive, and flock locks of two
                 # descriptors conflict even in one process: make it shared first, or the
@@ -466,20 +480,16 @@ class Landing:
         self.placed = True
 
     def _verify_whole(self) -> tuple[str, str]:
-        if self._whole.broken or self._external:
-            # written by the origin itself, or delivered out of order: hash it by reading it back
-            # (from the page cache: it was just written)
-            self._whole = PieceHash()
-            self._crc = 0
-            self._md5 = _md5() if self.info.plain_md5 else None
-            buf = _read_buffer()
-            off = 0
-            while off < self.info.size:
-                n = os.preadv(self.fd_read(), [buf[: min(len(buf), self.info.size - off)]], off)
-                if n == 0:
-                    break
-                self._hash_whole(buf[:n], off)
-                off += n
+        if self._external:
+            # written by the origin itself: hash it by reading it back (from the page cache: it
+            # was just written), to its end, which is also the size check
+            size = self._read_back()
+            if self.on_bytes:
+                self.on_bytes(size)  # (the origin reports no progress of its own)
+            if size != self.info.size:
+                raise VerifyError(f"{self.info.url}: got {size} bytes, expected {self.info.size}")
+        elif self._whole.broken:
+            self._read_back()  # delivered out of order
         if self._whole.next != self.info.size:
             raise VerifyError(f"{self.info.url}: got {self._whole.next} bytes, expected {self.info.size}")
         digest = self._whole.xxh.hexdigest()
@@ -488,11 +498,32 @@ class Landing:
             if b64_crc(self._crc) != want:
                 raise VerifyError(f"{self.info.url}: {self._crc_kind} mismatch (body corrupted in transit)")
             return digest, f"size+{self._crc_kind}"
-        if self._md5 is not None:
-            if self._md5.hexdigest() != self.info.plain_md5:
+        if self._md5_want is not None:
+            if (self._md5 or _md5()).hexdigest() != self._md5_want:
                 raise VerifyError(f"{self.info.url}: MD5 does not match the ETag (body corrupted in transit)")
             return digest, "size+md5"
         return digest, "size+mtime" if self.info.version.startswith("mtime:") else "size"
+
+    def _read_back(self) -> int:
+        """Hashes the whole temp file from its start; returns its size (it is read to its end: a
+        read on a regular file that returns less than asked has met the end)."""
+        if self._whole.next or self._whole.broken:
+            self._whole = PieceHash()
+            self._crc = 0
+            self._md5 = None
+        buf = _read_buffer()
+        fd, want, off = self.fd_read(), self.info.size, 0
+        while True:
+            # one byte more than expected: a longer file is seen without another call
+            ask = min(len(buf), want + 1 - off) if off <= want else len(buf)
+            n = os.preadv(fd, [buf[:ask]], off)
+            if n == 0:
+                return off
+            if off + n <= want:
+                self._hash_whole(buf[:n], off)
+            off += n
+            if n < ask:
+                return off
 
     def _verify_pieces(self) -> tuple[str, str]:
         count = -(-self.info.size // self.piece_size)
@@ -557,7 +588,7 @@ class Landing:
         self.release_kept()
         if self.pieces == 1 or self.fd >= 0:
             unlink_quiet(self.tmp)  # (a partial: while still holding its lock)
-        if self.fd >= 0:
+        if self.fd >= 0 and self.pieces > 1:
             unlink_quiet(self.journal)
         self._close()
 

@@ -113,14 +113,15 @@ class S3Origin:
         bucket, key = split_s3_url(info.url)
         if piece is None:
             # a whole object: the CRT writes the file itself (no Python per chunk, no GIL traffic);
-            # Landing.finish hashes and verifies it by reading it back from the page cache
+            # Landing.finish hashes and verifies it by reading it back from the page cache, and
+            # counts its bytes then (the CRT's progress callback comes once, with the whole body,
+            # as the request ends: one more GIL hand-off per object for nothing)
             return self.client.get(
                 bucket,
                 key,
                 on_headers=landing.on_headers,
                 on_done=on_done,
                 recv_filepath=landing.external_file(),
-                on_progress=landing.on_bytes,
             )
 
         # a big object's piece: read into an aligned buffer and written from it (cache.ranged)
