@@ -981,16 +981,26 @@ def _format_options(func: Any) -> Any:
     is_flag=True,
     help="MQTT: skip retained messages (stale values the broker sends on subscribing), like mosquitto_sub -R.",
 )
+@click.option(
+    "--max-packet-size",
+    envvar="RQ_MQTT_MAX_PACKET_SIZE",
+    callback=_size_option,
+    help="MQTT: the largest packet rq takes from the broker (default 16M; up to 256M); a larger one "
+    "ends the tail with an error, before it is buffered. Env: RQ_MQTT_MAX_PACKET_SIZE.",
+)
 @idle_timeout_option
 @_format_options
 @topics_dir_option
 @output_options
+@click.pass_context
 def tail(
+    ctx: click.Context,
     topic: str,
     lines: int | None,
     follow: bool,
     record_to: str | None,
     no_retained: bool,
+    max_packet_size: int | None,
     idle_timeout: float | None,
     fmt: str | None,
     fields: str | None,
@@ -1022,6 +1032,9 @@ def tail(
             check_writable(_ref(record_to, topics_dir))  # before connecting to anything
         if no_retained and ref.kind != "mqtt":
             raise CliError("--no-retained is for MQTT topics", ExitCode.USAGE)
+        packet_flag = ctx.get_parameter_source("max_packet_size") == click.core.ParameterSource.COMMANDLINE
+        if packet_flag and ref.kind != "mqtt":  # the variable may be set for every rq run: not refused
+            raise CliError("--max-packet-size is for MQTT topics", ExitCode.USAGE)
         _check_timeout(idle_timeout, follow or ref.kind == "mqtt")
         if record_to and (follow or ref.kind == "mqtt"):
             _refuse_feedback(ref, _ref(record_to, topics_dir), "--record")
@@ -1031,6 +1044,7 @@ def tail(
             "--record",
             idle_timeout=idle_timeout,
             **({"retained": False} if no_retained else {}),
+            **({"max_packet_size": max_packet_size} if max_packet_size and ref.kind == "mqtt" else {}),
         )
         sink = open_sink(_ref(record_to, topics_dir)) if record_to else None
         res = Result()

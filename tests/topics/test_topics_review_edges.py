@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from mqttkit import mqtt_publish
 from rqtest import popen_rq, read_lines, rq_command, run_rq
 
 pytestmark = pytest.mark.integration
@@ -196,20 +197,6 @@ def test_records_retention_deleted_still_age_out(env: dict[str, str]) -> None:
 
 
 # -- 4. MQTT retained messages are marked (or skipped with --no-retained) -------------------------
-
-
-def mqtt_publish(url: str, topic: str, payload: bytes, retain: bool) -> None:
-    import paho.mqtt.client as mqtt
-
-    u = urlsplit(url)
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2)
-    client.connect(u.hostname or "127.0.0.1", u.port or 1883)
-    client.loop_start()
-    try:
-        client.publish(topic, payload, qos=1, retain=retain).wait_for_publish(10)
-    finally:
-        client.disconnect()
-        client.loop_stop()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ subscription (0, 1, 2, ...), timestamps the arrival time, and the key is the mes
 from __future__ import annotations
 
 import contextlib
+import errno
 import queue
 import ssl
 import threading
@@ -15,7 +16,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from topics.errors import AccessDenied, SourceUnreachable, SpecError, TopicError, Unsupported
+from topics.errors import (
+    AccessDenied,
+    ProtocolViolation,
+    SourceUnreachable,
+    SpecError,
+    TopicError,
+    Unsupported,
+)
 from topics.record import NO_HEADERS, Headers, Record
 from topics.sources.access import Access, hostport, mqtt_access, reason, tls_context, tls_hint
 from topics.sources.base import Appended, Pending
@@ -26,14 +34,55 @@ _DRAIN = 4096
 _REFUSED_AUTH = ("bad user name or password", "not authorized")
 
 
-def _client(ref: Any, timeout: float) -> Any:
+# The largest MQTT packet rq takes from a broker (its remaining length, as the packet's fixed
+# header declares it): paho buffers whatever is declared, up to MQTT's 256 MiB, before anything
+# sees it. Raised with `rq tail --max-packet-size` / RQ_MQTT_MAX_PACKET_SIZE.
+MAX_PACKET_SIZE = 16 * 1024 * 1024
+
+
+def too_large(where: str, declared: int, limit: int) -> ProtocolViolation:
+    return ProtocolViolation(
+        f"MQTT broker at {where} sent a packet of {declared} bytes, more than rq takes ({limit} bytes): "
+        "rq closed the connection; raise the limit with --max-packet-size or RQ_MQTT_MAX_PACKET_SIZE "
+        "if messages that large are expected"
+    )
+
+
+def _bounded_client(mqtt: Any, where: str, limit: int) -> Any:
+    """A paho client that checks a packet's declared length before reading its body: paho would
+    allocate and buffer all of it. MQTT 3.1.1 (what rq speaks) has no Maximum Packet Size for the
+    broker to honour, so the check is the client's."""
+    if not callable(getattr(mqtt.Client, "_sock_recv", None)) or not hasattr(mqtt.Client, "_packet_read"):
+        # the check hooks a private method: a paho that renamed it must not skip it silently
+        raise TopicError(
+            "this paho-mqtt has no Client._sock_recv: rq cannot bound its packets; use paho-mqtt 2.x"
+        )
+
+    class Bounded(mqtt.Client):
+        rq_broke: ProtocolViolation | None = None
+
+        def _sock_recv(self, bufsize: int) -> bytes:
+            packet = self._in_packet
+            if packet["have_remaining"] and packet["remaining_length"] > limit:
+                if self.rq_broke is None:
+                    self.rq_broke = too_large(where, packet["remaining_length"], limit)
+                # paho ends the connection on an OSError here (MQTT_ERR_CONN_LOST)
+                raise OSError(errno.EMSGSIZE, "packet too large")
+            data: bytes = super()._sock_recv(bufsize)
+            return data
+
+    return Bounded
+
+
+def _client(ref: Any, timeout: float, max_packet_size: int = MAX_PACKET_SIZE) -> Any:
     import paho.mqtt.client as mqtt
 
     host, port = ref.host, ref.port
     where = hostport(host, port)
     access = mqtt_access(ref.user, ref.password, ref.tls)
     ctx = tls_context(access)
-    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311, clean_session=True)
+    bounded = _bounded_client(mqtt, where, max_packet_size)
+    client = bounded(mqtt.CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv311, clean_session=True)
     if access.user is not None:
         client.username_pw_set(access.user, access.password)
     if ctx is not None:
@@ -72,6 +121,9 @@ def _client(ref: Any, timeout: float) -> Any:
         client.loop_stop()
         raise SourceUnreachable(f"MQTT broker at {where} did not answer CONNECT in {timeout:.0f} s")
     client.on_disconnect = client.on_log = None  # on_log would run for every message from here on
+    if client.rq_broke is not None:
+        client.loop_stop()
+        raise client.rq_broke
     if not result:
         client.loop_stop()
         raise _closed_before_connack(where, access, errors[0] if errors else "connection closed")
@@ -123,6 +175,7 @@ class MqttSource:
         connect_timeout: float = 5.0,
         qos: int = 1,
         retained: bool = True,
+        max_packet_size: int = MAX_PACKET_SIZE,
     ):
         """retained=False drops the retained messages the broker sends on subscribing (stale
         values kept from before: mosquitto_sub -R); kept, they carry the RETAINED header."""
@@ -133,7 +186,7 @@ class MqttSource:
         self.where = hostport(ref.host, ref.port)
         self.lost: list[str] = []  # why the broker connection dropped, once it has
         self.closing = False
-        self.client = _client(ref, connect_timeout)
+        self.client = _client(ref, connect_timeout, max_packet_size)
         subscribed = threading.Event()
         granted: list[Any] = []
 
@@ -142,6 +195,9 @@ class MqttSource:
             # tail would wait forever for messages the broker no longer sends us. Say so instead.
             if not self.closing:
                 self.lost.append(str(reason))
+                if self.client.rq_broke is not None:
+                    # paho would connect again and the broker send the same packet: stop here
+                    threading.Thread(target=self.client.disconnect, daemon=True).start()
 
         self.client.on_disconnect = on_disconnect
 
@@ -166,6 +222,8 @@ class MqttSource:
         # Wait for SUBACK so that whatever is published after this returns is seen.
         if not subscribed.wait(connect_timeout) or any(getattr(c, "is_failure", False) for c in granted):
             self.close()
+            if self.client.rq_broke is not None:
+                raise self.client.rq_broke
             raise SourceUnreachable(f"MQTT broker refused the subscription to {self.filter!r}")
 
     def first_offset(self) -> int:
@@ -195,6 +253,8 @@ class MqttSource:
             try:
                 first = self.queue.get(timeout=0.05)
             except queue.Empty:
+                if self.client.rq_broke is not None:
+                    raise self.client.rq_broke from None
                 if self.lost:  # only once what arrived before the loss is all out
                     raise SourceUnreachable(
                         f"lost the connection to the MQTT broker at {self.where}: {self.lost[0]}"
