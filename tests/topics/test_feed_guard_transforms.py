@@ -8,43 +8,17 @@ records reach the followed subject under another name (a transform)."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jskit import MakeStream, made_streams
-from rqtest import run_rq
+from jskit import MakeStream, follow_copy, made_streams, produce, refused_as_loop, values
 
 
 @pytest.fixture
 def stream(nats_url: str) -> Iterator[MakeStream]:
     with made_streams(nats_url, "h-guard") as make:
         yield make
-
-
-def _follow_copy(source: str, target: str, tmp_path: Path) -> subprocess.CompletedProcess[bytes]:
-    """A follow copying `source` into `target`; a loop ends at --count 20, else the quiet ends it."""
-    return run_rq(
-        "replay", source, "--from", "start", "-f", "--to-topic", target, "--count", "20", "--timeout", "2",
-        "-q", env={"RQ_TOPICS_DIR": str(tmp_path)}, timeout=30,
-    )  # fmt: skip
-
-
-def _refused(r: subprocess.CompletedProcess[bytes]) -> bool:
-    err = r.stderr.decode()
-    return r.returncode == 2 and "feeds what is being followed back into it" in err and err.count("\n") == 1
-
-
-def _values(url: str) -> list[bytes]:
-    r = run_rq("replay", url, "--from", "start", "--format", "raw")
-    assert r.returncode == 0, r.stderr
-    return r.stdout.splitlines()
-
-
-def _produce(url: str, data: bytes) -> None:
-    r = run_rq("produce", url, input=data)
-    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.integration
@@ -64,15 +38,15 @@ def test_a_subject_the_source_filters_out_is_no_loop(
             name=orig, subject_transforms=[SubjectTransform(src=f"{orig}.a", dest=f"{orig}.a")]
         )
     agg = stream(subjects=[], sources=[src])
-    _produce(f"{nats_url}/{orig}/{orig}.a", b"1\n2\n")
-    r = _follow_copy(f"{nats_url}/{agg}", f"{nats_url}/{orig}/{orig}.b", tmp_path)
+    produce(f"{nats_url}/{orig}/{orig}.a", b"1\n2\n")
+    r = follow_copy(f"{nats_url}/{agg}", f"{nats_url}/{orig}/{orig}.b", tmp_path)
     assert r.returncode == 0, r.stderr  # was: refused, exit 2
-    assert _values(f"{nats_url}/{orig}/{orig}.b") == [b"1", b"2"]
-    assert _refused(_follow_copy(f"{nats_url}/{agg}", f"{nats_url}/{orig}/{orig}.a", tmp_path))
+    assert values(f"{nats_url}/{orig}/{orig}.b") == [b"1", b"2"]
+    assert refused_as_loop(follow_copy(f"{nats_url}/{agg}", f"{nats_url}/{orig}/{orig}.a", tmp_path))
 
 
 @pytest.mark.integration
-def test_a_loop_through_the_streams_own_subject_transform_is_refused(
+def test_a_loop_through_the_streams_own_subject_transform_isrefused_as_loop(
     nats_url: str, stream: MakeStream, tmp_path: Path
 ) -> None:
     """EV stores what is published to EV.in as EV.out: following EV/EV.out while copying into
@@ -82,15 +56,15 @@ def test_a_loop_through_the_streams_own_subject_transform_is_refused(
     ev = stream(
         subjects=["{name}.in"], subject_transform=SubjectTransform(src="*.in", dest="{{wildcard(1)}}.out")
     )
-    _produce(f"{nats_url}/{ev}/{ev}.in", b"1\n")
-    assert _values(f"{nats_url}/{ev}/{ev}.out") == [b"1"]
-    r = _follow_copy(f"{nats_url}/{ev}/{ev}.out", f"{nats_url}/{ev}/{ev}.in", tmp_path)
-    assert _refused(r), r.stderr
-    assert _values(f"{nats_url}/{ev}") == [b"1"]  # nothing was copied
+    produce(f"{nats_url}/{ev}/{ev}.in", b"1\n")
+    assert values(f"{nats_url}/{ev}/{ev}.out") == [b"1"]
+    r = follow_copy(f"{nats_url}/{ev}/{ev}.out", f"{nats_url}/{ev}/{ev}.in", tmp_path)
+    assert refused_as_loop(r), r.stderr
+    assert values(f"{nats_url}/{ev}") == [b"1"]  # nothing was copied
 
 
 @pytest.mark.integration
-def test_a_loop_through_a_source_transform_is_refused(
+def test_a_loop_through_a_source_transform_isrefused_as_loop(
     nats_url: str, stream: MakeStream, tmp_path: Path
 ) -> None:
     """AGG sources ORIG.a as AGG.got.a: following AGG/AGG.got.a while copying into ORIG/ORIG.a is
@@ -100,12 +74,12 @@ def test_a_loop_through_a_source_transform_is_refused(
     orig = stream(subjects=["{name}.*"])
     moved = SubjectTransform(src=f"{orig}.*", dest="agg.got.$1")
     agg = stream(subjects=[], sources=[StreamSource(name=orig, subject_transforms=[moved])])
-    _produce(f"{nats_url}/{orig}/{orig}.a", b"1\n")
+    produce(f"{nats_url}/{orig}/{orig}.a", b"1\n")
     followed = f"{nats_url}/{agg}/agg.got.a"
-    r = _follow_copy(followed, f"{nats_url}/{orig}/{orig}.a", tmp_path)
-    assert _refused(r), r.stderr
-    assert _values(f"{nats_url}/{orig}") == [b"1"]  # nothing was copied
-    r = _follow_copy(followed, f"{nats_url}/{orig}/{orig}.b", tmp_path)
+    r = follow_copy(followed, f"{nats_url}/{orig}/{orig}.a", tmp_path)
+    assert refused_as_loop(r), r.stderr
+    assert values(f"{nats_url}/{orig}") == [b"1"]  # nothing was copied
+    r = follow_copy(followed, f"{nats_url}/{orig}/{orig}.b", tmp_path)
     assert r.returncode == 0, r.stderr
 
 

@@ -8,62 +8,31 @@ server sent on rq's connection (here 'maximum subscriptions exceeded', an accoun
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from jskit import own_nats_server
 from rqtest import run_rq
 
 from rqcli.exitcodes import ExitCode
 
-_CONF = """
-listen: 127.0.0.1:{port}
-jetstream {{ store_dir: "{store}" }}
-accounts {{
-  JS: {{ jetstream: enabled, users: [{{user: a, password: pa}}] }}
-  NOJS: {{ users: [{{user: b, password: pb}}] }}
-  LIM: {{ jetstream: enabled, limits: {{max_subs: 1}}, users: [{{user: c, password: pc}}] }}
-}}
+_ACCOUNTS = """
+accounts {
+  JS: { jetstream: enabled, users: [{user: a, password: pa}] }
+  NOJS: { users: [{user: b, password: pb}] }
+  LIM: { jetstream: enabled, limits: {max_subs: 1}, users: [{user: c, password: pc}] }
+}
 """
-
-
-def _free_port() -> int:
-    """A free port in 23100-23199 (the range this file's servers may use)."""
-    for port in range(23100, 23200):
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) != 0:
-                return port
-    raise RuntimeError("no free port in 23100-23199")
-
-
-def _wait_for(port: int) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.02)
+_PORTS = range(23100, 23200)  # the range this file's servers may use
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[str]:
     """host:port of a nats-server with three accounts: JS (JetStream), NOJS (none), LIM (JetStream,
     at most one subscription per connection)."""
-    binary = shutil.which("nats-server") or str(Path(__file__).parents[2] / ".venv/bin/nats-server")
-    port = _free_port()
-    conf = tmp_path / "nats.conf"
-    conf.write_text(_CONF.format(port=port, store=tmp_path / "js"))
-    proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_for(port)
-        yield f"127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with own_nats_server(tmp_path, _PORTS, config=_ACCOUNTS) as url:
+        yield url.removeprefix("nats://")
 
 
 @pytest.mark.integration
@@ -92,16 +61,7 @@ def test_a_server_error_on_rqs_connection_is_a_failure_not_unreachable(server: s
 @pytest.mark.integration
 def test_a_server_without_jetstream_says_so(tmp_path: Path) -> None:
     """A control: a server started without -js is still 'not enabled on the server', exit 6."""
-    binary = shutil.which("nats-server") or str(Path(__file__).parents[2] / ".venv/bin/nats-server")
-    port = _free_port()
-    proc = subprocess.Popen(
-        [binary, "-a", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        _wait_for(port)
-        r = run_rq("replay", f"nats://127.0.0.1:{port}/S", env={"RQ_TOPICS_DIR": str(tmp_path)})
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with own_nats_server(tmp_path, _PORTS, jetstream=False) as url:
+        r = run_rq("replay", f"{url}/S", env={"RQ_TOPICS_DIR": str(tmp_path / "topics")})
     assert r.returncode == ExitCode.UNREACHABLE, r.stderr
     assert b"not enabled" in r.stderr, r.stderr

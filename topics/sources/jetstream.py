@@ -58,7 +58,7 @@ from topics.sources.natswire import (
     too_large,
     violation,
 )
-from topics.sources.subjects import subject_matches, subjects_overlap, transformed
+from topics.sources.subjects import is_wildcard, subject_matches, subjects_overlap, transformed
 
 # A permissions error as nats-py hands it over (lower-cased), and the upper-case tokens of the
 # JetStream API subjects it may name ($JS.API.STREAM.INFO.<stream>, ...).
@@ -733,7 +733,11 @@ class JetStreamSource:
         server_id, and the stream that captures the target's subject), not by how the two URLs
         spell the server or name the stream; and by the subject each record has on its way: the
         capturing stream's own subject transform, the filter and subject transforms of each mirror
-        or source that copies it on (however far), and this source's subject filter at the end."""
+        or source that copies it on (however far), each stream's republish (a stored message
+        published again under another subject, stored by whichever stream captures that), and
+        this source's subject filter at the end. Where a republished subject's stream cannot be
+        worked out (rq may not list or look at the streams), the answer is yes: a loop is refused
+        rather than risked."""
         subject = target.subject or target.stream
         conn = _Conn(target, self.conn.connect_timeout)
         try:
@@ -743,39 +747,97 @@ class JetStreamSource:
             conn.close()
         if landing is None:
             return False
-        return any(
-            not self.subject or subjects_overlap(self.subject, arrives)
-            for arrives in self._arrives_as(landing, subject)
-        )
+        arrives = self._arrives_as(landing, subject)
+        if arrives is None:
+            return True
+        return any(not self.subject or subjects_overlap(self.subject, a) for a in arrives)
+
+    def _streams(self) -> tuple[dict[str, Any], bool]:
+        """Every stream's config in the account by name, and True; where rq may not list them,
+        this stream's and those upstream of it (_upstream), and False."""
+        import nats.js.errors
+
+        found: dict[str, Any] = {}
+        offset = 0
+        try:
+            while True:
+                page = self.conn.run(self.conn.js.streams_info(offset=offset))
+                if not page:
+                    return found, True
+                offset += len(page)
+                found.update((i.config.name, i.config) for i in page)
+        except (AccessDenied, nats.js.errors.APIError):
+            return self._upstream(), False
 
     def _upstream(self) -> dict[str, Any]:
         """This stream's config and those of the streams it mirrors or sources, and theirs,
         however far back, by name. Each stream is looked at once (sources may form a ring); one of
         another account or domain (external), one that does not exist, and one this user may not
         look at cannot be followed further."""
-        import nats.js.errors
-
         configs = {self.conn.stream: self.conn.stream_info().config}
         todo = [self.conn.stream]
         while todo:
             for src in _feeds(configs[todo.pop()]):
                 if src.external or src.name in configs:
                     continue
-                try:
-                    configs[src.name] = self.conn.run(self.conn.js.stream_info(src.name)).config
-                except (nats.js.errors.NotFoundError, AccessDenied):
-                    continue
-                todo.append(src.name)
+                config = self._config(src.name)
+                if config is not None:
+                    configs[src.name] = config
+                    todo.append(src.name)
         return configs
 
-    def _arrives_as(self, landing: str, subject: str) -> set[str]:
+    def _config(self, name: str) -> Any | None:
+        """A stream's config; None where it does not exist or this user may not look at it."""
+        import nats.js.errors
+
+        try:
+            return self.conn.run(self.conn.js.stream_info(name)).config
+        except (nats.js.errors.NotFoundError, AccessDenied):
+            return None
+
+    def _republished(self, config: Any, subject: str) -> list[str]:
+        """The subjects a message stored under `subject` in a stream is published again under
+        (its republish: src filters, dest is the new subject, transformed as a subject transform)."""
+        rp = getattr(config, "republish", None)
+        if rp is None or not rp.dest:
+            return []
+        return transformed(rp.src or ">", rp.dest, subject)
+
+    def _captured(self, subject: str, configs: dict[str, Any], complete: bool) -> list[str] | None:
+        """The streams that store a core publish to `subject` (None: rq cannot tell). With every
+        stream's config at hand, those whose subjects overlap it; else the server's answer for a
+        literal subject, its config looked up and kept in `configs`."""
+        if complete:
+            return [
+                n for n, c in configs.items() if any(subjects_overlap(p, subject) for p in c.subjects or ())
+            ]
+        if is_wildcard(subject):
+            return None
+        try:
+            name = self.conn.capturing_stream(subject)
+        except TopicError:
+            return None
+        if name is None:
+            return []
+        if name not in configs:
+            config = self._config(name)
+            if config is None:
+                return None
+            configs[name] = config
+        return [name]
+
+    def _arrives_as(self, landing: str, subject: str) -> set[str] | None:
         """The subjects a message published to `subject` (stored in stream `landing`) has once it
-        is in this stream (none: it never gets here): walked forward from `landing` through the
-        mirrors and sources between the two, each one's filter and transforms applied, then the
-        receiving stream's own subject transform."""
-        configs = self._upstream()
+        is in this stream (none: it never gets here; None: rq cannot tell): walked forward from
+        `landing` through the mirrors and sources on the way, each one's filter and transforms
+        applied, each receiving stream's own subject transform, and each stream's republish into
+        the stream that captures the republished subject."""
+        configs, complete = self._streams()
         if landing not in configs:
-            return set()
+            config = self._config(landing)
+            if config is None:
+                return set()
+            configs[landing] = config
         seen: set[tuple[str, str]] = set()
         todo = [(landing, s) for s in _ingest(configs[landing], subject)]
         while todo:
@@ -783,10 +845,15 @@ class JetStreamSource:
             if (stream, subj) in seen:
                 continue
             seen.add((stream, subj))
-            for name, config in configs.items():
+            for name, config in list(configs.items()):
                 for src in _feeds(config):
                     if src.name == stream and not src.external:
                         todo.extend((name, t) for s in _sourced(src, subj) for t in _ingest(config, s))
+            for again in self._republished(configs[stream], subj):
+                takers = self._captured(again, configs, complete)
+                if takers is None:
+                    return None
+                todo.extend((name, t) for name in takers for t in _ingest(configs[name], again))
         return {subj for stream, subj in seen if stream == self.conn.stream}
 
     # -- reading --------------------------------------------------------------------------------
