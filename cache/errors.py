@@ -45,6 +45,13 @@ class OriginError(CacheError):
     """The origin answered with an error that retries did not cure (5xx, throttling, bad reply)."""
 
 
+class MisbehavingStoreError(OriginError):
+    """The store answered in a way S3 never does (a listing that repeats its own continuation
+    token, a reply without an ETag): retrying or re-running meets the same reply. `hint` says so."""
+
+    hint = "the store (or a proxy in front of it) is misbehaving; a re-run would meet the same reply"
+
+
 class VerifyError(CacheError):
     """Data did not match its size, checksum or recorded digest."""
 

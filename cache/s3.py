@@ -28,6 +28,7 @@ from cache.errors import (
     CacheError,
     ChangedError,
     FileSystemFullError,
+    MisbehavingStoreError,
     NotFoundError,
     OriginError,
     UnreachableError,
@@ -181,7 +182,11 @@ def map_error(
         return err
     if any(s in name for s in ("SOCKET", "DNS", "CONNECTION", "TIMEOUT", "HOST", "CLOSED", "TLS")):
         return UnreachableError(f"cannot reach {endpoint} ({name})")
-    return OriginError(f"{what}: {name} {error}")
+    text = str(error or "").strip()
+    if "INTERNAL_ERROR" in name:
+        # the CRT's own retries of 5xx ran out; its text repeats its name ("X X: …")
+        return OriginError(f"{what}: the store kept answering with an internal error (5xx, {name})")
+    return OriginError(f"{what}: {text if text.startswith(name) else f'{name} {text}'.strip()}")
 
 
 def _content_length(headers: list[tuple[str, str]]) -> int:
@@ -200,6 +205,19 @@ def _silent(what: str, endpoint: str, ticket: Ticket, kind: type[CacheError]) ->
     )
     err.lost_connection = True  # type: ignore[attr-defined]
     err.throttled = False  # type: ignore[attr-defined]
+    return err
+
+
+def no_etag(method: str, what: str, endpoint: str, status: int, content_type: str | None) -> CacheError:
+    """A 2xx reply to an object's GET or HEAD without an ETag: not an S3 object."""
+    kind = f", Content-Type {content_type}" if content_type else ""
+    err = MisbehavingStoreError(
+        f"{endpoint} answered the {method} of {what} with HTTP {status}{kind} and no ETag, which S3 "
+        "always sends: not the object (an error page of a proxy in front of the store?); nothing cached"
+    )
+    # an answer, not silence: Cache.open must not serve a stale copy in its place (nor retry it
+    # as a lost connection)
+    err.status = status  # type: ignore[attr-defined]
     return err
 
 
@@ -440,10 +458,13 @@ class S3:
 
     def head(self, bucket: str, key: str) -> tuple[int, str, str | None, list[tuple[str, str]]]:
         """(size, etag, version id, all headers incl. x-amz-checksum-* for the whole object)."""
-        _, headers, _ = self._call("HeadObject", "HEAD", bucket, key, checksum_mode=True)
+        status, headers, _ = self._call("HeadObject", "HEAD", bucket, key, checksum_mode=True)
         h = {k.lower(): v for k, v in headers}
+        etag = h.get("etag", "").strip('"')
+        if not etag:
+            raise no_etag("HEAD", f"s3://{bucket}/{key}", self.endpoint_text, status, h.get("content-type"))
         size = int(h.get("content-length", 0))
-        return size, h.get("etag", "").strip('"'), h.get("x-amz-version-id"), headers
+        return size, etag, h.get("x-amz-version-id"), headers
 
     def get(
         self,
@@ -469,6 +490,7 @@ class S3:
         tls = self.tls
 
         ticket = self.watchdog.watch()
+        answer: list[tuple[int, str | None]] = []  # (status, Content-Type) of a 2xx without an ETag
 
         def _progress(progress: int, **_: Any) -> None:
             ticket.alive()
@@ -481,6 +503,9 @@ class S3:
             if tls is not None:
                 tls.passed()  # an answer is coming over TLS
             if status_code < 300:
+                if not any(n.lower() == "etag" and v.strip('"') for n, v in headers):
+                    kind = next((v for n, v in headers if n.lower() == "content-type"), None)
+                    answer.append((status_code, kind))
                 on_headers(headers)
 
         def _done(error: BaseException | None = None, status_code: int | None = None, **kw: Any) -> None:
@@ -491,7 +516,9 @@ class S3:
                 on_done(_silent(what, endpoint, ticket, OriginError))  # retried, like a lost connection
                 return
             if error is None:
-                on_done(None)
+                # S3 sends an ETag with every object; a 200 without one is someone else's page
+                # (a proxy's HTML error, a captive portal) and must not be cached as the object
+                on_done(no_etag("GET", what, endpoint, *answer[0]) if answer else None)
                 return
             on_done(map_error_safely("GetObject", what, error, status_code, kw.get("error_body"), endpoint))
 
@@ -563,11 +590,15 @@ class Listing:
         try:
             items, token = parse_list_page(body)
         except Exception as exc:  # (on a CRT thread: the reader must hear back, not wait forever)
-            self._pages.put(([], OriginError(f"s3://{self._bucket}: unreadable listing ({exc})"), True))
+            # a listing that cannot be read stops the run (exit 6): ending it there would cache
+            # part of the prefix and report success
+            error = OriginError(f"s3://{self._bucket}/{self._prefix}: unreadable listing ({exc})")
+            self._pages.put(([], error, True))
             return
         if token in self._tokens:
-            error = OriginError(
-                f"s3://{self._bucket}: the listing repeats itself (continuation token seen before)"
+            error = MisbehavingStoreError(
+                f"s3://{self._bucket}/{self._prefix}: the store is misbehaving: its listing repeats "
+                "itself (a continuation token it gave before), so a re-run would list the same pages"
             )
             self._pages.put((items, error, True))
             return
@@ -620,6 +651,10 @@ def parse_list_page(body: bytes) -> tuple[list[Item], str | None]:
     """One ListObjectsV2 reply: its objects, and the token of the next page (None on the last)."""
     root = ET.fromstring(body)
     ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+    if root.tag[len(ns) :] != "ListBucketResult":
+        # a proxy's or gateway's HTML error page with 200 is well-formed XML too: taken as a page,
+        # it listed nothing and ended the listing (a prefix cached in part, exit 0)
+        raise ValueError(f"a <{root.tag[len(ns) :][:40]}> document, not a ListBucketResult")
     items: list[Item] = [
         (
             urllib.parse.unquote_plus(item.findtext(f"{ns}Key") or ""),
@@ -631,7 +666,12 @@ def parse_list_page(body: bytes) -> tuple[list[Item], str | None]:
     ]
     if (root.findtext(f"{ns}IsTruncated") or "false").lower() != "true":
         return items, None
-    return items, root.findtext(f"{ns}NextContinuationToken") or None
+    token = root.findtext(f"{ns}NextContinuationToken")
+    if not token:
+        # more to come and no way to ask for it: taken as the last page, the rest of the prefix
+        # was silently left out
+        raise ValueError("IsTruncated is true but there is no NextContinuationToken")
+    return items, token
 
 
 def target(netloc: str, base_path: str, custom_endpoint: bool, bucket: str, key: str) -> tuple[str, str]:
