@@ -50,6 +50,7 @@ from cache.store import (
     FILES_PER_OBJECT,
     FILES_TO_PUBLISH,
     HoldSpec,
+    OverCapError,
     Store,
     fs_need,
     fs_room,
@@ -281,6 +282,7 @@ class Fetcher:
         self._lost_in_a_row = 0  # objects failed on a dropped connection since one last landed
         self._held_bytes = 0  # bytes reserved by this run for work not yet landed
         self.starved = False  # the tier budget is spent by our own work in flight
+        self._over_cap: list[tuple[Job, OverCapError]] = []  # refused by _admit: failed by run()
         self._body_bytes = 0  # sizes of whole-object requests in flight whose origin holds bodies
         self._demoted = 0  # asked for in RAM, on disk: the RAM file system was full (FetchResult.demoted)
 
@@ -377,6 +379,8 @@ class Fetcher:
                         except CacheError as exc:
                             fatal = exc
                             self._drop_unstarted(requests)
+                        while self._over_cap:
+                            self._refuse(*self._over_cap.pop(), result)
                         continue
                 if (
                     inflight == 0
@@ -538,17 +542,19 @@ class Fetcher:
         if not batch:
             return []
         tier = self._tier(batch[0])
-        cap = self.store.caps[tier]
         new = [j for j in batch if not j.hold]
-        # Space this run holds for work in flight may not pass half the cap: the rest stays free for
-        # landed entries (which can be evicted) so a small cap never fills with our own reservations.
-        budget = cap // 2 - self._held_bytes
-        while new and sum(j.info.size for j in new) > budget and (len(new) > 1 or self._held_bytes > 0):
-            back = new.pop()
-            batch.remove(back)
-            ready.appendleft(back)
-            self.starved = True  # admit nothing more until something lands
-        if new:
+        while new:
+            # Space this run holds for work in flight may not pass half the cap: the rest stays free
+            # for landed entries (which can be evicted) so a small cap never fills with our own
+            # reservations. (The cap as reserve() last read it: another process may lower it.)
+            budget = self.store.caps[tier] // 2 - self._held_bytes
+            while new and sum(j.info.size for j in new) > budget and (len(new) > 1 or self._held_bytes > 0):
+                back = new.pop()
+                batch.remove(back)
+                ready.appendleft(back)
+                self.starved = True  # admit nothing more until something lands
+            if not new:
+                break
             try:
                 holds = self.store.reserve(
                     tier,
@@ -557,6 +563,18 @@ class Fetcher:
                     # this loop runs, so give up at once and retry after the next landing
                     patience=0.0 if self._held_bytes else 10.0,
                 )
+            except OverCapError as exc:
+                if exc.count > 1:
+                    continue  # a lower cap set meanwhile by another rq: smaller batches, not a stop
+                if new[0].demoted:
+                    raise self._nowhere(new[0], exc) from exc
+                # one object bigger than the cap another rq set since it was planned: it fails
+                # alone (no_space), as planning fails one bigger than the cap it knew
+                batch.remove(new[0])
+                self._over_cap.append((new[0], exc))
+                self.starved = False  # (what was put back waited for it: nothing of it will land)
+                new = []
+                holds = []
             except CacheFullError as exc:
                 if self._held_bytes == 0 and new[0].demoted:
                     raise self._nowhere(new[0], exc) from exc
@@ -572,6 +590,7 @@ class Fetcher:
             for job, hid in zip(new, holds, strict=True):
                 job.hold = hid
                 self._held_bytes += job.info.size
+            break
         started = []
         for job in batch:
             ranges = piece_ranges(job.info.size, PIECE_SIZE) if job.big else []
@@ -747,6 +766,12 @@ class Fetcher:
         self.on_event(ev.Retrying(job.info.url, job.attempts, delay, str(err)))
         heapq.heappush(delayed, (time.monotonic() + delay, next(self._seq), job))
         return fatal
+
+    def _refuse(self, job: Job, err: CacheFullError, result: FetchResult) -> None:
+        job.finish()
+        failure = ev.Failed(job.info.url, error_kind(err), f"{err}; raise --{self._tier(job)}-limit")
+        result.failed.append(failure)
+        self.on_event(failure)
 
     def _tier(self, job: Job) -> str:
         return job.tier or self.tier

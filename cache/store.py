@@ -39,6 +39,16 @@ class HoldSpec:
     url: str | None
 
 
+class OverCapError(CacheFullError):
+    """What a reservation asked for is more than the whole cap. For a batch this is no reason to
+    stop: another process may have lowered the cap since the batch was sized, so the caller sizes
+    it again from `cap` (the cap just read)."""
+
+    def __init__(self, message: str, cap: int, count: int):
+        super().__init__(message)
+        self.cap, self.count = cap, count
+
+
 def _try_lock(path: Path, operation: int) -> int | None:
     """An fd holding `operation` (LOCK_EX or LOCK_SH) on `path`; -1 when the file is already gone;
     None when another process holds a lock in the way."""
@@ -197,8 +207,10 @@ class Store:
                 # SQLite transactions per object (~4% of a preload of many small files)
                 cap = self._cap_in(db, tier)
                 if need > cap:
-                    raise CacheFullError(
-                        f"{tier} tier cap is {format_size(cap)}; {format_size(need)} cannot fit even in an empty tier"
+                    raise OverCapError(
+                        f"{tier} tier cap is {format_size(cap)}; {format_size(need)} cannot fit even in an empty tier",
+                        cap,
+                        len(specs),
                     )
                 used = Index.used(db, tier)
                 if used + need <= cap:
