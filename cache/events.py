@@ -75,7 +75,17 @@ class Demoted:
     reason: str  # the file system error that kept it out of RAM
 
 
-Event = Planned | WouldFetch | Progress | Landed | Failed | Retrying | ServedStale | Demoted
+@dataclass(frozen=True)
+class Ignored:
+    """A key the store listed that is not one of the source's objects: outside the prefix asked
+    for, or listed a second time. S3 sends neither; it is not fetched (a store or proxy that
+    misbehaves). The first few of each source are reported; `PreloadResult.ignored` counts all."""
+
+    url: str
+    reason: str
+
+
+Event = Planned | WouldFetch | Progress | Landed | Failed | Retrying | ServedStale | Demoted | Ignored
 EventSink = Callable[[Event], None]
 
 

@@ -60,6 +60,9 @@ class S3Origin:
     def __init__(self, bucket: str, prefix: str, settings: S3Settings):
         self.bucket, self.prefix, self.settings = bucket, prefix, settings
         self._client: S3 | None = None
+        # told of each key the listing gave that is not this source's object (outside the
+        # prefix, or listed twice)
+        self.on_ignored: Callable[[str, str], None] = lambda url, why: None
 
     @property
     def client(self) -> S3:
@@ -85,10 +88,29 @@ class S3Origin:
         # the prefix `a//`. Such keys are kept as listed (never rewritten), and are relative to
         # the prefix as the store read it, so --include/--exclude and names see `b`, not `a/b`
         merged = _MERGED_SLASHES.sub("/", prefix)
+        # keys listed lately: a store that lists a key twice (a page handed out again under a new
+        # token) must not have it fetched and counted twice. Two pages' worth, not every key: a
+        # listing of millions must not grow a set of them all (issue 3: memory stays bounded)
+        recent: set[str] = set()
+        older: set[str] = set()
         for key, size, etag, vid in items:
             if key.endswith("/") and size == 0:
                 continue  # a "folder" marker, not data
-            prefix = self.prefix if key.startswith(self.prefix) else merged
+            if key.startswith(self.prefix):
+                prefix = self.prefix
+            elif key.startswith(merged):
+                prefix = merged
+            else:
+                # S3 lists only keys under the prefix asked for: such a key is the store's (or a
+                # proxy's) mistake, and not what the source names
+                self._ignore(key, f"listed for s3://{self.bucket}/{self.prefix} but outside it")
+                continue
+            if key in recent or key in older:
+                self._ignore(key, "listed twice by the store")
+                continue
+            recent.add(key)
+            if len(recent) >= 2000:
+                older, recent = recent, set()
             if not exact:
                 rel = key[len(prefix) :].lstrip("/")
             elif key == prefix:
@@ -98,6 +120,9 @@ class S3Origin:
             else:
                 continue  # a sibling that only shares the name's first characters
             yield ObjectInfo(f"s3://{self.bucket}/{key}", rel or key, size, s3_version(etag, size, vid), etag)
+
+    def _ignore(self, key: str, why: str) -> None:
+        self.on_ignored(f"s3://{self.bucket}/{key}", why)
 
     def stat(self, url: str) -> ObjectInfo:
         bucket, key = split_s3_url(url)

@@ -44,12 +44,17 @@ class PreloadResult:
     # and evicting RAM entries could not make room, so they landed on disk, or (cached there
     # already) stayed there (events.Demoted, one per object)
     demoted_full: int = 0
+    # keys the store listed outside a source's prefix, or twice: not fetched (events.Ignored for
+    # the first IGNORED_REPORTED, all counted here)
+    ignored: int = 0
 
     @property
     def mb_per_s(self) -> float:
         return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
 
 
+# a store that ignores the prefix may list a whole bucket: an event for each key would be a flood
+IGNORED_REPORTED = 10
 PAGE = 1000  # objects handed to the fetcher at once: one ListObjectsV2 page
 
 
@@ -128,6 +133,7 @@ def pages(
     workers: int,
     stopped: Callable[[], bool] = lambda: False,
     skip_dirs: frozenset[tuple[int, int]] = frozenset(),
+    on_ignored: Callable[[str, str], None] | None = None,
 ) -> Iterator[Page]:
     """Every source's objects that pass the filters, each once, up to PAGE at a time. Local
     sources do not descend into `skip_dirs` ((st_dev, st_ino): the cache's own directories).
@@ -142,6 +148,8 @@ def pages(
         if isinstance(origin, LocalOrigin):
             origin.workers = min(workers, 32)
             origin.skip_dirs = skip_dirs
+        elif on_ignored is not None:
+            origin.on_ignored = on_ignored
         listed = _listed(source, origin)
         first = next(listed, None)
         if first is None:
@@ -350,8 +358,22 @@ def run_preload(
     # a cache dir inside a local source must not cache itself (its index changes as it is copied)
     own_dirs = frozenset(d for d in map(_dir_id, (cache.root, cache.layout.ram_root)) if d)
 
-    def listing(stopped: Callable[[], bool] = lambda: False) -> Iterator[Page]:
-        return pages(sources, cache.s3_settings, include, exclude, workers, stopped, own_dirs)
+    def ignored(url: str, why: str) -> None:
+        result.ignored += 1
+        if result.ignored <= IGNORED_REPORTED:
+            on_event(ev.Ignored(url, why))
+
+    def listing(stopped: Callable[[], bool] = lambda: False, report: bool = True) -> Iterator[Page]:
+        return pages(
+            sources,
+            cache.s3_settings,
+            include,
+            exclude,
+            workers,
+            stopped,
+            own_dirs,
+            ignored if report else None,
+        )
 
     fetcher = Fetcher(
         state.store, cache.layout, tier, workers, on_event, durable=cache.durable, batch_sync=True
@@ -381,14 +403,14 @@ def run_preload(
     return result
 
 
-def _fits(listing: Callable[[Callable[[], bool]], Iterator[Page]], cap: int) -> bool:
+def _fits(listing: Callable[[Callable[[], bool], bool], Iterator[Page]], cap: int) -> bool:
     """Whether the sources' objects together fit in `cap` bytes; stops listing once they do not."""
     total = 0
 
     def over() -> bool:
         return total > cap
 
-    for page in listing(over):
+    for page in listing(over, False):  # (what the listing ignores is reported by the run's own)
         total += sum(info.size for info, _ in page)
     return not over()
 
