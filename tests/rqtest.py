@@ -9,8 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,30 @@ def popen_rq(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[
         stderr=subprocess.PIPE,
         env={**os.environ, **(env or {})},
     )
+
+
+def wait_or_fail(proc: subprocess.Popen[bytes], timeout: float, still: str) -> int:
+    """The process's exit status; one still running after `timeout` s is killed and the test
+    fails saying `still` (what it was still doing that it should not)."""
+    import pytest
+
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(still)
+
+
+def recv_exactly(conn: Any, n: int) -> bytes:
+    """`n` bytes from a socket; EOFError when the peer closes first."""
+    buf = b""
+    while len(buf) < n:
+        got = conn.recv(n - len(buf))
+        if not got:
+            raise EOFError
+        buf += got
+    return buf
 
 
 def read_lines(proc: subprocess.Popen[bytes], lines: list[bytes]) -> None:
@@ -180,9 +204,11 @@ def random_files(directory: Path, count: int, size: int, prefix: str = "", suffi
 
 
 @contextmanager
-def silent_server() -> Iterator[int]:
-    """A TCP port that accepts connections and never says a word: a hung server, a half-dead
-    proxy or port-forward, a wrong port. Yields the port."""
+def serving(serve: Callable[[Any, Any], None] | None = None) -> Iterator[int]:
+    """Accepts TCP connections on an ephemeral loopback port and yields the port. With `serve`,
+    `serve(conn, done)` runs in a thread per connection (`done`: a threading.Event set at the end);
+    without, connections are held open and never said a word to. Every connection is closed at the
+    end."""
     import socket
     import threading
 
@@ -194,9 +220,12 @@ def silent_server() -> Iterator[int]:
     def accept() -> None:
         while not done.is_set():
             try:
-                held.append(srv.accept()[0])
+                conn = srv.accept()[0]
             except OSError:
-                pass
+                continue
+            held.append(conn)
+            if serve is not None:
+                threading.Thread(target=serve, args=(conn, done), daemon=True).start()
 
     t = threading.Thread(target=accept, daemon=True)
     t.start()
@@ -206,8 +235,17 @@ def silent_server() -> Iterator[int]:
         done.set()
         t.join()
         for c in held:
-            c.close()
+            with suppress(OSError):
+                c.close()
         srv.close()
+
+
+@contextmanager
+def silent_server() -> Iterator[int]:
+    """A TCP port that accepts connections and never says a word: a hung server, a half-dead
+    proxy or port-forward, a wrong port. Yields the port."""
+    with serving() as port:
+        yield port
 
 
 def js_call(url: str, fn: Any) -> Any:

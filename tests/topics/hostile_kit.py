@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import orjson
+from rqtest import recv_exactly, serving
 
 INFO = {
     "server_id": "HOSTILE",
@@ -89,37 +90,6 @@ NatsAnswer = Callable[[socket.socket, str, bytes, bytes, Hostile], bool]
 
 
 @contextlib.contextmanager
-def _serving(serve: Callable[[socket.socket, threading.Event], None]) -> Iterator[int]:
-    """Accepts on an ephemeral loopback port, `serve(conn, done)` in a thread per connection;
-    yields the port. At the end every connection is closed."""
-    srv = socket.create_server(("127.0.0.1", 0))
-    srv.settimeout(0.2)
-    done = threading.Event()
-    conns: list[socket.socket] = []
-
-    def accept() -> None:
-        while not done.is_set():
-            try:
-                conn = srv.accept()[0]
-            except OSError:
-                continue
-            conns.append(conn)
-            threading.Thread(target=serve, args=(conn, done), daemon=True).start()
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    try:
-        yield srv.getsockname()[1]
-    finally:
-        done.set()
-        t.join()
-        for c in conns:
-            with contextlib.suppress(OSError):
-                c.close()
-        srv.close()
-
-
-@contextlib.contextmanager
 def fake_nats(answer: NatsAnswer, info: dict[str, object] | None = None) -> Iterator[Hostile]:
     """A NATS server that greets like a real one (INFO, PONG to PING, +OK nothing) and hands every
     request (PUB/HPUB with a reply) to `answer`, with the sid of the client's last SUB."""
@@ -147,7 +117,7 @@ def fake_nats(answer: NatsAnswer, info: dict[str, object] | None = None) -> Iter
                     if has_reply and answer(conn, parts[1].decode(), parts[2], sid, seen):
                         return
 
-    with _serving(serve) as port:
+    with serving(serve) as port:
         seen.port = port
         yield seen
 
@@ -177,13 +147,7 @@ def _mqtt_packet(conn: socket.socket) -> tuple[int, bytes]:
         mult *= 128
         if not b & 128:
             break
-    body = b""
-    while len(body) < n:
-        chunk = conn.recv(n - len(body))
-        if not chunk:
-            raise EOFError
-        body += chunk
-    return head[0], body
+    return head[0], recv_exactly(conn, n)
 
 
 @contextlib.contextmanager
@@ -203,6 +167,6 @@ def fake_mqtt(declared: int) -> Iterator[Hostile]:
             head = b"\x30" + remaining_length(declared) + struct.pack("!H", len(topic)) + topic
             push(conn, head + (b"\x00" if v5 else b""), seen)
 
-    with _serving(serve) as port:
+    with serving(serve) as port:
         seen.port = port
         yield seen

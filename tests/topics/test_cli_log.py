@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from rqtest import popen_rq, read_lines, rq_command, run_rq
+from rqtest import popen_rq, read_lines, rq_command, run_rq, wait_or_fail
 
 from topics.embedded.log import LogWriter
 
@@ -457,12 +457,7 @@ def test_a_stop_signal_during_a_stalled_write_commits_what_was_written_and_exits
     # never: rq ran on until the reader left, then exited 0 with nothing committed.
     proc = _replay_into_a_stalled_pipe(env, "st", fmt)
     proc.send_signal(signal.SIGTERM)
-    try:
-        rc = proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        pytest.fail("rq replay --commit kept running after SIGTERM while its stdout was stalled")
+    rc = wait_or_fail(proc, 30, "rq replay --commit kept running after SIGTERM while its stdout was stalled")
     assert rc == 130
     assert proc.stdout is not None
     delivered = 50 + proc.stdout.read().count(b"\n")
