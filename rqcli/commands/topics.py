@@ -117,42 +117,43 @@ def library_errors() -> Iterator[None]:
     """The topics library's exceptions -> one line and the documented exit code."""
     try:
         yield
-    except SpecError as exc:
-        raise CliError(str(exc), ExitCode.USAGE) from None
-    except SpecFileNotFound as exc:
-        raise CliError(str(exc), ExitCode.NOT_FOUND, hint="name the file that --save-spec wrote") from None
-    except TopicNotFound as exc:
-        raise CliError(
-            str(exc), ExitCode.NOT_FOUND, hint="check the name, or create it with `rq produce`"
-        ) from None
-    except SourceUnreachable as exc:
+    except TopicError as exc:
+        raise cli_error(exc) from None
+
+
+def cli_error(exc: TopicError) -> CliError:
+    """A topics library exception as the one line and exit code rq stops with."""
+    if isinstance(exc, SpecError):
+        return CliError(str(exc), ExitCode.USAGE)
+    if isinstance(exc, SpecFileNotFound):
+        return CliError(str(exc), ExitCode.NOT_FOUND, hint="name the file that --save-spec wrote")
+    if isinstance(exc, TopicNotFound):
+        return CliError(str(exc), ExitCode.NOT_FOUND, hint="check the name, or create it with `rq produce`")
+    if isinstance(exc, SourceUnreachable):
         # JetStream missing for the account: the line says what to change; the server is running
         missing = isinstance(exc, NoResponders)
-        raise CliError(
+        return CliError(
             str(exc),
             ExitCode.UNREACHABLE,
             hint=None if missing else "is the server running and the URL right?",
-        ) from None
-    except AccessDenied as exc:
-        raise CliError(
+        )
+    if isinstance(exc, AccessDenied):
+        return CliError(
             str(exc),
             ExitCode.AUTH,
             hint=_CREDENTIALS_HINT.get(exc.server) if exc.credentials else None,
-        ) from None
-    except (CorruptRecord, DamagedGroup) as exc:
-        raise CliError(str(exc), ExitCode.VERIFY) from None
-    except DigestMismatch as exc:
-        raise CliError(str(exc), ExitCode.VERIFY) from None
-    except Unsupported as exc:
-        raise CliError(str(exc), ExitCode.UNSUPPORTED) from None
-    except RecordTooLarge as exc:
-        raise CliError(str(exc), ExitCode.USAGE, hint="split it into smaller records") from None
-    except WriterBusy as exc:
-        raise CliError(
+        )
+    if isinstance(exc, CorruptRecord | DamagedGroup | DigestMismatch):
+        return CliError(str(exc), ExitCode.VERIFY)
+    if isinstance(exc, Unsupported):
+        return CliError(str(exc), ExitCode.UNSUPPORTED)
+    if isinstance(exc, RecordTooLarge):
+        return CliError(str(exc), ExitCode.USAGE, hint="split it into smaller records")
+    if isinstance(exc, WriterBusy):
+        return CliError(
             str(exc), ExitCode.FAILURE, hint="one writer per topic: wait for the other `rq produce`"
-        ) from None
-    except TopicError as exc:
-        raise CliError(str(exc), ExitCode.FAILURE) from None
+        )
+    return CliError(str(exc), ExitCode.FAILURE)
 
 
 def _ref(topic: str, tdir: Path | None) -> TopicRef:
@@ -493,19 +494,20 @@ def _emitters(
     """keep_time: `tail --record` captures records with their own (arrival) times; `replay
     --to-topic` republishes them as new traffic, stamped when appended. With `stops`, a Ctrl-C or
     SIGTERM waits for the records being written out, which then count as consumed. `copied`
-    counts what the sink stored."""
+    counts what the sink stored. The sink comes first: stdout shows only records the target
+    stored (a full disk under `tail --record` printed one batch more than it captured)."""
     if writer is not None and stops is not None:
         writer.exact = True
     tally = copied if copied is not None else _Copied()
 
     def emit(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
         with stops.held() if stops is not None else contextlib.nullcontext():
+            if sink is not None:
+                tally.append(sink, records, keep_time)
             if writer is not None:
                 writer(records, decoded)
                 if stops is not None:
                     writer.flush()  # out of rq's buffer before the records count as consumed
-            if sink is not None:
-                tally.append(sink, records, keep_time)
             if stops is not None:
                 stops.emitted_to = max(stops.emitted_to, records[-1][0] + 1)
 
@@ -1051,6 +1053,8 @@ def tail(
         skips = _SkipReporter(out, ref.url)
         shown = [0]  # records written out
         stopped: KeyboardInterrupt | None = None
+        failed: CliError | None = None  # what stopped the read partway: the done line still comes
+        captured = _Copied()  # what --record stored
         try:
             if source.live_only:
                 if not out.quiet:
@@ -1063,7 +1067,7 @@ def tail(
                 req = Request(start=start, stop=None if follow else end, follow=follow, where=filt)
             req.skip_corrupt = skip_corrupt
             req.decode_values = writer.needs_decode
-            emit = _emitters(writer, sink, keep_time=True)
+            emit = _emitters(writer, sink, keep_time=True, copied=captured)
 
             def shown_out(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
                 emit(records, decoded)
@@ -1084,6 +1088,13 @@ def tail(
                 return
             except KeyboardInterrupt as exc:
                 stopped = exc  # `tail -f` ends this way: the done line still comes last
+            except Exception as exc:
+                if record_to and exc is captured.error and _disk_full(exc):
+                    failed = _record_full_disk(exc, _ref(record_to, topics_dir), captured)
+                else:
+                    failed = _read_failure(exc)
+                if failed is None:
+                    raise
         finally:
             writer.close()
             source.close()
@@ -1096,8 +1107,14 @@ def tail(
             "records": shown[0],
             "next_offset": res.next_offset,
         }
+        if record_to:
+            done["stored"] = captured.stored
         if skip_corrupt:
             done["skipped"] = len(res.skipped)
+        if failed is not None:
+            with contextlib.suppress(BrokenPipeError):
+                out.emit({**done, "error": failed.one_line()})
+            raise failed
         if stopped is None:
             out.emit(done)
             return
@@ -1268,6 +1285,7 @@ def replay(
         shown = [0]  # records written out
         reading = False  # the read has begun: an interruption from now on ends with the done line
         stopped: KeyboardInterrupt | None = None
+        failed: CliError | None = None  # what stopped the read partway, after it began
         committed_to: list[int] = []  # the offset last stored for the group, if any
         stopped_at: list[int] = []  # where the read stopped, stored or not: a rerun goes on there
         try:
@@ -1327,8 +1345,9 @@ def replay(
                         if bar is not None and task is not None:
                             bar.update(task, completed=r.next_offset - start)
                         if commit and group and follow and time.monotonic() - last_commit[0] > 1.0:
-                            source.commit(group, r.next_offset)
-                            committed_to[:] = [r.next_offset]
+                            with stops.storing() if stops is not None else contextlib.nullcontext():
+                                source.commit(group, r.next_offset)
+                                committed_to[:] = [r.next_offset]
                             last_commit[0] = time.monotonic()
 
                     watch = _reader_watch() if writer is not None else None
@@ -1372,9 +1391,14 @@ def replay(
                     # the records of the batch before the one --to-topic refused or could not
                     # store are stored: a rerun starts there, neither skipping nor copying twice
                     reached = max(reached, copied.kept_to)
-                if commit and group and reached > start and not reader_left:
-                    source.commit(group, reached)
-                    committed_to[:] = [reached]
+                try:
+                    if commit and group and reached > start and not reader_left:
+                        with stops.storing() if stops is not None else contextlib.nullcontext():
+                            source.commit(group, reached)
+                            committed_to[:] = [reached]
+                finally:
+                    if stops is not None:
+                        stops.settle()
                 stopped_at[:] = [reached]
             if reader_left:
                 return
@@ -1382,12 +1406,19 @@ def replay(
             if not reading:
                 raise
             stopped = exc  # a follow ends this way: the done line still comes last
-        except OSError as exc:
-            if exc is not copied.error or exc.errno not in (errno.ENOSPC, errno.EDQUOT) or not to_topic:
+        except Exception as exc:
+            if to_topic and exc is copied.error and _disk_full(exc):
+                assert isinstance(exc, OSError)
+                target = _ref(to_topic, topics_dir)
+                failed = _copy_full_disk(
+                    exc, target, copied, committed_to if commit else None, stopped_at, group
+                )
+            else:
+                failed = _read_failure(exc) if reading else None
+            if failed is None:
                 raise
-            raise _copy_full_disk(
-                exc, _ref(to_topic, topics_dir), copied, committed_to if commit else None, stopped_at, group
-            ) from None
+            if not reading:
+                raise failed from None
         finally:
             if writer is not None:
                 writer.close()
@@ -1397,15 +1428,19 @@ def replay(
         skips.rest(res)
         if to_topic:
             _copy_note(out, copied, _ref(to_topic, topics_dir).url)
-        if stopped is not None:
+        if stopped is not None or failed is not None:
+            # stopped partway (a signal, a lost server, a full disk): the done line still comes last
             summary = _replay_done(ref, res, start, committed_to if commit and group else None, group)
             summary["records"] = shown[0]
             if to_topic:
                 summary.update(stored=copied.stored, duplicates=copied.duplicates)
-            summary["error"] = interruption(stopped)
+            why: BaseException = failed if failed is not None else stopped  # type: ignore[assignment]
+            summary["error"] = failed.one_line() if failed is not None else interruption(why)
             with contextlib.suppress(BrokenPipeError):
                 out.emit(summary)
-            raise stopped
+            if stops is not None and stopped is not None:
+                stops.done()
+            raise why
         if saved is not None:
             saved.verify(res)
         if save_spec is not None:
@@ -1423,6 +1458,41 @@ def replay(
             )
 
 
+def _disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _read_failure(exc: Exception) -> CliError | None:
+    """What stopped a read partway, as the line rq exits with (for the done line that still comes
+    last); None for an exception that is no error of the read's (a bug: its traceback is kept)."""
+    if isinstance(exc, CliError):
+        return exc
+    if isinstance(exc, TopicError):
+        return cli_error(exc)
+    if isinstance(exc, OSError):
+        from rqcli.main import _from_os_error  # lazy: rqcli.main imports the commands
+
+        return _from_os_error(exc)
+    return None
+
+
+def _full_target(exc: OSError, target: TopicRef, what: str, stored: int) -> str:
+    """The start of a full-disk line for a sink: which file system, which target, what it kept."""
+    kind = "the disk" if exc.errno == errno.ENOSPC else "the disk quota"
+    where = f" holding {safe_text(str(target.path))}" if target.path is not None else ""
+    return f"{kind}{where} is full: {what} {safe_text(target.url)} stored {stored} record(s) before it"
+
+
+def _record_full_disk(exc: OSError, target: TopicRef, captured: _Copied) -> CliError:
+    """`tail --record` onto a full disk: as replay --to-topic's line (the records shown are the
+    records it stored: the sink is written first)."""
+    return CliError(
+        _full_target(exc, target, "--record to", captured.stored) + "; stdout shows exactly those",
+        ExitCode.NO_SPACE,
+        hint="free space and run it again (a new capture appends after them)",
+    )
+
+
 def _copy_full_disk(
     exc: OSError,
     target: TopicRef,
@@ -1433,12 +1503,7 @@ def _copy_full_disk(
 ) -> CliError:
     """`replay --to-topic` onto an embedded log on a full disk: which target, how many records
     it stored, where the group stands, and how to go on (as `rq produce` names its topic)."""
-    what = "the disk" if exc.errno == errno.ENOSPC else "the disk quota"
-    where = f" holding {safe_text(str(target.path))}" if target.path is not None else ""
-    line = (
-        f"{what}{where} is full: the copy to {safe_text(target.url)} stored {copied.stored} record(s) "
-        "before it"
-    )
+    line = _full_target(exc, target, "the copy to", copied.stored)
     if committed_to:
         line += f"; group {group} is committed at offset {committed_to[0]}, where the copy stopped"
         hint = "free space and re-run to continue: the group goes on from there, nothing twice"
@@ -1495,17 +1560,34 @@ class _Stops:
     skipped), but for GRACE_S at most: a write blocked on a stalled pipe (`| sleep`, a reader
     that stopped reading) is cut short, the records before it are committed and rq exits 130.
     A second signal does not wait. A reader that leaves while a stop is pending (the same Ctrl-C
-    reached the whole pipeline) is that stop, exit 130, never a quiet exit 0."""
+    reached the whole pipeline) is that stop, exit 130, never a quiet exit 0.
+
+    A commit is never cut short by a signal: one that comes during a commit waits for it, and once
+    a stop is under way further signals are held until its commit is done (GNU `timeout` signals
+    rq and then its whole process group: the second SIGTERM came while the first one's commit was
+    starting, which was then skipped, or cut in half inside nats-py's event loop). Bounded: a
+    commit still running COMMIT_GRACE_S after such a signal is stopped inside."""
 
     GRACE_S = 2.0
+    COMMIT_GRACE_S = 10.0
+    # A signal this soon after the first is the same stop delivered twice (GNU `timeout` signals
+    # rq and then its process group), not a person's second Ctrl-C: it does not cut the write.
+    SAME_STOP_S = 0.2
 
     def __init__(self) -> None:
         self.busy = False
         self.pending = False
         self.emitted_to = 0  # offset after the last record written out
         self.signum: int = signal.SIGINT  # the first stop signal: SIGTERM says so in the last line
+        self.stopping = False  # a stop was raised: its commit (in replay's finally) is to come
+        self.settled = False  # that commit is done (or there was none)
+        self.committing = False
+        self.held_more = False  # a signal came while a stop was under way
+        self.timed = False  # the commit's grace timer runs
+        self.first_at = 0.0  # when a stop held for a write came
 
     def _stop(self) -> KeyboardInterrupt:
+        self.stopping = True
         return Terminated() if self.signum == signal.SIGTERM else KeyboardInterrupt()
 
     def install(self) -> None:
@@ -1514,17 +1596,64 @@ class _Stops:
         signal.signal(signal.SIGALRM, self._overdue)
 
     def _interrupt(self, signum: int, _frame: object) -> None:
+        if self.committing or (self.stopping and not self.settled):
+            if self.stopping:
+                self.held_more = True
+            elif not self.pending:  # the first stop, during a commit of the follow's: after it
+                self.signum = signum
+                self.pending = True
+            if self.committing:
+                self._time_commit()
+            return
         if not self.pending:
             self.signum = signum
         if self.busy and not self.pending:
             self.pending = True
+            self.first_at = time.monotonic()
             signal.setitimer(signal.ITIMER_REAL, self.GRACE_S)
             return
+        if self.busy and time.monotonic() - self.first_at < self.SAME_STOP_S:
+            return  # the same stop sent twice (timeout(1): to rq, then to its group), not a second
         raise self._stop()
 
     def _overdue(self, _signum: int, _frame: object) -> None:
-        if self.busy and self.pending:
-            raise self._stop()  # the write did not finish in time: stop inside it
+        if (self.busy and self.pending) or (self.committing and self.timed):
+            raise self._stop()  # the write or commit did not finish in time: stop inside it
+
+    def _time_commit(self) -> None:
+        if not self.timed:
+            self.timed = True
+            signal.setitimer(signal.ITIMER_REAL, self.COMMIT_GRACE_S)
+
+    @contextlib.contextmanager
+    def storing(self) -> Iterator[None]:
+        """A commit: a stop signal that comes during it waits for it (see the class)."""
+        self.committing = True
+        if self.held_more:
+            self._time_commit()
+        try:
+            yield
+        finally:
+            self.committing = False
+            if self.timed:
+                self.timed = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        if self.pending and not self.stopping:
+            self.pending = False
+            raise self._stop()
+
+    def done(self) -> None:
+        """The stop is complete (committed, done line out): rq only exits now. A signal from here
+        on is ignored: Python gives the default action back to its handled signals as it shuts
+        down, and a second SIGTERM then (GNU `timeout`'s to the process group, a few ms after the
+        first) killed rq at the very end: exit 143 for a stop that had done everything."""
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
+
+    def settle(self) -> None:
+        """A stop's commit is done: a signal from now on stops rq as before (a done line stuck on a
+        stalled stdout can still be interrupted)."""
+        self.settled = True
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:

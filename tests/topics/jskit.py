@@ -4,6 +4,7 @@ deleted after it; and the --to-topic follow copy the self-feed guard tests drive
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -97,6 +98,16 @@ def own_nats_server(store: Path, ports: range, config: str = "", jetstream: bool
     """A nats-server of the test's own (with JetStream, stored under `store`, unless told) on the
     first free port of `ports` (the caller's range); `config` is more of its config file (accounts,
     ...). Yields nats://127.0.0.1:PORT."""
+    with own_nats_process(store, ports, config, jetstream) as (url, _proc):
+        yield url
+
+
+@contextmanager
+def own_nats_process(
+    store: Path, ports: range, config: str = "", jetstream: bool = True
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """own_nats_server, yielding its process too (to stop, freeze or kill it); a frozen one
+    (SIGSTOP) is let go on at the end before it is stopped."""
     binary = shutil.which("nats-server") or str(Path(__file__).parents[2] / ".venv/bin/nats-server")
     port = next(p for p in ports if _free(p))
     conf = store / "nats.conf"
@@ -105,7 +116,8 @@ def own_nats_server(store: Path, ports: range, config: str = "", jetstream: bool
     proc = subprocess.Popen([binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for_port(port)
-        yield f"nats://127.0.0.1:{port}"
+        yield f"nats://127.0.0.1:{port}", proc
     finally:
+        proc.send_signal(signal.SIGCONT)
         proc.terminate()
         proc.wait(timeout=10)

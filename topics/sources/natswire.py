@@ -23,7 +23,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -241,6 +241,7 @@ class _Wire:
         self.end = 0
         self.limit = frame_limit({})  # the server's own, once its INFO is in
         self.token = os.urandom(8).hex()
+        self.pongs = 0  # PONGs seen after the handshake: answers to a liveness PING
         try:
             self._handshake()
         except BaseException:
@@ -407,12 +408,23 @@ class _Wire:
                     # The server answered: it is reachable, and what it refused is rq's request,
                     # so this is a failure of the operation (exit 1), not an outage (exit 6).
                     raise TopicError(f"NATS at {self.where} answered rq's request with an error: {said}")
-                # +OK, PONG, INFO: nothing to do
+                elif line == b"PONG":
+                    self.pongs += 1
+                # +OK, INFO: nothing to do
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
         self.view.release()
+
+
+# The consumer's idle heartbeat, asked of the server; after MISSED_HEARTBEATS of them with nothing
+# heard on the connection, rq asks the server for a PONG (as nats-py's ordered consumer checks its
+# heartbeats and resets the consumer): a server that answers gets its consumer re-created, one that
+# does not answer within the connection's timeout is lost (SIGSTOPped, a dead link that TCP has
+# not noticed yet, a proxy holding a half-open connection), not an idle stream to wait on forever.
+HEARTBEAT_S = 5.0
+MISSED_HEARTBEATS = 2
 
 
 class OrderedReader(_Wire):
@@ -499,7 +511,7 @@ class OrderedReader(_Wire):
             "ack_policy": "none",
             "max_deliver": 1,
             "flow_control": True,
-            "idle_heartbeat": 5_000_000_000,
+            "idle_heartbeat": int(HEARTBEAT_S * 1e9),
             "mem_storage": True,
             "num_replicas": 1,
             "inactive_threshold": 30_000_000_000,  # the server cleans up after us if we die
@@ -531,9 +543,11 @@ class OrderedReader(_Wire):
         self, start_seq: int, stop: int | None, follow: bool, idle_timeout: float | None
     ) -> Iterator[list[Record]]:
         total = self.create(start_seq)
+        self.last_sseq = max(start_seq, 1) - 1  # a consumer re-created before any record starts here
         if total == 0 and not follow:
             return
-        idle_since = time.monotonic()
+        idle_since = heard = time.monotonic()
+        ping: _Ping | None = None
         while True:
             early, self._early = self._early, []
             batch, restart = self._take(early) if early else ([], False)
@@ -557,10 +571,35 @@ class OrderedReader(_Wire):
                 return
             if restart or self._early:
                 continue
-            if not self._fill(0.05) and follow:
-                if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
-                    return
+            if self._fill(0.05):
+                heard = time.monotonic()
+                if ping is None or self.pongs == ping.pongs:
+                    continue
+                # the server answered: alive
+                if ping.deaf:  # but the consumer went quiet: start it again where the read is
+                    self.create(self.last_sseq + 1)
+                    heard = time.monotonic()
+                elif idle_timeout is not None and heard - idle_since > idle_timeout:
+                    return  # a real silence on a live server: --timeout ends the follow
+                ping = None
+                continue
+            now = time.monotonic()
+            quiet = follow and idle_timeout is not None and now - idle_since > idle_timeout
+            deaf = now - heard > HEARTBEAT_S * MISSED_HEARTBEATS
+            if ping is None and (quiet or deaf):
+                self._send(b"PING\r\n")
+                ping = _Ping(now, self.pongs, deaf)
+            elif ping is not None and now - ping.sent > self.timeout:
+                raise self._gone(now - heard)
+            if follow:
                 yield []  # nothing yet: the caller may stop on the clock (--to @t -f)
+
+    def _gone(self, silent: float) -> SourceUnreachable:
+        return SourceUnreachable(
+            f"lost the NATS server at {self.where}: nothing from it for {silent:.0f} s (its consumer "
+            f"heartbeat is every {HEARTBEAT_S:g} s) and no answer to a PING within {self.timeout:g} s; "
+            "the server is stalled or the network to it is down"
+        )
 
     def _take(self, frames: Iterable[tuple[bytes, bytes, bytes, bytes, bytes]]) -> tuple[list[Record], bool]:
         """Records from deliver frames; True as well when a consumer sequence was skipped."""
@@ -603,6 +642,15 @@ class OrderedReader(_Wire):
     def close(self) -> None:
         self.delete()
         super().close()
+
+
+class _Ping(NamedTuple):
+    """A liveness PING awaiting its PONG: when it went out, the PONG count then, and whether the
+    consumer's heartbeats had stopped (else it checks a silence before --timeout ends a follow)."""
+
+    sent: float
+    pongs: int
+    deaf: bool
 
 
 # What one send of a publisher's window holds at most, in bytes: big records are not all joined
