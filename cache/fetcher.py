@@ -71,6 +71,9 @@ PRUNE_MIN = 4096  # the run's list of jobs sheds finished ones once it passes th
 # requests in flight stay under this budget (one request alone may pass it).
 BODY_BUDGET = 128 << 20
 MAX_ATTEMPTS = 5
+# a body that stalled costs its attempt the watchdog's 30 s: a store that stalls on an object three
+# times will not do better the next two (5 attempts took ~157 s for one object)
+STALLED_ATTEMPTS = 3
 # a store whose connections all drop (a proxy or port-forward whose backend died) is unreachable,
 # even though it still accepts them: this many lost connections in a row, with no object landing
 # in between, stop the run (exit 6) instead of retrying every object of a big prefix
@@ -744,10 +747,13 @@ class Fetcher:
             self.on_event(failure)
             return fatal
         job.attempts += 1
-        if job.attempts >= MAX_ATTEMPTS:
+        if job.attempts >= (STALLED_ATTEMPTS if getattr(err, "stalled", False) else MAX_ATTEMPTS):
             self._release(job, keep=resumable)
             job.finish()
-            failure = ev.Failed(job.info.url, error_kind(err), str(err))
+            # every attempt ended with the connection lost or stalled: the store went away for
+            # this object (exit 6, re-run to continue), not an answer refusing it
+            kind = "unreachable" if getattr(err, "lost_connection", False) else error_kind(err)
+            failure = ev.Failed(job.info.url, kind, str(err))
             result.failed.append(failure)
             self.on_event(failure)
             return fatal

@@ -147,6 +147,7 @@ class S3Origin:
                 on_headers=landing.on_headers,
                 on_done=on_done,
                 recv_filepath=landing.external_file(),
+                size=info.size,
             )
 
         # a big object's piece: read into an aligned buffer and written from it (cache.ranged)

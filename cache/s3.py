@@ -34,7 +34,7 @@ from cache.errors import (
     UnreachableError,
 )
 from cache.tls import TlsCheck, crt_tls_options
-from cache.watchdog import Ticket, Watchdog
+from cache.watchdog import SLOWEST_BYTES_PER_S, Ticket, Watchdog
 
 if TYPE_CHECKING:
     from cache.ranged import RangedGets
@@ -199,11 +199,22 @@ def _content_length(headers: list[tuple[str, str]]) -> int:
 def _silent(what: str, endpoint: str, ticket: Ticket, kind: type[CacheError]) -> CacheError:
     """The error of a request the watchdog cancelled: a lost connection (retried per object) for
     a body, the store unreachable for a request someone waits on."""
-    err = kind(
-        f"{endpoint} accepted the connection but sent nothing for {ticket.allowance:.0f} s ({what}): "
-        "a stalled store or proxy"
-    )
+    if ticket.body_bytes:
+        # a whole-object GET: the CRT hands its headers and body over only once all of it came,
+        # so whether the store answered at all, or sent part of the body, cannot be told here
+        text = (
+            f"{endpoint} did not send {what} ({ticket.body_bytes} bytes) within {ticket.allowance:.0f} s: "
+            f"no reply, or a body that stopped or came slower than {SLOWEST_BYTES_PER_S >> 10} KiB/s "
+            "(a stalled store or proxy)"
+        )
+    else:
+        text = (
+            f"{endpoint} accepted the connection but sent nothing for {ticket.allowance:.0f} s ({what}): "
+            "a stalled store or proxy"
+        )
+    err = kind(text)
     err.lost_connection = True  # type: ignore[attr-defined]
+    err.stalled = True  # type: ignore[attr-defined]  # (30 s an attempt: retried fewer times)
     err.throttled = False  # type: ignore[attr-defined]
     return err
 
@@ -475,6 +486,7 @@ class S3:
         on_done: Callable[[BaseException | None], None],
         recv_filepath: str,
         on_progress: Callable[[int], None] | None = None,
+        size: int = 0,
     ) -> Any:
         """Starts a plain GET of a whole object that the CRT writes into `recv_filepath` (the
         response carries the object's checksum headers); callbacks run on CRT threads. `on_done`
@@ -490,6 +502,10 @@ class S3:
         tls = self.tls
 
         ticket = self.watchdog.watch()
+        # the CRT hands the headers over only with the whole body: the time the body may take
+        # (the listed size at the slowest rate allowed) is given now, or a slow but moving body
+        # was cancelled after 30 s
+        ticket.expect(size)
         answer: list[tuple[int, str | None]] = []  # (status, Content-Type) of a 2xx without an ETag
 
         def _progress(progress: int, **_: Any) -> None:

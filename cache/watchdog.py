@@ -24,12 +24,13 @@ SLOWEST_BYTES_PER_S = 256 << 10
 class Ticket:
     """One request's watch: `alive()` on every sign of life, `close()` when it is done."""
 
-    __slots__ = ("allowance", "answered", "closed", "dog", "id", "last", "request", "timed_out")
+    __slots__ = ("allowance", "answered", "body_bytes", "closed", "dog", "id", "last", "request", "timed_out")
 
     def __init__(self, dog: Watchdog, ident: int, allowance: float):
         self.dog, self.id, self.allowance = dog, ident, allowance
         self.last = time.monotonic()
         self.answered = False  # headers came: the store is working on this one
+        self.body_bytes = 0  # the size of the body: listed (expect) or announced by the headers
         self.request: Any = None  # the CRT's S3Request, set once make_request returned it
         self.timed_out = False
         self.closed = False
@@ -39,6 +40,12 @@ class Ticket:
         self.last = self.dog.heard = time.monotonic()
         self.answered = True
         if body_bytes:
+            self.expect(body_bytes)
+
+    def expect(self, body_bytes: int) -> None:
+        """The body's size, known before the request is sent: its allowance counts it from the start."""
+        if body_bytes:
+            self.body_bytes = body_bytes
             self.allowance = self.dog.silence + body_bytes / SLOWEST_BYTES_PER_S
 
     def hold(self, request: Any) -> None:

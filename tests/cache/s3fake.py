@@ -97,9 +97,9 @@ class FakeS3:
         if not head:
             handler.wfile.write(body)
 
-    def slow_body(self, body: bytes, sent: int, per_byte_s: float | None = None) -> Reply:
+    def slow_body(self, body: bytes, sent: int, rate: float | None = None) -> Reply:
         """The object's headers and its first `sent` bytes, then nothing until the store stops
-        (`per_byte_s` None) or the rest one byte per `per_byte_s` seconds (a trickle)."""
+        (`rate` None) or the rest at `rate` bytes a second (a trickle, or a slow link)."""
         status, headers, _ = object_reply(body)  # type: ignore[misc]
 
         def reply(handler: http.server.BaseHTTPRequestHandler, head: bool) -> None:
@@ -109,13 +109,14 @@ class FakeS3:
             handler.wfile.write(body[:sent])
             handler.wfile.flush()
             handler.close_connection = True
-            if per_byte_s is None:
+            if rate is None:
                 self.stop.wait()
                 return
-            for i in range(sent, len(body)):
-                if self.stop.wait(per_byte_s):
+            step = max(1, int(rate / 10))
+            for i in range(sent, len(body), step):
+                if self.stop.wait(step / rate):
                     return
-                handler.wfile.write(body[i : i + 1])
+                handler.wfile.write(body[i : i + step])
                 handler.wfile.flush()
 
         return reply
