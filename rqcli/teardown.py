@@ -8,7 +8,9 @@ of the run. A command that made everything durable and closed its files itself m
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from typing import NoReturn
 
 _skip = False
@@ -22,7 +24,15 @@ def skip_teardown() -> None:
 
 def leave(code: int, console: bool) -> NoReturn:
     """Exits with `code`; without teardown only from the console entry point (never under a caller
-    that imported rqcli and expects its process to go on, like a test runner)."""
+    that imported rqcli and expects its process to go on, like a test runner).
+
+    From the console the answer is decided here, so a signal from now on is ignored: a second
+    SIGTERM (GNU `timeout` signals the child and then its process group) or a late Ctrl-C landing
+    in the last flush or in the interpreter's teardown turned exit 0 or 130 into a traceback or
+    143, after the summary had said otherwise."""
+    if console and threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
     if _skip and console:
         for stream in (sys.stdout, sys.stderr):
             try:

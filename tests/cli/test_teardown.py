@@ -71,3 +71,37 @@ def test_fast_exit_reports_output_it_could_not_write() -> None:
     with open("/dev/full", "wb") as full:
         proc = subprocess.run([sys.executable, "-c", _LEAVE], stdout=full, stderr=subprocess.PIPE, timeout=60)
     assert proc.returncode == 120  # as the interpreter's own exit does when stdout cannot be flushed
+
+
+_LATE_SIGNAL = """
+import os, signal, sys
+from rqcli import teardown
+from rqcli.errors import Terminated
+
+def terminate(signum, frame):  # what rqcli.main installs for SIGTERM
+    raise Terminated()
+
+signal.signal(signal.SIGTERM, terminate)
+
+class Stdout:
+    def write(self, text):
+        return len(text)
+    def flush(self):  # the signal lands in the last flush, after the answer was decided
+        os.kill(os.getpid(), signal.SIGTERM)
+
+sys.stdout = Stdout()
+if sys.argv[1] == "skip":
+    teardown.skip_teardown()
+teardown.leave(0, True)
+"""
+
+
+@pytest.mark.parametrize("how", ["skip", "teardown"])
+def test_a_signal_after_the_answer_does_not_change_the_exit_code(how: str) -> None:
+    """A second SIGTERM (GNU timeout sends one to the child and one to its group) that came while
+    rq flushed its last line made a finished command exit 1 with a traceback, or 143."""
+    done = subprocess.run(
+        [sys.executable, "-c", _LATE_SIGNAL, how], capture_output=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr.decode()[-800:]
+    assert b"Traceback" not in done.stderr
