@@ -19,6 +19,7 @@ from typing import Any
 
 from transfer import codec
 from transfer.errors import (
+    AuthError,
     BusyError,
     ChunkSizeError,
     PeerUnreachableError,
@@ -58,6 +59,9 @@ DEFAULT_WINDOW = 8  # unacknowledged chunks per channel where the transport name
 # ~640 MB/s takes for TCP's 32 MiB ACK batches, so FLUSHes would double its fdatasyncs.
 STALL_S = 0.25
 FIRST_CONNECT_GRACE = 10.0  # seconds to keep trying a receiver that has never answered
+# How long a COMMIT may wait for DONE at least (--timeout may raise it): placing files costs the
+# receiver a link and an fsync each, which for many files takes a while on a slow disk.
+COMMIT_WAIT = 120.0
 
 
 @dataclass
@@ -87,8 +91,13 @@ class Stats:
     wire: int = 0
     resent: int = 0
     chunks: int = 0
-    acked: int = 0  # chunks the receiver confirmed durable: the progress --retry-for measures
+    acked: int = 0  # chunks the receiver confirmed durable (each once per attempt)
     had_bytes: int = 0  # bytes the receiver already held when it last accepted the manifest
+    had_chunks: int = 0  # chunks it already held then
+    # The most chunks the receiver ever held durable as far as this run knows (what its ACCEPT
+    # listed plus what it acknowledged since): the progress --retry-for measures. A receiver that
+    # forgets what it acknowledged and acknowledges it again has not moved the transfer on.
+    durable_best: int = 0
     connected: bool = False  # the receiver accepted a manifest at least once
     sent: set[tuple[int, int]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -167,7 +176,19 @@ def handshake(ch: Channel, core: SenderChannel, timeout: float) -> SenderEvent:
         frame = ch.recv(timeout=timeout)
         if frame is None:
             raise PeerUnreachableError("receiver closed the connection during the handshake")
-        for ev in core.handle(frame):
+        try:
+            events = core.handle(frame)
+        except AuthError:
+            # the receiver failed its proof of the token: tell its side why (an older rq recv's
+            # user reads "upgrade"), then hang up; nothing else was or will be sent
+            if core.outbox:
+                with contextlib.suppress(Exception):
+                    ch.send(*core.outbox)
+                core.outbox.clear()
+            with contextlib.suppress(Exception):
+                ch.close()
+            raise
+        for ev in events:
             if isinstance(ev, Accepted | Ready):
                 if core.outbox:
                     out, core.outbox = core.outbox, []
@@ -477,7 +498,10 @@ def _send_retrying(
     adopted = False
     while True:
         # Progress is what the receiver acknowledged: chunks merely sent may be lost with the
-        # connection, and counting those let a send that could never finish retry forever.
+        # connection, and counting those let a send that could never finish retry forever. Nor
+        # do chunks acknowledged again count (a receiver that never answers COMMIT and forgets
+        # what it had acknowledged made a send re-send, re-commit and retry forever): only a
+        # receiver holding more durable chunks than ever before has moved the transfer on.
         before = stats.acked
         run.attempts += 1
         try:
@@ -501,7 +525,7 @@ def _send_retrying(
             # sender killed a moment ago whose connection the receiver has not yet timed out
             # (QUIC: 10 s), so wait for it within --retry-for, then give up with the refusal.
             stats.connected = stats.connected or busy
-            if stats.acked > before:
+            if _moved_on(stats, before):
                 last_progress = time.monotonic()
                 attempt = 0  # it was moving: retry quickly
             # Until the receiver has answered once, a wrong address should not hang for a minute.
@@ -522,6 +546,19 @@ def _send_retrying(
             delay = min(2.0, 0.1 * 2**attempt)
             on_event(Retrying(attempt, _reason(exc), delay))
             time.sleep(delay)
+
+
+def _moved_on(stats: Stats, acked_before: int) -> bool:
+    """Whether the attempt that started with `acked_before` acknowledgements left the receiver
+    holding more durable chunks than any attempt before it."""
+    acked = stats.acked - acked_before
+    if acked <= 0:
+        return False
+    durable = stats.had_chunks + acked
+    if durable <= stats.durable_best:
+        return False
+    stats.durable_best = durable
+    return True
 
 
 def _attempt(
@@ -558,6 +595,8 @@ def _attempt(
         todo = [(f, k) for f, e in enumerate(manifest.files) for k in range(e.chunks(cs)) if k not in have[f]]
         have_bytes = manifest.total_bytes - sum(manifest.files[f].chunk_len(k, cs) for f, k in todo)
         stats.had_bytes = have_bytes
+        stats.had_chunks = manifest.total_chunks - len(todo)
+        stats.durable_best = max(stats.durable_best, stats.had_chunks)
         on_event(
             TransferPlanned(
                 manifest.transfer_id,
@@ -581,8 +620,9 @@ def _attempt(
         core.commit(roots)
         ctl.send(*core.outbox)
         core.outbox.clear()
+        wait = max(opts.ack_timeout, COMMIT_WAIT) if opts.ack_timeout > 0 else None
         while True:
-            frame = ctl.recv(timeout=max(copts.timeout, 120.0))
+            frame = ctl.recv(timeout=wait)
             if frame is None:
                 raise PeerUnreachableError("receiver closed the connection before confirming the commit")
             for ev in core.handle(frame):

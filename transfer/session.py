@@ -45,10 +45,45 @@ DATA = "data"
 MAX_REJECTS_PER_CHANNEL = 64
 
 
-def auth_mac(token: bytes, server_nonce: bytes, client_nonce: bytes, role: str, tid: str) -> str:
-    """Proves the sender knows the token without sending it (TCP may run without TLS)."""
-    msg = b"rq-auth-1\0" + server_nonce + client_nonce + role.encode() + b"\0" + tid.encode()
+# HELLO carries "auth": AUTH_VERSION. Version 2 made authentication mutual: before version 2 only the
+# sender proved it holds the token, so a sender handed every file to whoever answered at the address.
+AUTH_VERSION = 2
+SENDER = "sender"
+RECEIVER = "receiver"
+
+
+def _mac(token: bytes, prover: str, server_nonce: bytes, client_nonce: bytes, role: str, tid: str) -> str:
+    # `prover` keeps the two directions apart (one side's MAC is never the other's proof: no
+    # reflection); the nonces are fixed-size, role is "control"/"data" and ends in NUL, so no two
+    # different inputs concatenate to the same message
+    msg = (
+        b"rq-auth-2\0"
+        + prover.encode()
+        + b"\0"
+        + client_nonce
+        + server_nonce
+        + role.encode()
+        + b"\0"
+        + tid.encode()
+    )
     return hmac.new(token, msg, hashlib.sha256).hexdigest()
+
+
+def auth_mac(token: bytes, server_nonce: bytes, client_nonce: bytes, role: str, tid: str) -> str:
+    """The sender's proof (AUTH) that it knows the token without sending it (TCP may run without TLS)."""
+    return _mac(token, SENDER, server_nonce, client_nonce, role, tid)
+
+
+def receiver_proof(token: bytes, server_nonce: bytes, client_nonce: bytes, role: str, tid: str) -> str:
+    """The receiver's proof (in CHALLENGE) that it knows the token: the sender checks it before it
+    sends its own MAC, the manifest or any data. Covers the sender's fresh nonce, so it cannot be
+    replayed from an earlier session."""
+    return _mac(token, RECEIVER, server_nonce, client_nonce, role, tid)
+
+
+def _same(mac: object, want: str) -> bool:
+    # bytes, not str: compare_digest refuses non-ASCII strings with a TypeError
+    return isinstance(mac, str) and hmac.compare_digest(mac.encode(), want.encode())
 
 
 def _nonce(obj: dict[str, Any]) -> bytes:
@@ -144,7 +179,16 @@ class ReceiverChannel:
         self.role = obj["role"]
         self.transfer_id = str(obj.get("transfer_id", ""))[:64]
         self._client_nonce = _nonce(obj)
-        self.outbox.append(control(FrameType.CHALLENGE, {"nonce": base64.b64encode(self._nonce).decode()}))
+        if obj.get("auth") != AUTH_VERSION:
+            # an rq send from before mutual authentication: it would not check our proof, so it
+            # would as readily send to a receiver without the token. Its user reads this line.
+            raise AuthError(
+                "this rq recv authenticates both ways (protocol auth 2) and that rq send is older: "
+                "upgrade rq on the sending side"
+            )
+        proof = receiver_proof(self._token, self._nonce, self._client_nonce, self.role, self.transfer_id)
+        challenge = {"nonce": base64.b64encode(self._nonce).decode(), "proof": proof}
+        self.outbox.append(control(FrameType.CHALLENGE, challenge))
         self.state = "auth"
         return []
 
@@ -152,8 +196,7 @@ class ReceiverChannel:
         self._expect(frame, FrameType.AUTH)
         mac = frame.json_object().get("mac")
         want = auth_mac(self._token, self._nonce, self._client_nonce, self.role, self.transfer_id)
-        # bytes, not str: compare_digest refuses non-ASCII strings with a TypeError
-        if not isinstance(mac, str) or not hmac.compare_digest(mac.encode(), want.encode()):
+        if not _same(mac, want):
             raise AuthError("wrong token")
         self.state = "manifest" if self.role == CONTROL else "joining"
         return [Authenticated(self.role, self.transfer_id)]
@@ -320,6 +363,7 @@ class SenderChannel:
             "role": self.role,
             "transfer_id": self.manifest.transfer_id,
             "nonce": base64.b64encode(self._nonce).decode(),
+            "auth": AUTH_VERSION,
         }
         self.outbox.append(control(FrameType.HELLO, hello))
         self.state = "challenge"
@@ -331,9 +375,10 @@ class SenderChannel:
         if self.state == "challenge":
             if frame.type is not FrameType.CHALLENGE:
                 raise ProtocolError(f"expected CHALLENGE, got {frame.type.name}")
-            mac = auth_mac(
-                self._token, _nonce(frame.json_object()), self._nonce, self.role, self.manifest.transfer_id
-            )
+            challenge = frame.json_object()
+            server_nonce = _nonce(challenge)
+            self._check_proof(challenge.get("proof"), server_nonce)
+            mac = auth_mac(self._token, server_nonce, self._nonce, self.role, self.manifest.transfer_id)
             self.outbox.append(control(FrameType.AUTH, {"mac": mac}))
             if self.role == CONTROL:
                 body = self.manifest.to_json()
@@ -362,11 +407,48 @@ class SenderChannel:
             return [Done(frame.json_object())]
         raise ProtocolError(f"unexpected {frame.type.name} from the receiver")
 
+    def _check_proof(self, proof: object, server_nonce: bytes) -> None:
+        """Nothing but HELLO goes to a receiver that has not shown it holds the token: neither our
+        MAC, nor the manifest (names, sizes), nor any chunk. An ERROR tells its side why."""
+        tid = self.manifest.transfer_id
+        if proof is None:
+            why = (
+                "the receiver did not prove it holds the token: it is an rq recv older than this rq send "
+                "(upgrade rq on the receiving side) or not rq recv at all; nothing was sent"
+            )
+            told = (
+                "rq send needs the receiver to prove it holds the token (protocol auth 2), which this "
+                "rq recv is too old to do: upgrade rq on the receiving side"
+            )
+        elif not _same(proof, receiver_proof(self._token, server_nonce, self._nonce, self.role, tid)):
+            why = (
+                "the receiver's proof of the token is wrong: it holds another token, or it is not the "
+                "rq recv meant; nothing was sent"
+            )
+            told = "rq send refused this receiver: its proof of the token is wrong (another token?)"
+        else:
+            return
+        self.outbox.append(error_frame(AuthError.code, told))
+        self.state = "closed"
+        raise AuthError(why)
+
     def _parse_have(self, obj: Any) -> list[dict[int, bytes]]:
         have: list[dict[int, bytes]] = [{} for _ in self.manifest.files]
-        for key, blob in (obj.get("have") or {}).items():
+        listed = obj.get("have") or {}
+        if not isinstance(listed, dict):
+            raise ProtocolError("bad ACCEPT body: 'have' is not an object")
+        for key, blob in listed.items():
+            # a key that is not a file index, or a blob that is not base64, is the peer's fault
+            # (ProtocolError, exit 1), never an "unexpected ValueError"
+            if not (isinstance(key, str) and key.isascii() and key.isdecimal()) or not isinstance(blob, str):
+                raise ProtocolError(
+                    f"bad ACCEPT body: 'have' entry {key[:40]!r} is not a file index and base64"
+                )
+            try:
+                raw = base64.b64decode(blob, validate=True)
+            except ValueError:
+                raise ProtocolError(f"bad ACCEPT body: 'have' of file {key[:40]} is not base64") from None
             i = int(key)
-            raw = base64.b64decode(blob)
             if not 0 <= i < len(have) or len(raw) % 20:
                 raise ProtocolError("bad ACCEPT body")
             have[i] = {

@@ -64,7 +64,7 @@ def _closed_by_peer(sock: socket.socket, wait: float = 10.0) -> bool:
 
 def _hello(ch: TcpChannel, role: str = "control", tid: str = "t" * 32) -> bytes:
     nonce = os.urandom(16)
-    body = {"role": role, "transfer_id": tid, "nonce": base64.b64encode(nonce).decode()}
+    body = {"role": role, "transfer_id": tid, "nonce": base64.b64encode(nonce).decode(), "auth": 2}
     ch.send(control(FrameType.HELLO, body))
     frame = ch.recv(10)
     assert frame is not None and frame.type is FrameType.CHALLENGE

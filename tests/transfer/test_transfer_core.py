@@ -45,6 +45,7 @@ from transfer.session import (
     Nacked,
     ReceiverChannel,
     SenderChannel,
+    auth_mac,
     control_raw,
 )
 
@@ -269,9 +270,24 @@ def test_session_handshake_manifest_chunk_ack_commit() -> None:
 
 
 def test_session_wrong_token_refused() -> None:
-    _, snd, rcv = _open_control(token_s=b"wrong")
-    with pytest.raises(AuthError):
-        _pump(snd.outbox, rcv)
+    """Both ways: the sender refuses the receiver's proof (auth 2) before it sends its MAC, and a
+    sender that skipped that check is refused by the receiver's MAC check."""
+    m = make_manifest(1 << 16, [_entry("a", 100_000)])
+    snd = SenderChannel(b"wrong", "control", m, os.urandom(16))
+    rcv = ReceiverChannel(b"tok", os.urandom(16), Limits())
+    snd.start()
+    _pump(snd.outbox, rcv)
+    snd.outbox.clear()
+    with pytest.raises(AuthError, match="proof of the token is wrong"):
+        _pump(rcv.outbox, snd)
+    assert [f.type for raw in snd.outbox for f in FrameDecoder(1 << 20).feed(raw)] == [FrameType.ERROR]
+    tid = m.transfer_id
+    rcv2 = ReceiverChannel(b"tok", os.urandom(16), Limits())
+    _pump([_hello(transfer_id=tid, nonce=_NONCE, auth=2)], rcv2)
+    (challenge,) = FrameDecoder(1 << 20).feed(rcv2.outbox[0])
+    nonce = base64.b64decode(challenge.json()["nonce"])
+    with pytest.raises(AuthError, match="wrong token"):
+        _pump([control(FrameType.AUTH, {"mac": auth_mac(b"wrong", nonce, b"n" * 16, "control", tid)})], rcv2)
 
 
 def _hello(**fields: object) -> bytes:

@@ -358,7 +358,7 @@ def control_channel(port: int, tid: str, token: str = TOKEN, role: str = "contro
 
     ch = TcpChannel(socket.create_connection(("127.0.0.1", port), timeout=10), 1 << 26)
     nonce = os.urandom(16)
-    hello = {"role": role, "transfer_id": tid, "nonce": base64.b64encode(nonce).decode()}
+    hello = {"role": role, "transfer_id": tid, "nonce": base64.b64encode(nonce).decode(), "auth": 2}
     ch.send(control(FrameType.HELLO, hello))
     frame = ch.recv(10)
     assert frame is not None and frame.type is FrameType.CHALLENGE
