@@ -52,8 +52,16 @@ def normalise_pin(pin: str) -> str:
     return "sha256:" + value
 
 
+# RFC 5280 4.1.2.5: the notAfter of a certificate that has no well-defined expiration. The pin
+# (the sha256 of the certificate) is the trust, not a CA or the dates, and senders check the pin
+# alone: an expiry would only ever change the pin under senders that were given the old one.
+NO_EXPIRY = datetime.datetime(9999, 12, 31, 23, 59, 59, tzinfo=datetime.UTC)
+
+
 def load_identity(directory: Path) -> Identity:
-    """The receiver's certificate, kept in `directory` so the pin survives a restart (and resume)."""
+    """The receiver's certificate, kept in `directory` so the pin survives a restart (and resume):
+    one found there is used whatever its dates (an rq before this one made them valid for a year
+    and remade them, with a new key and pin, within a day of that)."""
     # imported here: only the receiver needs it, and it is a noticeable part of a sender's start-up
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -61,10 +69,11 @@ def load_identity(directory: Path) -> Identity:
     from cryptography.x509.oid import NameOID
 
     cert_path, key_path = directory / "recv-cert.pem", directory / "recv-key.pem"
-    with contextlib.suppress(FileNotFoundError, ValueError):
+    with contextlib.suppress(FileNotFoundError, ValueError, TypeError):
         cert_pem, key_pem = cert_path.read_bytes(), key_path.read_bytes()
         cert = x509.load_pem_x509_certificate(cert_pem)
-        if cert.not_valid_after_utc > datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=1):
+        key_found = serialization.load_pem_private_key(key_pem, password=None)
+        if key_found.public_key() == cert.public_key():  # else a half-written pair: make a new one
             return Identity(cert_pem, key_pem, fingerprint(cert.public_bytes(serialization.Encoding.DER)))
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     key = ec.generate_private_key(ec.SECP256R1())
@@ -77,7 +86,7 @@ def load_identity(directory: Path) -> Identity:
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=365))
+        .not_valid_after(NO_EXPIRY)
         .add_extension(x509.SubjectAlternativeName([x509.DNSName("rq-recv")]), critical=False)
         .sign(key, hashes.SHA256())
     )
