@@ -25,6 +25,8 @@ from rqcli.output import Output, get_output, output_options, safe_text
 from rqcli.params import CommandEnvFirst, Seconds, documented_env_names
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from transfer.codec import CompressMode
 
 
@@ -345,14 +347,6 @@ def recv(
         )
         identity = load_identity(cert_dir)
         driver = get_transport(transport)
-        receiver = Receiver(
-            dest_dir,
-            token,
-            Limits(max_bytes=max_bytes, max_files=max_files),
-            overwrite,
-            on_event=lambda ev: _recv_event(out, ev),
-            owner=receiver_id,
-        )
         opts = ListenOptions(
             host,
             port,
@@ -365,19 +359,27 @@ def recv(
     except TransferError as exc:
         raise _cli_error(exc) from None
     except OSError as exc:
-        if exc.filename is None:
-            raise
-        where = safe_text(os.fsdecode(exc.filename))
-        why = exc.strerror or str(exc)
-        if exc.errno == errno.EROFS or (
-            exc.errno in (errno.EACCES, errno.EPERM) and os.fsdecode(exc.filename) == os.fspath(dest_dir)
-        ):
-            why = f"not writable ({why})"
-        # a file where a directory must be (DEST or a parent of it) is a usage error, as Click's own
-        # check of a DEST that is a file and every other rq command's directory options have it
-        code = ExitCode.USAGE if exc.errno == errno.ENOTDIR else ExitCode.FAILURE
-        raise CliError(f"cannot use {where}: {why}", code) from None
-    listener = _listen(driver, opts, receiver, listen)
+        raise _setup_error(exc, dest_dir) from None
+    # Bind before DEST is touched: a --listen that cannot be bound must not leave an empty DEST
+    # (and DEST/.rq-partial) behind. Channels that arrive meanwhile wait for the receiver.
+    handler = _Deferred()
+    listener = _listen(driver, opts, handler, listen)
+    try:
+        receiver = Receiver(
+            dest_dir,
+            token,
+            Limits(max_bytes=max_bytes, max_files=max_files),
+            overwrite,
+            on_event=lambda ev: _recv_event(out, ev),
+            owner=receiver_id,
+        )
+    except (TransferError, OSError) as exc:
+        handler.set(None)
+        listener.close()
+        if isinstance(exc, TransferError):
+            raise _cli_error(exc) from None
+        raise _setup_error(exc, dest_dir) from None
+    handler.set(receiver.handle_channel)
     addr_host, addr_port = listener.address
     shown_host = socket.gethostname() if addr_host in ("0.0.0.0", "::") else addr_host
     url_host = f"[{shown_host}]" if ":" in shown_host else shown_host
@@ -479,6 +481,43 @@ def recv(
                 child.wait(timeout=10)
 
 
+def _setup_error(exc: OSError, dest_dir: Path) -> Exception:
+    """What `rq recv` says when DEST, the token file or the cert dir cannot be used."""
+    if exc.filename is None:
+        return exc
+    where = safe_text(os.fsdecode(exc.filename))
+    why = exc.strerror or str(exc)
+    if exc.errno == errno.EROFS or (
+        exc.errno in (errno.EACCES, errno.EPERM) and os.fsdecode(exc.filename) == os.fspath(dest_dir)
+    ):
+        why = f"not writable ({why})"
+    # a file where a directory must be (DEST or a parent of it) is a usage error, as Click's own
+    # check of a DEST that is a file and every other rq command's directory options have it
+    code = ExitCode.USAGE if exc.errno == errno.ENOTDIR else ExitCode.FAILURE
+    return CliError(f"cannot use {where}: {why}", code)
+
+
+class _Deferred:
+    """The listener's channel handler before the receiver exists (it is made after the bind):
+    a channel that arrives meanwhile waits for it, or is closed if it never comes."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Event()
+        self._target: Callable[[Any], None] | None = None
+
+    def set(self, target: Callable[[Any], None] | None) -> None:
+        self._target = target
+        self._ready.set()
+
+    def __call__(self, ch: Any) -> None:
+        self._ready.wait()
+        if self._target is None:
+            with contextlib.suppress(Exception):
+                ch.close()
+            return
+        self._target(ch)
+
+
 def _address(host: str, port: int) -> str:
     """HOST:PORT as --listen and rq:// take it back: an IPv6 address in brackets ([::]:7420)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -488,16 +527,14 @@ def _address(host: str, port: int) -> str:
 _BIND_USAGE = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES, errno.EAFNOSUPPORT, errno.EINVAL}
 
 
-def _listen(driver: Any, opts: Any, receiver: Any, listen: str) -> Any:
+def _listen(driver: Any, opts: Any, handler: Callable[[Any], None], listen: str) -> Any:
     from transfer.errors import TransferError
 
     try:
-        return driver.listen(opts, receiver.handle_channel)
+        return driver.listen(opts, handler)
     except TransferError as exc:
-        receiver.close()
         raise _cli_error(exc) from None
     except OSError as exc:
-        receiver.close()
         # socket.create_server says where in strerror; the line names --listen already
         why = (exc.strerror or str(exc)).split(" (while attempting to bind")[0]
         # a name that does not resolve: gaierror, or create_server's OSError with its EAI_* (< 0)
