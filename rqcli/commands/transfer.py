@@ -106,6 +106,9 @@ def _cli_error(exc: Exception) -> CliError:
         hint = "remove or rename it on the receiver, then re-run"
     if isinstance(exc, BusyError):
         hint = "one file is written by one transfer at a time: re-run when the other one has finished"
+    if "upgrade rq on the" in str(exc):
+        # an older peer (authentication version 2 missing): the token and pin are not at fault
+        hint = "both sides need the same rq release: check `rq --version` on each"
     if "unsupported protocol version" in str(exc):
         hint = (
             "the two sides run different rq versions (empty directories need manifest version 2): upgrade rq"

@@ -76,7 +76,10 @@ def test_no_proof_names_the_receiver_to_upgrade(tmp_path: Path) -> None:
     with FakeReceiver("no-proof") as fake:
         proc = _send_to_fake(_src(tmp_path, 1000), fake)
     assert proc.returncode == 4
-    assert "upgrade rq on the receiving side" in proc.stderr.decode()
+    err = proc.stderr.decode()
+    assert "upgrade rq on the receiving side" in err
+    # the token and the pin are not at fault: the hint must not send the user to check them
+    assert "RQ_TOKEN" not in err and "rq --version" in err
 
 
 def test_an_older_sender_is_refused_with_a_line_naming_it(tmp_path: Path) -> None:
