@@ -74,9 +74,13 @@ class S3Origin:
         return client
 
     def list(self) -> Iterator[ObjectInfo]:
-        return self.objects(self.client.list_objects(self.bucket, self.prefix))
+        return (info for info in self.marked() if info is not None)
 
-    def objects(self, items: Iterable[Item]) -> Iterator[ObjectInfo]:
+    def marked(self) -> Iterator[ObjectInfo | None]:
+        """list(), with None where each page of the store's listing ends (Listing.marked)."""
+        return self.objects(self.client.listing(self.bucket, self.prefix).marked())
+
+    def objects(self, items: Iterable[Item | None]) -> Iterator[ObjectInfo | None]:
         """The objects that listed items of this prefix stand for. `s3://b/dir/` lists everything
         under dir/. `s3://b/name` (no trailing slash) is the object `name` and whatever is under
         `name/`, like a path: never `name2` or `name.bak`, which a raw key prefix would take too
@@ -93,7 +97,11 @@ class S3Origin:
         # listing of millions must not grow a set of them all (issue 3: memory stays bounded)
         recent: set[str] = set()
         older: set[str] = set()
-        for key, size, etag, vid in items:
+        for item in items:
+            if item is None:
+                yield None  # (a page ended)
+                continue
+            key, size, etag, vid = item
             if key.endswith("/") and size == 0:
                 continue  # a "folder" marker, not data
             if key.startswith(self.prefix):

@@ -17,7 +17,7 @@ from cache import events as ev
 from cache.errors import BadSourceError, CacheError, NotFoundError
 from cache.fetcher import Fetcher, FetchResult, Job
 from cache.landing import ObjectInfo
-from cache.origins import LocalOrigin, Origin, parse_source
+from cache.origins import LocalOrigin, Origin, S3Origin, parse_source
 from cache.s3 import S3Settings, split_s3_url
 from cache.sizes import format_size
 
@@ -92,7 +92,7 @@ def check_sources_exist(
     for source in sources:
         origin = parse_source(source, settings)
         if isinstance(origin, LocalOrigin):
-            infos = list(itertools.islice(_listed(source, origin), PAGE + 1))
+            infos = [i for i in itertools.islice(_listed(source, origin), PAGE + 1) if i is not None]
             last = len(infos) <= PAGE
             del infos[PAGE:]
             missing = f"no files under {source}"
@@ -101,7 +101,7 @@ def check_sources_exist(
             items, error, last = origin.client.first_listing_page(bucket, prefix)
             if error is not None:
                 raise error
-            infos = list(origin.objects(items))
+            infos = [info for info in origin.objects(items) if info is not None]
             missing = f"no objects under {source}"
         if not infos and not last:
             whole = False  # siblings of s3://b/name on the first page: the rest may hold it
@@ -150,8 +150,8 @@ def pages(
             origin.skip_dirs = skip_dirs
         elif on_ignored is not None:
             origin.on_ignored = on_ignored
-        listed = _listed(source, origin)
-        first = next(listed, None)
+        listed = _listed(source, origin, marked=True)
+        first = next((info for info in listed if info is not None), None)
         if first is None:
             # an empty source is a typo far more often than an intent: say so, as for a pattern
             raise NotFoundError(
@@ -168,6 +168,13 @@ def pages(
         for info in itertools.chain([first], listed):
             if stopped():
                 return
+            if info is None:
+                # a page of the store's listing ended: what it gave moves now, not once a
+                # thousand more match (a sparse --include, a store sending empty pages)
+                if page:
+                    yield page
+                    page = []
+                continue
             listed_count += 1
             if not _offered(info, include, exclude):
                 continue
@@ -195,10 +202,11 @@ def _dir_id(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _listed(source: str, origin: Origin) -> Iterator[ObjectInfo]:
-    """An origin's listing; an OSError from it is the cache's one-line error, not a bare one."""
+def _listed(source: str, origin: Origin, marked: bool = False) -> Iterator[ObjectInfo | None]:
+    """An origin's listing; an OSError from it is the cache's one-line error, not a bare one.
+    `marked`: with None where a page of an S3 listing ends (S3Origin.marked)."""
     try:
-        yield from origin.list()
+        yield from origin.marked() if marked and isinstance(origin, S3Origin) else origin.list()
     except OSError as exc:
         raise CacheError(f"cannot list {source}: {exc.strerror or exc}") from None
 

@@ -463,9 +463,13 @@ class S3:
 
     def list_objects(self, bucket: str, prefix: str) -> Iterator[tuple[str, int, str, str | None]]:
         """(key, size, etag, version) for every object under prefix (ListObjectsV2, url-encoded keys)."""
+        return iter(self.listing(bucket, prefix))
+
+    def listing(self, bucket: str, prefix: str) -> Listing:
+        """The listing of bucket/prefix: the one started for it, else a new one."""
         with self._listings_lock:
             listing = self._listings.pop((bucket, prefix), None)
-        return iter(listing or Listing(self, bucket, prefix))
+        return listing or Listing(self, bucket, prefix)
 
     def head(self, bucket: str, key: str) -> tuple[int, str, str | None, list[tuple[str, str]]]:
         """(size, etag, version id, all headers incl. x-amz-checksum-* for the whole object)."""
@@ -645,6 +649,12 @@ class Listing:
         return self._head
 
     def __iter__(self) -> Iterator[Item]:
+        return (item for item in self.marked() if item is not None)
+
+    def marked(self) -> Iterator[Item | None]:
+        """The items, with None after each page but the last: a reader that groups items (the
+        preloader, a thousand at a time) hands on what a page gave without waiting for more
+        pages, which a sparse --include or a store sending empty pages may hold back for long."""
         try:
             while True:
                 if self._head is not None:
@@ -657,6 +667,7 @@ class Listing:
                 yield from items
                 if last:
                     return
+                yield None
         finally:
             # a reader that stops early (a preload that failed, a caller that broke off) ends the
             # chain: a long-lived process must not go on listing a huge prefix into memory

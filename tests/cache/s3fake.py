@@ -89,13 +89,7 @@ class FakeS3:
             key = urllib.parse.unquote(url.path).split("/", 2)[2]
             self.requests.append(f"{'HEAD' if head else 'GET'} {key}")
             reply = self.objects.get(key, (404, {}, b"<Error><Code>NoSuchKey</Code></Error>"))
-        if callable(reply):
-            reply(handler, head)
-            return
-        status, headers, body = reply
-        _send_head(handler, status, headers, len(body))
-        if not head:
-            handler.wfile.write(body)
+        write_reply(handler, reply, head)
 
     def slow_body(self, body: bytes, sent: int, rate: float | None = None) -> Reply:
         """The object's headers and its first `sent` bytes, then nothing until the store stops
@@ -120,6 +114,16 @@ class FakeS3:
                 handler.wfile.flush()
 
         return reply
+
+
+def write_reply(handler: http.server.BaseHTTPRequestHandler, reply: Reply, head: bool = False) -> None:
+    if callable(reply):
+        reply(handler, head)
+        return
+    status, headers, body = reply
+    _send_head(handler, status, headers, len(body))
+    if not head:
+        handler.wfile.write(body)
 
 
 def _send_head(
