@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from faultproxy import FaultProxy
+from s3fake import ENV, FakeS3, fake_s3
 
 
 @pytest.fixture
@@ -47,3 +48,12 @@ def proxy_factory(services: Any) -> Iterator[Any]:
     yield make
     for proxy in made:
         proxy.stop()
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeS3]:
+    """A fake S3 store of the test's own (s3fake), with its credentials in the environment."""
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    with fake_s3() as fake:
+        yield fake

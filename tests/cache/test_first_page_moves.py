@@ -7,23 +7,14 @@ from __future__ import annotations
 
 import http.server
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from s3fake import ENV, FakeS3, fake_s3, list_page, object_reply, write_reply
+from s3fake import FakeS3, list_page, object_reply, write_reply
 
 from cache import Cache
 
 A = b"the one object that matters\n"
-
-
-@pytest.fixture
-def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeS3]:
-    for name, value in ENV.items():
-        monkeypatch.setenv(name, value)
-    with fake_s3() as fake:
-        yield fake
 
 
 @pytest.mark.parametrize("include", [[], ["*.tar"]])

@@ -4,11 +4,10 @@ the prefix under a mangled relative name) and duplicates fetched and counted twi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from s3fake import ENV, FakeS3, fake_s3, list_page, object_reply
+from s3fake import FakeS3, list_page, object_reply
 
 from cache import Cache
 from cache import events as ev
@@ -16,19 +15,15 @@ from cache import events as ev
 A, B = b"first\n", b"second\n"
 
 
-@pytest.fixture
-def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeS3]:
-    for name, value in ENV.items():
-        monkeypatch.setenv(name, value)
-    with fake_s3() as fake:
-        fake.objects = {
-            "p/a": object_reply(A),
-            "p/b": object_reply(B),
-            "/etc/passwdx": object_reply(A),
-            "outside/x": object_reply(B),
-            "p2/c": object_reply(A),
-        }
-        yield fake
+@pytest.fixture(autouse=True)
+def objects(store: FakeS3) -> None:
+    store.objects = {
+        "p/a": object_reply(A),
+        "p/b": object_reply(B),
+        "/etc/passwdx": object_reply(A),
+        "outside/x": object_reply(B),
+        "p2/c": object_reply(A),
+    }
 
 
 def preload(store: FakeS3, tmp_path: Path, source: str) -> tuple[object, list[ev.Event], list[str]]:

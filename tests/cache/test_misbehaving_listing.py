@@ -4,21 +4,18 @@ used to end the listing quietly (exit 0 with part of the prefix cached) or say t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from rqtest import run_rq
-from s3fake import ENV, HTML, FakeS3, fake_s3, list_page, object_reply
+from s3fake import ENV, HTML, FakeS3, list_page, object_reply
 
 A, B = b"first object\n", b"second object\n"
 
 
-@pytest.fixture
-def store() -> Iterator[FakeS3]:
-    with fake_s3() as fake:
-        fake.objects = {"p/a": object_reply(A), "p/b": object_reply(B)}
-        yield fake
+@pytest.fixture(autouse=True)
+def objects(store: FakeS3) -> None:
+    store.objects = {"p/a": object_reply(A), "p/b": object_reply(B)}
 
 
 def preload(store: FakeS3, cache: Path, *args: str) -> tuple[int, str]:

@@ -4,25 +4,16 @@ ETag kept it as current."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from rqtest import run_rq
-from s3fake import ENV, HTML, FakeS3, fake_s3, list_page, object_reply
+from s3fake import ENV, HTML, FakeS3, list_page, object_reply
 
 from cache import Cache
 from cache.errors import OriginError
 
 BODY = b"the real object\n"
-
-
-@pytest.fixture
-def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeS3]:
-    for name, value in ENV.items():
-        monkeypatch.setenv(name, value)
-    with fake_s3() as fake:
-        yield fake
 
 
 def test_cache_open_refuses_an_html_page_without_an_etag(store: FakeS3, tmp_path: Path) -> None:

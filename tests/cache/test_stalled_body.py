@@ -6,24 +6,19 @@ cancelled after 30 s whatever its size."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cachekit import payload
-from s3fake import ENV, FakeS3, fake_s3, list_page
+from s3fake import FakeS3, list_page
 
 import cache.watchdog
 from cache import Cache
 
 
-@pytest.fixture
-def store(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeS3]:
-    for name, value in ENV.items():
-        monkeypatch.setenv(name, value)
+@pytest.fixture(autouse=True)
+def quick_watchdog(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cache.watchdog, "SILENCE_S", 1.0)  # 30 s in real life
-    with fake_s3() as fake:
-        yield fake
 
 
 def test_a_body_that_stops_fails_as_unreachable_after_three_attempts(store: FakeS3, tmp_path: Path) -> None:
