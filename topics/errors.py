@@ -110,8 +110,9 @@ class PublishRefused(TopicError):
 
     `index` is the record's place in the append's batch (0-based). Records already on their way
     after it (`sent` records of the batch went out, none after them) that the server took are
-    removed again (`removed` of them), so the topic holds exactly the records before it and a rerun
-    from the refused record neither skips nor duplicates any; those that could not be removed
+    removed again (`removed` of them), so of the batch the topic keeps only the records before it
+    and a rerun from the refused record neither skips nor duplicates any (an older message a
+    stream dropped at its limits to make room for one of them stays gone); those that could not be removed
     (`why_kept` says why, e.g. a stream that denies deletes) stay stored. `appended` (a
     topics.sources.Appended) is what that append left stored: the records before it
     (`stored_before`), and those after it that stay. `str()` names the record by its place in the
@@ -159,4 +160,48 @@ class PublishRefused(TopicError):
         return (
             f"the NATS server refused {name(self.index)}, published to {self.url}: {self.reason}; "
             f"{stored_before} record(s) before it are stored{around}; nothing later was sent"
+        )
+
+
+class PublishedElsewhere(PublishRefused):
+    """The server stored a record in another stream than the URL's (`other`, named by its answer):
+    the subject is captured there, not by the URL's stream `stream` (its subjects changed, or
+    another stream took them, after rq checked). rq stops publishing and removes nothing: the
+    records in `other` are not rq's to delete there (`elsewhere` of them went there), and the
+    sequences of its answers are not the URL stream's. `at` is the first record stored elsewhere;
+    `index` the first not stored in `stream` (a refusal before `at`, whose reason is `reason`, or
+    `at`): what a rerun starts from. `appended` counts only what `stream` stored; those after
+    `index` stay there too (a rerun stores them again)."""
+
+    def __init__(
+        self,
+        url: str,
+        stream: str,
+        index: int,
+        at: int,
+        other: str,
+        elsewhere: int,
+        reason: str,
+        appended: Any,
+        stored_before: int,
+        sent: int,
+    ):
+        self.stream, self.at, self.other, self.elsewhere = stream, at, other, elsewhere
+        super().__init__(url, index, reason, appended, stored_before, sent)
+
+    def describe(self, name: Callable[[int], str], stored_before: int) -> str:
+        refused = (
+            f"; {name(self.index)}, before it, was refused: {self.reason}" if self.index < self.at else ""
+        )
+        kept = (
+            f", and {self.kept_after} after {name(self.index)} (a rerun from it stores them again)"
+            if self.kept_after
+            else ""
+        )
+        return (
+            f"the NATS server stored {name(self.at)}, published to {self.url}, in stream {self.other}, "
+            f"not in stream {self.stream}: {self.other} captures the subject, so a publish to it does not "
+            f"reach {self.stream} (name a stream that takes the subject); {self.elsewhere} record(s) went to {self.other} and stay there (rq "
+            f"removes nothing from another stream){refused}; {stored_before} record(s) before "
+            f"{name(self.index)} are stored in {self.stream}{kept}; nothing later was sent"
         )

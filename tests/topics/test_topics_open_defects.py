@@ -115,12 +115,18 @@ def test_follow_into_a_stream_name_whose_publishes_land_in_the_followed_stream_i
         )
         assert r.returncode == 2, (source, target, r.stderr)
         assert "feeds what is being followed back into it" in _one_line(r), r.stderr
-    # a subject the followed filter does not read is no loop
+    # a subject the followed filter does not read is no loop (into EVT itself: AGG, without
+    # subjects of its own, takes no publishes, and a copy into it is refused as such)
     r = run_rq(
         "replay", f"{nats_url}/{js_stream}/{js_stream}.n", "--from", "start", "-f", "--to-topic",
-        f"{nats_url}/{agg}/{js_stream}.other", "--timeout", "1", env=env, timeout=30,
+        f"{nats_url}/{js_stream}/{js_stream}.other", "--timeout", "1", env=env, timeout=30,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
+    r = run_rq(
+        "replay", f"{nats_url}/{js_stream}/{js_stream}.n", "--from", "start", "--to-topic",
+        f"{nats_url}/{agg}/{js_stream}.other", env=env, timeout=30,
+    )  # fmt: skip
+    assert r.returncode == 2 and f"stream {agg} takes no publishes" in _one_line(r), r.stderr
 
 
 def _copy_following(env: dict[str, str], source: str, target: str) -> Any:

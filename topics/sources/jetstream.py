@@ -31,6 +31,7 @@ from topics.embedded.groups import check_commit_offset
 from topics.errors import (
     AccessDenied,
     DigestMismatch,
+    PublishedElsewhere,
     PublishRefused,
     RecordTooLarge,
     SourceUnreachable,
@@ -1217,10 +1218,12 @@ _ANSWER_TIMEOUT = 10.0
 class _Answers:
     """The server's answers to one batch's publishes."""
 
-    def __init__(self, size: int):
-        self.seq = [0] * size  # stream sequence of each record stored (0: none)
+    def __init__(self, size: int, stream: str):
+        self.stream = stream  # the URL's: an answer naming another stream is not a store in it
+        self.seq = [0] * size  # sequence in `stream` of each record stored there (0: none)
         self.duplicates = 0
         self.refused: dict[int, dict[str, Any]] = {}
+        self.elsewhere: dict[int, str] = {}  # records another stream stored: its name
         self.no_stream = False
 
     def take(self, index: int, hdr: bytes, data: bytes) -> bool:
@@ -1232,6 +1235,13 @@ class _Answers:
             answer = orjson.loads(data)
             if "error" in answer:
                 self.refused[index] = answer["error"]
+                return True
+            stored_in = str(answer["stream"])
+            if stored_in != self.stream:
+                # The subject is captured by another stream (the URL's changed its subjects, or
+                # another took them, after rq looked): its sequences are not the URL stream's, so
+                # nothing may be counted, reported or removed by them.
+                self.elsewhere[index] = stored_in
                 return True
             if answer.get("duplicate"):
                 self.duplicates += 1  # its seq is the message stored before: not this record's
@@ -1280,18 +1290,45 @@ class JetStreamSink:
             except nats.js.errors.NotFoundError:
                 self.conn.run(self.conn.js.add_stream(name=ref.stream, subjects=[self.subject]))
             else:
-                taken = list(info.config.subjects or [])
-                if taken and not any(subject_matches(p, self.subject) for p in taken):
-                    # Else the server has no stream to answer the publish: a timeout that reads
-                    # like an outage.
-                    raise SpecError(
-                        f"stream {ref.stream} does not take subject {self.subject} (its subjects: "
-                        f"{', '.join(taken)}): name one of those in the URL"
-                    )
+                self._check_captures(info)
             self.wire = Publisher(ref.host, ref.port, self.conn.access, connect_timeout)
         except BaseException:
             self.conn.close()
             raise
+
+    def _check_captures(self, info: Any) -> None:
+        """The URL's stream must be the one a publish to the subject is stored in (streams of one
+        account never overlap, so a stream whose subjects take it is). A stream without subjects
+        (a mirror, one that only sources others) takes no publishes at all: the subject goes to
+        whichever stream captures it, or nowhere (a timeout that reads like an outage), and the
+        sequences its answers carry are that stream's, not the URL's."""
+        stream = self.conn.stream
+        taken = list(info.config.subjects or [])
+        if taken:
+            if not any(subject_matches(p, self.subject) for p in taken):
+                raise SpecError(
+                    f"stream {stream} does not take subject {self.subject} (its subjects: "
+                    f"{', '.join(taken)}): name one of those in the URL"
+                )
+            return
+        mirror = getattr(info.config.mirror, "name", None)
+        sources = [s.name for s in info.config.sources or () if getattr(s, "name", None)]
+        what = (
+            f"it mirrors {mirror}"
+            if mirror
+            else f"it sources {', '.join(sources)}"
+            if sources
+            else "it has no subjects"
+        )
+        try:
+            elsewhere = self.conn.capturing_stream(self.subject)
+        except TopicError:  # may not list streams: the refusal stands without the name
+            elsewhere = None
+        goes = f"is stored in stream {elsewhere}" if elsewhere else "reaches no stream"
+        raise SpecError(
+            f"stream {stream} takes no publishes ({what}, no subjects of its own): a publish to "
+            f"{self.subject} {goes}; produce into a stream whose subjects take it"
+        )
 
     def append(self, records: Sequence[Pending]) -> Appended:
         self.conn.check_open()
@@ -1302,19 +1339,42 @@ class JetStreamSink:
         hdrs = [_nats_headers(_copied(headers)) for _, _, headers, _ in records]
         messages = [(_header_block(h) if h else b"", r[3]) for h, r in zip(hdrs, records, strict=True)]
         self._check(messages, hdrs)
-        answers = _Answers(len(messages))
+        answers = _Answers(len(messages), self.conn.stream)
         sent = self.wire.publish(self.subject, messages, answers.take, _WINDOW, _ANSWER_TIMEOUT)
         if answers.no_stream:
             raise TopicNotFound(
                 f"no JetStream stream took the publish to {self.subject} ({self.url}): "
                 "was the stream deleted?"
             )
+        if answers.elsewhere:
+            # Nothing is removed here: what went to the other stream is not rq's to delete there,
+            # and what the URL's stream holds after the first record not stored in it stays
+            # (said in the line), since which stream takes the subject is moving under rq.
+            at = min(answers.elsewhere)
+            index = min(at, *answers.refused)
+            stored = [seq for seq in answers.seq[:sent] if seq]
+            before = [seq for seq in answers.seq[:index] if seq]
+            refusal = answers.refused.get(index)
+            raise PublishedElsewhere(
+                self.url,
+                self.conn.stream,
+                index,
+                at,
+                answers.elsewhere[at],
+                len(answers.elsewhere),
+                self._why(hdrs[index], refusal) if refusal else "",
+                _appended(stored, answers.duplicates),
+                len(before),
+                sent,
+            )
         if answers.refused:
             index = min(answers.refused)
             # Records already on their way after the refused one that the stream took are removed
-            # again: the stream then holds exactly the records before it, so a rerun from the
-            # refused record (`replay --group --commit` stores that position) neither skips nor
-            # duplicates any.
+            # again: of this batch the stream then keeps only the records before it, so a rerun
+            # from the refused record (`replay --group --commit` stores that position) neither
+            # skips nor duplicates any. (An older message a stream with discard `old` dropped to
+            # make room for one of them stays gone.) Only sequences the URL's stream gave are
+            # deleted: answers from another stream never get here (PublishedElsewhere).
             before = [seq for seq in answers.seq[:index] if seq]
             after = [seq for seq in answers.seq[index + 1 : sent] if seq]
             kept, why_kept = self._remove(after)
@@ -1374,16 +1434,22 @@ class JetStreamSink:
         """The server answered a publish with an API error: it is up, so this is a refusal (exit 1,
         a JetStream API error; 6 only where it says JetStream is not available), never
         'unreachable'."""
+        refused = PublishRefused(
+            self.url, index, self._why(hdrs, answer), done, before, sent, removed, why_kept
+        )
+        if answer.get("code") == 503 and answer.get("err_code") in _UNAVAILABLE:
+            return SourceUnreachable(str(refused))
+        return refused
+
+    @staticmethod
+    def _why(hdrs: dict[str, str] | None, answer: dict[str, Any]) -> str:
+        """The server's reason for refusing a record, with the control headers it carries."""
         carries = _controls(hdrs)
-        why = (
+        return (
             (answer.get("description") or "refused")
             + (f" (err_code {answer['err_code']})" if answer.get("err_code") else "")
             + (f"; the record carries the NATS header(s) {', '.join(carries)}" if carries else "")
         )
-        refused = PublishRefused(self.url, index, why, done, before, sent, removed, why_kept)
-        if answer.get("code") == 503 and answer.get("err_code") in _UNAVAILABLE:
-            return SourceUnreachable(str(refused))
-        return refused
 
     def _check(self, messages: list[tuple[bytes, bytes]], hdrs: list[dict[str, str] | None]) -> None:
         """A message the server would refuse (over max_payload, a header name NATS cannot carry)
