@@ -1300,7 +1300,7 @@ class JetStreamSink:
         """The URL's stream must be the one a publish to the subject is stored in (streams of one
         account never overlap, so a stream whose subjects take it is). A stream without subjects
         (a mirror, one that only sources others) takes no publishes at all: the subject goes to
-        whichever stream captures it, or nowhere (a timeout that reads like an outage), and the
+        whichever stream captures it, or nowhere (no responders: "was the stream deleted?"), and the
         sequences its answers carry are that stream's, not the URL's."""
         stream = self.conn.stream
         taken = list(info.config.subjects or [])

@@ -569,19 +569,21 @@ class OrderedReader(_Wire):
                     return
             if not follow and self.pending_left == 0:
                 return
+            # A PONG is counted as _frames() parses the buffer (above), not when _fill() reads it:
+            # checked here, it is seen even when nothing comes after it (a consumer gone quiet
+            # sends nothing more), not only once some later frame wakes the loop.
+            if ping is not None and self.pongs != ping.pongs:
+                answered, ping = ping, None  # the server answered: alive
+                if answered.deaf:  # but the consumer went quiet: start it again where the read is
+                    self.create(self.last_sseq + 1)
+                    heard = time.monotonic()
+                elif idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
+                    return  # a real silence on a live server: --timeout ends the follow
+                continue
             if restart or self._early:
                 continue
             if self._fill(0.05):
                 heard = time.monotonic()
-                if ping is None or self.pongs == ping.pongs:
-                    continue
-                # the server answered: alive
-                if ping.deaf:  # but the consumer went quiet: start it again where the read is
-                    self.create(self.last_sseq + 1)
-                    heard = time.monotonic()
-                elif idle_timeout is not None and heard - idle_since > idle_timeout:
-                    return  # a real silence on a live server: --timeout ends the follow
-                ping = None
                 continue
             now = time.monotonic()
             quiet = follow and idle_timeout is not None and now - idle_since > idle_timeout
