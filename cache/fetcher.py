@@ -11,6 +11,7 @@ grows back by one request per window of successes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import heapq
 import itertools
@@ -78,6 +79,19 @@ STALLED_ATTEMPTS = 3
 # even though it still accepts them: this many lost connections in a row, with no object landing
 # in between, stop the run (exit 6) instead of retrying every object of a big prefix
 LOST_IN_A_ROW = 16
+
+
+def out_of_files(exc: BaseException) -> bool:
+    """Whether an error is, or was raised from, EMFILE/ENFILE: the process or the system ran out of
+    open files."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # (a chain that loops back on itself ends too)
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in (errno.EMFILE, errno.ENFILE):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def error_kind(exc: BaseException) -> str:
@@ -627,6 +641,12 @@ class Fetcher:
                 # the tier's tmp/ gone (an emptied /dev/shm) or unwritable: a partial that was never
                 # opened is no reason to keep a hold, which would count as in flight until a clear
                 self._release(job, keep=self._has_partial(job))
+                if out_of_files(exc) and self._held_bytes:
+                    # our own work in flight holds the descriptors: start it again once some of
+                    # it landed (and fewer at a time)
+                    self.window.throttled()
+                    heapq.heappush(delayed, (time.monotonic() + 0.1, next(self._seq), job))
+                    continue
                 raise CacheError(
                     f"could not start {job.info.url} in the {tier} tier under "
                     f"{self.layout.tier_root(tier)}: {exc}"
@@ -723,6 +743,17 @@ class Fetcher:
                 landing.keep_for_resume()
             else:
                 landing.abort()
+        if fatal is None and out_of_files(err) and (self.window.value > 1 or job.attempts < MAX_ATTEMPTS - 1):
+            # the process's open-files limit, not the object: fewer in flight (each holds a temp
+            # file, a source file or a socket) and again shortly, as for a throttling store. Not
+            # counted as an attempt while the window can still shrink
+            self._release(job, keep=resumable)
+            if self.window.value <= 1:
+                job.attempts += 1
+            self.window.throttled()
+            delay = random.uniform(0.05, 0.2) * (1 + job.attempts)
+            heapq.heappush(delayed, (time.monotonic() + delay, next(self._seq), job))
+            return fatal
         if getattr(err, "lost_connection", False):
             self._lost_in_a_row += 1
             if self._lost_in_a_row >= LOST_IN_A_ROW:
@@ -914,7 +945,7 @@ class Fetcher:
         root = self.layout.tier_root(self.tier)
         try:
             for root, tier in roots.items():
-                if not syncfs(root):
+                if not syncfs(root, self._held_fd(items, tier)):
                     for _, entry, job in items:
                         if entry.tier == tier:
                             os.fsync(job.landing.fd)  # type: ignore[union-attr]
@@ -938,7 +969,7 @@ class Fetcher:
         if out.durable:
             try:
                 for root, tier in roots.items():
-                    if not syncfs(root):
+                    if not syncfs(root, self._held_fd(out.durable, tier)):
                         for directory in {
                             self.layout.blob_path(tier, e.blob).parent
                             for _, e, _ in out.durable
@@ -951,6 +982,16 @@ class Fetcher:
                 out.durable = []
                 out.error = self._disk_error(root, exc)
         return out
+
+    @staticmethod
+    def _held_fd(items: list[Landed], tier: str) -> int:
+        """A descriptor one of the batch's landings in `tier` holds open: syncfs needs one on the
+        file system, and opening the tier's root for it is one more open file (EMFILE under a low
+        limit stopped the run there)."""
+        for _, entry, job in items:
+            if entry.tier == tier and job.landing is not None and (fd := job.landing.open_fd()) >= 0:
+                return fd
+        return -1
 
     def _wind_down(
         self, message: tuple[str, Any, int | None, Any], to_land: list[Landed], result: FetchResult
@@ -998,6 +1039,13 @@ class Fetcher:
                 outcome.error = outcome.error or full
         for (_, entry, job), exc in failed:
             self._take_back(job)
+            if ready is not None and out_of_files(exc) and job.attempts < MAX_ATTEMPTS - 1:
+                # publishing opens the file once more: the open-files limit, not the object.
+                # Fetched again, with fewer in flight
+                job.attempts += 1
+                self.window.throttled()
+                ready.append(job)
+                continue
             job.finish()
             failure = ev.Failed(entry.url, error_kind(exc), str(exc) or type(exc).__name__)
             result.failed.append(failure)

@@ -345,6 +345,10 @@ class Landing:
                 crcs = ",".join(f"{c:08x}" for c in result[1])
                 fh.write(f"{self.info.version}\t{index}\t{result[0]}\t{crcs}\n")
 
+    def open_fd(self) -> int:
+        """A descriptor this landing holds open on its file (-1: none), for syncfs of its tier."""
+        return next((fd for fd in (self.kept_fd, self.fd, self._rfd) if fd >= 0), -1)
+
     def fd_read(self) -> int:
         """A read fd on the partial file (the write fd is O_WRONLY); cached for the landing's life."""
         if self._rfd < 0:

@@ -23,6 +23,7 @@ from cache.errors import (
     ChangedError,
     DeniedError,
     NotFoundError,
+    OriginError,
     UncacheableError,
     UnreachableError,
 )
@@ -300,6 +301,10 @@ class LocalOrigin:
         except PermissionError as exc:
             raise DeniedError(f"cannot read {info.url}: {exc.strerror}") from None
         except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                # this process's open-files limit, not the origin: the fetcher backs off and
+                # retries with fewer in flight (the cause names the limit if it still fails)
+                raise OriginError(f"cannot open {info.url}: {exc.strerror}") from exc
             raise UnreachableError(f"cannot open {info.url}: {exc.strerror}") from None
         try:
             st = os.fstat(fd)

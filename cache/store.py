@@ -121,10 +121,12 @@ def libc_function(name: str, *argtypes: Any) -> Any:
 _syncfs: Any = None
 
 
-def syncfs(path: Path) -> bool:
+def syncfs(path: Path, held: int = -1) -> bool:
     """Makes everything written on the file system holding `path` durable (Linux syncfs: file data,
     inodes and directory entries, in one call whose writes the kernel merges). Returns False where
-    the call is missing; the caller then fsyncs file by file."""
+    the call is missing; the caller then fsyncs file by file. `held`: a descriptor already open on
+    that file system, used instead of opening `path` (under a low open-files limit that open
+    failed with EMFILE and stopped the run)."""
     global _syncfs
     if _syncfs is None:
         import ctypes
@@ -132,7 +134,7 @@ def syncfs(path: Path) -> bool:
         _syncfs = libc_function("syncfs", ctypes.c_int)
     if not _syncfs:
         return False
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = held if held >= 0 else os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         if _syncfs(fd) != 0:
             import ctypes
@@ -140,7 +142,8 @@ def syncfs(path: Path) -> bool:
             err = ctypes.get_errno()
             raise OSError(err, f"syncfs: {os.strerror(err)}", str(path))
     finally:
-        os.close(fd)
+        if fd != held:
+            os.close(fd)
     return True
 
 

@@ -33,9 +33,9 @@ def test_batch_publish_with_syncfs(
     calls: list[Path] = []
     real = store.syncfs
 
-    def counting(path: Path) -> bool:
+    def counting(path: Path, held: int = -1) -> bool:
         calls.append(path)
-        return real(path)
+        return real(path, held)
 
     monkeypatch.setattr("cache.fetcher.syncfs", counting)
     _preload_and_check(bucket, tmp_path, ram_dir, 150, 8 * 1024)
