@@ -51,7 +51,7 @@ from transfer.errors import (
 from transfer.journal import Journal, recorded
 from transfer.manifest import MAX_CHUNK, MIN_CHUNK, FileEntry, Limits, Manifest, parse_manifest
 from transfer.names import STATE_DIR_NAME, display_name, validate_name
-from transfer.reserve import _MARGIN_MAX, _MARGIN_SHARE, reserve
+from transfer.reserve import RESERVE_MIN, Reservation, in_memory, reserve, sealing
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # a directory to chmod: no read permission needed on it, only search on its parents
@@ -59,8 +59,6 @@ _PATH_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # Below this a second open() costs more than the page-cache copy it saves.
 _DIRECT_MIN = 256 * 1024
-# Files smaller than this go down in a write or two: nothing to gain from reserving them first.
-_RESERVE_MIN = 1 << 20
 
 
 # Names are checked once when the manifest is parsed; the store needs their components at every
@@ -91,99 +89,6 @@ def _syncfs(fd: int) -> bool:
         err = ctypes.get_errno()
         raise OSError(err, f"syncfs: {os.strerror(err)}")
     return True
-
-
-# tmpfs (statfs f_type): reserving a file there allocates every page of it, ~0.35 s for 4 GiB here
-# (ext4 takes milliseconds: extents only), which held up the sender's ACCEPT. So on tmpfs it runs
-# in a thread, in pieces, while the first chunks arrive (Reservation). A failed tmpfs fallocate
-# gives back what that call allocated itself: there is nothing to undo that would race the writes.
-TMPFS_MAGIC = 0x01021994
-RESERVE_PIECE = 64 << 20  # one fallocate each: the inode lock it holds delays a chunk's write briefly
-
-_fs_calls: Any = None
-
-
-def _libc_calls() -> Any:
-    global _fs_calls
-    if _fs_calls is None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-        libc.fstatfs.argtypes = [ctypes.c_int, ctypes.c_void_p]
-        _fs_calls = libc
-    return _fs_calls
-
-
-def in_memory(fd: int) -> bool:
-    """True if `fd` is on tmpfs (/dev/shm)."""
-    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
-    if _libc_calls().fstatfs(fd, buf) != 0:
-        return False
-    return ctypes.c_long.from_buffer(buf).value == TMPFS_MAGIC
-
-
-def _keeps_margin(fd: int, size: int) -> bool:
-    """Whether `size` bytes for `fd`, less what it holds, leave the file system reserve.reserve's margin."""
-    vfs = os.fstatvfs(fd)
-    margin = min(vfs.f_blocks * vfs.f_frsize // _MARGIN_SHARE, _MARGIN_MAX)
-    return size - os.fstat(fd).st_blocks * 512 <= vfs.f_bavail * vfs.f_frsize - margin
-
-
-class Reservation:
-    """Reserves tmpfs files in a thread of its own, RESERVE_PIECE by piece from the start, while
-    their chunks are written (a piece already written costs nothing to reserve). It holds one
-    descriptor of its own (the state directory's) and the file it is reserving: a manifest of
-    10,000 big shards must not hold 10,000 open files. finish() waits for it and lets go of both."""
-
-    def __init__(self, dir_fd: int) -> None:
-        self._dir_fd = dir_fd
-        self._own_dir = -1
-        self._files: list[tuple[str, int]] = []
-        self._promised = 0  # bytes queued: the margin check counts them all
-        self._thread: threading.Thread | None = None
-
-    def add(self, name: str, fd: int, size: int) -> None:
-        """Queues file `name` (open as `fd` for the check); nothing if the margin would not stay
-        free once this and the files queued before it are reserved."""
-        if self._thread is None and _keeps_margin(fd, size + self._promised):
-            self._files.append((name, size))
-            self._promised += size
-
-    def start(self) -> None:
-        if self._files and self._thread is None:
-            # a descriptor of its own: the store may close and reopen its directory meanwhile
-            self._own_dir = os.dup(self._dir_fd)
-            self._thread = threading.Thread(target=self._run, name="rq-reserve", daemon=True)
-            self._thread.start()
-
-    def _run(self) -> None:
-        fallocate = _libc_calls().fallocate
-        for name, size in self._files:
-            try:
-                fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._own_dir)
-            except OSError:
-                continue  # gone (a commit, a cleanup): nothing to reserve
-            try:
-                off = 0
-                while off < size:
-                    n = min(RESERVE_PIECE, size - off)
-                    # others may have taken room since add(): each piece keeps the margin again
-                    if not _keeps_margin(fd, off + n) or fallocate(fd, 0, off, n) != 0:
-                        break  # no room after all: the writes report a full disk, as without one
-                    off += n
-            except OSError:
-                pass  # best effort, as reserve.reserve
-            finally:
-                os.close(fd)
-
-    def finish(self) -> None:
-        """Idempotent; after it returns no fallocate runs and its descriptors are closed."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        self._files = []
-        if self._own_dir >= 0:
-            os.close(self._own_dir)
-            self._own_dir = -1
 
 
 # A manifest of our own state was checked when it arrived: read back, it is taken whatever its size.
@@ -318,7 +223,10 @@ class Plan:
         """Checks every file is complete and matches its root digest, then moves it into place."""
         if len(roots) != len(self.files):
             raise VerifyError("COMMIT lists a different number of files than the manifest")
-        self._reserved()  # no fallocate may run on a file once it is sealed and linked
+        # Every chunk is written by now (the journals are checked next), so every page is
+        # allocated: the reservation has nothing left to do, and no fallocate of this process may
+        # run on a file once it is sealed (Reservation passes by files another process seals).
+        self._stop_reserving()
         for fs, root in zip(self.files, roots, strict=True):
             have = fs.journal.reload()
             missing = fs.chunks - len(have)
@@ -336,14 +244,16 @@ class Plan:
         self.store.forget(self)
         return self.manifest.total_bytes
 
-    def _reserved(self) -> None:
-        """Waits for the background reservation (done long before a commit or a close, as a rule)."""
+    def _stop_reserving(self) -> None:
+        """Stops the background reservation, waiting for the piece in flight only: a plan that
+        closes without committing (Ctrl-C, a failed transfer, in Receiver._release under its lock)
+        returns at once, and its files' reservation is taken up again by the plan that resumes it."""
         reservation, self.reservation = self.reservation, None
         if reservation is not None:
-            reservation.finish()
+            reservation.stop()
 
     def close(self) -> None:
-        self._reserved()
+        self._stop_reserving()
         with self.lock:
             if self.closed:
                 return
@@ -1051,7 +961,7 @@ class Store:
         if dropped:
             os.fsync(self.state_fd)
         files = []
-        reservation = Reservation(self.state_fd)
+        reservation = Reservation(self.state_fd, manifest.transfer_id)
         try:
             for entry, in_place, new in zip(manifest.files, intact, fresh, strict=True):
                 chunks = entry.chunks(cs)
@@ -1066,14 +976,14 @@ class Store:
                 if (
                     not in_place
                     and not joining
-                    and entry.size >= _RESERVE_MIN
+                    and entry.size >= RESERVE_MIN
                     and len(journal.initial) < chunks
                 ):
                     self._reserve(part, entry.size, reservation)
                 files.append(FileState(entry, chunks, journal, dict(journal.initial), placed=in_place))
             live = self._hold_live(manifest.transfer_id)
         except BaseException:
-            reservation.finish()  # not started: reserves nothing
+            reservation.stop()  # not started: reserves nothing
             raise
         reservation.start()
         return Plan(manifest, files, self, restarted, live_fd=live, reservation=reservation)
@@ -1399,11 +1309,12 @@ class Store:
         except FileNotFoundError:
             return False
         try:
-            if os.fstat(part).st_size != entry.size:
-                os.ftruncate(part, entry.size)  # a zero-chunk or sparse tail still gets its size
-            if entry.mtime_ns is not None:  # the source's, before it has a name (link keeps it)
-                os.utime(part, ns=(os.fstat(part).st_atime_ns, entry.mtime_ns))
-            os.fchmod(part, final_mode(entry.mode))
+            with sealing(part, entry.size):  # no reservation piece runs meanwhile, nor after
+                if os.fstat(part).st_size != entry.size:
+                    os.ftruncate(part, entry.size)  # a zero-chunk or sparse tail still gets its size
+                if entry.mtime_ns is not None:  # the source's, before it has a name (link keeps it)
+                    os.utime(part, ns=(os.fstat(part).st_atime_ns, entry.mtime_ns))
+                os.fchmod(part, final_mode(entry.mode))
             if sync:
                 os.fsync(part)
         finally:

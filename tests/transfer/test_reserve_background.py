@@ -1,21 +1,25 @@
 """A tmpfs destination's space is reserved in a thread beside the first chunks (store.Store._reserve,
-store.Reservation), not before the transfer may start. These tests hold it to what the synchronous
-reservation promised: every big file reserved whole by the time its plan closes, chunks written
-meanwhile kept intact, and the file system's margin never taken, also by many files of one manifest."""
+reserve.Reservation), not before the transfer may start. These tests hold it to what the synchronous
+reservation promised: every big file reserved whole while its chunks arrive, chunks written
+meanwhile kept intact, and the file system's margin never taken, also by many files of one
+manifest or by a resumed file whose tail is written; and to what a thread must not do: go on
+after its plan closed, or touch a file that a commit (in this process or another) sealed."""
 
 from __future__ import annotations
 
 import os
-import subprocess
+import resource
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tmpfs_kit import own_tmpfs
 
 from transfer.codec import digest, root_digest
 from transfer.manifest import FileEntry, file_key, make_manifest
-from transfer.store import RESERVE_PIECE, Store, in_memory
+from transfer.reserve import RESERVE_PIECE, Reservation, in_memory
+from transfer.store import Store
 
 CS = 1 << 20
 
@@ -34,80 +38,160 @@ def shm_dir() -> Iterator[Path]:
         yield Path(d)
 
 
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of 256 MiB of its own (margin: 5%, 12.8 MiB)."""
+    with own_tmpfs(tmp_path / "small", "size=256m") as mnt:
+        yield mnt
+
+
 def _entry(name: str, size: int, n: int) -> FileEntry:
     return FileEntry(name=name, size=size, mode=0o644, key=file_key(name, size, n, 1, CS))
 
 
+def _reserved(path: Path, size: int) -> bool:
+    return os.stat(path).st_blocks * 512 >= size
+
+
+def _margin(path: Path) -> int:
+    vfs = os.statvfs(path)
+    return min(vfs.f_blocks * vfs.f_frsize // 20, 1 << 30)
+
+
+def _free(path: Path) -> int:
+    vfs = os.statvfs(path)
+    return vfs.f_bavail * vfs.f_frsize
+
+
 def test_tmpfs_files_are_reserved_whole_while_chunks_are_written(shm_dir: Path) -> None:
+    """Checked once the first chunk of each file landed, long before the rest: a file written
+    whole would pass a check made at the end with no reservation at all."""
     size = 2 * RESERVE_PIECE + 3 * CS + 12345  # several pieces, and a tail that is no whole piece
     m = make_manifest(CS, [_entry("a.bin", size, 1), _entry("b.bin", size, 2)])
     data = [os.urandom(size), os.urandom(size)]
     store = Store(shm_dir)
     plan = store.plan(m)
-    roots = []
-    for f in range(2):  # written as they arrive, while the reservation may still be running
-        digests = []
-        for k in range(m.files[f].chunks(CS)):
-            piece = data[f][k * CS : (k + 1) * CS]
-            plan.write(f, k, piece)
-            plan.make_durable([(f, k, digest(piece))])
-            digests.append(digest(piece))
-        roots.append(root_digest(digests).hex())
     parts = [shm_dir / ".rq-partial" / f"{e.key}.part" for e in m.files]
+    digests: list[list[bytes]] = [[], []]
+
+    def land(f: int, k: int) -> None:
+        piece = data[f][k * CS : (k + 1) * CS]
+        plan.write(f, k, piece)
+        plan.make_durable([(f, k, digest(piece))])
+        digests[f].append(digest(piece))
+
+    for f in range(2):
+        land(f, 0)
+    assert plan.reservation is not None
+    plan.reservation.wait()
+    for f in range(2):
+        assert _reserved(parts[f], size), "not reserved while the chunks were still to come"
+        with open(parts[f], "rb") as fh:
+            assert fh.read(CS) == data[f][:CS]  # the chunk written before it is kept
+    for f in range(2):
+        for k in range(1, m.files[f].chunks(CS)):
+            land(f, k)
+    roots = [root_digest(d).hex() for d in digests]
     assert plan.finalize(roots, overwrite=False) == 2 * size
     plan.close()
     for f, name in enumerate(("a.bin", "b.bin")):
-        st = os.stat(shm_dir / name)
-        assert st.st_size == size and st.st_blocks * 512 >= size
+        assert os.stat(shm_dir / name).st_size == size
         assert (shm_dir / name).read_bytes() == data[f]
     assert not any(p.exists() for p in parts)
     store.close()
 
 
-def test_a_closed_plan_leaves_its_tmpfs_files_reserved(shm_dir: Path) -> None:
-    size = RESERVE_PIECE + 5 * CS
-    m = make_manifest(CS, [_entry("c.bin", size, 3)])
+def test_a_closed_plan_stops_reserving_and_its_resume_reserves_the_rest(shm_dir: Path) -> None:
+    """close() (Ctrl-C, a failed transfer's _release under the receiver's lock) reserved every
+    queued file in full before returning: 16 x 64 MiB here. It now stops between pieces; the plan
+    that resumes the transfer takes the reservation up again."""
+    m = make_manifest(CS, [_entry(f"s{n:02}.bin", RESERVE_PIECE, n) for n in range(16)])
+    parts = [shm_dir / ".rq-partial" / f"{e.key}.part" for e in m.files]
     store = Store(shm_dir)
-    store.plan(m).close()  # close waits for the reservation: nothing may run on after it
-    st = os.stat(shm_dir / ".rq-partial" / f"{m.files[0].key}.part")
-    assert st.st_size == size and st.st_blocks * 512 >= size
+    store.plan(m).close()
+    after_close = [os.stat(p).st_blocks for p in parts]
+    assert not all(b * 512 >= RESERVE_PIECE for b in after_close), "close() reserved everything first"
+    plan = store.plan(m)
+    assert plan.reservation is not None
+    plan.reservation.wait()
+    assert all(_reserved(p, RESERVE_PIECE) for p in parts)
+    plan.close()
     store.close()
+
+
+def test_a_commit_in_another_process_is_not_undone_by_this_ones_reservation(shm_dir: Path) -> None:
+    """rq recv --workers: the plan of one process reserves while another process (its control
+    channel reconnected there) commits. A tmpfs fallocate moves the file's mtime, even over pages
+    already written: a piece after the seal overwrote the source's mtime the commit had applied.
+    Two Stores of one receiver (one owner) stand for the two processes: their plans, descriptors
+    and locks are as separate as across processes, and neither waits for the other's thread."""
+    size = 32 * RESERVE_PIECE  # sparse: 2 GiB to reserve, far more than the commit takes
+    mtime = 1_600_000_000_123_456_789
+    m = make_manifest(
+        RESERVE_PIECE,
+        [FileEntry("big.bin", size, 0o644, file_key("big.bin", size, 7, 1, RESERVE_PIECE), mtime_ns=mtime)],
+    )
+    records = [(0, k, digest(b"%d" % k)) for k in range(m.files[0].chunks(RESERVE_PIECE))]
+    mine, theirs = Store(shm_dir, owner="one-receiver"), Store(shm_dir, owner="one-receiver")
+    reserving = mine.plan(m)
+    reserving.make_durable(records)  # every chunk journaled (their bytes do not matter here)
+    committing = theirs.plan(m)
+    root = root_digest([d for _, _, d in records]).hex()
+    assert committing.finalize([root], overwrite=False) == size
+    placed = os.stat(shm_dir / "big.bin")
+    assert placed.st_mtime_ns == mtime
+    reserving.close()
+    assert os.stat(shm_dir / "big.bin").st_mtime_ns == mtime, "a reservation piece ran after the seal"
+    mine.close()
+    theirs.close()
+
+
+def test_a_resumed_file_whose_tail_is_written_never_takes_the_margin(small_tmpfs: Path) -> None:
+    """The per-piece check counted the whole file's blocks against the piece: with the last piece
+    already written (a resume), the first looked free, and its fallocate took the margin that
+    another writer had left since the file was queued. The file's whole need is checked now."""
+    size = 3 * RESERVE_PIECE
+    dfd = os.open(small_tmpfs, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open("x.part", os.O_RDWR | os.O_CREAT, 0o600, dir_fd=dfd)
+    try:
+        os.ftruncate(fd, size)
+        os.pwrite(fd, b"\1" * RESERVE_PIECE, 2 * RESERVE_PIECE)  # the tail arrived before
+        reservation = Reservation(dfd, "0" * 32)
+        reservation.add("x.part", fd, size)  # 128 MiB to go, 192 MiB free: queued
+        margin = _margin(small_tmpfs)
+        with open(small_tmpfs / "other", "wb") as other:  # someone else takes room meanwhile
+            other.write(b"\2" * (_free(small_tmpfs) - RESERVE_PIECE - margin // 2))
+        assert RESERVE_PIECE <= _free(small_tmpfs) < RESERVE_PIECE + margin  # a piece fits, into the margin
+        reservation.start()
+        reservation.wait()
+        reservation.stop()
+        assert _free(small_tmpfs) >= margin - (64 << 10), "the reservation took the margin"
+    finally:
+        os.close(fd)
+        os.close(dfd)
 
 
 def test_many_files_of_one_manifest_never_take_a_small_tmpfs_margin(tmp_path: Path) -> None:
     """Each file checked alone would fit; together they would fill the file system. The
     background reservation counts what it has promised, and checks the margin again per piece."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small file system needs root")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mnt)], capture_output=True
-    ).returncode:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
-        vfs = os.statvfs(mnt)
-        margin = min(vfs.f_blocks * vfs.f_frsize // 20, 1 << 30)
+    with own_tmpfs(tmp_path / "small", "size=40m") as mnt:
+        margin = _margin(mnt)
         size = 6 * CS
         m = make_manifest(CS, [_entry(f"f{n}.bin", size, n) for n in range(10)])  # 60 MiB into 40
         store = Store(mnt / "dst")
-        store.plan(m).close()
-        left = os.statvfs(mnt)
-        assert left.f_bavail * left.f_frsize >= margin - (64 << 10)
-        reserved = [
-            os.stat(mnt / "dst" / ".rq-partial" / f"{e.key}.part").st_blocks * 512 >= size for e in m.files
-        ]
+        plan = store.plan(m)
+        assert plan.reservation is not None
+        plan.reservation.wait()
+        plan.close()
+        assert _free(mnt) >= margin - (64 << 10)
+        reserved = [_reserved(mnt / "dst" / ".rq-partial" / f"{e.key}.part", size) for e in m.files]
         assert reserved[0] and not all(reserved)
         store.close()
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, check=False)
 
 
 def test_a_manifest_of_many_big_files_holds_no_descriptor_per_file(shm_dir: Path) -> None:
     """Queued files are opened one at a time by the reserving thread: a manifest of thousands of
     shards must not need thousands of descriptors (the store holds none between operations)."""
-    import resource
-
     m = make_manifest(CS, [_entry(f"s{n:03}.bin", CS + 1, n) for n in range(120)])
     store = Store(shm_dir)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -115,9 +199,11 @@ def test_a_manifest_of_many_big_files_holds_no_descriptor_per_file(shm_dir: Path
     resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + 40, hard))
     try:
         plan = store.plan(m)
+        assert plan.reservation is not None
+        plan.reservation.wait()
         plan.close()
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     for e in m.files:
-        assert os.stat(shm_dir / ".rq-partial" / f"{e.key}.part").st_blocks * 512 >= CS + 1
+        assert _reserved(shm_dir / ".rq-partial" / f"{e.key}.part", CS + 1)
     store.close()
