@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transfer.errors import AuthError, ChunkSizeError, NoSpaceError, PeerUnreachableError, TransferError
+from transfer.errors import AuthError, ChunkSizeError, PeerUnreachableError, TransferError
 from transfer.events import (
     ChunkMoved,
     ChunkResent,
@@ -42,7 +42,7 @@ from transfer.session import (
     ManifestReceived,
     ReceiverChannel,
 )
-from transfer.store import Plan, Store
+from transfer.store import Plan, Store, no_space
 from transfer.transport import Channel
 
 IDLE_TIMEOUT = 300.0  # a channel that sends nothing for this long is dropped
@@ -433,7 +433,7 @@ class Receiver:
             where = f" {shown!r}" if shown.isprintable() else f" {shown!a}"
         reason = exc.strerror or type(exc).__name__
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            return NoSpaceError(f"receiver disk is full writing{where}: {reason}")
+            return no_space(self.store.state_fd, f" writing{where}: {reason}")
         denied = exc.errno in (errno.EACCES, errno.EPERM)
         # "its destination", not DEST's path: the receiver's own paths stay on the receiver
         if exc.errno == errno.EROFS or (denied and (internal or not where)):

@@ -113,13 +113,30 @@ def _read_fd(fd: int) -> bytes:
     return os.pread(fd, size, 0) if size else b""
 
 
+def no_space(fd: int, detail: str) -> NoSpaceError:
+    """ENOSPC on the file system holding `fd`, said as what ran out: its inodes (every file rq
+    creates takes one: the received files and, per file, its journal and placed record under
+    .rq-partial) or its space. Freeing bytes, or raising --max-bytes, does nothing for the first."""
+    try:
+        vfs = os.fstatvfs(fd)
+        inodes = vfs.f_files > 0 and vfs.f_favail == 0  # f_files 0: it keeps no count (btrfs)
+    except OSError:
+        inodes = False
+    if inodes:
+        return NoSpaceError(
+            f"receiver file system is out of inodes{detail} (rq needs about 3 per file it receives): "
+            "delete files there (see `df -i`), or remount a tmpfs with a larger nr_inodes"
+        )
+    return NoSpaceError(f"receiver disk is full{detail}")
+
+
 @contextlib.contextmanager
-def _disk_errors() -> Iterator[None]:
+def _disk_errors(fd: int) -> Iterator[None]:
     try:
         yield
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise NoSpaceError("receiver disk is full; the chunks verified so far are kept") from None
+            raise no_space(fd, "; the chunks verified so far are kept") from None
         raise
 
 
@@ -168,7 +185,7 @@ class Plan:
         key = self.files[f].entry.key
         view = memoryview(data).cast("B")
         off = k * self.manifest.chunk_size
-        with _disk_errors():
+        with _disk_errors(self.store.state_fd):
             done = self.store.write_direct(key, view, off)
             if done < len(view):
                 with self.store.part(key) as fd:
@@ -186,7 +203,7 @@ class Plan:
         by_file: dict[int, list[tuple[int, bytes]]] = {}
         for f, k, dig in done:
             by_file.setdefault(f, []).append((k, dig))
-        with _disk_errors():
+        with _disk_errors(self.store.state_fd):
             if len(by_file) >= SYNCFS_MIN_FILES and self.store.syncfs():
                 self._check_write_back(by_file)
                 for f, recs in by_file.items():
@@ -447,7 +464,7 @@ class Store:
     def recover(self) -> None:
         """What a receiver does as it starts (and `plan` for the other transfers): finishes every
         commit a killed receiver cut short, then prunes the state files nothing needs any more."""
-        with _disk_errors():
+        with _disk_errors(self.state_fd):
             self._finish_interrupted()
             self._prune()
 
@@ -627,7 +644,7 @@ class Store:
         for name in manifest.dirs:
             self._check_dir_target(name)
         restarted = self._drop_stale(manifest)
-        with _disk_errors():
+        with _disk_errors(self.state_fd):
             self._write_state_file(f"{manifest.transfer_id}.manifest.json", manifest.to_json())
             return self._open(manifest, restarted, intact=[state == INTACT for state in states])
 
@@ -637,7 +654,7 @@ class Store:
         A commit that a crash interrupted (marker written, files partly placed) is finished now."""
         tid = manifest.transfer_id
         name = f"{tid}.done.json"
-        with _disk_errors():
+        with _disk_errors(self.state_fd):
             self._redo_commit(manifest)
         if not self._exists(name):
             return False
