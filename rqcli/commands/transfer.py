@@ -106,6 +106,9 @@ def _cli_error(exc: Exception) -> CliError:
         hint = "remove or rename it on the receiver, then re-run"
     if isinstance(exc, BusyError):
         hint = "one file is written by one transfer at a time: re-run when the other one has finished"
+    if code == ExitCode.NO_SPACE and "out of inodes" in str(exc):
+        # neither freeing bytes nor --max-bytes helps a file system that has no inodes left
+        hint = "free inodes on the receiver (df -i) and re-run the same command to resume"
     if "upgrade rq on the" in str(exc):
         # an older peer (authentication version 2 missing): the token and pin are not at fault
         hint = "both sides need the same rq release: check `rq --version` on each"

@@ -37,6 +37,7 @@ def test_a_transfer_into_a_file_system_out_of_inodes_says_so(tmp_path: Path, few
     err = proc.stderr.decode()
     assert proc.returncode == 7, err
     assert "out of inodes" in err and "disk is full" not in err, err
+    assert "--max-bytes" not in err and "df -i" in err, err  # the hint too: bytes are not the problem
     assert "out of inodes" in recv_err, recv_err
     left = os.statvfs(few_inodes)
     assert left.f_bavail * left.f_frsize > 32 << 20  # the space was there all along
