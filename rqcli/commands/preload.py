@@ -39,6 +39,12 @@ def cache_error_to_cli(exc: Exception) -> CliError:
         (e.VerifyError, ExitCode.VERIFY, "re-run to fetch again; `rq cache verify` lists corrupt entries"),
         (e.CacheFullError, ExitCode.NO_SPACE, "raise --ram-limit/--disk-limit, unpin, or `rq cache evict`"),
         (e.BusyError, ExitCode.FAILURE, "another rq is fetching it; try again"),
+        # its message says a re-run meets the same reply: "re-run to continue" would contradict it
+        (
+            e.MisbehavingStoreError,
+            ExitCode.UNREACHABLE,
+            "check what answers at the endpoint (a proxy in front of it?)",
+        ),
         (e.OriginError, ExitCode.UNREACHABLE, "the store kept failing; re-run to continue"),
     ]
     if isinstance(exc, e.CacheError) and out_of_descriptors(exc):
@@ -284,7 +290,7 @@ def _preload(
 ) -> None:
     from cache import CacheError
     from cache import events as ev
-    from cache.preload import check_sources, check_sources_exist
+    from cache.preload import IGNORED_REPORTED, check_sources, check_sources_exist
     from cache.s3 import S3Settings, start_listings
 
     settings = S3Settings(endpoint_url=endpoint_url, profile=profile)
@@ -352,6 +358,10 @@ def _preload(
                         "reason": event.reason,
                     }
                 )
+            elif isinstance(event, ev.Ignored):
+                out.emit({"event": "ignored", "url": event.url, "reason": event.reason})
+                if not out.json:
+                    out.warn(f"ignored {safe_text(event.url)}: {safe_text(event.reason)}")
             elif isinstance(event, ev.Retrying):
                 out.debug(
                     f"retry {event.attempt} of {safe_text(event.url)} in {event.delay_s:.1f}s: {event.reason}"
@@ -422,6 +432,7 @@ def _preload(
         "evicted_own": result.evicted_own,
         "demoted_own": result.demoted_own,
         "demoted_full": result.demoted_full,
+        "ignored": result.ignored,
         "aborted": False,  # (no "error" key: it comes only with "aborted": true)
     }
     tally.reported = True
@@ -442,6 +453,11 @@ def _preload(
             f"{result.demoted_full} of the objects asked for in the RAM tier are in the disk tier: "
             f"the RAM tier's file system under {c.layout.ram_root} is full (space or inodes taken "
             "by files that are not rq's); free some there"
+        )
+    if result.ignored > IGNORED_REPORTED:
+        out.warn(
+            f"the store listed {result.ignored} keys that are not the source's objects (outside the prefix, "
+            f"or listed twice); the first {IGNORED_REPORTED} are named above, none was fetched"
         )
     if result.failed:
         kinds = {f.kind for f in result.failed}

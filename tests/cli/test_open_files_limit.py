@@ -22,16 +22,23 @@ def test_a_low_soft_open_files_limit_does_not_fail_a_preload(tmp_path: Path) -> 
     assert summary["objects"] == 600 and summary["failed"] == 0
 
 
-def test_a_low_hard_open_files_limit_is_named_as_such(tmp_path: Path) -> None:
-    """Below the hard limit there is nothing to raise: the error must name the open-files limit,
-    not send the user to check --endpoint-url for a local directory (exit 6 before)."""
-    src = random_files(tmp_path / "src", 300, 64)
-    rq = shlex.join([*rq_command(), "preload", str(src), "--cache-dir", str(tmp_path / "c"), "--json"])
-    done = subprocess.run(
-        ["bash", "-c", f"ulimit -n 30 && exec {rq}"], capture_output=True, timeout=120, check=False
-    )
-    err = done.stderr.decode()
-    assert done.returncode == 1, err[-500:]
-    assert "open files (limit 30)" in err and "ulimit -n" in err and "endpoint" not in err
-    summary = json.loads(done.stdout.decode().splitlines()[-1])
-    assert summary["aborted"] is True and "open files" in summary["error"]
+def test_running_out_of_open_files_is_named_as_such() -> None:
+    """Where the library still gives up on EMFILE (it backs off first: a4f49d1), the error must
+    name the open-files limit, not send the user to check --endpoint-url for a local directory
+    (exit 6 before)."""
+    import errno
+
+    from cache.errors import UnreachableError
+    from rqcli.commands.preload import cache_error_to_cli
+    from rqcli.exitcodes import ExitCode
+
+    try:
+        try:
+            raise OSError(errno.EMFILE, "Too many open files", "/data/f118")
+        except OSError as cause:
+            raise UnreachableError("cannot open /data/f118: Too many open files") from cause
+    except UnreachableError as exc:
+        err = cache_error_to_cli(exc)
+    line = err.one_line()
+    assert err.code == ExitCode.FAILURE
+    assert "ran out of open files (limit " in line and "ulimit -n" in line and "endpoint" not in line
