@@ -480,7 +480,10 @@ class Cache:
     def _stale(self, entry: Entry) -> bool:
         if not entry.url.startswith("s3://"):
             return True  # a local stat costs microseconds: always check
-        return time.time() - entry.checked_at > self.max_age
+        age = time.time() - entry.checked_at
+        # a check stamped in the future means the clock stepped back since (NTP, a resumed VM): its
+        # age is unknown, so it is stale; taken as negative it disabled revalidation, max_age=0 too
+        return age < 0 or age > self.max_age
 
     def _revalidate(self, entry: Entry) -> tuple[ObjectInfo | None, str | None]:
         """(the origin's current info, None), or (None, why) when the origin cannot be asked and
