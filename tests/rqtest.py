@@ -69,6 +69,18 @@ def popen_rq(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[
     )
 
 
+def popen_rq_with(setup: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """popen_rq, with `setup` (Python statements, e.g. a module constant lowered so a test need
+    not wait out a production interval) run in the rq process before the CLI starts."""
+    code = f"{setup}\nimport sys\nsys.argv[0] = 'rq'\nfrom rqcli.console import main\nmain()\n"
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+
+
 def wait_or_fail(proc: subprocess.Popen[bytes], timeout: float, still: str) -> int:
     """The process's exit status; one still running after `timeout` s is killed and the test
     fails saying `still` (what it was still doing that it should not)."""

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from jskit import own_nats_process, produce
-from rqtest import popen_rq, read_lines, wait_or_fail
+from rqtest import popen_rq, popen_rq_with, read_lines, wait_or_fail
 
 from rqcli.exitcodes import ExitCode
 
@@ -41,6 +41,9 @@ def _ends_lost(rq: subprocess.Popen[bytes], records: int) -> None:
     assert "lost the NATS server" in done["error"]
 
 
+_FAST_HEARTBEAT = "import topics.sources.natswire as w; w.HEARTBEAT_S = 1.0"
+
+
 def test_a_follow_with_timeout_on_a_frozen_server_is_exit_6_not_a_quiet_end(
     frozen_server: tuple[str, subprocess.Popen[bytes]],
 ) -> None:
@@ -55,7 +58,8 @@ def test_a_follow_without_timeout_notices_the_missed_heartbeats(
     frozen_server: tuple[str, subprocess.Popen[bytes]],
 ) -> None:
     url, server = frozen_server
-    rq = popen_rq("tail", url, "-f", "--format", "raw", "--json")
+    # heartbeats every 1 s instead of 5 (the server takes any interval): the same path, a third of the wait
+    rq = popen_rq_with(_FAST_HEARTBEAT, "tail", url, "-f", "--format", "raw", "--json")
     read_lines(rq, [b"1", b"2", b"3"])
     server.send_signal(signal.SIGSTOP)
     _ends_lost(rq, 3)
