@@ -13,6 +13,7 @@ import itertools
 import os
 import pickle
 import random
+import re
 import sqlite3
 import threading
 import time
@@ -39,7 +40,7 @@ from cache.errors import (
 )
 from cache.fetcher import Fetcher, Job
 from cache.index import Entry, Index
-from cache.landing import ObjectInfo
+from cache.landing import Checksums, ObjectInfo
 from cache.layout import (
     INDEX_NAME,
     TIERS,
@@ -912,8 +913,14 @@ class Prefetcher:
             if entry is not None:
                 # promote from the other tier: the cached copy is the origin
                 # the cached URL and version, so the landed copy replaces the entry in its old tier
+                # (with the real origin behind it: a copy evicted, deleted or damaged since is
+                # fetched from there, as a read would, instead of leaving the item cold)
                 path = cache.layout.blob_path(entry.tier, entry.blob)
-                jobs.append(Job(ObjectInfo(url, url, entry.size, entry.version), _PromoteOrigin(path, entry)))
+                try:
+                    origin = origin_for_url(url, cache.s3_settings)
+                except CacheError:
+                    origin = None
+                jobs.append(Job(_entry_info(entry), _PromoteOrigin(path, entry, fallback=origin)))
             else:
                 try:
                     origin = origin_for_url(url, cache.s3_settings)
@@ -942,6 +949,14 @@ class _PromoteOrigin(LocalOrigin):
         self.fallback = fallback  # the real origin, for a cached copy that vanished or is corrupt
         self._checked = threading.Lock()
         self._ok = False
+        self._fell_back = False
+
+    def checksums(self, info: ObjectInfo) -> Checksums:
+        # a big object whose pieces came (some of them) from the real origin is checked as that
+        # origin's objects are; bytes copied from the verified cached copy need nothing more
+        if self._fell_back and self.fallback is not None:
+            return self.fallback.checksums(info)
+        return Checksums()
 
     def _verify_once_or_close(self, fd: int) -> None:
         try:
@@ -967,7 +982,11 @@ class _PromoteOrigin(LocalOrigin):
                     if self.fallback is None:
                         raise
                     # evicted or damaged since it was planned: nothing is written yet, so the
-                    # real origin can deliver the same bytes (the landing checks them as usual)
+                    # real origin can deliver the same bytes (the landing checks them as usual).
+                    # No longer a promotion: a RAM file system found full must not leave it
+                    # "cached on disk" (Fetcher._elsewhere), where it is not
+                    self._fell_back = True
+                    self.promotes = False
                     self.fallback.fetch(info, landing, on_done, piece)
                     return
                 try:
@@ -992,6 +1011,18 @@ class _PromoteOrigin(LocalOrigin):
 
     def stat(self, url: str) -> ObjectInfo:
         return ObjectInfo(url, url, self.entry.size, self.entry.version)
+
+
+_S3_VERSION = re.compile(r"etag:(.*);size:\d+(?:;vid:.*)?", re.DOTALL)
+
+
+def _entry_info(entry: Entry) -> ObjectInfo:
+    """What the origin said of a cached entry's object when it was landed: its URL, size, version
+    and (S3) ETag, enough to fetch that very version again (a big object's ranges are asked
+    If-Match its ETag; a plain-MD5 ETag checks a whole object's body)."""
+    m = _S3_VERSION.fullmatch(entry.version) if entry.url.startswith("s3://") else None
+    key = entry.url.rsplit("/", 1)[-1]
+    return ObjectInfo(entry.url, key, entry.size, entry.version, m.group(1) if m else None)
 
 
 def _cannot_ask(exc: CacheError) -> bool:
