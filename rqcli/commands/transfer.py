@@ -135,12 +135,30 @@ def _is_default(param: str) -> bool:
 
 
 def _parse_url(url: str) -> tuple[str, int, str | None]:
-    """rq://HOST:PORT[?pin=sha256:…] (the scheme may be left out)."""
+    """rq://HOST[:PORT][?pin=sha256:…], or HOST:PORT without the scheme.
+
+    A bare word or a path is refused rather than taken for a host: `rq send a b` (the destination
+    forgotten) would otherwise try host `b` on the default port for a minute and say "re-run"."""
+    shown = safe_text(repr(url))
     if "://" not in url:
+        if os.path.exists(url):
+            raise CliError(
+                f"destination {shown} is a local path: the last argument must be rq://HOST:PORT",
+                ExitCode.USAGE,
+            )
+        if "/" in url or not re.search(r":\d+(\?|$)", url):
+            raise CliError(f"destination {shown} must look like rq://HOST:PORT", ExitCode.USAGE)
         url = "rq://" + url
     parts = urlsplit(url)
-    if parts.scheme != "rq":
-        raise CliError(f"destination {url!r} must look like rq://HOST:PORT", ExitCode.USAGE)
+    if parts.scheme.lower() != "rq":
+        raise CliError(f"destination {shown} must look like rq://HOST:PORT", ExitCode.USAGE)
+    if parts.path not in ("", "/") or parts.fragment:
+        # rq://host:port/some/dir: the receiver alone names where files go (its DEST_DIR)
+        raise CliError(
+            f"destination {shown} has a path: files go where `rq recv DEST_DIR` was started; "
+            "give rq://HOST:PORT only",
+            ExitCode.USAGE,
+        )
     host, port = _host_port(parts.netloc)
     pins = parse_qs(parts.query).get("pin")
     pin = pins[0] if pins else None

@@ -1,0 +1,44 @@
+"""`rq send`'s last argument is the destination: a bare word or a local path there is a usage error
+(exit 2, one line), not a host to try on the default port for a minute and then "re-run" (exit 6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rqtest import run_rq
+
+ENV = {"RQ_TOKEN": "t", "RQ_SEND_RETRY_FOR": "0"}
+
+
+@pytest.mark.parametrize(
+    "dest,says",
+    [
+        ("b.txt", "is a local path"),  # `rq send a.bin b.txt`: the destination forgotten
+        ("ckpt", "must look like rq://HOST:PORT"),  # a bare word (no such file)
+        ("src/ckpt/b.txt", "must look like rq://HOST:PORT"),
+        ("rq://127.0.0.1:9/some/dir", "has a path"),  # was: the path silently dropped
+        ("http://127.0.0.1:9", "must look like rq://HOST:PORT"),
+    ],
+)
+def test_a_destination_that_is_no_rq_url_is_a_usage_error(
+    tmp_path: Path, dest: str, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.bin").write_bytes(b"x")
+    (tmp_path / "b.txt").write_bytes(b"y")
+    out = run_rq("send", "a.bin", dest, "--transport", "tcp", env=ENV, timeout=30)
+    assert out.returncode == 2, out.stderr
+    lines = [x for x in out.stderr.decode().splitlines() if x.strip()]
+    assert len(lines) == 1 and says in lines[0], out.stderr
+
+
+@pytest.mark.parametrize("dest", ["127.0.0.1:9", "RQ://127.0.0.1:9", "rq://127.0.0.1:9/"])
+def test_host_port_forms_are_still_accepted(
+    tmp_path: Path, dest: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.bin").write_bytes(b"x")
+    out = run_rq("send", "a.bin", dest, "--transport", "tcp", env=ENV, timeout=60)
+    # nothing listens on port 9: unreachable (6), which means the destination itself was understood
+    assert out.returncode == 6, out.stderr
