@@ -407,6 +407,7 @@ STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
 @click.option(
     "--cache-dir",
     type=click.Path(path_type=Path),
+    metavar="DIRECTORY",
     envvar="RQ_CACHE_DIR",
     cls=CommandEnvFirst,
     default=lambda: str(default_cache_dir()),

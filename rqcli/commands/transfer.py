@@ -289,7 +289,10 @@ def _dest_argument(_ctx: click.Context, _param: click.Parameter, value: str) -> 
 @click.option("--once", is_flag=True, help="Exit after one transfer completes.")
 @click.option("--overwrite", is_flag=True, help="Replace files that already exist in DEST_DIR.")
 @click.option(
-    "--max-bytes", callback=_positive_size_option, help="Refuse transfers larger than SIZE (e.g. 500G)."
+    "--max-bytes",
+    metavar="SIZE",
+    callback=_positive_size_option,
+    help="Refuse transfers larger than SIZE (e.g. 500G).",
 )
 @click.option(
     "--max-files",
@@ -695,7 +698,8 @@ def _recv_event(out: Output, ev: Any) -> None:
     "--pin",
     envvar="RQ_PIN",
     cls=CommandEnvFirst,
-    help="Receiver certificate fingerprint (sha256:…) printed by `rq recv`.",
+    metavar="SHA256",
+    help="Receiver certificate fingerprint (sha256:…) printed by `rq recv`; also the URL's ?pin= or RQ_PIN.",
 )
 @click.option(
     "--connections",
@@ -710,7 +714,14 @@ def _recv_event(out: Output, ev: Any) -> None:
     default=None,
     help="Channels per connection (QUIC streams; extra TCP connections). [default: 2; TCP: 1]",
 )
-@click.option("--chunk-size", default="4MiB", show_default=True, callback=_size_option, help="Chunk size.")
+@click.option(
+    "--chunk-size",
+    default="4MiB",
+    show_default=True,
+    metavar="SIZE",
+    callback=_size_option,
+    help="Chunk size, 64KiB to 64MiB (a receiver that holds part of the transfer picks it on resume).",
+)
 @click.option(
     "--compress",
     type=click.Choice(["auto", "zstd", "none"]),
