@@ -89,19 +89,37 @@ class PermissionDenied(AccessDenied):
         super().__init__(message, credentials=False, server="local")
 
 
-class AppendedPartly(TopicError):
+class _StoredPart(BaseException):
+    """What an append that stopped partway left stored: the batch's first `stored` records
+    (offsets `first`..`last`), and `error`, what stopped it."""
+
+    def __init__(self, url: str, first: int, last: int, stored: int, error: BaseException):
+        self.url, self.first, self.last, self.stored, self.error = url, first, last, stored, error
+        super().__init__(
+            f"{url}: the first {stored} record(s) of the batch are stored (offsets {first}..{last}), "
+            f"then: {str(error) or type(error).__name__}"
+        )
+
+
+class AppendedPartly(_StoredPart, TopicError):
     """An append stopped after part of its batch was stored: the embedded log splits a batch over
     its size limit into parts, each durable on its own, and a later part failed (a full disk).
     The batch's first `stored` records are stored (offsets `first`..`last`) and stay; `error` is
     what stopped the rest (an OSError keeps its errno). A caller that counts or commits what the
     target holds counts these: a rerun from the first record not stored duplicates nothing."""
 
-    def __init__(self, url: str, first: int, last: int, stored: int, error: Exception):
-        self.url, self.first, self.last, self.stored, self.error = url, first, last, stored, error
-        super().__init__(
-            f"{url}: the first {stored} record(s) of the batch are stored (offsets {first}..{last}), "
-            f"then: {error}"
-        )
+    error: Exception
+
+
+class AppendInterrupted(_StoredPart, KeyboardInterrupt):
+    """A KeyboardInterrupt (Ctrl-C; `error` is the interrupt itself, e.g. a SIGTERM handler's
+    subclass) that came while the embedded log was storing a batch, after some of it (`stored`
+    records, all of them where it came after the last part's fdatasync) was durable. It stays a
+    KeyboardInterrupt, so it stops what it stops; a caller that counts or commits what the target
+    holds counts these, as for AppendedPartly. The log never holds a part it does not count: one
+    cut short is truncated away, one whose bytes were all written is synced and counted."""
+
+    error: KeyboardInterrupt
 
 
 class PublishRefused(TopicError):

@@ -37,6 +37,7 @@ from topics.embedded.log import TopicConfig
 from topics.errors import (
     AccessDenied,
     AppendedPartly,
+    AppendInterrupted,
     CorruptRecord,
     DamagedGroup,
     DigestMismatch,
@@ -473,9 +474,11 @@ class _Copied:
             raise TopicError(
                 exc.describe(lambda i: f"the record at offset {records[i][0]}", before)
             ) from None
-        except AppendedPartly as exc:
+        except (AppendedPartly, AppendInterrupted) as exc:
+            # a batch stored in parts (or a stop after its last part was written): what the
+            # target holds counts, and --commit stores the position after it
             self.add(Appended(exc.first, exc.last, exc.stored))
-            self.kept_to = records[exc.stored][0]
+            self.kept_to = records[exc.stored][0] if exc.stored < len(records) else records[-1][0] + 1
             if isinstance(exc.error, OSError):
                 self.error = exc.error
             raise exc.error from None
@@ -505,6 +508,8 @@ def _emitters(
             if sink is not None:
                 tally.append(sink, records, keep_time)
             if writer is not None:
+                if stops is not None:
+                    stops.writing = True  # a stop inside the sink's append leaves stdout usable
                 writer(records, decoded)
                 if stops is not None:
                     writer.flush()  # out of rq's buffer before the records count as consumed
@@ -845,9 +850,10 @@ class _Produced(_Copied):
             self.add(exc.appended)
             self.sent += exc.sent
             raise TopicError(exc.describe(lambda i: f"record {at + i + 1} of the input", before)) from None
-        except AppendedPartly as exc:
-            # the parts of a split batch before the one that failed are stored: counted, so the
-            # done line and the full-disk line say what the topic holds
+        except (AppendedPartly, AppendInterrupted) as exc:
+            # the parts of a split batch before the one that failed (or was stopped by Ctrl-C or
+            # SIGTERM) are stored: counted, so the done line and the full-disk line say what the
+            # topic holds
             self.add(Appended(exc.first, exc.last, exc.stored))
             self.sent += exc.stored
             raise exc.error from None
@@ -1576,6 +1582,7 @@ class _Stops:
 
     def __init__(self) -> None:
         self.busy = False
+        self.writing = False  # records of the batch held are being written to stdout
         self.pending = False
         self.emitted_to = 0  # offset after the last record written out
         self.signum: int = signal.SIGINT  # the first stop signal: SIGTERM says so in the last line
@@ -1666,11 +1673,14 @@ class _Stops:
             raise
         except KeyboardInterrupt:
             # Stopped inside a write (a stalled pipe): what is still buffered can never get out,
-            # and flushing it at exit would block again.
-            _stdout_gone()
+            # and flushing it at exit would block again. Stopped inside the sink's append (a slow
+            # disk), stdout has nothing of the batch and still takes the done line.
+            if self.writing:
+                _stdout_gone()
             raise
         finally:
             self.busy = False
+            self.writing = False
             signal.setitimer(signal.ITIMER_REAL, 0)
         if self.pending:
             self.pending = False

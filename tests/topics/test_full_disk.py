@@ -17,6 +17,17 @@ def _lines(n: int) -> bytes:
     return b"".join(base64.b64encode(os.urandom(75)) + b"\n" for _ in range(n))
 
 
+def _fill(path: Path) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, bytes(4096)):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def test_produce_onto_a_full_disk_says_where_and_what_it_kept(tmp_path: Path) -> None:
     with small_tmpfs(tmp_path / "mnt", "256k") as mnt:
         data = _lines(5000)  # ~500 KB of records for 256 KiB of disk
@@ -33,6 +44,8 @@ def test_produce_onto_a_full_disk_says_where_and_what_it_kept(tmp_path: Path) ->
         assert back.returncode == 0, back.stderr
         assert back.stdout == b"".join(data.splitlines(keepends=True)[:acked])
 
+        # the batch cut short by the full disk was truncated away (its blocks given back): fill them
+        _fill(mnt / "filler")
         r = run_rq("produce", "new", "--topics-dir", str(mnt), input=b"one\n")
         assert r.returncode == ExitCode.NO_SPACE and b"nothing was appended" in r.stderr, r.stderr
         assert os.listdir(mnt / "new") == []  # was: a half-written .topic.json.PID.tmp

@@ -37,6 +37,7 @@ from topics.embedded.files import fsync_dir, not_writable, write_atomic
 from topics.embedded.groups import GroupStore
 from topics.errors import (
     AppendedPartly,
+    AppendInterrupted,
     CorruptRecord,
     RecordTooLarge,
     SpecError,
@@ -1079,11 +1080,34 @@ class LogWriter:
     # -- appending ------------------------------------------------------------------------------
 
     def append(self, records: Sequence[fmt.Pending]) -> tuple[int, int]:
-        """Appends one batch durably; returns (first offset, last offset)."""
+        """Appends one batch durably; returns (first offset, last offset).
+
+        One that stops after some of its records are durable (a batch split into parts: a later
+        part failed; or a KeyboardInterrupt, a signal, once a part's bytes were all written) raises
+        AppendedPartly, or AppendInterrupted for the interrupt, with what it stored. The file then
+        holds exactly what is counted: a part cut short is truncated away, not left for the next
+        open to find, and one written whole is synced and counted, as a rerun would find it."""
         if not records:
             raise ValueError("append needs at least one record")
         if self.fd < 0:
             raise TopicError("writer is closed")
+        base = self.next_offset
+        try:
+            return self._append(records)
+        except BaseException as exc:
+            stored = self.next_offset - base
+            if stored <= 0 or isinstance(exc, (AppendedPartly, AppendInterrupted)):
+                raise  # nothing of the batch is stored: the plain error says it all
+            # The parts before are durable and stay: a caller that counted none of the batch
+            # would commit short of them and a rerun would store them twice.
+            first, last = base, self.next_offset - 1
+            if isinstance(exc, KeyboardInterrupt):
+                raise AppendInterrupted(str(self.dir), first, last, stored, exc) from exc
+            if isinstance(exc, Exception):
+                raise AppendedPartly(str(self.dir), first, last, stored, exc) from exc
+            raise
+
+    def _append(self, records: Sequence[fmt.Pending]) -> tuple[int, int]:
         now = now_ms()
         stamps: list[int] = []
         last = self.last_ts
@@ -1100,23 +1124,47 @@ class LogWriter:
         if self.size and self.size + len(data) > self.config.segment_bytes:
             self._roll()
         pos = self.size
-        view = memoryview(data)
-        written = 0
-        while written < len(data):
-            written += os.pwrite(self.fd, view[written:], pos + written)
-        os.fdatasync(self.fd)
-        self.size = pos + len(data)
-        if pos and pos - self.last_index_pos >= fmt.INDEX_INTERVAL:
-            os.write(self.idx_fd, fmt.INDEX.pack(first, pos, stamps[0]))
-            self.last_index_pos = pos
-        self.next_offset = first + len(records)
-        self.last_ts = last
+        try:
+            view = memoryview(data)
+            written = 0
+            while written < len(data):
+                written += os.pwrite(self.fd, view[written:], pos + written)
+            os.fdatasync(self.fd)
+            self._settle(first, len(records), pos, len(data), stamps[0], last)
+        except BaseException as exc:
+            # An interrupt may land anywhere in here (a signal handler raises at the next
+            # bytecode, e.g. right after fdatasync returned): count the batch by what the file holds.
+            counted = self.next_offset == first + len(records)
+            if not counted and self._written_whole(exc, pos, len(data)):
+                self._settle(first, len(records), pos, len(data), stamps[0], last)
+            raise
         return first, self.next_offset - 1
+
+    def _written_whole(self, exc: BaseException, pos: int, length: int) -> bool:
+        """After a batch's write at `pos` was stopped: True if it is in the file whole and synced
+        (an interrupt, not an error of the write, came after its last byte was written); else
+        its bytes are truncated away, so that the file holds only batches counted."""
+        if isinstance(exc, KeyboardInterrupt):
+            with contextlib.suppress(OSError):
+                if os.fstat(self.fd).st_size >= pos + length:
+                    os.fdatasync(self.fd)
+                    return True
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, pos)
+        return False
+
+    def _settle(self, first: int, count: int, pos: int, length: int, first_ts: int, last_ts: int) -> None:
+        """The books after a batch is durable; idempotent (an interrupt may repeat it)."""
+        self.size = pos + length
+        self.next_offset = first + count
+        self.last_ts = last_ts
+        if pos and pos - self.last_index_pos >= fmt.INDEX_INTERVAL:
+            self.last_index_pos = pos  # first: an entry is a hint, never written twice
+            os.write(self.idx_fd, fmt.INDEX.pack(first, pos, first_ts))
 
     def _append_split(self, records: Sequence[fmt.Pending]) -> tuple[int, int]:
         """A batch over the payload limit: refuse a record too big alone (before writing anything),
-        else append it as several batches; one that fails after the first raises AppendedPartly
-        (what the parts before it stored)."""
+        else append it as several batches (append says what they stored if one fails)."""
         sizes = [fmt.record_size(key, headers, value) for _, key, headers, value in records]
         for i, size in enumerate(sizes):
             if size > fmt.MAX_BATCH_PAYLOAD:
@@ -1127,14 +1175,7 @@ class LogWriter:
         first, last, total, start = -1, -1, 0, 0
         for i, size in enumerate([*sizes, -1]):  # -1: the end, the last part goes
             if size < 0 or total + size > fmt.MAX_BATCH_PAYLOAD:
-                try:
-                    a, last = self.append(records[start:i])
-                except Exception as exc:
-                    if start == 0:
-                        raise  # nothing of the batch is stored: the plain error says it all
-                    # The parts before are durable and stay: a caller that counted none of the
-                    # batch would commit short of them and a rerun would store them twice.
-                    raise AppendedPartly(str(self.dir), first, last, start, exc) from exc
+                a, last = self._append(records[start:i])
                 first = a if first < 0 else first
                 start, total = i, 0
             total += size
