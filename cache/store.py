@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from cache import procs
-from cache.errors import BusyError, CacheError, CacheFullError
+from cache.errors import BusyError, CacheError, CacheFullError, FileSystemFullError
 from cache.index import Entry, Hold, Index
 from cache.layout import Layout, blob_hash
 from cache.sizes import format_size, stored_size
@@ -153,6 +153,10 @@ class FsRoom(NamedTuple):
     free: int  # bytes
     block: int  # its block size
     files: int | None  # files (inodes) it can still make; None: it sets no limit
+    # (Store.room) the sizes of the landings in flight there, other processes' and all: once
+    # landed they can be evicted, so waiting for them can give back that much room
+    in_flight: int = 0
+    in_flight_all: int = 0
 
 
 # What landing one object may take of a file system's files: its own, and the objects/xx/ directory
@@ -217,22 +221,122 @@ class Store:
                     )
                 used = Index.used(db, tier)
                 if used + need <= cap:
-                    return [self._add_or_adopt(db, tier, s) for s in specs]
-                try:
-                    victims = self._pick_victims(db, tier, used + need - cap)
-                except CacheFullError:
-                    # Space held by downloads and evictions in flight comes back within moments;
-                    # only pinned entries, open readers and a deadline make the tier truly full.
-                    held = db.execute(
-                        "SELECT COALESCE(SUM(size), 0) FROM holds WHERE tier = ?", (tier,)
-                    ).fetchone()[0]
-                    if not held or time.monotonic() > deadline:
-                        raise
-                    victims = []
+                    short = self._fs_short(db, tier, specs)
+                    if short is None:
+                        return [self._add_or_adopt(db, tier, s) for s in specs]
+                    try:
+                        victims = self._pick_victims(db, tier, short[0], files=short[1])
+                    except CacheFullError:
+                        if short[0] <= short[2] and patience <= 0:
+                            # the caller has landings of its own in flight (Fetcher._admit): it
+                            # tries again once one of them landed, as when the cap is full of them
+                            raise FileSystemFullError(
+                                f"no space left on the file system under {self.layout.tier_root(tier)}"
+                                f" for {len(specs)} landing(s) beside those in flight"
+                            ) from None
+                        # the file system's room is taken by landings in flight (they become
+                        # evictable entries within moments: wait as for the cap), or by files
+                        # that are not the cache's to give back: then the landing meets ENOSPC
+                        # and the fetcher lands it elsewhere (Fetcher._elsewhere), as before.
+                        # (A reservation is never refused for the file system: only the cap
+                        # stops a run; the file system only moves objects to the disk tier)
+                        if short[0] > short[2] or time.monotonic() > deadline:
+                            return [self._add_or_adopt(db, tier, s) for s in specs]
+                        victims = []
+                else:
+                    victims = self._cap_victims(db, tier, used + need - cap, deadline)
             if victims:
                 self._retire(tier, victims)
             else:
                 time.sleep(random.uniform(0.002, 0.02))
+
+    def _cap_victims(
+        self, db: sqlite3.Connection, tier: str, to_free: int, deadline: float
+    ) -> list[tuple[Entry, int, int]]:
+        """reserve()'s victims for the cap (inside its transaction); [] to wait and look again."""
+        try:
+            return self._pick_victims(db, tier, to_free)
+        except CacheFullError:
+            # Space held by downloads and evictions in flight comes back within moments;
+            # only pinned entries, open readers and a deadline make the tier truly full.
+            held = db.execute("SELECT COALESCE(SUM(size), 0) FROM holds WHERE tier = ?", (tier,)).fetchone()[
+                0
+            ]
+            if not held or time.monotonic() > deadline:
+                raise
+            return []
+
+    def room(self, tier: str, db: sqlite3.Connection | None = None) -> FsRoom | None:
+        """What the tier's file system has free for a new landing: statvfs, less what the landings
+        in flight there (every live process's `landing` holds, this one's included) have still to
+        write and the files they have still to make. statvfs alone sees only what is written:
+        two processes that looked at it together each took the same free room for their own.
+        A hold of a process that died (pid and start time) or an orphaned partial (pid 0) counts
+        for nothing: a killed process's reservation ends with it. None if it cannot tell."""
+        root = self.layout.tier_root(tier)
+        room = fs_room(root)
+        if room is None:
+            return None
+        with contextlib.nullcontext(db) if db is not None else self.index.read() as conn:
+            holds = [h for h in Index.holds(conn, tier) if h.kind == "landing" and h.pid != 0]
+        live: dict[tuple[int, int], bool] = {}  # (a process's holds come by the dozen: /proc once)
+        for h in holds:
+            if (h.pid, h.pid_start) not in live:
+                live[h.pid, h.pid_start] = procs.alive(h.pid, h.pid_start)
+        holds = [h for h in holds if live[h.pid, h.pid_start]]
+        if not holds:
+            return room
+        unwritten, files = self._unwritten(tier, holds, room.block)
+        return FsRoom(
+            room.free - unwritten,
+            room.block,
+            None if room.files is None else room.files - files,
+            sum(h.size for h in holds if (h.pid, h.pid_start) != self.owner),
+            sum(h.size for h in holds),
+        )
+
+    def _unwritten(self, tier: str, holds: list[Hold], block: int) -> tuple[int, int]:
+        """(bytes, files) that `holds`' landings have yet to take: each its whole need, less the
+        blocks its temp files (named by its blob's hash) and its published file (linked, not yet
+        indexed) already have. A big object's partial is allocated whole when it starts."""
+        tmp = self.layout.tier_root(tier) / "tmp"
+        have: dict[str, list[int]] = {}
+        for name in self._listdir(tmp):
+            with contextlib.suppress(OSError):
+                st = os.lstat(tmp / name)
+                got = have.setdefault(name[:32], [0, 0])
+                got[0] += st.st_blocks * 512
+                got[1] += 1
+        nbytes = nfiles = 0
+        for hold in holds:
+            got = have.get(blob_hash(hold.blob), [0, 0])
+            if got[0] < hold.size:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(self.layout.blob_path(tier, hold.blob))
+                    got = [got[0] + st.st_blocks * 512, got[1] + 1]
+            nbytes += max(0, fs_need(hold.size, block) - got[0])
+            nfiles += max(0, FILES_PER_OBJECT - got[1])
+        return nbytes, nfiles
+
+    def _fs_short(
+        self, db: sqlite3.Connection, tier: str, specs: list[HoldSpec]
+    ) -> tuple[int, int, int] | None:
+        """What a RAM reservation lacks of its file system's room (room(), inside reserve()'s
+        transaction, so two processes never both count the same free bytes): (bytes, files,
+        in flight), or None when it fits, or the tier is not RAM, or nothing is asked, or the
+        file system cannot tell, or there is no disk tier (a full RAM file system is then
+        FileSystemFullError, exit 7, as documented). The third is the size of the landings in
+        flight there (all processes'): once landed they can be evicted."""
+        if tier != "ram" or not specs or self.caps.get("disk", 0) <= 0:
+            return None
+        room = self.room(tier, db)
+        if room is None:
+            return None
+        need = sum(fs_need(s.size, room.block) for s in specs)
+        files = 0 if room.files is None else FILES_PER_OBJECT * len(specs) + FILES_TO_PUBLISH - room.files
+        if need <= room.free and files <= 0:
+            return None
+        return max(0, need - room.free), max(0, files), room.in_flight_all
 
     def cap(self, tier: str) -> int:
         """The tier's cap as last set by any process (a lower limit given to a later rq must bind
@@ -258,27 +362,42 @@ class Store:
             with contextlib.suppress(CacheFullError):
                 self.reserve(tier, [], patience=0.0)
 
-    def make_room(self, tier: str, size: int, promised: tuple[int, int] = (0, 0)) -> bool:
+    def make_room(
+        self, tier: str, size: int, promised: tuple[int, int] = (0, 0), patience: float = 10.0
+    ) -> bool:
         """The tier's file system is full below its cap (ENOSPC: others' files): evicts LRU entries
         (RAM: demotes them) as a cap does, until `size` bytes fit in what the file system has free
-        and it can make the files one landing needs (out of inodes: each entry evicted gives one).
-        `promised`: bytes and files of that free room that landings about to start will take (the
-        objects before this one in its batch). False, evicting nothing, when they cannot: what is
-        left is pinned, open or being written, or the space is not the cache's to give back."""
-        room = fs_room(self.layout.tier_root(tier))
-        if room is None:
-            return False
-        shortfall = fs_need(size, room.block) + promised[0] - room.free
-        files = 0 if room.files is None else FILES_PER_OBJECT + FILES_TO_PUBLISH + promised[1] - room.files
-        if shortfall <= 0 and files <= 0:
-            return True  # freed meanwhile (another process evicted, the other files went)
-        with self.index.write() as db:
-            try:
-                victims = self._pick_victims(db, tier, max(0, shortfall), files=files)
-            except CacheFullError:
-                return False
-        self._retire(tier, victims)
-        return True
+        (room(): less what landings in flight have yet to write) and it can make the files one
+        landing needs (out of inodes: each entry evicted gives one). `promised`: bytes and files
+        of that free room that landings about to start will take (the objects before this one in
+        its batch). When other processes' landings in flight take what is missing, waits up to
+        `patience` s for them to land (then they can be evicted), as reserve() does for the cap.
+        False, evicting nothing, when they cannot: what is left is pinned, open or being written,
+        or the space is not the cache's to give back."""
+        deadline = time.monotonic() + patience
+        while True:
+            with self.index.write() as db:
+                room = self.room(tier, db)
+                if room is None:
+                    return False
+                shortfall = fs_need(size, room.block) + promised[0] - room.free
+                files = (
+                    0
+                    if room.files is None
+                    else FILES_PER_OBJECT + FILES_TO_PUBLISH + promised[1] - room.files
+                )
+                if shortfall <= 0 and files <= 0:
+                    return True  # freed meanwhile (another process evicted, the other files went)
+                try:
+                    victims = self._pick_victims(db, tier, max(0, shortfall), files=files)
+                except CacheFullError:
+                    if shortfall > room.in_flight or time.monotonic() > deadline:
+                        return False
+                    victims = []
+            if victims:
+                self._retire(tier, victims)
+                return True
+            time.sleep(random.uniform(0.005, 0.03))
 
     def _add_or_adopt(self, db: sqlite3.Connection, tier: str, spec: HoldSpec) -> int:
         """A new hold, or an orphaned landing hold of the same blob (a resumable partial download)."""
