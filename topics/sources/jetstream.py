@@ -524,6 +524,35 @@ def _filters(config: Any) -> set[str]:
     return subjects
 
 
+def _landing(conn: _Conn, subject: str) -> tuple[str | None, Any | None]:
+    """The stream a publish to `subject` on `conn` (a sink's target: its URL's stream) is stored
+    in, and None; or, where no stream takes it and the URL's stream does not exist, that stream
+    and the config the sink will make it with (subjects [subject]): a stream that already sources
+    it (nats-server lets a source name a stream to come) copies the sink's records on. (None,
+    None): the records reach no stream (the sink refuses such a target). A user who may not ask
+    the server which stream captures a subject ($JS.API.STREAM.NAMES) is answered by the URL's
+    stream itself: streams of one account never overlap, so one whose subjects take it is it."""
+    from nats.js.api import StreamConfig
+
+    try:
+        name = conn.capturing_stream(subject)
+    except AccessDenied:
+        name = None
+        try:
+            info = conn.stream_info()
+        except TopicNotFound:
+            return conn.stream, StreamConfig(name=conn.stream, subjects=[subject])
+        if any(subject_matches(p, subject) for p in info.config.subjects or ()):
+            return conn.stream, None
+    if name is not None:
+        return name, None
+    try:
+        conn.stream_info()
+    except TopicNotFound:
+        return conn.stream, StreamConfig(name=conn.stream, subjects=[subject])
+    return None, None
+
+
 def _feeds(config: Any) -> list[Any]:
     """A stream config's mirror and sources (StreamSource each)."""
     return [*([config.mirror] if config.mirror is not None else []), *(config.sources or ())]
@@ -742,13 +771,14 @@ class JetStreamSource:
         subject = target.subject or target.stream
         conn = _Conn(target, self.conn.connect_timeout)
         try:
-            same_server = conn.server_id == self.conn.server_id
-            landing = conn.capturing_stream(subject) if same_server else None
+            if conn.server_id != self.conn.server_id:
+                return False
+            landing, made = _landing(conn, subject)
         finally:
             conn.close()
         if landing is None:
             return False
-        arrives = self._arrives_as(landing, subject)
+        arrives = self._arrives_as(landing, subject, made)
         if arrives is None:
             return True
         return any(not self.subject or subjects_overlap(self.subject, a) for a in arrives)
@@ -827,13 +857,16 @@ class JetStreamSource:
             configs[name] = config
         return [name]
 
-    def _arrives_as(self, landing: str, subject: str) -> set[str] | None:
+    def _arrives_as(self, landing: str, subject: str, made: Any | None = None) -> set[str] | None:
         """The subjects a message published to `subject` (stored in stream `landing`) has once it
         is in this stream (none: it never gets here; None: rq cannot tell): walked forward from
         `landing` through the mirrors and sources on the way, each one's filter and transforms
         applied, each receiving stream's own subject transform, and each stream's republish into
-        the stream that captures the republished subject."""
+        the stream that captures the republished subject. `made`: landing's config where it does
+        not exist yet (the sink makes it), so the streams that already source it are found."""
         configs, complete = self._streams()
+        if made is not None:
+            configs[landing] = made
         if landing not in configs:
             config = self._config(landing)
             if config is None:
