@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 from hostile_kit import Hostile, fake_nats, msg, push, stream_info
-from rqtest import rq_command
+from rqtest import rq_command, serving
 
 from rqcli.exitcodes import ExitCode
 
@@ -63,7 +63,7 @@ def _endless(conn: socket.socket, reply: bytes, sid: bytes, seen: Hostile) -> bo
     return True
 
 
-def _on_info(hostile):  # type: ignore[no-untyped-def]
+def _on_info(hostile):
     """Answers the stream info request with `hostile` (nats-py's path)."""
 
     def answer(conn: socket.socket, subject: str, reply: bytes, sid: bytes, seen: Hostile) -> bool:
@@ -72,7 +72,7 @@ def _on_info(hostile):  # type: ignore[no-untyped-def]
     return answer
 
 
-def _on_consumer(hostile):  # type: ignore[no-untyped-def]
+def _on_consumer(hostile):
     """A valid stream info, then `hostile` for the consumer create (natswire's path)."""
 
     def answer(conn: socket.socket, subject: str, reply: bytes, sid: bytes, seen: Hostile) -> bool:
@@ -87,7 +87,7 @@ def _on_consumer(hostile):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("path", [_on_info, _on_consumer], ids=["nats-py", "natswire"])
-def test_a_frame_declaring_100_gb_is_refused_before_it_is_buffered(path) -> None:  # type: ignore[no-untyped-def]
+def test_a_frame_declaring_100_gb_is_refused_before_it_is_buffered(path) -> None:
     with fake_nats(path(_huge)) as seen:
         out = _tail(seen.port)
     _one_line(out, seen.port, "100000000000", "max_payload")
@@ -95,7 +95,7 @@ def test_a_frame_declaring_100_gb_is_refused_before_it_is_buffered(path) -> None
 
 
 @pytest.mark.parametrize("path", [_on_info, _on_consumer], ids=["nats-py", "natswire"])
-def test_a_line_that_never_ends_is_refused(path) -> None:  # type: ignore[no-untyped-def]
+def test_a_line_that_never_ends_is_refused(path) -> None:
     with fake_nats(path(_endless)) as seen:
         out = _tail(seen.port)
     _one_line(out, seen.port, "line")
@@ -108,7 +108,7 @@ def _header_past_total(conn: socket.socket, reply: bytes, sid: bytes, seen: Host
 
 
 @pytest.mark.parametrize("path", [_on_info, _on_consumer], ids=["nats-py", "natswire"])
-def test_a_header_larger_than_its_message_is_one_line(path) -> None:  # type: ignore[no-untyped-def]
+def test_a_header_larger_than_its_message_is_one_line(path) -> None:
     with fake_nats(path(_header_past_total)) as seen:
         out = _tail(seen.port)
     _one_line(out, seen.port, "header")
@@ -132,7 +132,7 @@ def _error(conn: socket.socket, reply: bytes, sid: bytes, seen: Hostile) -> bool
 
 
 @pytest.mark.parametrize("path", [_on_info, _on_consumer], ids=["nats-py", "natswire"])
-def test_a_server_error_is_named_with_its_text(path) -> None:  # type: ignore[no-untyped-def]
+def test_a_server_error_is_named_with_its_text(path) -> None:
     """Was 'lost the connection to NATS at …' (exit 6) on nats-py's path: the server's words gone."""
     with fake_nats(path(_error)) as seen:
         out = _tail(seen.port)
@@ -140,3 +140,26 @@ def test_a_server_error_is_named_with_its_text(path) -> None:  # type: ignore[no
     assert out.returncode == ExitCode.FAILURE, err
     assert len(err.splitlines()) == 1, err
     assert f"NATS at 127.0.0.1:{seen.port}" in err and "unknown protocol operation" in err.lower(), err
+
+
+@pytest.mark.parametrize(
+    ("greeting", "words"),
+    [(b"INFO " + b"{" * 65536, ("INFO", "no end")), (b"INFO {nonsense}\r\n", ("INFO", "JSON"))],
+    ids=["endless", "not-json"],
+)
+def test_an_info_line_that_never_ends_or_is_no_json_is_one_line(
+    greeting: bytes, words: tuple[str, ...]
+) -> None:
+    """nats-py reads the connect-time INFO with readline (a 32 KiB bound): an endless one was
+    exit 6 'cannot connect to NATS at …: Separator is not found, and chunk exceed the limit — is
+    the server running and the URL right?', a garbled one exit 6 'info message, json parse
+    error': the server is up and talking, it broke the protocol (exit 1, as for any other line)."""
+    seen = Hostile(0)
+
+    def serve(conn: socket.socket, done: object) -> None:
+        push(conn, greeting, seen)
+
+    with serving(serve) as port:
+        out = _tail(port)
+    _one_line(out, port, *words)
+    assert max(seen.pushed) < _BOUNDED

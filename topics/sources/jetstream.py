@@ -85,6 +85,23 @@ def _probe(host: str, port: int, timeout: float) -> None:
 _UNREAD_NATS_ENV = ("NATS_CREDS", "NATS_NKEY")
 
 
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether `exc` or an exception it was raised while handling is a `kind`."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, kind):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _info_bound() -> int:
+    """How long an INFO line nats-py reads (its StreamReader limit)."""
+    from nats.aio import client
+
+    return int(getattr(client, "DEFAULT_BUFFER_SIZE", 32768))
+
+
 def _unread_credentials() -> str:
     unread = [v for v in _UNREAD_NATS_ENV if os.environ.get(v)]
     if not unread:
@@ -310,6 +327,15 @@ class _Conn:
                 f"NATS at {self.where} refused rq {self.access.who()}: authorization violation"
                 + _unread_credentials()
             )
+        if _caused_by(exc, asyncio.LimitOverrunError):
+            # nats-py reads the connect-time INFO with readline, bounded by its read buffer: a
+            # server that sends more with no CRLF is up and broke the protocol, not unreachable
+            return violation(
+                self.where,
+                f"its INFO line runs past {_info_bound()} bytes with no end (a NATS server's is a few KB)",
+            )
+        if "info message, json parse error" in str(exc):
+            return violation(self.where, "its INFO line is not JSON")
         if isinstance(exc, TimeoutError | nats.errors.TimeoutError):
             # connected, then nothing: not a NATS server's port, or a server too busy to greet
             return SourceUnreachable(
