@@ -351,7 +351,12 @@ class ChannelSender:
             kind, payload = codec.encode(data, self.opts.compress, self.elem[f])
         finally:
             self._reading = False
-        self.ch.send(chunk_frame_header(ChunkHeader(f, k, length, kind, dig), len(payload)), payload)
+        head = chunk_frame_header(ChunkHeader(f, k, length, kind, dig), len(payload))
+        if self.reader.mapped and kind == codec.Codec.RAW:
+            # the payload is the source file mapped: it goes out only while the read lease holds
+            self.ch.send(head, payload, steady=self.reader.steady)  # type: ignore[call-arg]
+        else:
+            self.ch.send(head, payload)
         self._moved += 1
         if self.stats.add(length, len(payload) + 37, (f, k)):
             self.on_event(ChunkResent("sent again"))
@@ -378,11 +383,8 @@ def run_connection(
         core = SenderChannel(token, DATA, manifest, os.urandom(16))
         handshake(ch, core, timeout)
         elem = [f.elem for f in manifest.files]
-        senders.append(
-            ChannelSender(
-                ch, core, work, Reader(files, manifest.chunk_size), opts, digests, stats, on_event, elem
-            )
-        )
+        reader = Reader(files, manifest.chunk_size, mapped=getattr(ch, "map_safe", False))
+        senders.append(ChannelSender(ch, core, work, reader, opts, digests, stats, on_event, elem))
     errors: list[BaseException] = []
 
     def _run(s: ChannelSender) -> None:

@@ -76,8 +76,19 @@ class TcpChannel:
         # four times this, so it never waits for an ACK
         self.ack_every = 8
         self._handed = 0  # bytes sendall has handed to the kernel
+        # send() reads a payload of over 64 KiB only in the kernel (TLS encrypts it here, in user
+        # space), so the sender may hand it a view of a mapped source file (source.Reader): a page
+        # that went away is EFAULT there, never SIGBUS
+        self.map_safe = not isinstance(sock, ssl.SSLSocket)
 
-    def send(self, *parts: bytes | bytearray | memoryview) -> None:
+    def send(
+        self,
+        *parts: bytes | bytearray | memoryview,
+        steady: Callable[[memoryview], memoryview] | None = None,
+    ) -> None:
+        """Sends `parts` as one run of bytes. `steady`, if given, is asked before each piece of the
+        last part what to send it from (source.Reader.steady: the mapped file, or a copy once its
+        lease broke)."""
         try:
             with self._send_lock:
                 if sum(len(p) for p in parts) <= 64 * 1024:
@@ -85,9 +96,12 @@ class TcpChannel:
                     self.sock.sendall(joined)
                     self._handed += len(joined)
                     return
-                for p in parts:
+                last = len(parts) - 1
+                for i, p in enumerate(parts):
                     view = memoryview(p).cast("B")
                     for at in range(0, len(view), _SEND_PIECE):
+                        if steady is not None and i == last:
+                            view = steady(view)
                         piece = view[at : at + _SEND_PIECE]
                         self.sock.sendall(piece)
                         self._handed += len(piece)
