@@ -733,9 +733,18 @@ def _json_headers(obj: Any, line: bytes) -> Headers:
     callback=_duration_option,
     help="Delete segments whose newest record is older than this (e.g. 7d; more than 0).",
 )
+@click.option(
+    "--max-packet-size",
+    envvar="RQ_MQTT_MAX_PACKET_SIZE",
+    callback=_size_option,
+    help="MQTT: the largest packet rq sends (default 16M; up to 256M); a record over it is refused "
+    "before its batch is sent. Env: RQ_MQTT_MAX_PACKET_SIZE.",
+)
 @topics_dir_option
 @output_options
+@click.pass_context
 def produce(
+    ctx: click.Context,
     topic: str,
     key: str | None,
     headers: tuple[str, ...],
@@ -744,6 +753,7 @@ def produce(
     segment_bytes: int | None,
     retention_bytes: int | None,
     retention_age: int | None,
+    max_packet_size: int | None,
     topics_dir: Path | None,
 ) -> None:
     """Append records from stdin to TOPIC (created if needed). Each batch is durable before it is
@@ -769,6 +779,9 @@ def produce(
                 config.retention_bytes = retention_bytes
             if retention_age:
                 config.retention_ms = retention_age
+        packet_flag = ctx.get_parameter_source("max_packet_size") == click.core.ParameterSource.COMMANDLINE
+        if packet_flag and ref.kind != "mqtt":  # the variable may be set for every rq run: not refused
+            raise CliError("--max-packet-size is for MQTT topics", ExitCode.USAGE)
         hdrs = _parse_headers(headers)
         key_b = os.fsencode(key) if key is not None else None  # a key is bytes: kept as given
         started = time.perf_counter()
@@ -783,7 +796,8 @@ def produce(
                 _produced(out, ref, _Produced(), started, exc)
                 raise
         try:
-            sink = open_sink(ref, config)
+            packets = {"max_packet_size": max_packet_size} if max_packet_size and ref.kind == "mqtt" else {}
+            sink = open_sink(ref, config, **packets)
         except OSError as exc:
             full = _full_disk(exc, ref, 0)
             if full is None:

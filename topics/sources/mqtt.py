@@ -19,6 +19,7 @@ from typing import Any
 from topics.errors import (
     AccessDenied,
     ProtocolViolation,
+    RecordTooLarge,
     SourceUnreachable,
     SpecError,
     TopicError,
@@ -36,7 +37,8 @@ _REFUSED_AUTH = ("bad user name or password", "not authorized")
 
 # The largest MQTT packet rq takes from a broker (its remaining length, as the packet's fixed
 # header declares it): paho buffers whatever is declared, up to MQTT's 256 MiB, before anything
-# sees it. Raised with `rq tail --max-packet-size` / RQ_MQTT_MAX_PACKET_SIZE.
+# sees it. Raised with `rq tail --max-packet-size` / RQ_MQTT_MAX_PACKET_SIZE. `rq produce` sends
+# none larger (MqttSink).
 MAX_PACKET_SIZE = 16 * 1024 * 1024
 
 
@@ -294,24 +296,63 @@ class MqttSource:
 
 
 class MqttSink:
-    """Publishes each record to the URL's topic (QoS 1); an append returns when all are acknowledged."""
+    """Publishes each record to the URL's topic (QoS 1); an append returns when all are acknowledged.
 
-    def __init__(self, ref: Any, connect_timeout: float = 5.0, **_: Any):
+    A record whose PUBLISH would be over `max_packet_size` (its remaining length: topic, packet id
+    and value; the bound `rq tail` takes packets up to) is refused before any record of its batch
+    goes out: MQTT 3.1.1 tells a client no limit, and a broker closes the connection on a packet
+    over its own (mosquitto's max_packet_size), which was a 30 s wait for PUBACKs that never came.
+    A connection closed while publishes await their PUBACK ends the append at once, saying so."""
+
+    ACK_WAIT_S = 30.0
+
+    def __init__(
+        self, ref: Any, connect_timeout: float = 5.0, max_packet_size: int = MAX_PACKET_SIZE, **_: Any
+    ):
         if any(c in ref.subject for c in "+#"):
             raise SpecError(f"cannot publish to a topic filter {ref.subject!r}: name one topic")
         self.url = ref.url
         self.topic: str = ref.subject
-        self.client = _client(ref, connect_timeout)
+        self.where = hostport(ref.host, ref.port)
+        self.max_packet_size = max_packet_size
+        self.client = _client(ref, connect_timeout, max_packet_size)
+        self.gone: list[str] = []  # why the broker closed the connection, once it has
+
+        def on_disconnect(_c: Any, _u: Any, _flags: Any, reason: Any, _props: Any) -> None:
+            self.gone.append(str(reason))
+
+        self.client.on_disconnect = on_disconnect
 
     def append(self, records: Sequence[Pending]) -> Appended:
+        # remaining length of a QoS 1 PUBLISH: topic (2-byte length + UTF-8), packet id, payload
+        head = 2 + len(self.topic.encode()) + 2
+        sizes = [head + len(value) for _, _, _, value in records]
+        for i, size in enumerate(sizes):
+            if size > self.max_packet_size:
+                raise RecordTooLarge(
+                    f"record {i + 1} of the batch is an MQTT packet of {size} bytes (topic and value), "
+                    f"more than rq sends ({self.max_packet_size} bytes): raise --max-packet-size or "
+                    "RQ_MQTT_MAX_PACKET_SIZE if the broker takes packets that large"
+                )
         infos = [self.client.publish(self.topic, value, qos=1) for _, _, _, value in records]
-        for info in infos:
-            try:
-                info.wait_for_publish(timeout=30)
-            except (RuntimeError, ValueError) as exc:  # paho: not connected, queue full
-                raise SourceUnreachable(f"publishing to {self.url} failed: {reason(exc)}") from None
-            if not info.is_published():
-                raise SourceUnreachable(f"the MQTT broker did not acknowledge a publish to {self.topic}")
+        deadline = time.monotonic() + self.ACK_WAIT_S
+        for n, info in enumerate(infos):
+            while not info.is_published():
+                if self.gone or not self.client.is_connected():
+                    why = self.gone[0] if self.gone else "connection lost"
+                    raise SourceUnreachable(
+                        f"MQTT broker at {self.where} closed the connection ({why}) with "
+                        f"{len(infos) - n} publish(es) to {self.topic} unacknowledged, the largest "
+                        f"{max(sizes[n:])} bytes: a broker closes it on a packet over its size limit "
+                        "(its max_packet_size; give rq that limit with --max-packet-size to have such "
+                        "records refused before they are sent)"
+                    )
+                if time.monotonic() > deadline:
+                    raise SourceUnreachable(f"the MQTT broker did not acknowledge a publish to {self.topic}")
+                try:
+                    info.wait_for_publish(timeout=0.05)
+                except (RuntimeError, ValueError) as exc:  # paho: not connected, queue full
+                    raise SourceUnreachable(f"publishing to {self.url} failed: {reason(exc)}") from None
         # A published message gets no offset (MQTT has none): stored, but nowhere to name.
         return Appended(None, None, len(records))
 
