@@ -115,6 +115,23 @@ class Journal:
             os.close(fd)
 
 
+class KnownDigests:
+    """The digests of a file placed earlier, kept in its placed record instead of a journal
+    (store.PLACED_DIGESTS_MAX): what a Journal gives a plan for such a file, with no file of its
+    own. Nothing is ever appended: every chunk of a placed file is there."""
+
+    def __init__(self, name: str, digests: dict[int, bytes]):
+        self.name = name
+        self.initial = digests
+
+    def reload(self) -> dict[int, bytes]:
+        return dict(self.initial)
+
+    def append(self, records: list[tuple[int, bytes]], sync: bool = True) -> None:
+        if records:
+            raise ValueError(f"{self.name}: a placed file takes no chunks")
+
+
 def _read_all(fd: int) -> bytes:
     size = os.fstat(fd).st_size
     return os.pread(fd, size, 0) if size else b""

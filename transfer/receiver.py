@@ -42,7 +42,7 @@ from transfer.session import (
     ManifestReceived,
     ReceiverChannel,
 )
-from transfer.store import Plan, Store, no_space
+from transfer.store import KEEP_PARTIAL, Plan, Store, no_space
 from transfer.transport import Channel
 
 IDLE_TIMEOUT = 300.0  # a channel that sends nothing for this long is dropped
@@ -202,17 +202,21 @@ class Receiver:
         on_event: EventCallback = ignore,
         flush_every: int | None = None,
         owner: str | None = None,
+        keep_partial: float | None = KEEP_PARTIAL,
     ):
         """`owner`: an id the processes of one receiver share (`rq recv --workers` passes its own to
         each worker); another receiver on the same DEST is refused a transfer one of them is
-        writing (store.Store._owning). None: a new id, this receiver alone."""
+        writing (store.Store._owning). None: a new id, this receiver alone.
+        `keep_partial`: seconds the partial state of a transfer nobody touched is kept for its
+        sender to resume; older state is removed as the receiver starts, and `expired` says
+        what went (store.Store.expire). None or 0: never."""
         if not token.strip():
             raise AuthError("the receiver's token is empty: any sender would be let in")
         self.limits = limits or Limits()
         self.store = Store(dest, overwrite=overwrite, limits=self.limits, owner=owner)
         # a receiver killed mid-commit left files linked and others waiting: finish that first,
         # so DEST and its placed records agree before any transfer is planned against them
-        self.store.recover()
+        self.expired = self.store.recover(keep_partial)
         self.token = token
         self.overwrite = overwrite
         self.on_event = on_event
@@ -243,7 +247,8 @@ class Receiver:
                 plan = self.store.plan(manifest) if manifest is not None else self.store.join(tid)
                 shared = self._plans[tid] = _Shared(plan)
             elif manifest is not None:
-                self.store.plan(manifest).close()  # re-checks the destination; the open plan stays
+                # re-checks the destination; the open plan stays, and so does its reservation
+                self.store.plan(manifest, reserve=False).close()
                 for fs in shared.plan.files:
                     fs.have.update(fs.journal.reload())
             shared.users += 1

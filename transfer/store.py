@@ -27,7 +27,8 @@ import functools
 import os
 import stat
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ from transfer.errors import (
     UnsafeNameError,
     VerifyError,
 )
-from transfer.journal import Journal, recorded
+from transfer.journal import Journal, KnownDigests, recorded
 from transfer.manifest import MAX_CHUNK, MIN_CHUNK, FileEntry, Limits, Manifest, parse_manifest
 from transfer.names import STATE_DIR_NAME, display_name, validate_name
 from transfer.reserve import RESERVE_MIN, Reservation, in_memory, reserve, sealing
@@ -97,10 +98,46 @@ _NO_LIMITS = Limits(max_files=10**7, max_chunks=10**9, max_manifest_bytes=1 << 4
 # What became of a file rq placed in the destination earlier (Store._placed_state).
 INTACT, GONE, CHANGED, UNKNOWN = "intact", "gone", "changed", "unknown"
 
+# A placed file of at most this many chunks keeps its chunk digests in its placed record, and its
+# journal is removed once it is in place: one inode per received file fewer (on tmpfs a 4 KiB page
+# each; 50,000 small files: ~195 MiB). 64 digests (hex) keep the record within one 4 KiB block.
+PLACED_DIGESTS_MAX = 64
+
+# How long the partial state of a transfer nobody touched stays for its sender to come back and
+# resume it: rq recv removes it as it starts once it is older (docs/transfer.md, "Receiver layout").
+# None (or 0): never. A week outlives a weekend, a long outage or a job queued behind others;
+# `rq recv --keep-partial` sets it.
+KEEP_PARTIAL = 7 * 86400.0
+
+
+@dataclass(frozen=True)
+class Expired:
+    """What Store.expire removed: the transfers whose partial state was older than `older_than`
+    seconds, how many state files that was, and the space they held (allocated blocks, which
+    includes what a reservation took for chunks that never came)."""
+
+    transfers: tuple[str, ...] = ()
+    files: int = 0
+    bytes: int = 0
+    older_than: float | None = None
+
 
 def _placed_name(name: str) -> str:
     """The state file recording the placement of final name `name` (one per name)."""
     return f"{xxhash.xxh3_128_hexdigest(name.encode('utf-8', 'surrogatepass'))}.placed"
+
+
+def _record_digests(rec: dict[str, Any], chunk_size: int, chunks: int) -> dict[int, bytes] | None:
+    """The chunk digests a placed record holds (PLACED_DIGESTS_MAX), None if it holds none (a
+    bigger file, an older rq's record) or they are not this geometry's."""
+    found = rec.get("digests")
+    if rec.get("chunk_size") != chunk_size or not isinstance(found, list) or len(found) != chunks:
+        return None
+    try:
+        out = {k: bytes.fromhex(d) for k, d in enumerate(found)}
+    except (TypeError, ValueError):
+        return None
+    return out if all(len(d) == 16 for d in out.values()) else None
 
 
 def unlink_quiet_at(name: str, dir_fd: int) -> None:
@@ -115,8 +152,8 @@ def _read_fd(fd: int) -> bytes:
 
 def no_space(fd: int, detail: str) -> NoSpaceError:
     """ENOSPC on the file system holding `fd`, said as what ran out: its inodes (every file rq
-    creates takes one: the received files and, per file, its journal and placed record under
-    .rq-partial) or its space. Freeing bytes, or raising --max-bytes, does nothing for the first."""
+    creates takes one: the received files and, per file, its placed record under .rq-partial,
+    and its journal too for files of more than PLACED_DIGESTS_MAX chunks) or its space. Freeing bytes, or raising --max-bytes, does nothing for the first."""
     try:
         vfs = os.fstatvfs(fd)
         inodes = vfs.f_files > 0 and vfs.f_favail == 0  # f_files 0: it keeps no count (btrfs)
@@ -124,7 +161,7 @@ def no_space(fd: int, detail: str) -> NoSpaceError:
         inodes = False
     if inodes:
         return NoSpaceError(
-            f"receiver file system is out of inodes{detail} (rq needs about 3 per file it receives): "
+            f"receiver file system is out of inodes{detail} (rq needs about 2 per file it receives): "
             "delete files there (see `df -i`), or remount a tmpfs with a larger nr_inodes"
         )
     return NoSpaceError(f"receiver disk is full{detail}")
@@ -144,7 +181,7 @@ def _disk_errors(fd: int) -> Iterator[None]:
 class FileState:
     entry: FileEntry
     chunks: int
-    journal: Journal
+    journal: Journal | KnownDigests
     have: dict[int, bytes]
     # written, not yet durable and journaled: chunk -> Store.write_back_errors when it was written
     dirty: dict[int, int] = field(default_factory=dict)
@@ -244,8 +281,9 @@ class Plan:
         # allocated: the reservation has nothing left to do, and no fallocate of this process may
         # run on a file once it is sealed (Reservation passes by files another process seals).
         self._stop_reserving()
+        known: dict[str, dict[int, bytes]] = {}
         for fs, root in zip(self.files, roots, strict=True):
-            have = fs.journal.reload()
+            have = known[fs.entry.key] = fs.journal.reload()
             missing = fs.chunks - len(have)
             if missing:
                 raise VerifyError(f"{display_name(fs.entry.name)}: {missing} chunks still missing at commit")
@@ -257,7 +295,7 @@ class Plan:
         # re-runs (Store.completed) instead of trusting journals whose .part files already moved.
         marker = orjson.dumps({"roots": roots})
         self.store._write_state_file(f"{self.manifest.transfer_id}.commit.json", marker)
-        self.store.place_all(self.manifest, overwrite)
+        self.store.place_all(self.manifest, overwrite, known)
         self.store.forget(self)
         return self.manifest.total_bytes
 
@@ -413,10 +451,12 @@ class Store:
 
     # -- planning -------------------------------------------------------------------------------
 
-    def plan(self, manifest: Manifest) -> Plan:
-        """Accepts a validated manifest: checks the destination, then opens (or resumes) partial files."""
+    def plan(self, manifest: Manifest, reserve: bool = True) -> Plan:
+        """Accepts a validated manifest: checks the destination, then opens (or resumes) partial files.
+        `reserve=False`: reserves no space (a second plan of a transfer already open here, made
+        to re-check the destination: the open plan's reservation is already at work)."""
         with self._owning(manifest.transfer_id):
-            return self._plan(manifest)
+            return self._plan(manifest, reserve)
 
     @contextlib.contextmanager
     def _owning(self, tid: str) -> Iterator[None]:
@@ -427,14 +467,8 @@ class Store:
         write'. `<tid>.owner` names the receiver and is flocked while a plan is made, so two
         planning at once are told apart; its owner counts only while the transfer is live (its
         `.live` lock held), so a killed receiver's transfer is taken over like any stale one."""
-        fd = os.open(
-            f"{tid}.owner",
-            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-            dir_fd=self.state_fd,
-        )
+        fd = self._locked(f"{tid}.owner", os.O_RDWR, fcntl.LOCK_EX)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 rec = orjson.loads(_read_fd(fd) or b"{}")
             except orjson.JSONDecodeError:
@@ -461,12 +495,139 @@ class Store:
         finally:
             os.close(fd)  # releases the flock
 
-    def recover(self) -> None:
+    def recover(self, keep_partial: float | None = KEEP_PARTIAL) -> Expired:
         """What a receiver does as it starts (and `plan` for the other transfers): finishes every
-        commit a killed receiver cut short, then prunes the state files nothing needs any more."""
+        commit a killed receiver cut short, removes the partial state of transfers untouched for
+        longer than `keep_partial` seconds (None or 0: never; see expire), then prunes the state
+        files nothing needs any more. Returns what expire removed."""
         with _disk_errors(self.state_fd):
             self._finish_interrupted()
+            expired = self.expire(keep_partial)
             self._prune()
+        return expired
+
+    def expire(self, keep_partial: float | None = KEEP_PARTIAL) -> Expired:
+        """Removes the partial state of every transfer nothing touched for `keep_partial` seconds:
+        its manifest, commit marker and lock files, and the `.part` files and journals of its
+        files not yet placed (what a sender that never came back left, reservations included).
+        "Touched" is the newest ctime of its manifest (rewritten by every plan, so each retry of
+        its sender counts), its commit marker and its files' `.part` and journal (every chunk
+        made durable moves them): a sender resuming after a long pause keeps what arrived.
+
+        Never a transfer open in any process (its `.live` lock), being planned (its `.owner`
+        lock), or sharing a file version with a transfer that is kept. A `.part` no manifest
+        names (none should exist) goes by its own ctime. Files already placed, their records and
+        journals and done markers are not partial state: _prune keeps them as before."""
+        if not keep_partial or keep_partial <= 0:
+            return Expired(older_than=None)
+        cutoff = time.time() - keep_partial
+        names = os.listdir(self.state_fd)
+        manifests: dict[str, Manifest] = {}
+        for name in names:
+            tid = name.removesuffix(".manifest.json")
+            if tid != name and len(tid) == 32:
+                m = self._read_manifest(tid)
+                if m is not None:
+                    manifests[tid] = m
+        old = {tid for tid, m in manifests.items() if not self._touched_since(tid, m, cutoff)}
+        kept_keys = {f.key for tid, m in manifests.items() if tid not in old for f in m.files}
+        gone: list[str] = []
+        files = freed = 0
+        for tid in sorted(old):
+            with self._expiring(tid) as mine:
+                # under its locks: a plan that rewrote its manifest meanwhile made it fresh
+                m = self._read_manifest(tid) if mine else None
+                if m is None or self._touched_since(tid, m, cutoff):
+                    continue
+                doomed = [f"{tid}.commit.json", f"{tid}.manifest.json", f"{tid}.live", f"{tid}.owner"]
+                for f in m.files:
+                    if f.key in kept_keys:
+                        continue  # the same file version in a transfer that stays
+                    doomed.append(f"{f.key}.part")
+                    rec = self._read_placed(f.name)
+                    if rec is None or rec.get("key") != f.key:  # else a placed file's (_prune judges)
+                        doomed.append(f"{f.key}.journal")
+                n, b = self._unlink_counting(doomed)
+                files, freed = files + n, freed + b
+                gone.append(tid)
+        referenced = {f.key for m in manifests.values() for f in m.files}
+        for name in names:
+            key = name.removesuffix(".part")
+            # an orphan no manifest will ever place (its journal then goes in _prune)
+            if key != name and len(key) == 32 and key not in referenced and self._ctime(name) < cutoff:
+                n, b = self._unlink_counting([name])
+                files, freed = files + n, freed + b
+        if files:
+            os.fsync(self.state_fd)
+        return Expired(tuple(gone), files, freed, keep_partial)
+
+    def _touched_since(self, tid: str, manifest: Manifest, cutoff: float) -> bool:
+        """Whether any of a transfer's state (manifest, commit marker, a .part or journal of its
+        files) changed at `cutoff` or after, by ctime; a plan's fresh manifest answers at once."""
+        names = [f"{tid}.manifest.json", f"{tid}.commit.json"]
+        names += [f"{f.key}{suffix}" for f in manifest.files for suffix in (".part", ".journal")]
+        return any(self._ctime(name) >= cutoff for name in names)
+
+    def _ctime(self, name: str) -> float:
+        """A state file's ctime (no utime sets it back, unlike the mtime a commit gives a sealed
+        .part), 0 where it is not there."""
+        try:
+            return os.stat(name, dir_fd=self.state_fd, follow_symlinks=False).st_ctime
+        except FileNotFoundError:
+            return 0.0
+
+    def _unlink_counting(self, names: list[str]) -> tuple[int, int]:
+        """Unlinks state files; (how many were there, the bytes of blocks they held)."""
+        n = freed = 0
+        for name in names:
+            try:
+                st = os.stat(name, dir_fd=self.state_fd, follow_symlinks=False)
+                os.unlink(name, dir_fd=self.state_fd)
+            except FileNotFoundError:
+                continue
+            n += 1
+            freed += st.st_blocks * 512
+        return n, freed
+
+    @contextlib.contextmanager
+    def _expiring(self, tid: str) -> Iterator[bool]:
+        """Both locks of a transfer, taken without waiting: its `.owner` (no plan of it is being
+        made) and its `.live` (no plan of it is open anywhere). Yields False where either is held.
+        The caller removes both files before it lets go, as _drop_locks does; a planner that
+        waited on the `.owner` meanwhile finds it unlinked and opens it anew (_owning)."""
+        with self._not_planned(tid) as free:
+            if not free:
+                yield False
+                return
+            with self._quiet_transfer(tid) as mine:
+                yield mine
+
+    @contextlib.contextmanager
+    def _not_planned(self, tid: str) -> Iterator[bool]:
+        """An exclusive flock on `<tid>.owner` (if there is one), taken without waiting: False
+        while a plan of the transfer is being made (_owning holds it)."""
+        with self._try_flock(f"{tid}.owner", create=False) as free:
+            yield free
+
+    @contextlib.contextmanager
+    def _try_flock(self, name: str, create: bool) -> Iterator[bool]:
+        """An exclusive flock on state file `name`, without waiting: False while another holds
+        it (or, `create`, where it cannot be made); True where it is not there (not `create`)."""
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(name, flags, 0o600, dir_fd=self.state_fd)
+        except OSError as exc:
+            yield not create and isinstance(exc, FileNotFoundError)
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
 
     def _finish_interrupted(self, but: str = "") -> None:
         """Finishes the commits that a receiver killed while placing files left (their commit
@@ -508,8 +669,8 @@ class Store:
                 gone = False
             if gone:
                 unlink_quiet_at(name, self.state_fd)
-            else:
-                keys_in_use.add(key)
+            elif not self._holds_digests(rec):
+                keys_in_use.add(key)  # its journal gives the digests
         for name in names:
             base, _, suffix = name.partition(".")
             if len(base) != 32:
@@ -525,26 +686,23 @@ class Store:
             elif ".tmp" in suffix:
                 self._prune_temp(name)
 
+    @staticmethod
+    def _holds_digests(rec: dict[str, Any]) -> bool:
+        cs, found = rec.get("chunk_size"), rec.get("digests")
+        return (
+            isinstance(cs, int)
+            and isinstance(found, list)
+            and _record_digests(rec, cs, len(found)) is not None
+        )
+
     def _drop_locks(self, tid: str) -> None:
         """The `.owner` and `.live` of a transfer with no manifest or commit: a plan that failed
         before writing its manifest. Not while a plan of it is being made or open."""
-        try:
-            fd = os.open(f"{tid}.owner", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
-        except FileNotFoundError:
-            fd = -1
-        try:
-            if fd >= 0:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    return  # being planned right now
-            if self._exists(f"{tid}.manifest.json") or self._is_live(tid):
+        with self._not_planned(tid) as free:
+            if not free or self._exists(f"{tid}.manifest.json") or self._is_live(tid):
                 return
             unlink_quiet_at(f"{tid}.live", self.state_fd)
             unlink_quiet_at(f"{tid}.owner", self.state_fd)
-        finally:
-            if fd >= 0:
-                os.close(fd)
 
     def _prune_done(self, name: str) -> None:
         """A done marker none of whose files is at its name any more: a re-run is a new transfer."""
@@ -578,25 +736,8 @@ class Store:
         """An exclusive flock on `<tid>.live` while the caller works on that transfer's state: yields
         False (and takes nothing) where a plan of it is open in some process, or another process
         is at the same work; to everyone else the transfer reads as live meanwhile."""
-        try:
-            fd = os.open(
-                f"{tid}.live",
-                os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o600,
-                dir_fd=self.state_fd,
-            )
-        except OSError:
-            yield False
-            return
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-        finally:
-            os.close(fd)
+        with self._try_flock(f"{tid}.live", create=True) as mine:
+            yield mine
 
     def _read_manifest(self, tid: str) -> Manifest | None:
         try:
@@ -611,13 +752,13 @@ class Store:
             except TransferError:
                 return None
 
-    def _plan(self, manifest: Manifest) -> Plan:
+    def _plan(self, manifest: Manifest, reserve: bool = True) -> Plan:
         self._finish_interrupted(but=manifest.transfer_id)
         self._check_chunk_size(manifest)  # first: files kept at another size are not "in the way"
         with self._dirs_opened(manifest):
-            return self._plan_checked(manifest)
+            return self._plan_checked(manifest, reserve)
 
-    def _plan_checked(self, manifest: Manifest) -> Plan:
+    def _plan_checked(self, manifest: Manifest, reserve: bool = True) -> Plan:
         states = [self._placed_state(entry, manifest.chunk_size) for entry in manifest.files]
         in_the_way: list[tuple[str, ExistsError]] = []
         for entry, state in zip(manifest.files, states, strict=True):
@@ -646,7 +787,8 @@ class Store:
         restarted = self._drop_stale(manifest)
         with _disk_errors(self.state_fd):
             self._write_state_file(f"{manifest.transfer_id}.manifest.json", manifest.to_json())
-            return self._open(manifest, restarted, intact=[state == INTACT for state in states])
+            intact = [state == INTACT for state in states]
+            return self._open(manifest, restarted, intact=intact, reserve=reserve)
 
     def completed(self, manifest: Manifest) -> bool:
         """True if this exact transfer finished here before and its files are still in place.
@@ -807,9 +949,17 @@ class Store:
             if part is not None and isinstance(was, list) and [part.st_dev, part.st_ino] == was[:2]:
                 return UNKNOWN  # recorded by a commit cut short before the link: not placed yet
             return CHANGED
+        have = self._placed_digests(rec, entry, chunk_size)
+        return INTACT if len(have) == entry.chunks(chunk_size) else UNKNOWN
+
+    def _placed_digests(self, rec: dict[str, Any], entry: FileEntry, chunk_size: int) -> dict[int, bytes]:
+        """A placed file's chunk digests: from its placed record (PLACED_DIGESTS_MAX), else from
+        its journal (bigger files, and records an older rq wrote)."""
         chunks = entry.chunks(chunk_size)
-        have = recorded(self.state_fd, f"{entry.key}.journal", entry.key, entry.size, chunk_size, chunks)
-        return INTACT if len(have) == chunks else UNKNOWN
+        folded = _record_digests(rec, chunk_size, chunks)
+        if folded is not None:
+            return folded
+        return recorded(self.state_fd, f"{entry.key}.journal", entry.key, entry.size, chunk_size, chunks)
 
     def _read_placed(self, name: str) -> dict[str, Any] | None:
         return self._read_placed_file(_placed_name(name))
@@ -831,12 +981,19 @@ class Store:
                 return True, None
 
     def _record_placed(
-        self, entry: FileEntry, chunk_size: int, st: os.stat_result | None = None, sync: bool = True
+        self,
+        entry: FileEntry,
+        chunk_size: int,
+        st: os.stat_result | None = None,
+        sync: bool = True,
+        digests: dict[int, bytes] | None = None,
     ) -> None:
         """Remembers the file just placed (its stat, `st` if the caller has it) under its name, so
         that a later re-run can tell it is still there untouched and send only what is missing
         (_placed_state). One record per name: placing another version replaces it. `sync=False`:
-        the caller syncs a batch of records at once."""
+        the caller syncs a batch of records at once. A file of at most PLACED_DIGESTS_MAX chunks
+        gets its chunk digests in the record (`digests`, else read from its journal), so that
+        its journal can go once it is placed (place_all)."""
         if st is None:
             st = self._final_stat(entry.name)
         if st is None or not stat.S_ISREG(st.st_mode) or st.st_size != entry.size:
@@ -845,13 +1002,20 @@ class Store:
         rec = self._read_placed(entry.name)
         if rec is not None and rec.get("key") == entry.key and rec.get("stat") == now:
             return
-        body = {
+        body: dict[str, Any] = {
             "name": entry.name,
             "key": entry.key,
             "stat": now,
             "ident": entry.ident,
             "chunk_size": chunk_size,
         }
+        chunks = entry.chunks(chunk_size)
+        if chunks <= PLACED_DIGESTS_MAX:
+            if digests is None:
+                journal = f"{entry.key}.journal"
+                digests = recorded(self.state_fd, journal, entry.key, entry.size, chunk_size, chunks)
+            if all(k in digests for k in range(chunks)):
+                body["digests"] = [digests[k].hex() for k in range(chunks)]
         # a first record goes straight to its name (one file created instead of a temp name and a
         # rename): a crash that tears it leaves a record that reads as absent, which the commit's
         # redo writes again; replacing another version's record stays atomic
@@ -950,9 +1114,10 @@ class Store:
         restarted: list[str],
         joining: bool = False,
         intact: list[bool] | None = None,
+        reserve: bool = True,
     ) -> Plan:
         """`intact`: per file, whether plan() found it in place from an earlier transfer (a joiner
-        looks again)."""
+        looks again). `reserve`: reserve the space of files still to come (a joiner never does)."""
         cs = manifest.chunk_size
         if intact is None:
             intact = [self._placed_state(e, cs) == INTACT for e in manifest.files]
@@ -985,13 +1150,16 @@ class Store:
                 part = f"{entry.key}.part"
                 if new:
                     os.close(os.open(part, flags | os.O_CREAT, 0o600, dir_fd=self.state_fd))
-                # in place from an earlier transfer: its journal (kept) gives every digest, and no
-                # chunk of it is written (the sender is told it has them all)
-                journal = Journal(
-                    self.state_fd, f"{entry.key}.journal", entry.key, entry.size, cs, chunks, fresh=new
-                )
+                # in place from an earlier transfer: its placed record or its journal (kept) gives
+                # every digest, and no chunk of it is written (the sender is told it has them all)
+                journal: Journal | KnownDigests | None = self._known(entry, cs) if in_place else None
+                if journal is None:
+                    journal = Journal(
+                        self.state_fd, f"{entry.key}.journal", entry.key, entry.size, cs, chunks, fresh=new
+                    )
                 if (
-                    not in_place
+                    reserve
+                    and not in_place
                     and not joining
                     and entry.size >= RESERVE_MIN
                     and len(journal.initial) < chunks
@@ -1004,6 +1172,14 @@ class Store:
             raise
         reservation.start()
         return Plan(manifest, files, self, restarted, live_fd=live, reservation=reservation)
+
+    def _known(self, entry: FileEntry, chunk_size: int) -> KnownDigests | None:
+        """A placed file's digests from its placed record, where it holds them (no journal to open)."""
+        rec = self._read_placed(entry.name)
+        if rec is None or rec.get("key") != entry.key:
+            return None
+        folded = _record_digests(rec, chunk_size, entry.chunks(chunk_size))
+        return None if folded is None else KnownDigests(f"{entry.key}.journal", folded)
 
     def _open_part(self, name: str) -> int:
         """Opens a .part read-write, without following a link. One sealed by a commit (_seal: the
@@ -1022,14 +1198,27 @@ class Store:
         """A shared flock on <tid>.live, held while a plan of the transfer is open in any process
         of this receiver; the kernel drops it with the process, so a killed receiver's transfer
         reads as not running (see _is_live)."""
-        fd = os.open(
-            f"{tid}.live",
-            os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-            dir_fd=self.state_fd,
-        )
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        return fd
+        return self._locked(f"{tid}.live", os.O_RDONLY, fcntl.LOCK_SH)
+
+    def _locked(self, name: str, flags: int, how: int) -> int:
+        """State file `name` (made as needed), flocked `how`, waiting. A lock file that an
+        expiry or a prune (which hold its lock) unlinked while this waited is no lock any more:
+        it is opened again by its name, so two processes never hold "the" lock on two inodes."""
+        while True:
+            fd = os.open(name, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.state_fd)
+            try:
+                fcntl.flock(fd, how)
+                st = os.fstat(fd)
+                try:
+                    now = os.stat(name, dir_fd=self.state_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    now = None
+                if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
 
     def _is_live(self, tid: str) -> bool:
         try:
@@ -1260,7 +1449,9 @@ class Store:
         finally:
             os.close(fd)
 
-    def place_all(self, manifest: Manifest, overwrite: bool) -> None:
+    def place_all(
+        self, manifest: Manifest, overwrite: bool, known: dict[str, dict[int, bytes]] | None = None
+    ) -> None:
         """Moves every verified .part of a committing transfer into place, then records it done.
 
         Idempotent, so a commit a crash cut short is finished by running it again: a .part that is
@@ -1269,7 +1460,12 @@ class Store:
         In batches, so that a transfer of many small files costs a few flushes, not several per
         file: give every .part its size and mode, one sync (nothing can appear under a final name
         lacking either), link them all, write their placed records, one more sync, then the done
-        marker. A few files keep the per-file fsyncs (syncfs would also flush other writers)."""
+        marker. A few files keep the per-file fsyncs (syncfs would also flush other writers).
+
+        `known`: the chunk digests the commit verified, by file key (its placed records take
+        them; a redo reads the journals). The journal of a file whose placed record holds its
+        digests (PLACED_DIGESTS_MAX) goes once the file and its record are durable in place."""
+        known = known or {}
         cs = manifest.chunk_size
         # placed by an earlier transfer and untouched: a .part of its key is not ours
         todo = [entry for entry in manifest.files if self._placed_state(entry, cs) != INTACT]
@@ -1281,7 +1477,7 @@ class Store:
         # rq's, so another transfer naming one finds it in place, not "exists" (_placed_state
         # tells a record whose .part still waits from a placed file).
         for entry in ready:
-            self._record_placed(entry, cs, self._part_stat(entry.key), sync=not batch)
+            self._record_placed(entry, cs, self._part_stat(entry.key), not batch, known.get(entry.key))
         if batch:
             self.syncfs()
         self._open_dirs_for_placing(manifest)
@@ -1295,9 +1491,10 @@ class Store:
                     unlink_quiet_at(_placed_name(entry.name), self.state_fd)
             raise
         for entry in todo:
-            self._record_placed(entry, cs, placed.get(entry.name), sync=not batch)
+            self._record_placed(entry, cs, placed.get(entry.name), not batch, known.get(entry.key))
         if batch:
             self.syncfs()
+        self._drop_folded_journals(manifest.files, cs)  # a redo's earlier ones too
         self.make_dirs(manifest)
         self._set_dir_times(manifest)
         self._set_dir_modes(manifest)
@@ -1306,6 +1503,19 @@ class Store:
         marker = [[f.name, f.size] for f in manifest.files]
         self._write_state_file(f"{manifest.transfer_id}.done.json", orjson.dumps(marker))
         self._forget_state(manifest)
+
+    def _drop_folded_journals(self, entries: Sequence[FileEntry], chunk_size: int) -> None:
+        """Removes the journals of placed files whose placed record holds their digests (made
+        durable before this by the caller). Not synced: a journal a crash brings back is a
+        duplicate of what the record says, and _prune removes it."""
+        for entry in entries:
+            if entry.chunks(chunk_size) > PLACED_DIGESTS_MAX or self._exists(f"{entry.key}.part"):
+                continue
+            rec = self._read_placed(entry.name)
+            if rec is None or rec.get("key") != entry.key:
+                continue
+            if _record_digests(rec, chunk_size, entry.chunks(chunk_size)) is not None:
+                unlink_quiet_at(f"{entry.key}.journal", self.state_fd)
 
     def _part_stat(self, key: str) -> os.stat_result | None:
         try:

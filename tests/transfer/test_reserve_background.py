@@ -10,14 +10,17 @@ from __future__ import annotations
 import os
 import resource
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tmpfs_kit import own_tmpfs
 
+import transfer.reserve as reserve_mod
 from transfer.codec import digest, root_digest
 from transfer.manifest import FileEntry, file_key, make_manifest
+from transfer.receiver import Receiver
 from transfer.reserve import RESERVE_PIECE, Reservation, in_memory
 from transfer.store import Store
 
@@ -101,22 +104,69 @@ def test_tmpfs_files_are_reserved_whole_while_chunks_are_written(shm_dir: Path) 
     store.close()
 
 
-def test_a_closed_plan_stops_reserving_and_its_resume_reserves_the_rest(shm_dir: Path) -> None:
+def test_a_closed_plan_stops_reserving_and_its_resume_reserves_the_rest(
+    shm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """close() (Ctrl-C, a failed transfer's _release under the receiver's lock) reserved every
-    queued file in full before returning: 16 x 64 MiB here. It now stops between pieces; the plan
-    that resumes the transfer takes the reservation up again."""
-    m = make_manifest(CS, [_entry(f"s{n:02}.bin", RESERVE_PIECE, n) for n in range(16)])
+    queued file in full before returning. It now stops between pieces; the plan that resumes the
+    transfer takes the reservation up again. The first piece is held (a gate around the real
+    fallocate) until close() asked the thread to stop, so exactly that piece is reserved whatever
+    the scheduling: this test used to assume the thread could not reserve all of them between
+    plan() and close()."""
+    m = make_manifest(CS, [_entry(f"s{n:02}.bin", RESERVE_PIECE, n) for n in range(4)])
     parts = [shm_dir / ".rq-partial" / f"{e.key}.part" for e in m.files]
+    libc = reserve_mod._calls()
+    real = libc.fallocate
+    first, ours = threading.Event(), threading.Event()
+    reserving: list[Reservation] = []
+
+    def gated(fd: int, mode: int, off: int, n: int) -> int:
+        if not first.is_set():
+            first.set()
+            assert ours.wait(10)
+            assert reserving[0]._stop.wait(10)  # close() asked it to stop: only now this piece
+        return int(real(fd, mode, off, n))
+
+    monkeypatch.setattr(libc, "fallocate", gated)
     store = Store(shm_dir)
-    store.plan(m).close()
-    after_close = [os.stat(p).st_blocks for p in parts]
-    assert not all(b * 512 >= RESERVE_PIECE for b in after_close), "close() reserved everything first"
+    plan = store.plan(m)
+    assert plan.reservation is not None
+    reserving.append(plan.reservation)
+    ours.set()
+    assert first.wait(10), "the reservation never started"
+    plan.close()
+    assert [_reserved(p, RESERVE_PIECE) for p in parts] == [True, False, False, False]
     plan = store.plan(m)
     assert plan.reservation is not None
     plan.reservation.wait()
     assert all(_reserved(p, RESERVE_PIECE) for p in parts)
     plan.close()
     store.close()
+
+
+def test_a_second_plan_of_an_open_transfer_reserves_nothing(
+    shm_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Receiver._acquire plans a transfer already open here again (a reconnecting sender's
+    MANIFEST) only to re-check the destination, and closes that plan at once: it started a
+    reservation thread of its own beside the open plan's, for nothing."""
+    started: list[int] = []
+    start = Reservation.start
+
+    def counting(self: Reservation) -> None:
+        started.append(len(self._files))
+        start(self)
+
+    monkeypatch.setattr(Reservation, "start", counting)
+    m = make_manifest(CS, [_entry("a.bin", 2 * CS, 1)])
+    receiver = Receiver(shm_dir, b"token")
+    shared = receiver._acquire(m.transfer_id, m)
+    again = receiver._acquire(m.transfer_id, m)
+    assert again is shared
+    assert [n for n in started if n] == [1], "the re-plan reserved again"
+    receiver._release(m.transfer_id, again)
+    receiver._release(m.transfer_id, shared)
+    receiver.close()
 
 
 def test_a_commit_in_another_process_is_not_undone_by_this_ones_reservation(shm_dir: Path) -> None:
