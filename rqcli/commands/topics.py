@@ -1606,6 +1606,7 @@ class _Stops:
         self.held_more = False  # a signal came while a stop was under way
         self.timed = False  # the commit's grace timer runs
         self.first_at = 0.0  # when a stop held for a write came
+        self.stop_at = 0.0  # when the first stop signal came
 
     def _stop(self) -> KeyboardInterrupt:
         self.stopping = True
@@ -1617,6 +1618,13 @@ class _Stops:
         signal.signal(signal.SIGALRM, self._overdue)
 
     def _interrupt(self, signum: int, _frame: object) -> None:
+        now = time.monotonic()
+        if self.stopping and self.settled and now - self.stop_at < self.SAME_STOP_S:
+            # the stop's commit is done and rq is closing what it read to write the done line:
+            # the same stop sent twice (timeout(1)) must not cut that short
+            return
+        if not self.stop_at:
+            self.stop_at = now
         if self.committing or (self.stopping and not self.settled):
             if self.stopping:
                 self.held_more = True
