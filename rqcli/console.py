@@ -5,13 +5,17 @@ the collector made over them cost ~5 ms of every start (measured: the preload co
 111 vs 116 ms). It comes back on once the command's own module is loaded (rqcli.main), or, for
 `rq preload`, after the command has imported the cache and frozen what it imported.
 
-SIGINT and SIGTERM are held from here on: rq's imports take ~100 ms, and a signal in them killed
-the process without a word (SIGTERM) or with a Python traceback (SIGINT), where a script reading
+SIGINT, SIGTERM and SIGHUP are held from here on: rq's imports take ~100 ms, and a signal in them
+killed the process without a word (SIGTERM) or with a Python traceback (SIGINT), where a script reading
 `rq send --json` is promised a summary. rqcli.main answers a held signal before the command runs.
+A signal the parent left ignored (`nohup`, a background job of a non-interactive shell, whose SIGINT
+is ignored) stays ignored, as it does for any well-behaved Unix program.
 """
 
 import gc
+import os
 import signal
+import sys
 import threading
 
 gc.disable()
@@ -25,19 +29,39 @@ def _hold(signum: int, _frame: object) -> None:
 
 def held_signals() -> list[int]:
     """The signals that arrived while rq was starting, and the normal handling back: SIGINT as
-    KeyboardInterrupt (rqcli.main sets SIGTERM's own)."""
+    KeyboardInterrupt (rqcli.main sets SIGTERM's and SIGHUP's own)."""
     if signal.getsignal(signal.SIGINT) is _hold:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    if signal.getsignal(signal.SIGTERM) is _hold:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is _hold:
+            signal.signal(signum, signal.SIG_DFL)
     held, _held[:] = list(_held), []
     return held
 
 
+def _standard_streams_open() -> None:
+    """A closed stdin, stdout or stderr (`2>&-` in a script) becomes /dev/null before rq opens
+    anything: otherwise the next file rq opens takes that descriptor, and the interpreter has set
+    the stream to None, which click.echo replaces with stdout — warnings landed in `rq cache cat`'s
+    data, and the first `.isatty()` or `.write()` was an AttributeError."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            got = os.open(os.devnull, os.O_RDWR)
+            if got != fd:  # a lower descriptor was closed too and took it: it is handled in turn
+                os.dup2(got, fd)
+                os.close(got)
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(fd, mode, closefd=False, encoding="utf-8", errors="backslashreplace"))  # noqa: SIM115 - lives as long as rq
+
+
 def main() -> None:
+    _standard_streams_open()
     if threading.current_thread() is threading.main_thread():  # (signal.signal's own rule)
-        signal.signal(signal.SIGINT, _hold)
-        signal.signal(signal.SIGTERM, _hold)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, _hold)
     from rqcli.main import main as run
 
     run()

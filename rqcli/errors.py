@@ -26,10 +26,15 @@ class CliError(Exception):
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM (a CI job cancelled, a pod stopped), raised in the main thread so that it stops a
-    command the way Ctrl-C does: cleanups run, a partial summary still ends --json, exit 130."""
+    """SIGTERM (a CI job cancelled, a pod stopped) or SIGHUP (the ssh session or terminal gone),
+    raised in the main thread so that it stops a command the way Ctrl-C does: cleanups run, a
+    partial summary still ends --json, exit 130."""
+
+    def __init__(self, signame: str = "SIGTERM") -> None:
+        super().__init__(signame)
+        self.signame = signame
 
 
 def interruption(exc: BaseException) -> str:
     """What stopped the command, for a summary's `error` and the last stderr line."""
-    return "stopped by SIGTERM" if isinstance(exc, Terminated) else "interrupted"
+    return f"stopped by {exc.signame}" if isinstance(exc, Terminated) else "interrupted"

@@ -15,7 +15,7 @@ class ExitCode(IntEnum):
     RESUMABLE = 8  # interrupted; re-running the same command continues where it stopped
     EXISTS = 9  # the target exists and --overwrite was not given
     UNSUPPORTED = 10  # the feature needs something this machine lacks (e.g. an RDMA device)
-    INTERRUPTED = 130  # Ctrl-C or SIGTERM
+    INTERRUPTED = 130  # Ctrl-C, SIGTERM or SIGHUP
 
 
 EXIT_CODE_HELP = {
@@ -30,5 +30,5 @@ EXIT_CODE_HELP = {
     ExitCode.RESUMABLE: "interrupted; re-run the same command to resume",
     ExitCode.EXISTS: "target exists; pass --overwrite",
     ExitCode.UNSUPPORTED: "needs something this machine lacks",
-    ExitCode.INTERRUPTED: "interrupted by Ctrl-C or SIGTERM",
+    ExitCode.INTERRUPTED: "interrupted by Ctrl-C, SIGTERM or SIGHUP",
 }

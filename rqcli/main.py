@@ -288,8 +288,14 @@ def _interrupted(args: list[str], exc: BaseException) -> int:
     return int(ExitCode.INTERRUPTED)
 
 
-def _terminate(_signum: int, _frame: Any) -> None:
-    raise Terminated()
+def _terminate(signum: int, _frame: Any) -> None:
+    raise Terminated(signal.Signals(signum).name)
+
+
+def _stop_on(signum: int, handler: Any) -> None:
+    """Installs a stop signal's handler unless the parent left the signal ignored (`nohup`)."""
+    if signal.getsignal(signum) is not signal.SIG_IGN:
+        signal.signal(signum, handler)
 
 
 def _raise_open_files_limit() -> None:
@@ -318,13 +324,16 @@ def main(argv: list[str] | None = None) -> None:
         _raise_open_files_limit()
     try:
         if threading.current_thread() is threading.main_thread():  # (signal.signal's own rule)
-            signal.signal(signal.SIGTERM, _terminate)  # commands that serve (rq recv) set their own
+            for signum in (signal.SIGTERM, signal.SIGHUP):  # rq recv sets its own
+                _stop_on(signum, _terminate)
         if console:
             from rqcli.console import held_signals
 
             held = held_signals()  # came while rq was importing: answered as if they came now
             if held:
-                raise Terminated() if held[0] == signal.SIGTERM else KeyboardInterrupt()
+                if held[0] == signal.SIGINT:
+                    raise KeyboardInterrupt()
+                raise Terminated(signal.Signals(held[0]).name)
         rv: Any = cli.main(args=argv, prog_name="rq", standalone_mode=False, auto_envvar_prefix="RQ")
         code = int(rv) if isinstance(rv, int) else 0
     except CliError as exc:

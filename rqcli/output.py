@@ -56,6 +56,40 @@ def _console_class() -> type[Console]:
     return _Console
 
 
+# Commands whose job is a side effect: when the reader of their stdout leaves (`rq preload … | head
+# -n1`, `| grep -m1 failed`), they finish the work and exit with its code. Stopping with exit 0 there
+# told a `pipefail` script that a preload cut short had succeeded. Listings and reads (`ls`, `tail`,
+# `replay`, `doctor`) stop at once with exit 0 instead: their output is the job, and `| head` is done.
+KEEP_GOING_WITHOUT_STDOUT = frozenset(
+    {
+        "rq preload",
+        "rq send",
+        "rq recv",
+        "rq produce",
+        "rq cache verify",
+        "rq cache evict",
+        "rq cache pin",
+        "rq cache unpin",
+        "rq cache clear",
+        "rq cache orphans",
+    }
+)
+
+
+def _point_at_devnull(stream: Any) -> None:
+    """Later writes to this stream's descriptor go nowhere, instead of failing again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
+
+
+def _keeps_going() -> bool:
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.command_path in KEEP_GOING_WITHOUT_STDOUT
+
+
 @dataclass
 class Output:
     """The terminal side of one rq invocation. Commands get it with `get_output()`."""
@@ -73,34 +107,53 @@ class Output:
             return False
         return bool(getattr(self.stderr, "isatty", lambda: False)())
 
+    stdout_lost: bool = False  # the reader of stdout left and the command went on without it
+
+    def _to_stdout(self, text: str) -> None:
+        if self.stdout_lost:
+            return
+        try:
+            self.stdout.write(text)
+            self.stdout.flush()
+        except BrokenPipeError:
+            if not _keeps_going():
+                raise  # the `rq` group ends the command with exit 0
+            self.stdout_lost = True
+            _point_at_devnull(self.stdout)
+
+    def _to_stderr(self, text: str) -> None:
+        try:
+            click.echo(text, file=self.stderr)
+        except BrokenPipeError:  # `2>&1 | head`: a lost warning must not stop the work
+            _point_at_devnull(self.stderr)
+
     def emit(self, obj: dict[str, Any]) -> None:
         """One JSON object on one line of stdout (only in --json mode)."""
         if self.json:
             import orjson  # --json only
 
-            self.stdout.write(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
-            self.stdout.flush()
+            self._to_stdout(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
 
     def result(self, text: str) -> None:
         """A line of what the command was asked for (a listing, a path, an entry's fields) on
         stdout: silent under --json, which carries the same data, but not under --quiet, which
         drops chatter, not answers (`rq -q cache ls | wc -l` must count entries)."""
         if not self.json:
-            click.echo(text, file=self.stdout)
+            self._to_stdout(text + "\n")
 
     def info(self, text: str) -> None:
         """A human line on stdout; silent under --json and --quiet."""
         if not (self.json or self.quiet):
-            click.echo(text, file=self.stdout)
+            self._to_stdout(text + "\n")
 
     def warn(self, text: str) -> None:
         """A warning on stderr; silent under --quiet."""
         if not self.quiet:
-            click.echo(f"rq: warning: {text}", file=self.stderr)
+            self._to_stderr(f"rq: warning: {text}")
 
     def debug(self, text: str) -> None:
         if self.verbose:
-            click.echo(f"rq: {text}", file=self.stderr)
+            self._to_stderr(f"rq: {text}")
 
     def console(self) -> Console:
         return _console_class()(file=self.stdout, highlight=False, soft_wrap=False)

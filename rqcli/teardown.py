@@ -31,7 +31,7 @@ def leave(code: int, console: bool) -> NoReturn:
     in the last flush or in the interpreter's teardown turned exit 0 or 130 into a traceback or
     143, after the summary had said otherwise."""
     if console and threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
     if _skip and console:
         for stream in (sys.stdout, sys.stderr):

@@ -455,7 +455,15 @@ def recv(
         receiver.data_ports = [addr_port] + [port for _, port in started]
     # before the listening line: a script may send SIGTERM as soon as it has read it
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stopped_by: list[str] = []
+
+    def _stop(signum: int, _frame: Any) -> None:
+        stopped_by.append(signal.Signals(signum).name)
+        stop.set()
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # a terminal or ssh session gone: as SIGTERM
+        if signal.getsignal(signum) is not signal.SIG_IGN:  # (nohup: stays ignored)
+            signal.signal(signum, _stop)
     out.emit(
         {
             "event": "listening",
@@ -489,7 +497,10 @@ def recv(
                     stop.wait(0.5)
             if stop.is_set() and once and not receiver.completed.is_set():
                 # a script waiting for one transfer must not read "received" from a kill
-                raise CliError("stopped by SIGTERM before a transfer completed", ExitCode.INTERRUPTED)
+                raise CliError(
+                    f"stopped by {stopped_by[0] if stopped_by else 'SIGTERM'} before a transfer completed",
+                    ExitCode.INTERRUPTED,
+                )
             if not stop.is_set() and not server.is_alive():
                 # nobody asked it to stop: exiting 0 here would tell a script all went well
                 reason = f": {safe_text(str(died[0]))}" if died else ""
