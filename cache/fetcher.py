@@ -1,8 +1,10 @@
 """The fetch engine: many objects in flight, space reserved before bytes move, landings batched.
 
-One main thread owns all bookkeeping; origin callbacks (CRT threads, copy threads) only hand results
-to a small finisher pool (fsync/rename block, so they stay off the CRT event loop) and then to a
-queue the main thread drains. A batch of verified objects is published (syncfs, link, syncfs) by one
+One main thread owns all bookkeeping; origin callbacks (CRT threads, copy threads) hand results to a
+queue the main thread drains. A whole object is finished (read back, hashed, verified) on the
+callback's own thread when batch syncs make it durable later (nothing there waits on the disk);
+fsynced landings and big objects' pieces go to a small finisher pool (fsync blocks, so it stays
+off the CRT event loop). A batch of verified objects is published (syncfs, link, syncfs) by one
 publisher thread while the loop keeps requests flowing; the main thread indexes the batch only once
 the publisher reports it durable. Concurrency is an AIMD window: it halves when the store throttles and
 grows back by one request per window of successes.
@@ -288,6 +290,7 @@ class Fetcher:
         # page-cache read and the hashing): two threads keep up, and more only woke up and
         # passed the GIL around (8 of them: ~10% more CPU on 2,000 x 256 KiB). fsyncs: eight.
         self._finisher = Workers(2 if self.batch_sync or not durable else 8, "rq-finish")
+        self._inline = self.batch_sync or not durable  # whole objects finish on the callback thread
         # syncfs, link, syncfs for a batch: mostly waiting on the disk, so it runs beside the loop,
         # which meanwhile keeps requests flowing (it was blocked ~1/3 of a 2,000-object run)
         self._publisher = ThreadPoolExecutor(1, thread_name_prefix="rq-publish")
@@ -310,7 +313,14 @@ class Fetcher:
             self._bytes += n
 
     def _request_done(self, job: Job, piece: int | None, err: BaseException | None) -> None:
-        self._finisher.submit(self._complete, job, piece, err)
+        if piece is None and self._inline:
+            # a whole object, finished here on the origin's callback thread: with batch syncs (or
+            # no fsync) finishing never waits on the disk (a page-cache read-back and the hashing),
+            # and handing it to a finisher thread cost a queue message, a futex wake and one more
+            # GIL hand-off per object
+            self._complete(job, piece, err)
+        else:
+            self._finisher.submit(self._complete, job, piece, err)
 
     def _complete(self, job: Job, piece: int | None, err: BaseException | None) -> None:
         landing = job.landing
