@@ -238,19 +238,35 @@ class Receiver:
 
     # -- plans shared by the channels of one transfer in this process ------------------------------
 
+    def _open_plan(self, tid: str) -> _Shared | None:
+        """The plan of transfer `tid` open in this process, if any. One that is closed (committed,
+        or failed) while channels of its sender still hold it is none: a sender killed hard leaves
+        its channels open here until they time out (QUIC: ~10 s; a TCP peer whose host died:
+        IDLE_TIMEOUT), and a re-run meanwhile must be planned against what is on disk now, not
+        against that plan's view (every chunk present, files placed that the user deleted since)."""
+        shared = self._plans.get(tid)
+        if shared is not None and shared.plan.closed:
+            del self._plans[tid]  # its lingering channels' _release leaves the new one alone
+            return None
+        return shared
+
     def _acquire(self, tid: str, manifest: Manifest | None) -> _Shared:
         with self._lock:
-            shared = self._plans.get(tid)
+            shared = self._open_plan(tid)
             if not self._plans:
                 self.store.reopen_if_removed()
             if shared is None:
                 plan = self.store.plan(manifest) if manifest is not None else self.store.join(tid)
                 shared = self._plans[tid] = _Shared(plan)
             elif manifest is not None:
-                # re-checks the destination; the open plan stays, and so does its reservation
-                self.store.plan(manifest, reserve=False).close()
-                for fs in shared.plan.files:
-                    fs.have.update(fs.journal.reload())
+                # re-checks the destination (a reconnecting sender, or a new one while the dead
+                # one's channels linger); the open plan stays, and so does its reservation, but
+                # each file's state is the re-plan's: a placed file deleted since is written again
+                replan = self.store.plan(manifest, reserve=False)
+                try:
+                    shared.plan.refresh(replan)
+                finally:
+                    replan.close()
             shared.users += 1
             return shared
 
@@ -451,7 +467,7 @@ class Receiver:
         with self._lock:
             if not self._plans:
                 self.store.reopen_if_removed()
-            return manifest.transfer_id not in self._plans and self.store.completed(manifest)
+            return self._open_plan(manifest.transfer_id) is None and self.store.completed(manifest)
 
     def _flush(self, shared: _Shared, core: ReceiverChannel | None, batch: _Batch) -> None:
         pending = batch.pending

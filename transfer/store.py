@@ -260,6 +260,21 @@ class Plan:
                     for k, _ in recs:
                         fs.dirty.pop(k, None)
 
+    def refresh(self, newer: Plan) -> None:
+        """Takes each file's state from `newer`, a plan of the same transfer just made (a sender
+        reconnecting, or a new one while a killed one's channels still hold this plan): what the
+        disk says now, not what this plan saw when it was opened. A file placed by an earlier
+        transfer and deleted since is no longer "placed, every chunk present" (its journal stood
+        in by its placed record's digests): the re-plan gave it a new, empty .part and a fresh
+        journal, and the commit placed that .part, zeros, as the verified file. Chunks other
+        channels make durable meanwhile are in the journal, which `have` is read from."""
+        assert newer.manifest.transfer_id == self.manifest.transfer_id
+        with self.lock:
+            for fs, now in zip(self.files, newer.files, strict=True):
+                fs.journal = now.journal
+                fs.placed = now.placed
+                fs.have = fs.journal.reload()
+
     def _check_write_back(self, by_file: dict[int, list[tuple[int, bytes]]]) -> None:
         """Refuses to journal chunks written before a write-back error that another channel's
         flush was told of. Linux reports such an error once per open file description: a syncfs
