@@ -329,6 +329,21 @@ class Index:
                     out[tier] = out.get(tier, 0) + int(n)
         return out
 
+    def checked_not_created_since(self, t: float, prefixes: Iterable[str]) -> dict[str, int]:
+        """How many entries under each URL prefix each tier holds that were checked at or after `t`
+        but landed before it (cached before a preload that listed them)."""
+        out: dict[str, int] = {}
+        with self.read() as db:
+            for prefix in set(prefixes):
+                rows = db.execute(
+                    "SELECT tier, COUNT(*) FROM entries WHERE url >= ? AND url < ? AND created < ?"
+                    " AND checked_at >= ? GROUP BY tier",
+                    (prefix, prefix + "\U0010ffff", t, t),
+                )
+                for tier, n in rows:
+                    out[tier] = out.get(tier, 0) + int(n)
+        return out
+
     def usage(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}
         with self.read() as db:

@@ -47,6 +47,12 @@ class PreloadResult:
     # keys the store listed outside a source's prefix, or twice: not fetched (events.Ignored for
     # the first IGNORED_REPORTED, all counted here)
     ignored: int = 0
+    # (tier="ram") objects of the set cached before this run that it leaves in the disk tier: on
+    # disk already and not promoted (the set is bigger than the RAM cap, so promoting would only
+    # trade places with itself), or in RAM when it started and moved to disk by its own landings
+    # or by a lowered --ram-limit. Not in evicted_own/demoted_own/demoted_full, which count only
+    # what this run landed: a script that needs the whole set in RAM checks all four are 0
+    not_resident: int = 0
 
     @property
     def mb_per_s(self) -> float:
@@ -401,8 +407,11 @@ def run_preload(
     fetched = fetcher.run([], feed=ListingFeed(listing, prepare))
     result.objects = fetched.objects
     result.bytes = fetched.landed_bytes
-    result.evicted_own, result.demoted_own = _pushed_out(state, tier, sources, started_wall, fetched)
+    since = _since(started_wall, started)
+    result.evicted_own, result.demoted_own = _pushed_out(state, tier, sources, since, fetched)
     result.demoted_full = fetched.demoted
+    if tier == "ram":
+        result.not_resident = _left_on_disk(state, sources, since, fetched, promote)
     result.failed += fetched.failed
     result.resumed_bytes = fetched.resumed_bytes
     result.throttled = fetched.throttled
@@ -421,6 +430,33 @@ def _fits(listing: Callable[[Callable[[], bool], bool], Iterator[Page]], cap: in
     for page in listing(over, False):  # (what the listing ignores is reported by the run's own)
         total += sum(info.size for info, _ in page)
     return not over()
+
+
+def _since(started_wall: float, started: float) -> float:
+    """The wall-clock time from which the index's stamps (`created`, `checked_at`: time.time()
+    when written) are this run's. A clock stepped back during the run (NTP, a resumed VM) stamps
+    this run's landings before `started_wall`: they would count as pushed out (a false warning)
+    and its skips as not this run's. Lowered by the step, read as the wall clock's lag behind the
+    monotonic one; a step forward needs nothing (later stamps are still >= started_wall)."""
+    lag = (time.time() - started_wall) - (time.monotonic() - started)
+    return started_wall + min(0.0, lag)
+
+
+def _left_on_disk(state: Any, sources: list[str], since: float, fetched: FetchResult, promote: bool) -> int:
+    """(tier="ram") How many objects of the set that were cached before the run are in the disk
+    tier now: entries under the sources' prefixes that this run checked (a skip stamps
+    `checked_at`) but did not land (`created` before the run). A demotion keeps both stamps, so an
+    entry that was in RAM when the run started and was pushed out by the run's own landings (or
+    by the lowered cap, before any of them) counts too. Skipped when nothing can be there: every
+    disk copy was promoted, and the RAM tier stayed below its cap by more than an object."""
+    if promote:
+        if not fetched.objects:
+            return 0
+        usage = state.index.usage()["ram"]
+        if usage["bytes"] + usage["held"] + fetched.largest <= state.store.cap("ram"):
+            return 0
+    prefixes = _disjoint(p for source in sources for p in _url_prefixes(source))
+    return int(state.index.checked_not_created_since(since, prefixes).get("disk", 0))
 
 
 def _pushed_out(
