@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 
@@ -28,6 +28,39 @@ class Seconds(click.FloatRange):
 
     def get_metavar(self, *args: Any, **kwargs: Any) -> str:
         return "SECONDS"
+
+
+class Age(click.ParamType):
+    """A duration: 90, 90s, 30m, 12h, 7d, 2w; `never` or 0 -> None (keep for ever)."""
+
+    name = "age"
+    _UNITS: ClassVar[dict[str, int]] = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+    @classmethod
+    def text(cls, seconds: float) -> str:
+        """An age the way --keep-partial takes it back: 7d, 12h, 90s."""
+        for unit in "wdhm":
+            if seconds >= cls._UNITS[unit] and seconds % cls._UNITS[unit] == 0:
+                return f"{seconds / cls._UNITS[unit]:g}{unit}"
+        return f"{seconds:g}s"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value is None or isinstance(value, float):
+            return value
+        text = str(value).strip().lower()
+        if text in ("never", "0"):
+            return None
+        unit = self._UNITS.get(text[-1:])
+        try:
+            seconds = float(text[:-1] if unit else text) * (unit or 1)
+        except ValueError:
+            seconds = math.nan
+        if not math.isfinite(seconds) or seconds < 0:
+            self.fail(f"{value!r} is not an age (e.g. 7d, 12h, 30m, never)", param, ctx)
+        return seconds or None
+
+    def get_metavar(self, *args: Any, **kwargs: Any) -> str:
+        return "AGE"
 
 
 class CommandEnvFirst(click.Option):

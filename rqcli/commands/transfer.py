@@ -22,7 +22,7 @@ from platformdirs import user_config_path, user_data_path
 from rqcli.errors import CliError, interruption
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
-from rqcli.params import CommandEnvFirst, Seconds, documented_env_names
+from rqcli.params import Age, CommandEnvFirst, Seconds, documented_env_names
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -313,6 +313,14 @@ def _dest_argument(_ctx: click.Context, _param: click.Parameter, value: str) -> 
     show_default=True,
     help="QUIC: receive in N processes (the extra ones on ports of their own, told to the sender); match the sender's --connections.",
 )
+@click.option(
+    "--keep-partial",
+    type=Age(),
+    default="7d",
+    show_default=True,
+    help="As it starts, remove the partial state of transfers nothing touched for this long (their "
+    "sender may resume until then): 90s, 30m, 12h, 7d, 2w; never or 0 keeps it.",
+)
 @click.option("--worker", is_flag=True, hidden=True, help="Internal: one of the processes of --workers.")
 @click.option(
     "--receiver-id", hidden=True, help="Internal: the id a --workers process shares with its parent."
@@ -335,6 +343,7 @@ def recv(
     max_files: int,
     cert_dir: Path | None,
     workers: int,
+    keep_partial: float | None,
     worker: bool,
     receiver_id: str | None,
 ) -> None:
@@ -399,6 +408,7 @@ def recv(
             overwrite,
             on_event=lambda ev: _recv_event(out, ev),
             owner=receiver_id,
+            keep_partial=None if worker else keep_partial,  # the parent swept before the workers
         )
     except (TransferError, OSError) as exc:
         handler.set(None)
@@ -407,6 +417,7 @@ def recv(
             raise _cli_error(exc) from None
         raise _setup_error(exc, dest_dir) from None
     handler.set(receiver.handle_channel)
+    _report_expired(out, receiver.expired)
     addr_host, addr_port = listener.address
     shown_host = socket.gethostname() if addr_host in ("0.0.0.0", "::") else addr_host
     url_host = f"[{shown_host}]" if ":" in shown_host else shown_host
@@ -957,6 +968,27 @@ def _distinct_sources(args: tuple[str, ...], out: Output) -> list[Path]:
         names[name] = arg
         sources.append(path)
     return sources
+
+
+def _report_expired(out: Output, expired: Any) -> None:
+    """What --keep-partial removed as rq recv started: a line, and an `expired` JSON line."""
+    if not expired.files:
+        return
+    out.emit(
+        {
+            "event": "expired",
+            "transfers": list(expired.transfers),
+            "files": expired.files,
+            "bytes": expired.bytes,
+            "older_than": expired.older_than,
+        }
+    )
+    from cache.sizes import format_size
+
+    out.info(
+        f"removed the partial state of {len(expired.transfers)} transfer(s) untouched for "
+        f"{Age.text(expired.older_than or 0)}: {expired.files} file(s), {format_size(expired.bytes)} freed"
+    )
 
 
 def _size_text(n: int) -> str:

@@ -127,13 +127,13 @@ def test_a_refused_transfer_leaves_no_lock_files_and_recover_prunes_leftovers(tm
     (tmp_path / entries[0].name).unlink()
     store.plan(m).finalize(_receive(store, m, by_name), False)
     kept = sorted(p.name for p in state.iterdir())
-    assert len(kept) == 1 + 2 * len(entries)  # done marker; per file its placed record + journal
+    assert len(kept) == 1 + len(entries)  # done marker; per file its placed record (with its digests)
     # a writer killed between writing and renaming a state file (pid 2**22+1: no such process)
     (state / f"{m.transfer_id}.manifest.json.tmp{2**22 + 1}.7").write_bytes(b"{")
     (tmp_path / entries[1].name).unlink()  # the user deletes one received file
     store.recover()
     left = sorted(p.name for p in state.iterdir())
-    assert len(left) == 1 + 2, left  # its record and journal went with it; nothing else stayed
+    assert len(left) == 1 + 1, left  # its record went with it; nothing else stayed
     (tmp_path / entries[0].name).unlink()
     store.recover()
     assert sorted(p.name for p in state.iterdir()) == []  # nothing rq placed is left: nothing kept

@@ -124,13 +124,12 @@ def test_commit_cut_short_by_a_crash_is_finished_not_redone_from_empty_files(
     for f, data in zip(m.files, datas, strict=True):
         assert (tmp_path / f.name).read_bytes() == data
     left = sorted(p.name for p in (tmp_path / ".rq-partial").iterdir())
-    # what stays: the done marker, and per placed file its journal and placed record (a later
-    # re-run sends only what went missing); no .part, manifest or commit marker
-    journals = sorted(f"{f.key}.journal" for f in m.files)
-    assert [n for n in left if n.endswith(".journal")] == journals
+    # what stays: the done marker, and per placed file its placed record, which holds its chunk
+    # digests (a later re-run sends only what went missing); no .part, journal, manifest or marker
+    assert [n for n in left if n.endswith(".journal")] == []
     assert len([n for n in left if n.endswith(".placed")]) == len(m.files)
     assert [n for n in left if n.endswith(".json")] == [f"{m.transfer_id}.done.json"]
-    assert len(left) == 1 + 2 * len(m.files), left
+    assert len(left) == 1 + len(m.files), left
 
 
 def test_journal_without_its_part_file_is_dropped(tmp_path: Path) -> None:
