@@ -49,6 +49,7 @@ from cache.layout import (
     check_private_dir,
     default_ram_root,
     dir_error,
+    make_private,
 )
 from cache.origins import LocalOrigin, Origin, normalise_pattern, normalise_url, origin_for_url
 from cache.s3 import S3Settings
@@ -106,7 +107,7 @@ def _make_ram_dir(path: Path, tighten: bool) -> bool:
     try:
         check_private_dir(path, tighten)
         for sub in ("objects", "tmp"):
-            (path / sub).mkdir(exist_ok=True)
+            make_private(path / sub)
     except OSError as exc:
         if not existed:
             _unmake_ram_dir(path)
@@ -166,10 +167,12 @@ class Cache:
                 check_cache_dir(ram_given, "RAM tier directory")
                 made_ram = _make_ram_dir(ram_given, self._tighten)
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
+            make_private(self.root)  # 0700 whatever the umask: the cache is one user's
+        except (OSError, CacheError) as exc:
             if made_ram and ram_given is not None:
                 _unmake_ram_dir(ram_given)
+            if isinstance(exc, CacheError):
+                raise
             raise dir_error(self.root, "cache directory", exc) from None
         self.s3_settings = S3Settings(endpoint_url=endpoint_url, profile=profile)
         self.max_age = max_age

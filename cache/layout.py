@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -69,7 +70,7 @@ class Layout:
         check_private_dir(self.ram_root, tighten)
         for tier in TIERS:
             for sub in ("objects", "tmp"):
-                (self.tier_root(tier) / sub).mkdir(parents=True, exist_ok=True)
+                make_private(self.tier_root(tier) / sub)
         link = self.root / "ram"
         if not link.is_symlink() and not link.exists():
             try:
@@ -127,6 +128,59 @@ def check_private_dir(path: Path, tighten: bool = False) -> None:
         raise UnsafeDirError(
             f"RAM tier directory {path} is writable by other users; refusing to use it (chmod go-w it)"
         )
+
+
+PRIVATE = 0o700  # every directory rq makes in a cache, whatever the umask
+
+
+def make_private(path: Path) -> bool:
+    """Makes a directory of the cache `0700` (os.mkdir's mode is masked by the umask, which can
+    only take bits away: under umask 000 a plain mkdir made it 0777, and another user could
+    replace what is in it). One that is there already and that others can write (an older rq
+    made it under umask 002 or 000) is made 0700 too, when it is ours to change; one that others
+    may only read is left as its owner set it (sharing a cache read-only is a choice). True when
+    this call made it. Raises OSError as mkdir does."""
+    try:
+        os.mkdir(path, PRIVATE)
+        return True
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        # the directories above it that rq makes (~/.cache/rq for the default) are made 0700 too:
+        # whoever can write the one holding the cache can rename the cache away and put theirs
+        missing = [p for p in path.parents if not p.exists()]
+        for parent in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(parent, PRIVATE)
+        try:
+            os.mkdir(path, PRIVATE)
+            return True
+        except FileExistsError:
+            pass
+    tighten(path)
+    return False
+
+
+def tighten(path: Path) -> None:
+    """An existing directory of the cache that others can write is made 0700 when it is ours;
+    one of another user's is refused (UnsafeDirError): whoever can write it can replace the index
+    and the cached objects. A file system that cannot change modes (read-only) leaves it as it is."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    if not stat.S_ISDIR(st.st_mode) or not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return
+    if st.st_uid != os.geteuid():
+        raise UnsafeDirError(
+            f"cache directory {path} belongs to uid {st.st_uid} and other users can write it; "
+            "refusing to use it (the cache is private to one user: give it a directory of your own)"
+        )
+    try:
+        os.chmod(path, PRIVATE)
+    except OSError as exc:
+        if exc.errno not in (errno.EROFS, errno.EPERM, errno.EACCES):
+            raise
 
 
 def dir_error(path: Path, what: str, exc: OSError) -> CacheError:

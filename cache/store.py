@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from cache import procs
 from cache.errors import BusyError, CacheError, CacheFullError, FileSystemFullError
 from cache.index import Entry, Hold, Index
-from cache.layout import Layout, blob_hash
+from cache.layout import Layout, blob_hash, make_private
 from cache.sizes import format_size, stored_size
 
 
@@ -493,7 +493,7 @@ class Store:
         tmp = self.layout.tmp_path("disk", entry.blob, ".demote")
         final = self.layout.blob_path("disk", entry.blob)
         try:
-            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
                 offset = 0
                 while offset < entry.size:
@@ -505,7 +505,7 @@ class Store:
                 os.fsync(out)
             finally:
                 os.close(out)
-            final.parent.mkdir(parents=True, exist_ok=True)
+            make_private(final.parent)
             twin = -1
             while True:
                 try:
