@@ -644,12 +644,13 @@ class Store:
         finally:
             os.close(fd)
 
-    def _finish_interrupted(self, but: str = "") -> None:
+    def _finish_interrupted(self, but: str = "", names: Sequence[str] | None = None) -> None:
         """Finishes the commits that a receiver killed while placing files left (their commit
         marker is there, their transfer not open anywhere), so that DEST and the placed records
         say what rq put there before any other transfer is planned against them. One this
-        receiver cannot finish (a file put in the way since) stays for its own re-run to report."""
-        for name in os.listdir(self.state_fd):
+        receiver cannot finish (a file put in the way since) stays for its own re-run to report.
+        `names`: the state directory's listing, where the caller has one (a plan lists it once)."""
+        for name in os.listdir(self.state_fd) if names is None else names:
             tid = name.removesuffix(".commit.json")
             if tid in (name, but) or len(tid) != 32:
                 continue
@@ -768,12 +769,18 @@ class Store:
                 return None
 
     def _plan(self, manifest: Manifest, reserve: bool = True) -> Plan:
-        self._finish_interrupted(but=manifest.transfer_id)
-        self._check_chunk_size(manifest)  # first: files kept at another size are not "in the way"
+        # One listing of the state directory per plan, and each other transfer's manifest parsed
+        # once: with 10,000 finished transfers kept here (a done marker and placed records each)
+        # the three listings a plan made were most of its cost (docs/transfer.md, "Receiver layout").
+        # A state file a step below removes meanwhile (a finished commit's manifest) reads as absent.
+        names = os.listdir(self.state_fd)
+        self._finish_interrupted(but=manifest.transfer_id, names=names)
+        others = self._other_manifests(manifest, names)
+        self._check_chunk_size(manifest, others)  # first: files kept at another size are not "in the way"
         with self._dirs_opened(manifest):
-            return self._plan_checked(manifest, reserve)
+            return self._plan_checked(manifest, reserve, others)
 
-    def _plan_checked(self, manifest: Manifest, reserve: bool = True) -> Plan:
+    def _plan_checked(self, manifest: Manifest, reserve: bool, others: list[tuple[str, Manifest]]) -> Plan:
         states = [self._placed_state(entry, manifest.chunk_size) for entry in manifest.files]
         in_the_way: list[tuple[str, ExistsError]] = []
         for entry, state in zip(manifest.files, states, strict=True):
@@ -799,7 +806,7 @@ class Store:
             raise _all_in_the_way(in_the_way)
         for name in manifest.dirs:
             self._check_dir_target(name)
-        restarted = self._drop_stale(manifest)
+        restarted = self._drop_stale(manifest, others)
         with _disk_errors(self.state_fd):
             self._write_state_file(f"{manifest.transfer_id}.manifest.json", manifest.to_json())
             intact = [state == INTACT for state in states]
@@ -989,11 +996,14 @@ class Store:
             fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
         except FileNotFoundError:
             return False, None
-        with os.fdopen(fd, "rb") as fh:
-            try:
-                return True, orjson.loads(fh.read())
-            except orjson.JSONDecodeError:
-                return True, None
+        try:
+            data = _read_fd(fd)  # no buffered file object: recover reads one per placed file
+        finally:
+            os.close(fd)
+        try:
+            return True, orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return True, None
 
     def _record_placed(
         self,
@@ -1301,20 +1311,26 @@ class Store:
             return False
         return (part.st_dev, part.st_ino) == (st.st_dev, st.st_ino)
 
-    def _other_manifests(self, manifest: Manifest) -> Iterator[tuple[str, Manifest]]:
-        """The manifests of other transfers planned here and not finished (state file, manifest)."""
-        for entry in os.listdir(self.state_fd):
-            if not entry.endswith(".manifest.json") or entry == f"{manifest.transfer_id}.manifest.json":
+    def _other_manifests(self, manifest: Manifest, names: Sequence[str]) -> list[tuple[str, Manifest]]:
+        """The manifests of other transfers planned here and not finished (state file, manifest),
+        of those the state directory's listing `names` holds."""
+        ours = f"{manifest.transfer_id}.manifest.json"
+        found = []
+        for entry in names:
+            if not entry.endswith(".manifest.json") or entry == ours:
                 continue
             try:
                 fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd)
-                with os.fdopen(fd, "rb") as fh:
-                    old = parse_manifest(fh.read(), _NO_LIMITS)
+                try:
+                    old = parse_manifest(_read_fd(fd), _NO_LIMITS)
+                finally:
+                    os.close(fd)
             except (OSError, TransferError):
                 continue
-            yield entry, old
+            found.append((entry, old))
+        return found
 
-    def _check_chunk_size(self, manifest: Manifest) -> None:
+    def _check_chunk_size(self, manifest: Manifest, others: list[tuple[str, Manifest]]) -> None:
         """Refuses (ChunkSizeError, which a sender answers by re-planning) a manifest whose files
         this receiver already holds verified chunks of, cut at another chunk size: the same file
         versions (same `ident`) re-sent with another --chunk-size. The chunk size with the most
@@ -1325,7 +1341,7 @@ class Store:
             return  # an older sender: no identity to compare, so nothing can be kept (as before)
         best: dict[int, int] = {}
         example: dict[int, str] = {}
-        for _, old in self._other_manifests(manifest):
+        for _, old in others:
             cs = old.chunk_size
             if cs == manifest.chunk_size:
                 continue
@@ -1359,7 +1375,7 @@ class Store:
             cs,
         )
 
-    def _drop_stale(self, manifest: Manifest) -> list[str]:
+    def _drop_stale(self, manifest: Manifest, others: list[tuple[str, Manifest]]) -> list[str]:
         """Removes partial state of an older version of any file this manifest sends (changed source).
 
         The same version cut at another chunk size (same `ident`: _check_chunk_size found nothing
@@ -1367,7 +1383,7 @@ class Store:
         ours = {f.name: f.key for f in manifest.files}
         idents = {f.name: f.ident for f in manifest.files}
         restarted: list[str] = []
-        for entry, old in self._other_manifests(manifest):
+        for entry, old in others:
             if not any(f.name in ours for f in old.files):
                 continue
             clash = [f.name for f in old.files if f.name in ours and ours[f.name] != f.key]
