@@ -14,7 +14,6 @@ import os
 import pickle
 import random
 import re
-import sqlite3
 import threading
 import time
 from collections.abc import Iterable
@@ -256,7 +255,10 @@ class Cache:
         """Records the RAM root. rq's default root is named after the cache dir, so one that has
         files while this index knows none of them is left by a cache removed with `rm -rf`:
         those files are nobody's, and would sit on tmpfs outside any cap. The check runs in the
-        index's write lock, so files another process is landing under its holds are never taken."""
+        index's write lock, so files another process is landing under its holds are never taken.
+        A read-only index (a cache on read-only media) records nothing and sweeps nothing."""
+        if index.readonly:
+            return
         with index.write() as db:
             if index.setting("ram_root") == str(ram_root):
                 return  # another process adopted it meanwhile
@@ -272,7 +274,10 @@ class Cache:
         prefetch and be skipped by preload while none of their files exists. They are dropped, pins
         and all (the data they pinned is gone); the next preload or read fetches them again. Only
         entries whose file is missing: another process may have made the root again and landed
-        something since we looked. Landing holds of live processes are theirs; dead ones collect()'s."""
+        something since we looked. Landing holds of live processes are theirs; dead ones collect()'s.
+        A read-only index keeps them: their reads find the files gone."""
+        if index.readonly:
+            return
         with index.write() as db:
             rows = db.execute("SELECT url, blob FROM entries WHERE tier = 'ram'").fetchall()
             for url, blob in rows:
@@ -326,7 +331,8 @@ class Cache:
                 stored = (
                     fs.f_blocks * fs.f_frsize // 4 if tier == "ram" else int(fs.f_bavail * fs.f_frsize * 0.8)
                 )
-                index.set_setting(f"{tier}_limit", str(stored))
+                if not index.readonly:
+                    index.set_setting(f"{tier}_limit", str(stored))
             caps[tier] = stored
             if given is not None and parse_size(given) != stored:
                 # stored at once: every process using the cache obeys the last limit set (Store.cap)
@@ -691,7 +697,7 @@ class Cache:
         state = self._state()
         # holds of processes that died (a reader killed with -9 mid-fetch) are nobody's work in
         # flight: given back first, not reported as `held` until a tier happens to need room
-        with contextlib.suppress(sqlite3.OperationalError):  # (a read-only cache dir: as it is)
+        if not state.index.readonly:  # (a read-only cache: as it is)
             state.store.collect()
         out = state.index.usage()
         for tier in TIERS:
@@ -701,6 +707,8 @@ class Cache:
     def verify(self, pattern: str | None = None, repair: bool = False) -> tuple[int, list[Problem]]:
         """Re-hashes every entry against its recorded xxh3; returns (checked, problems)."""
         state = self._state()
+        if repair:
+            state.index.check_writable()  # (before hours of hashing)
         problems: list[Problem] = []
         checked = 0
         for entry in self.entries(pattern):
@@ -712,7 +720,8 @@ class Cache:
             problems.append(Problem(entry.url, problem))
             if repair:
                 state.store.remove(entry, same_landing=True)  # never a landing made since
-        state.store.collect(sweep_objects=repair)
+        if not state.index.readonly:
+            state.store.collect(sweep_objects=repair)
         return checked, problems
 
     def _verify_entry(self, entry: Entry) -> tuple[Entry, str] | None:

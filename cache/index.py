@@ -24,7 +24,14 @@ from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.errors import CacheError, CacheFullError
+from cache.errors import BadSourceError, CacheError, CacheFullError
+
+
+class ReadOnlyCacheError(BadSourceError):
+    """A change asked of a cache whose index could be opened only for reading (its file system is
+    read-only, or its directory is not writable by this user): reading it works, changing it does
+    not. A BadSourceError (rq: exit 2), as for a cache dir that cannot be made."""
+
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -132,6 +139,20 @@ def _index_error(path: Path, exc: sqlite3.Error) -> CacheError:
     )
 
 
+def _not_writable(path: Path) -> str | None:
+    """Why the index's directory cannot be written here, or None when it can."""
+    try:
+        if os.statvfs(path.parent).f_flag & os.ST_RDONLY:
+            return "its file system is read-only"
+    except OSError:
+        return None
+    if not path.exists():
+        return None
+    if not os.access(path.parent, os.W_OK):
+        return "its directory is not writable by you"
+    return None
+
+
 # Every open index of this process. A fork while another thread is inside a transaction leaves the
 # child with SQLite's in-memory lock state of that transaction (SQLite keeps one per process and
 # per file): the child's own new connection then waits out the busy timeout and fails with
@@ -166,6 +187,8 @@ class Index:
             )
         except sqlite3.Error as exc:
             raise _index_error(path, exc) from exc
+        self.readonly = False  # opened read-only: see _open_read_only
+        self._why_readonly = ""
         try:
             self._use_wal(busy_timeout_s)
             # NORMAL in WAL mode: consistent after a power cut, may lose the last commits; every
@@ -181,8 +204,57 @@ class Index:
                     self._db.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\nCOMMIT;")
         except sqlite3.Error as exc:
             self._db.close()
-            raise _index_error(path, exc) from exc
+            why = _not_writable(path)
+            if why is None or not self._open_read_only(busy_timeout_s, why):
+                if why is not None and isinstance(exc, sqlite3.OperationalError):
+                    raise CacheError(f"cannot use the cache index {path}: {exc} ({why})") from exc
+                raise _index_error(path, exc) from exc
+        else:
+            why = _not_writable(path)
+            if why is not None and "file system" in why:
+                # opened all the same (SQLite reads a -shm and -wal left there): still read-only
+                self.readonly, self._why_readonly = True, why
         _OPEN.add(self)
+
+    def _open_read_only(self, busy_timeout_s: float, why: str) -> bool:
+        """Opens an index that cannot be written here (its file system is read-only, or its
+        directory is not ours to write) for reading: `rq cache ls/du/stat/verify/cat/path` work
+        on a cache on read-only media. A WAL index needs its `-shm` file, which SQLite cannot make
+        there, so `mode=ro` (it reads a `-shm` and `-wal` left in place) is tried first, then
+        `immutable=1` (no locks, no -shm: right for read-only media, whose file nobody changes).
+        Every write is then ReadOnlyCacheError; LRU and freshness stamps are not kept."""
+        from urllib.parse import quote
+
+        for query in ("mode=ro", "mode=ro&immutable=1"):
+            try:
+                db = sqlite3.connect(
+                    f"file:{quote(str(self.path))}?{query}",
+                    uri=True,
+                    timeout=busy_timeout_s,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+            except sqlite3.Error:
+                continue
+            try:
+                if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'entries'").fetchone() is None:
+                    db.close()
+                    return False  # not an index rq made: the caller's error stands
+            except sqlite3.Error:
+                db.close()
+                continue
+            self._db, self.readonly, self._why_readonly = db, True, why
+            return True
+        return False
+
+    def check_writable(self) -> None:
+        """Raises ReadOnlyCacheError when the index was opened read-only."""
+        if not self.readonly:
+            return
+        raise ReadOnlyCacheError(
+            f"the cache {self.path.parent} is read-only ({self._why_readonly}): rq can read it "
+            "(rq cache ls, du, stat, verify, cat, path) but not change it"
+        )
 
     def _use_wal(self, patience: float) -> None:
         """Switches a new index to WAL. SQLite answers "database is locked" at once, without its
@@ -207,7 +279,9 @@ class Index:
     @contextlib.contextmanager
     def write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction, exclusive across processes from its first statement.
-        SQLite's "disk full" becomes CacheFullError; the transaction is rolled back whole."""
+        SQLite's "disk full" becomes CacheFullError; the transaction is rolled back whole.
+        An index opened read-only raises ReadOnlyCacheError."""
+        self.check_writable()
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
@@ -223,6 +297,10 @@ class Index:
                     raise CacheFullError(
                         f"no space left on the file system of the cache index {self.path}"
                     ) from exc
+                if "readonly" in str(exc).lower():  # (SQLite fell back to reading it)
+                    self.readonly = True
+                    self._why_readonly = _not_writable(self.path) or str(exc)
+                    self.check_writable()
                 raise CacheError(f"cache index {self.path}: {exc}") from exc
             except sqlite3.DatabaseError as exc:
                 raise _index_error(self.path, exc) from exc
@@ -289,7 +367,10 @@ class Index:
             yield _entry(row)
 
     def touch(self, stamps: dict[str, float]) -> None:
-        """Records reads for LRU; best effort, batched by the caller so hits stay cheap."""
+        """Records reads for LRU; best effort, batched by the caller so hits stay cheap (none on
+        a read-only index)."""
+        if self.readonly:
+            return
         with self.write() as db:
             db.executemany(
                 "UPDATE entries SET last_access = ? WHERE url = ? AND last_access < ?",
@@ -297,6 +378,8 @@ class Index:
             )
 
     def mark_checked(self, urls: list[str], when: float) -> None:
+        if self.readonly:
+            return  # (a read-only cache asks its origin again next time: it cannot remember)
         with self.write() as db:
             db.executemany("UPDATE entries SET checked_at = ? WHERE url = ?", [(when, u) for u in urls])
 
