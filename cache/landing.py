@@ -8,6 +8,7 @@ piece torn by a power cut is fetched again), so a killed preload resumes from th
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import itertools
 import os
@@ -150,6 +151,7 @@ class Landing:
         self._crc_kind: str | None = None
         self._crc = 0
         self._external = False
+        self._anon = False  # an unnamed O_TMPFILE file (external_file): no temp name to remove
         self._rfd = -1
         self._dfd = -1
         self.kept_fd = -1
@@ -190,14 +192,32 @@ class Landing:
         return self.layout.tmp_path(self.tier, self.blob, ".journal")
 
     def external_file(self) -> str:
-        """The temp path for an origin that writes the whole body itself (the CRT's recv_filepath:
-        no Python per chunk). It is hashed and verified by reading it back in finish().
+        """The path an origin that writes the whole body itself (the CRT's recv_filepath: no Python
+        per chunk) opens; the file is hashed and verified by reading it back in finish().
 
         The file is created here, not by the CRT: allocating an inode is the slow part of opening
         (~0.3 ms on ext4 here), and os.open releases the GIL while the CRT's fopen inside
-        make_request holds it, stalling the CRT's own event loop thread (profiled). The CRT then
-        reopens the empty file with O_TRUNC, which is cheap."""
+        make_request holds it, stalling the CRT's own event loop thread (profiled). Where the file
+        system can, it is an unnamed O_TMPFILE file, opened read-write: the CRT writes it through
+        /proc/self/fd/N, the read-back and publish() use the same descriptor, and publish() links
+        it under its final name (linkat, which never clobbers a twin) with no temp name to remove.
+        Per object that spares an open, a close and an unlink, and the temp directory's lock,
+        which the unlinks waited for (spinning) behind the creates' inode allocation; and a
+        killed run leaves nothing in tmp/. Elsewhere a named temp file, as before, and in the RAM
+        tier too: Store.room counts what RAM landings in flight have written by their temp files'
+        names (a tmpfs fills up, and other processes' landings must be seen)."""
         self._external = True
+        if self.tier != "ram" and _anon_ok(self.tmp.parent):
+            try:
+                fd = os.open(self.tmp.parent, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                if exc.errno not in _NO_TMPFILE:
+                    self._no_space_or_raise(exc)
+                    raise
+                _anon_dirs[str(self.tmp.parent)] = False  # (a file system without O_TMPFILE)
+            else:
+                self._rfd, self._anon = fd, True
+                return f"/proc/self/fd/{fd}"
         try:
             os.close(
                 os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
@@ -461,12 +481,16 @@ class Landing:
         unlinking is waited out, never adopted."""
         while True:
             try:
-                _link(self.tmp, self.final)
+                if self._anon:
+                    _link_anon(self.kept_fd, self.final)
+                else:
+                    _link(self.tmp, self.final)
             except FileExistsError:
                 pass
             else:
                 self.placed = True
-                os.unlink(self.tmp)
+                if not self._anon:
+                    os.unlink(self.tmp)
                 return
             # the twin, locked: one being evicted is waited out (its name then is free again)
             twin = lock_twin(self.final)
@@ -475,9 +499,14 @@ class Landing:
         if os.fstat(twin).st_size == self.info.size and file_digest(twin, self.info.size) == digest:
             os.close(self.kept_fd)  # the twin is kept (and locked) in place of our copy
             self.kept_fd = twin
-            unlink_quiet(self.tmp)
+            if not self._anon:
+                unlink_quiet(self.tmp)
             return
         try:
+            if self._anon:  # (rename needs a name: give ours one first)
+                unlink_quiet(self.tmp)
+                _link_anon(self.kept_fd, self.tmp)
+                self._anon = False
             os.rename(self.tmp, self.final)  # a damaged twin: no remover can be at it, we lock it
         finally:
             os.close(twin)
@@ -590,7 +619,7 @@ class Landing:
     def abort(self) -> None:
         """Gives up on this landing: nothing under the final name, no partial file left."""
         self.release_kept()
-        if self.pieces == 1 or self.fd >= 0:
+        if not self._anon and (self.pieces == 1 or self.fd >= 0):
             unlink_quiet(self.tmp)  # (a partial: while still holding its lock)
         if self.fd >= 0 and self.pieces > 1:
             unlink_quiet(self.journal)
@@ -636,6 +665,32 @@ def _link(src: Path, dst: Path) -> None:
     except FileNotFoundError:
         dst.parent.mkdir(exist_ok=True)
         os.link(src, dst)
+
+
+# errnos of an O_TMPFILE open on a file system (or kernel) without it; the named temp file then
+_NO_TMPFILE = (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOSYS)
+_anon_dirs: dict[str, bool] = {}  # temp directory -> whether O_TMPFILE may be tried there
+
+
+def _anon_ok(directory: Path) -> bool:
+    ok = _anon_dirs.get(str(directory))
+    if ok is None:
+        # /proc/self/fd is how the CRT opens the file and how it is linked: no /proc, no O_TMPFILE
+        ok = _anon_dirs[str(directory)] = hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
+    return ok
+
+
+def _link_anon(fd: int, dst: Path) -> None:
+    """linkat(2) of an O_TMPFILE file through its /proc/self/fd link (AT_SYMLINK_FOLLOW; plain
+    link() would link the magic link itself and fail with EXDEV). os.link calls linkat only when
+    given a directory fd: the file's own, which an absolute path makes the kernel ignore. Like
+    _link, it fails with FileExistsError where the name is taken, and makes objects/xx/ when missing."""
+    src = f"/proc/self/fd/{fd}"
+    try:
+        os.link(src, dst, src_dir_fd=fd, follow_symlinks=True)
+    except FileNotFoundError:
+        dst.parent.mkdir(exist_ok=True)
+        os.link(src, dst, src_dir_fd=fd, follow_symlinks=True)
 
 
 def _read_buffer() -> memoryview:
