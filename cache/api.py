@@ -16,7 +16,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -655,10 +655,26 @@ class Cache:
 
     def entries(self, pattern: str | None = None) -> list[Entry]:
         """Entries whose URL is `pattern`, starts with it when it ends in `/`, or matches it as a
-        glob. A local path is made absolute first, as the URLs of local entries are."""
+        glob. A local path is made absolute first, as the URLs of local entries are. All in one
+        list: iter_entries() walks a cache of millions in bounded memory."""
+        return list(self.iter_entries(pattern))
+
+    def iter_entries(self, pattern: str | None = None) -> Iterator[Entry]:
+        """entries(), in URL order, read from the index a page at a time (Index.pages: no read
+        transaction held between pages). Only the URLs under the pattern's literal start (up to
+        its first `*`, `?` or `[`) are read: `s3://b/train/*.tar` is a range of the index."""
+        for page in self._pages(pattern):
+            yield from page
+
+    def _pages(self, pattern: str | None) -> Iterator[list[Entry]]:
         if pattern is not None:
             pattern = normalise_pattern(pattern)
-        return [e for e in self._state().index.entries() if pattern is None or _match(e.url, pattern)]
+        prefix = "" if pattern is None else re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+        for page in self._state().index.pages(prefix):
+            if pattern is not None:
+                page = [e for e in page if _match(e.url, pattern)]
+            if page:
+                yield page
 
     def stat(self, url: str) -> Entry:
         entry = self._state().index.get(normalise_url(url))
@@ -704,14 +720,20 @@ class Cache:
             out[tier]["limit"] = self.caps[tier]
         return out
 
-    def verify(self, pattern: str | None = None, repair: bool = False) -> tuple[int, list[Problem]]:
-        """Re-hashes every entry against its recorded xxh3; returns (checked, problems)."""
+    def verify(
+        self,
+        pattern: str | None = None,
+        repair: bool = False,
+        on_problem: Callable[[Problem], None] | None = None,
+    ) -> tuple[int, list[Problem]]:
+        """Re-hashes every entry against its recorded xxh3; returns (checked, problems).
+        `on_problem` is called with each problem as it is found (and after its repair)."""
         state = self._state()
         if repair:
             state.index.check_writable()  # (before hours of hashing)
         problems: list[Problem] = []
         checked = 0
-        for entry in self.entries(pattern):
+        for entry in self.iter_entries(pattern):
             checked += 1
             found = self._verify_entry(entry)
             if found is None:
@@ -720,6 +742,8 @@ class Cache:
             problems.append(Problem(entry.url, problem))
             if repair:
                 state.store.remove(entry, same_landing=True)  # never a landing made since
+            if on_problem is not None:
+                on_problem(problems[-1])
         if not state.index.readonly:
             state.store.collect(sweep_objects=repair)
         return checked, problems
@@ -749,7 +773,7 @@ class Cache:
         """(evicted, skipped because open or pinned)."""
         state = self._state()
         done = skipped = 0
-        for entry in self.entries(pattern):
+        for entry in self.iter_entries(pattern):
             if entry.pinned:
                 skipped += 1
             elif state.store.remove(entry):
@@ -759,15 +783,19 @@ class Cache:
         return done, skipped
 
     def pin(self, pattern: str, pinned: bool = True) -> int:
-        urls = [e.url for e in self.entries(pattern)]
-        self._state().index.set_pinned(urls, pinned)
-        return len(urls)
+        """How many entries match; they are (un)pinned a page at a time, one transaction each."""
+        index = self._state().index
+        n = 0
+        for page in self._pages(pattern):
+            index.set_pinned([e.url for e in page], pinned)
+            n += len(page)
+        return n
 
     def clear(self) -> tuple[int, int]:
         """Evicts everything not open (pins included); removes stale partial downloads."""
         state = self._state()
         done = skipped = 0
-        for entry in self.entries():
+        for entry in self.iter_entries():
             if state.store.remove(entry):
                 done += 1
             else:

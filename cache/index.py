@@ -337,14 +337,39 @@ class Index:
         return {r[0]: _entry(r) for r in rows}
 
     def entries(self, tier: str | None = None) -> list[Entry]:
-        with self.read() as db:
-            if tier:
-                rows = db.execute(
-                    f"SELECT {ENTRY_COLS} FROM entries WHERE tier = ? ORDER BY url", (tier,)
-                ).fetchall()
-            else:
-                rows = db.execute(f"SELECT {ENTRY_COLS} FROM entries ORDER BY url").fetchall()
-        return [_entry(r) for r in rows]
+        """Every entry (of a tier), in URL order. A cache of millions holds them all in memory at
+        once: pages() is the way to walk one."""
+        return [e for page in self.pages() for e in page if tier is None or e.tier == tier]
+
+    PAGE = 1000
+
+    def pages(self, prefix: str = "", page: int = PAGE) -> Iterator[list[Entry]]:
+        """The entries whose URL starts with `prefix`, in URL order, `page` at a time: one short
+        query per page (`url > last ORDER BY url LIMIT page`, a range of the primary key), each
+        read to its end before the page is handed out, so no read transaction stays open while
+        the caller works on it (a WAL checkpoint would wait for it) and memory is one page.
+        Entries landed, evicted or moved meanwhile are seen or not as the next pages find them;
+        none is handed out twice."""
+        end = prefix + "\U0010ffff"
+        last: str | None = None
+        while True:
+            with self.read() as db:
+                if last is None:
+                    rows = db.execute(
+                        f"SELECT {ENTRY_COLS} FROM entries WHERE url >= ? AND url < ? ORDER BY url LIMIT ?",
+                        (prefix, end, page),
+                    ).fetchall()
+                else:
+                    rows = db.execute(
+                        f"SELECT {ENTRY_COLS} FROM entries WHERE url > ? AND url < ? ORDER BY url LIMIT ?",
+                        (last, end, page),
+                    ).fetchall()
+            if not rows:
+                return
+            yield [_entry(r) for r in rows]
+            if len(rows) < page:
+                return
+            last = rows[-1][0]
 
     @staticmethod
     def put(db: sqlite3.Connection, entry: Entry) -> None:

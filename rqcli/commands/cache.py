@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,16 @@ def _guard(fn: Callable[[], Any]) -> Any:
 
     try:
         return fn()
+    except CacheError as exc:
+        raise cache_error_to_cli(exc) from None
+
+
+def _guard_iter(items: Iterator[Any]) -> Iterator[Any]:
+    """_guard for what a generator raises as it is read."""
+    from cache import CacheError
+
+    try:
+        yield from items
     except CacheError as exc:
         raise cache_error_to_cli(exc) from None
 
@@ -128,8 +138,11 @@ def ls(pattern: str | None, cache_dir: Path | None) -> None:
     """
     out = get_output()
     c = open_existing(cache_dir)
-    entries = _guard(lambda: c.entries(pattern))
-    for e in entries:
+    listed = 0
+    # streamed a page of the index at a time: the first line comes at once and memory stays one
+    # page, however many entries there are (it was the whole index, then the first line)
+    for e in _guard_iter(c.iter_entries(pattern)):
+        listed += 1
         out.emit(
             {
                 "event": "entry",
@@ -144,7 +157,7 @@ def ls(pattern: str | None, cache_dir: Path | None) -> None:
         if not out.json:
             pin = "P" if e.pinned else "-"
             out.result(f"{e.tier:<4} {pin} {e.size:>14}  {safe_text(e.url)}")
-    if pattern is not None and not entries:
+    if pattern is not None and not listed:
         raise _nothing_matched(pattern)
 
 
@@ -263,11 +276,13 @@ def verify(pattern: str | None, repair: bool, cache_dir: Path | None) -> None:
     """
     out = get_output()
     c = open_existing(cache_dir)
-    checked, problems = _guard(lambda: c.verify(pattern, repair=repair))
-    for p in problems:
+
+    def found(p: Any) -> None:  # each as it is found, not all at the end
         out.emit({"event": "corrupt", "url": p.url, "problem": p.problem, "repaired": repair})
         if not out.json:
             click.echo(f"CORRUPT {safe_text(p.url)}: {p.problem}" + (" (dropped)" if repair else ""))
+
+    checked, problems = _guard(lambda: c.verify(pattern, repair=repair, on_problem=found))
     out.emit({"event": "summary", "checked": checked, "corrupt": len(problems), "repaired": repair})
     if not out.json:
         out.info(f"checked {checked} entries: {len(problems)} corrupt")
