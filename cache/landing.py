@@ -8,6 +8,7 @@ piece torn by a power cut is fetched again), so a killed preload resumes from th
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import itertools
@@ -36,7 +37,7 @@ from cache.digests import (
 from cache.directio import ALIGN, CHUNK, open_direct, pwrite_all, write_aligned, write_behind
 from cache.errors import BusyError, ChangedError, FileSystemFullError, VerifyError
 from cache.index import Entry
-from cache.layout import Layout
+from cache.layout import PRIVATE, Layout
 from cache.store import fsync_dir, is_no_space, libc_function, lock_twin, unlink_quiet
 
 _serial = itertools.count()
@@ -657,14 +658,22 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
 _sync_file_range: Any = None
 
 
-def _link(src: Path, dst: Path) -> None:
-    """link(2), making the parent (objects/xx/) only when it is missing: asking first would cost a
-    mkdir and a stat per object, and another process may clear the cache under us at any time."""
-    try:
-        os.link(src, dst)
-    except FileNotFoundError:
-        dst.parent.mkdir(exist_ok=True)
-        os.link(src, dst)
+def _link(src: Path | str, dst: Path, src_fd: int | None = None) -> None:
+    """link(2), making the parent (objects/xx/, 0700 whatever the umask: the cache is one user's)
+    only when it is missing: asking first would cost a mkdir and a stat per object, and another
+    process may clear the cache under us at any time. `src_fd`: see _link_anon."""
+    for attempt in (0, 1):
+        try:
+            if src_fd is None:
+                os.link(src, dst)
+            else:
+                os.link(src, dst, src_dir_fd=src_fd, follow_symlinks=True)
+            return
+        except FileNotFoundError:
+            if attempt:
+                raise
+            with contextlib.suppress(FileExistsError):  # (its parent gone: the link's error stands)
+                os.mkdir(dst.parent, PRIVATE)
 
 
 # errnos of an O_TMPFILE open on a file system (or kernel) without it; the named temp file then
@@ -685,12 +694,7 @@ def _link_anon(fd: int, dst: Path) -> None:
     link() would link the magic link itself and fail with EXDEV). os.link calls linkat only when
     given a directory fd: the file's own, which an absolute path makes the kernel ignore. Like
     _link, it fails with FileExistsError where the name is taken, and makes objects/xx/ when missing."""
-    src = f"/proc/self/fd/{fd}"
-    try:
-        os.link(src, dst, src_dir_fd=fd, follow_symlinks=True)
-    except FileNotFoundError:
-        dst.parent.mkdir(exist_ok=True)
-        os.link(src, dst, src_dir_fd=fd, follow_symlinks=True)
+    _link(f"/proc/self/fd/{fd}", dst, fd)
 
 
 def _read_buffer() -> memoryview:

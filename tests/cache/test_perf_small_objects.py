@@ -113,3 +113,17 @@ def test_whole_objects_finish_on_the_thread_that_reports_them_done(
         result = c.preload([str(src)], tier="disk")
     assert result.objects == 20
     assert threads and not any(name.startswith("rq-finish") for name in threads), threads
+
+
+def test_objects_dirs_a_landing_makes_are_private_whatever_the_umask(tmp_path: Path) -> None:
+    """objects/xx/ is made by the first landing that needs it (no mkdir per object): 0700, as
+    every other directory of the cache, and not 0777 under umask 000."""
+    old = os.umask(0)
+    try:
+        land = landing(tmp_path)
+        written_by_origin(land)
+        land.publish(land.finish().xxh3)
+        land.release_kept()
+    finally:
+        os.umask(old)
+    assert oct(os.stat(land.final.parent).st_mode & 0o777) == oct(0o700)
