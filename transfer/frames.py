@@ -41,6 +41,9 @@ class FrameType(enum.IntEnum):
     FLUSH = 10  # sender → receiver: make everything durable and ACK it now
     COMMIT = 11  # sender → receiver: JSON {roots: [hex per file]} (control channel only)
     DONE = 12  # receiver → sender: JSON summary; files are in place
+    # receiver → sender, control channel, only to a sender whose HELLO listed "progress": the
+    # commit is still being worked on (JSON {"seconds": float}); an older sender refuses type 13
+    PROGRESS = 13
     ERROR = 15  # either way: JSON {code, message}; the channel closes after it
 
 

@@ -62,6 +62,10 @@ FIRST_CONNECT_GRACE = 10.0  # seconds to keep trying a receiver that has never a
 # How long a COMMIT may wait for DONE at least (--timeout may raise it): placing files costs the
 # receiver a link and an fsync each, which for many files takes a while on a slow disk.
 COMMIT_WAIT = 120.0
+# A receiver that announced PROGRESS frames (ACCEPT "progress": its interval) is given this many of
+# its intervals of silence after COMMIT (at most the COMMIT wait above), then taken for stalled and
+# retried; each PROGRESS starts the wait again, so a long placement that keeps reporting goes on.
+PROGRESS_SILENCE = 3.0
 
 
 @dataclass
@@ -623,6 +627,8 @@ def _attempt(
         ctl.send(*core.outbox)
         core.outbox.clear()
         wait = max(opts.ack_timeout, COMMIT_WAIT) if opts.ack_timeout > 0 else None
+        if wait is not None and accepted.progress_every is not None:
+            wait = min(wait, PROGRESS_SILENCE * accepted.progress_every)
         while True:
             frame = ctl.recv(timeout=wait)
             if frame is None:

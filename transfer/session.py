@@ -45,6 +45,16 @@ DATA = "data"
 MAX_REJECTS_PER_CHANNEL = 64
 
 
+# Optional behaviour a peer announces (docs/protocol.md, "Additions within wire version 1"): the
+# sender lists what it understands in HELLO's "features"; the receiver uses a feature only with a
+# sender that listed it and says so in ACCEPT. An older peer sends and reads no such field.
+# "progress": while the receiver works on a COMMIT it sends PROGRESS every ACCEPT's "progress"
+# seconds, and the sender waits for a few such intervals of silence instead of its long COMMIT wait.
+FEATURE_PROGRESS = "progress"
+FEATURES = (FEATURE_PROGRESS,)
+# What a receiver may announce as its PROGRESS interval, in seconds.
+PROGRESS_MIN_S, PROGRESS_MAX_S = 0.01, 600.0
+
 # HELLO carries "auth": AUTH_VERSION. Version 2 made authentication mutual: before version 2 only the
 # sender proved it holds the token, so a sender handed every file to whoever answered at the address.
 AUTH_VERSION = 2
@@ -139,6 +149,14 @@ class CommitRequested:
     roots: list[str]
 
 
+def _features(obj: dict[str, Any]) -> frozenset[str]:
+    """HELLO's "features" (absent from an older sender): the names it lists, others ignored."""
+    listed = obj.get("features")
+    if not isinstance(listed, list):
+        return frozenset()
+    return frozenset(f for f in listed[:64] if isinstance(f, str) and f in FEATURES)
+
+
 ReceiverEvent = (
     Authenticated | ManifestReceived | ChunkVerified | ChunkRejected | FlushRequested | CommitRequested
 )
@@ -158,6 +176,10 @@ class ReceiverChannel:
         self.manifest: Manifest | None = None
         self.outbox: list[bytes] = []
         self.rejects = 0
+        self.peer_features: frozenset[str] = frozenset()
+        # seconds between PROGRESS frames while a COMMIT is worked on, once ACCEPT announced it to
+        # a sender that asked (None: an older sender, or none offered)
+        self.progress_every: float | None = None
 
     def handle(self, frame: Frame) -> list[ReceiverEvent]:
         if frame.type is FrameType.ERROR:
@@ -179,6 +201,7 @@ class ReceiverChannel:
         self.role = obj["role"]
         self.transfer_id = str(obj.get("transfer_id", ""))[:64]
         self._client_nonce = _nonce(obj)
+        self.peer_features = _features(obj)
         if obj.get("auth") != AUTH_VERSION:
             # an rq send from before mutual authentication: it would not check our proof, so it
             # would as readily send to a receiver without the token. Its user reads this line.
@@ -221,10 +244,13 @@ class ReceiverChannel:
         have: list[dict[int, bytes]],
         complete: bool = False,
         data_ports: list[int] | None = None,
+        progress_every: float | None = None,
     ) -> None:
         """The driver planned the transfer: tell the sender what is already here (for resume), or that
         the whole transfer already finished here (a sender that died before it read DONE).
-        `data_ports`: where this receiver's processes listen; the sender spreads connections over them."""
+        `data_ports`: where this receiver's processes listen; the sender spreads connections over them.
+        `progress_every`: the driver sends PROGRESS this often while it works on a COMMIT; announced
+        (and `self.progress_every` set) only to a sender whose HELLO listed the feature."""
         self.manifest = manifest
         if complete:
             self.outbox.append(control(FrameType.ACCEPT, {"have": {}, "complete": True}))
@@ -241,6 +267,9 @@ class ReceiverChannel:
         }
         if data_ports:
             body["data_ports"] = list(data_ports)
+        if progress_every is not None and FEATURE_PROGRESS in self.peer_features:
+            self.progress_every = min(max(progress_every, PROGRESS_MIN_S), PROGRESS_MAX_S)
+            body[FEATURE_PROGRESS] = self.progress_every
         self.outbox.append(control(FrameType.ACCEPT, body))
         self.state = "control"
 
@@ -304,6 +333,13 @@ class ReceiverChannel:
         if pairs:
             self.outbox.append(pairs_frame(FrameType.ACK, pairs))
 
+    def progress(self, seconds: float) -> bytes:
+        """A PROGRESS frame (the COMMIT is still being worked on), for the driver to send from
+        the thread that watches the commit; b"" where the sender did not ask for them."""
+        if self.progress_every is None or self.state != "committing":
+            return b""
+        return control(FrameType.PROGRESS, {"seconds": round(seconds, 3)})
+
     def done(self, summary: dict[str, Any]) -> None:
         self.outbox.append(control(FrameType.DONE, summary))
         self.state = "closed"
@@ -322,6 +358,9 @@ class Accepted:
     have: list[dict[int, bytes]]
     complete: bool = False
     data_ports: tuple[int, ...] = ()
+    # seconds between the PROGRESS frames the receiver sends while it works on the COMMIT; None
+    # from an older receiver, which sends none
+    progress_every: float | None = None
 
 
 @dataclass(frozen=True)
@@ -344,7 +383,14 @@ class Done:
     summary: dict[str, Any]
 
 
-SenderEvent = Accepted | Ready | Acked | Nacked | Done
+@dataclass(frozen=True)
+class Progress:
+    """The receiver is still working on the COMMIT (placing files)."""
+
+    seconds: float
+
+
+SenderEvent = Accepted | Ready | Acked | Nacked | Done | Progress
 
 
 class SenderChannel:
@@ -357,6 +403,7 @@ class SenderChannel:
         self._nonce = client_nonce
         self.state = "start"
         self.outbox: list[bytes] = []
+        self.progress_every: float | None = None  # what ACCEPT announced (control channel)
 
     def start(self) -> None:
         hello = {
@@ -365,6 +412,8 @@ class SenderChannel:
             "nonce": base64.b64encode(self._nonce).decode(),
             "auth": AUTH_VERSION,
         }
+        if self.role == CONTROL:
+            hello["features"] = list(FEATURES)
         self.outbox.append(control(FrameType.HELLO, hello))
         self.state = "challenge"
 
@@ -394,7 +443,16 @@ class SenderChannel:
                     isinstance(p, int) and 0 < p < 65536 for p in ports
                 ):
                     raise ProtocolError("bad data_ports in ACCEPT")
-                return [Accepted(self._parse_have(accept), bool(accept.get("complete")), tuple(ports))]
+                every = accept.get(FEATURE_PROGRESS)
+                if every is not None and (
+                    isinstance(every, bool)
+                    or not isinstance(every, int | float)
+                    or not PROGRESS_MIN_S <= every <= PROGRESS_MAX_S
+                ):
+                    raise ProtocolError("bad progress interval in ACCEPT")
+                self.progress_every = None if every is None else float(every)
+                have = self._parse_have(accept)
+                return [Accepted(have, bool(accept.get("complete")), tuple(ports), self.progress_every)]
             if self.role == DATA and frame.type is FrameType.READY:
                 self.state = "running"
                 return [Ready()]
@@ -405,6 +463,9 @@ class SenderChannel:
             return [Nacked(parse_pairs(frame.body))]
         if frame.type is FrameType.DONE:
             return [Done(frame.json_object())]
+        if frame.type is FrameType.PROGRESS and self.role == CONTROL and self.progress_every is not None:
+            seconds = frame.json_object().get("seconds")
+            return [Progress(float(seconds) if isinstance(seconds, int | float) else 0.0)]
         raise ProtocolError(f"unexpected {frame.type.name} from the receiver")
 
     def _check_proof(self, proof: object, server_nonce: bytes) -> None:
