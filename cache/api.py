@@ -831,6 +831,8 @@ class Prefetcher:
         # reads in other processes (DataLoader workers) reach us through the index's LRU stamps
         self._since = time.time()
         self._seen: dict[str, float] = {}
+        # (wall, monotonic) when _since and _seen were last put in the wall clock's frame
+        self._frame = (self._since, time.monotonic())
         self._wake = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="rq-prefetch", daemon=True)
@@ -901,14 +903,39 @@ class Prefetcher:
         start = self.position
         window = self.urls[start : start + self.ahead]
         have = self.cache._state().index.get_many(set(window))
+        now = self._reframe()
         furthest = -1
         for i, url in enumerate(window, start):
             e = have.get(url)
-            if e is not None and e.last_access > max(e.created, self._since, self._seen.get(url, 0.0)):
+            if e is None:
+                continue
+            after = max(self._since, self._seen.get(url, 0.0))
+            if e.created > now:
+                # landed before the wall clock stepped back: its landing stamp is ahead of every
+                # read since, so any other stamp (Index.touch moves one that lies ahead) is a read
+                read = e.last_access != e.created and e.last_access > after
+            else:
+                read = e.last_access > max(e.created, after)
+            if read:
                 furthest = i
         with self._wake:
             self._move_to(furthest)
         return furthest > start
+
+    def _reframe(self) -> float:
+        """The wall clock now; when it stepped back since the last look (NTP, a resumed VM: the
+        workers' stamps are then behind our own), _since and _seen are moved back by the step,
+        as the monotonic clock measures it, so that a read after the step still counts."""
+        now, mono = time.time(), time.monotonic()
+        wall0, mono0 = self._frame
+        step = (now - wall0) - (mono - mono0)
+        if step < -1.0:
+            self._since += step
+            with self._wake:
+                for url in self._seen:
+                    self._seen[url] += step
+        self._frame = (now, mono)
+        return now
 
     def _run(self) -> None:
         done_upto = -1

@@ -396,10 +396,14 @@ class Index:
         a read-only index)."""
         if self.readonly:
             return
+        # a stamp never moves back (batches of several processes land out of order), except one
+        # that lies ahead of the clock: the wall clock stepped back since (NTP, a resumed VM), and
+        # kept, it would stop every later read from being recorded, for LRU and for Prefetcher
+        ahead = time.time() + 1.0
         with self.write() as db:
             db.executemany(
-                "UPDATE entries SET last_access = ? WHERE url = ? AND last_access < ?",
-                [(t, u, t) for u, t in stamps.items()],
+                "UPDATE entries SET last_access = ? WHERE url = ? AND (last_access < ? OR last_access > ?)",
+                [(t, u, t, ahead) for u, t in stamps.items()],
             )
 
     def mark_checked(self, urls: list[str], when: float) -> None:
