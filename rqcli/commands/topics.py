@@ -229,6 +229,28 @@ def _check_timeout(idle_timeout: float | None, follows: bool) -> None:
         )
 
 
+_KINDS = {"embedded": "embedded", "jetstream": "NATS JetStream", "mqtt": "MQTT"}
+
+
+def _for_kind(ctx: click.Context, ref: TopicRef, kind: str, **values: Any) -> dict[str, Any]:
+    """Options that mean something for one kind of topic only (`--no-retained`, `--max-packet-size`:
+    MQTT; `--segment-bytes`: embedded). Typed on the command line for another kind, one is refused,
+    not ignored without a word; from RQ_* or the config file it is a default that applies where it
+    means something (the variable may be set for every rq run), and is dropped elsewhere."""
+    kept = dict(values)
+    if ref.kind == kind:
+        return kept
+    for name, value in values.items():
+        if not value:
+            continue
+        if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+            param = next(p for p in ctx.command.params if p.name == name)
+            flag = next(o for o in param.opts if o.startswith("--"))
+            raise CliError(f"{flag} is for {_KINDS[kind]} topics", ExitCode.USAGE)
+        kept[name] = None
+    return kept
+
+
 topics_dir_option = click.option(
     "--topics-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -434,6 +456,21 @@ def _same_server(a: TopicRef, b: TopicRef) -> bool:
     if a.host.lower() == b.host.lower():
         return True
     return bool(_addresses(a.host, a.port) & _addresses(b.host, b.port))
+
+
+def _refuse_empty(fields: str | None, where: str | None) -> None:
+    """An empty --fields or --where (`--where "$FILTER"` with FILTER unset) read as no filter: a
+    replay of everything, where the script meant a part. Refused, as an empty --format is."""
+    if fields == "":
+        raise CliError(
+            "--fields is empty: name the fields to keep (e.g. image,metadata.source), or drop --fields",
+            ExitCode.USAGE,
+        )
+    if where == "":
+        raise CliError(
+            "--where is empty: give a filter (e.g. 'metadata.quality_score > 0.9'), or drop --where",
+            ExitCode.USAGE,
+        )
 
 
 def _default_format(fmt: str | None) -> str:
@@ -769,8 +806,17 @@ def produce(
     keep_freed_heap()
     with library_errors():
         ref = _ref(topic, topics_dir)
+        segment_bytes, retention_bytes, retention_age = _for_kind(
+            ctx,
+            ref,
+            "embedded",
+            segment_bytes=segment_bytes,
+            retention_bytes=retention_bytes,
+            retention_age=retention_age,
+        ).values()
+        max_packet_size = _for_kind(ctx, ref, "mqtt", max_packet_size=max_packet_size)["max_packet_size"]
         config: TopicConfig | None = None
-        if ref.kind == "embedded" and (segment_bytes or retention_bytes or retention_age):
+        if segment_bytes or retention_bytes or retention_age:
             assert ref.path is not None
             config = TopicConfig.load(ref.path)
             if segment_bytes:
@@ -779,9 +825,6 @@ def produce(
                 config.retention_bytes = retention_bytes
             if retention_age:
                 config.retention_ms = retention_age
-        packet_flag = ctx.get_parameter_source("max_packet_size") == click.core.ParameterSource.COMMANDLINE
-        if packet_flag and ref.kind != "mqtt":  # the variable may be set for every rq run: not refused
-            raise CliError("--max-packet-size is for MQTT topics", ExitCode.USAGE)
         hdrs = _parse_headers(headers)
         key_b = os.fsencode(key) if key is not None else None  # a key is bytes: kept as given
         started = time.perf_counter()
@@ -796,7 +839,7 @@ def produce(
                 _produced(out, ref, _Produced(), started, exc)
                 raise
         try:
-            packets = {"max_packet_size": max_packet_size} if max_packet_size and ref.kind == "mqtt" else {}
+            packets = {"max_packet_size": max_packet_size} if max_packet_size else {}
             sink = open_sink(ref, config, **packets)
         except OSError as exc:
             full = _full_disk(exc, ref, 0)
@@ -1046,17 +1089,16 @@ def tail(
     out = get_output()
     keep_freed_heap()
     with library_errors():
+        _refuse_empty(fields, where)
         ref = _ref(topic, topics_dir)
         fmt = _default_format(fmt)
         writer = Writer(fmt, _fields(fields), b"\0" if null_sep else b"\n", True, out)
         filt = compile_where(where) if where else None
         if record_to:
             check_writable(_ref(record_to, topics_dir))  # before connecting to anything
-        if no_retained and ref.kind != "mqtt":
-            raise CliError("--no-retained is for MQTT topics", ExitCode.USAGE)
-        packet_flag = ctx.get_parameter_source("max_packet_size") == click.core.ParameterSource.COMMANDLINE
-        if packet_flag and ref.kind != "mqtt":  # the variable may be set for every rq run: not refused
-            raise CliError("--max-packet-size is for MQTT topics", ExitCode.USAGE)
+        no_retained, max_packet_size = _for_kind(
+            ctx, ref, "mqtt", no_retained=no_retained, max_packet_size=max_packet_size
+        ).values()
         _check_timeout(idle_timeout, follow or ref.kind == "mqtt")
         if record_to and (follow or ref.kind == "mqtt"):
             _refuse_feedback(ref, _ref(record_to, topics_dir), "--record")
@@ -1066,7 +1108,7 @@ def tail(
             "--record",
             idle_timeout=idle_timeout,
             **({"retained": False} if no_retained else {}),
-            **({"max_packet_size": max_packet_size} if max_packet_size and ref.kind == "mqtt" else {}),
+            **({"max_packet_size": max_packet_size} if max_packet_size else {}),
         )
         sink = open_sink(_ref(record_to, topics_dir)) if record_to else None
         res = Result()
@@ -1223,6 +1265,7 @@ def replay(
     out = get_output()
     keep_freed_heap()
     with library_errors():
+        _refuse_empty(fields, where)
         saved = ReplaySpec.load(spec_file) if spec_file else None
         if saved is not None:
             clash = [

@@ -17,7 +17,10 @@ _GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 def check_group_name(name: str) -> str:
     """Group names become file names, so they are checked, never used as paths."""
     if not _GROUP.match(name):
-        raise SpecError(f"bad group name {name!r}: use letters, digits, '.', '_' or '-' (at most 128)")
+        raise SpecError(
+            f"bad group name {name!r}: use letters, digits, '.', '_' or '-', starting with a letter or "
+            "digit (at most 128)"
+        )
     return name
 
 

@@ -1237,5 +1237,10 @@ def _file_size(path: Path) -> int:
 
 def check_topic_name(name: str) -> str:
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$", name):
-        raise SpecError(f"bad topic name {name!r}: use letters, digits, '.', '_' or '-', or give a path")
+        if not name:
+            raise SpecError("the topic name is an empty string (an unset variable?)")
+        raise SpecError(
+            f"bad topic name {name!r}: use letters, digits, '.', '_' or '-', starting with a letter or "
+            "digit (at most 200), or give a path (./NAME)"
+        )
     return name

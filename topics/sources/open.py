@@ -51,8 +51,10 @@ _PORTS = {"nats": 4222, "tls": 4222, "mqtt": 1883, "mqtts": 8883}
 
 
 def parse_topic(text: str, topics_dir: Path) -> TopicRef:
-    if text.startswith(_SCHEMES):
-        return _parse_url(text)
+    scheme, sep, rest = text.partition("://")
+    if sep and f"{scheme.lower()}://" in _SCHEMES:
+        # schemes are case-insensitive (RFC 3986 3.1): NATS:// is nats://
+        return _parse_url(f"{scheme.lower()}://{rest}")
     if "://" in text:
         raise SpecError(
             f"unknown topic scheme in {redact_url(text)!r}: use a name, a path, nats:// (tls://) or mqtt:// (mqtts://)"
@@ -115,9 +117,15 @@ def _split_url(text: str) -> TopicRef:
         raise SpecError(f"bad URL {shown!r}: {exc}") from None
     scheme = parts.scheme
     try:
-        port = parts.port or _PORTS[scheme]
-    except ValueError:
-        raise SpecError(f"bad port in {shown!r}") from None
+        port = parts.port  # None where the URL names none, or only a ':' (RFC 3986 3.2.3)
+    except ValueError:  # not a number, or past 65535
+        port = 0
+    if port == 0:
+        # a port of 0 was taken for "none" and the scheme's own used in its place
+        raise SpecError(
+            f"bad port in {shown!r}: use a number from 1 to 65535, or leave it out ({_PORTS[scheme]})"
+        )
+    port = port or _PORTS[scheme]
     host = parts.hostname or "127.0.0.1"
     path = parts.path.lstrip("/")
     user = unquote(parts.username) if parts.username is not None else None
