@@ -432,6 +432,7 @@ def _preload(
         "evicted_own": result.evicted_own,
         "demoted_own": result.demoted_own,
         "demoted_full": result.demoted_full,
+        "not_resident": result.not_resident,
         "ignored": result.ignored,
         "aborted": False,  # (no "error" key: it comes only with "aborted": true)
     }
@@ -453,6 +454,14 @@ def _preload(
             f"{result.demoted_full} of the objects asked for in the RAM tier are in the disk tier: "
             f"the RAM tier's file system under {c.layout.ram_root} is full (space or inodes taken "
             "by files that are not rq's); free some there"
+        )
+    if result.not_resident:
+        from cache.sizes import format_size
+
+        out.warn(
+            f"{result.not_resident} objects of the set cached before this run are in the disk tier, "
+            f"not in RAM: the set is bigger than the RAM tier's cap of {format_size(c.caps['ram'])}; "
+            "raise --ram-limit or preload less"
         )
     if result.ignored > IGNORED_REPORTED:
         out.warn(
