@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -29,25 +30,47 @@ def default_config_path() -> Path:
     return Path(os.environ.get("RQ_CONFIG") or user_config_path("rq") / "config.toml")
 
 
+# The file the config was read from (None: none was), for errors Click raises later about a value
+# that came from it: a callback's check of a size (rqcli/main.py names the file, table and key).
+read_from: Path | None = None
+
+
 def load_config(path: Path | None) -> dict[str, Any]:
     """Reads the config file; a missing default file is an empty config, a missing explicit one an error."""
+    global read_from
+    read_from = None
     explicit = path is not None or "RQ_CONFIG" in os.environ
     target = path or default_config_path()
     try:
-        with open(target, "rb") as fh:
-            raw = fh.read()
+        # O_NONBLOCK: a FIFO with no writer would block the open (and a read) for ever
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         if explicit:
             raise CliError(f"config file {target} does not exist", ExitCode.USAGE) from None
         return {}
-    except OSError as exc:  # a directory, no permission: the default path is checked nowhere else
+    except OSError as exc:  # no permission: the default path is checked nowhere else
         raise CliError(f"config file {target} cannot be read: {exc.strerror}", ExitCode.USAGE) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # a directory; a FIFO, whose read waits for a writer; a device
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device"
+            raise CliError(
+                f"config file {target} cannot be read: it is {kind}, not a regular file", ExitCode.USAGE
+            )
+        with open(fd, "rb", closefd=False) as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise CliError(f"config file {target} cannot be read: {exc.strerror}", ExitCode.USAGE) from None
+    finally:
+        os.close(fd)
     import tomllib  # only when there is a file: most runs have none, and every run starts here
 
     try:
-        data = tomllib.loads(raw.decode())
+        # a UTF-8 byte order mark (Windows editors write one) is not TOML, but no file means it
+        data = tomllib.loads(raw.decode().removeprefix("\ufeff"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise CliError(f"config file {target} is not valid TOML: {exc}", ExitCode.USAGE) from None
+    read_from = target
     return _normalise(data)
 
 
@@ -144,6 +167,17 @@ def _check_key(
     if many and isinstance(value, str):
         value = table[key] = [value]  # `include = "*.tar"` means one pattern, not one per character
     scalars = value if many and isinstance(value, list) else [value]
+    for scalar in scalars:
+        wanted = _toml_kind(param)
+        if not isinstance(scalar, (dict, list)) and not _is_kind(scalar, wanted):
+            # Click converts what it is given (int(1.5) is 1, int(True) 1, str(5) "5"): the value
+            # the file holds must already be of the option's kind, as on the command line
+            raise CliError(
+                f"config file {where}: {label}: {_toml_text(scalar)} ({type(scalar).__name__}) is not "
+                f"a valid {wanted}",
+                ExitCode.USAGE,
+                hint="write it as " + _KIND_EXAMPLE[wanted].format(key=key.replace("_", "-")),
+            )
     try:
         if any(isinstance(v, (dict, list)) for v in scalars):
             raise TypeError("a list or table")
@@ -155,6 +189,56 @@ def _check_key(
         raise CliError(
             f"config file {where}: {label}: {shown} is not a valid {param.type.name}", ExitCode.USAGE
         ) from None
+
+
+# Options Click reads as text that a number written bare in TOML means as well: sizes and durations
+# (parsed by a callback: `ram-limit = 1073741824`, `retention-age = 90`), and positions.
+_NUMBERS_AS_TEXT = {"from_spec", "to_spec"}
+_KIND_EXAMPLE = {
+    "whole number": "a number without a point ({key} = 64)",
+    "number": "a number ({key} = 2.5)",
+    "boolean": "true or false",
+    "string": 'text in quotes ({key} = "…")',
+    "string or number": 'a number or text in quotes ({key} = "…")',
+}
+
+
+def _toml_kind(param: click.Parameter) -> str:
+    """What a TOML value of the option must be: the kind its flag's text would convert to."""
+    kind = param.type
+    if isinstance(kind, click.types.BoolParamType):
+        return "boolean"
+    if isinstance(kind, click.types.IntParamType):
+        return "whole number"
+    if isinstance(kind, click.types.FloatParamType):
+        return "number"
+    if isinstance(kind, click.types.StringParamType) and (param.callback or param.name in _NUMBERS_AS_TEXT):
+        return "string or number"
+    if isinstance(kind, (click.types.StringParamType, click.Path, click.Choice)):
+        return "string"
+    return "string or number"  # rq's own types (Age: `keep-partial = 0`) parse numbers too
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    """Text is what a flag is typed as: Click parses it as on the command line, for every kind."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return (
+        isinstance(value, str)
+        or {
+            "boolean": isinstance(value, bool),
+            "whole number": isinstance(value, int) and not isinstance(value, bool),
+            "number": number,
+            "string or number": number,
+            "string": False,
+        }[kind]
+    )
+
+
+def _toml_text(value: Any) -> str:
+    """A scalar as TOML writes it (true, not Python's True)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def _by_flag(command: click.Command) -> dict[str, click.Parameter]:

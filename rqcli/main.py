@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from rqcli import teardown
+from rqcli import config, teardown
 from rqcli.config import check_config, load_config
 from rqcli.errors import CliError, Terminated, interruption
 from rqcli.exitcodes import EXIT_CODE_HELP, ExitCode
@@ -214,19 +214,30 @@ class _NeverRaised(click.ClickException):
 _SHOW_HELP: type[click.ClickException] = getattr(click.exceptions, "NoArgsIsHelpError", _NeverRaised)
 
 
-def _name_the_variable(exc: click.UsageError) -> None:
+def _name_the_variable(exc: click.UsageError) -> str | None:
     """A bad value that came from the environment names its variable, not only the flag nobody
-    typed: `Invalid value for '--workers' (from RQ_PRELOAD_WORKERS)`."""
+    typed: `Invalid value for '--workers' (from RQ_PRELOAD_WORKERS)`. One from the config file
+    (a check only the option's callback makes, such as a size's) is said as the file's other errors
+    are, naming the file, the table and the key: the message to print instead, else None."""
     if not isinstance(exc, click.BadParameter) or exc.ctx is None or exc.param is None or exc.param_hint:
-        return
+        return None
     param, ctx = exc.param, exc.ctx
-    if not param.name or ctx.get_parameter_source(param.name) is not click.core.ParameterSource.ENVIRONMENT:
-        return
+    if not param.name:
+        return None
+    source = ctx.get_parameter_source(param.name)
+    if source is click.core.ParameterSource.DEFAULT_MAP and config.read_from is not None:
+        table = ".".join(ctx.command_path.split()[1:])
+        flags = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+        key = flags[0][2:] if flags else param.name
+        return f"config file {config.read_from}: [{table}] {key}: {exc.message}"
+    if source is not click.core.ParameterSource.ENVIRONMENT:
+        return None
     named = param.envvar if isinstance(param.envvar, list | tuple) else [param.envvar] if param.envvar else []
     auto = [f"{ctx.auto_envvar_prefix}_{param.name.upper()}"] if ctx.auto_envvar_prefix else []
     variable = next((v for v in [*auto, *named] if os.environ.get(v)), None)
     if variable is not None:
         exc.param_hint = f"{param.get_error_hint(ctx)} (from {variable})"
+    return None
 
 
 def _invoked(args: list[str]) -> tuple[str, click.Command]:
@@ -352,8 +363,9 @@ def main(argv: list[str] | None = None) -> None:
         # One line like every other error (Click's own shape is four), with where to look.
         # (Click's parser raises some, such as a missing option value, without a context)
         where = exc.ctx.command_path if exc.ctx is not None else _invoked(args)[0]
-        _name_the_variable(exc)
-        err = CliError(exc.format_message(), ExitCode.USAGE, hint=f"see `{where} --help`")
+        err = CliError(
+            _name_the_variable(exc) or exc.format_message(), ExitCode.USAGE, hint=f"see `{where} --help`"
+        )
         _owed_summary(args, exc.ctx, err.one_line())
         click.echo(f"rq: error: {err.one_line()}", err=True)
         code = exc.exit_code

@@ -63,6 +63,26 @@ class Age(click.ParamType):
         return "AGE"
 
 
+class _NonEmpty(click.ParamType):
+    """Refuses an empty string, typed (`--cache-dir "$DIR"` with DIR unset) or from the config file:
+    to the OS '' is the current directory, and to a listener the default address, so the cache, the
+    topics or the certificate were made in the working directory without a word. (An empty
+    environment variable is unset to Click: the default applies.)"""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value:
+            self.fail("an empty string (an unset variable?)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class NonEmptyPath(_NonEmpty, click.Path):
+    """click.Path that refuses '' (see _NonEmpty)."""
+
+
+class NonEmptyText(_NonEmpty, click.types.StringParamType):
+    """Text that may not be '' (`--listen ""`: see _NonEmpty)."""
+
+
 class CommandEnvFirst(click.Option):
     """An option with a well-known environment variable (RQ_CACHE_DIR, AWS_ENDPOINT_URL) that the
     command's own RQ_<COMMAND>_<OPTION> still overrides. Click reads the named variable first and

@@ -15,11 +15,11 @@ from rqcli.commands.preload import cache_error_to_cli, open_cache
 from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
 from rqcli.output import get_output, output_options, safe_text
-from rqcli.params import CommandEnvFirst, Seconds
+from rqcli.params import CommandEnvFirst, NonEmptyPath, Seconds
 
 cache_dir_option = click.option(
     "--cache-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     envvar="RQ_CACHE_DIR",
     cls=CommandEnvFirst,
     help="Cache directory (default: ~/.cache/rq/cache; env RQ_CACHE_DIR).",

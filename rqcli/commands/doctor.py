@@ -21,7 +21,7 @@ from cache.layout import default_ram_root
 from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
 from rqcli.output import get_output, output_options
-from rqcli.params import CommandEnvFirst
+from rqcli.params import CommandEnvFirst, NonEmptyPath
 
 # aioquic/qh3 throughput on loopback rises with socket buffers up to ~8 MiB (FIELD-NOTES).
 UDP_BUFFER_WANT = 8 * 1024 * 1024
@@ -406,7 +406,7 @@ STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
 @click.option("--nats-url", help="NATS server to check [env RQ_NATS_URL; default nats://127.0.0.1:4222].")
 @click.option(
     "--cache-dir",
-    type=click.Path(path_type=Path),
+    type=NonEmptyPath(path_type=Path),
     metavar="DIRECTORY",
     envvar="RQ_CACHE_DIR",
     cls=CommandEnvFirst,

@@ -16,7 +16,7 @@ from rqcli import malloc, teardown
 from rqcli.errors import CliError, interruption
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
-from rqcli.params import CommandEnvFirst
+from rqcli.params import CommandEnvFirst, NonEmptyPath
 
 
 def cache_error_to_cli(exc: Exception) -> CliError:
@@ -190,7 +190,7 @@ EXIT_FOR_KIND = {
 )
 @click.option(
     "--cache-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     envvar="RQ_CACHE_DIR",
     cls=CommandEnvFirst,
     help="Cache directory (default: ~/.cache/rq/cache; env RQ_CACHE_DIR).",

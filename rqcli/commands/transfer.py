@@ -22,7 +22,7 @@ from platformdirs import user_config_path, user_data_path
 from rqcli.errors import CliError, interruption
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
-from rqcli.params import Age, CommandEnvFirst, Seconds, documented_env_names
+from rqcli.params import Age, CommandEnvFirst, NonEmptyPath, NonEmptyText, Seconds, documented_env_names
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -240,7 +240,7 @@ def _common(func: Any) -> Any:
         ),
         click.option(
             "--token-file",
-            type=click.Path(dir_okay=False, path_type=Path),
+            type=NonEmptyPath(dir_okay=False, path_type=Path),
             help="Shared secret (default: RQ_TOKEN, else ~/.config/rq/transfer-token).",
         ),
         click.option(
@@ -283,7 +283,11 @@ def _dest_argument(_ctx: click.Context, _param: click.Parameter, value: str) -> 
 @click.command("recv")
 @click.argument("dest_dir", type=click.Path(file_okay=False), callback=_dest_argument)
 @click.option(
-    "--listen", default="127.0.0.1:7420", show_default=True, help="HOST:PORT to listen on (port 0: any)."
+    "--listen",
+    type=NonEmptyText(),
+    default="127.0.0.1:7420",
+    show_default=True,
+    help="HOST:PORT to listen on (port 0: any).",
 )
 @_common
 @click.option("--once", is_flag=True, help="Exit after one transfer completes.")
@@ -303,7 +307,7 @@ def _dest_argument(_ctx: click.Context, _param: click.Parameter, value: str) -> 
 )
 @click.option(
     "--cert-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     help="Where the receiver keeps its TLS certificate (default: rq's data dir).",
 )
 @click.option(
