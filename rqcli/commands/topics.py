@@ -30,7 +30,7 @@ from platformdirs import user_data_path
 from rqcli.errors import CliError, Terminated, interruption
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
-from rqcli.params import CommandEnvFirst, Seconds, documented_env_names
+from rqcli.params import CommandEnvFirst, NonEmptyPath, Seconds, documented_env_names
 from topics.embedded.format import MAX_BATCH_PAYLOAD, RECORD_SIZE
 from topics.embedded.groups import check_group_name
 from topics.embedded.log import TopicConfig
@@ -253,7 +253,7 @@ def _for_kind(ctx: click.Context, ref: TopicRef, kind: str, **values: Any) -> di
 
 topics_dir_option = click.option(
     "--topics-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     envvar="RQ_TOPICS_DIR",
     cls=CommandEnvFirst,
     help="Where named embedded topics live (default: the user data dir, e.g. ~/.local/share/rq/topics).",
@@ -458,19 +458,23 @@ def _same_server(a: TopicRef, b: TopicRef) -> bool:
     return bool(_addresses(a.host, a.port) & _addresses(b.host, b.port))
 
 
-def _refuse_empty(fields: str | None, where: str | None) -> None:
-    """An empty --fields or --where (`--where "$FILTER"` with FILTER unset) read as no filter: a
-    replay of everything, where the script meant a part. Refused, as an empty --format is."""
-    if fields == "":
-        raise CliError(
-            "--fields is empty: name the fields to keep (e.g. image,metadata.source), or drop --fields",
-            ExitCode.USAGE,
-        )
-    if where == "":
-        raise CliError(
-            "--where is empty: give a filter (e.g. 'metadata.quality_score > 0.9'), or drop --where",
-            ExitCode.USAGE,
-        )
+_WHEN_EMPTY = {
+    "--fields": "name the fields to keep (e.g. image,metadata.source)",
+    "--where": "give a filter (e.g. 'metadata.quality_score > 0.9')",
+    "--record": "name the topic to record to",
+    "--to-topic": "name the topic to copy to",
+    "--group": "name the group",
+}
+
+
+def _refuse_empty(**given: str | None) -> None:
+    """An empty --fields, --where, --record, --to-topic or --group (`--where "$FILTER"` with FILTER
+    unset) was read as not given: a replay of everything where the script meant a part, a capture
+    or a copy that never happened, a read with no group. Refused, as an empty --format is."""
+    for name, value in given.items():
+        if value == "":
+            flag = "--" + name.replace("_", "-")
+            raise CliError(f"{flag} is empty: {_WHEN_EMPTY[flag]}, or drop {flag}", ExitCode.USAGE)
 
 
 def _default_format(fmt: str | None) -> str:
@@ -1089,7 +1093,7 @@ def tail(
     out = get_output()
     keep_freed_heap()
     with library_errors():
-        _refuse_empty(fields, where)
+        _refuse_empty(fields=fields, where=where, record=record_to)
         ref = _ref(topic, topics_dir)
         fmt = _default_format(fmt)
         writer = Writer(fmt, _fields(fields), b"\0" if null_sep else b"\n", True, out)
@@ -1212,13 +1216,13 @@ def tail(
 @click.option("--to-topic", help="Republish the replayed records into this topic (name, path or nats://).")
 @click.option(
     "--save-spec",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=NonEmptyPath(dir_okay=False, path_type=Path),
     help="Write a spec file that pins this replay (exact offsets, filters, digest).",
 )
 @click.option(
     "--spec",
     "spec_file",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=NonEmptyPath(dir_okay=False, path_type=Path),
     help="Replay exactly what a saved spec pins, and verify its digest.",
 )
 @click.option("--count", type=click.IntRange(min=0), help="Stop after N records (after --where).")
@@ -1265,7 +1269,7 @@ def replay(
     out = get_output()
     keep_freed_heap()
     with library_errors():
-        _refuse_empty(fields, where)
+        _refuse_empty(fields=fields, where=where, to_topic=to_topic, group=group)
         saved = ReplaySpec.load(spec_file) if spec_file else None
         if saved is not None:
             clash = [
@@ -1777,6 +1781,7 @@ def offsets(
     """
     out = get_output()
     with library_errors():
+        _refuse_empty(group=group)
         if words[0] == "reset" and len(words) == 2:
             _reset(words[1], group, to_spec, dry_run, topics_dir, out)
             return

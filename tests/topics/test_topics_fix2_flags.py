@@ -4,7 +4,8 @@
   `rq tail` of an embedded or NATS topic (exit 2): from the environment or the config file it is a
   default that applies where it means something, as RQ_MQTT_MAX_PACKET_SIZE is; typed, it is refused.
   `--segment-bytes`/`--retention-*` typed for a NATS or MQTT topic were dropped without a word.
-- `--fields ''` and `--where ''` (an unset variable) read as "no filter": a replay of everything.
+- `--fields ''` and `--where ''` (an unset variable) read as "no filter": a replay of everything;
+  `--record ''`, `--to-topic ''` and `--group ''` as not given.
 - `nats://HOST:0/S` connected to 4222; `NATS://` was an unknown scheme (schemes are case-insensitive).
 """
 
@@ -57,9 +58,20 @@ def test_embedded_only_flags_from_the_environment_stay_defaults(tmp_path: Path) 
     assert res.returncode == ExitCode.UNREACHABLE, res.stderr  # went on to connect: not refused
 
 
-@pytest.mark.parametrize("command", ["tail", "replay"])
-@pytest.mark.parametrize("flag", ["--fields", "--where"])
-def test_an_empty_filter_is_refused_not_taken_for_none(tmp_path: Path, command: str, flag: str) -> None:
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [
+        ("tail", "--fields"),
+        ("tail", "--where"),
+        ("tail", "--record"),  # nothing recorded, exit 0
+        ("replay", "--fields"),
+        ("replay", "--where"),
+        ("replay", "--to-topic"),  # printed instead of copied, exit 0
+        ("replay", "--group"),  # read with no group
+        ("offsets", "--group"),
+    ],
+)
+def test_an_empty_value_is_refused_not_taken_for_none(tmp_path: Path, command: str, flag: str) -> None:
     env = _topic(tmp_path)
     res = run_rq(command, "ev", flag, "", env=env)
     _one_line_usage(res, f"{flag} is empty")
