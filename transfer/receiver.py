@@ -295,6 +295,16 @@ class Receiver:
             if shared is None:
                 plan = self.store.plan(manifest) if manifest is not None else self.store.join(tid)
                 shared = self._plans[tid] = _Shared(plan)
+            elif manifest is None and shared.plan.planned_as != self.store.stamp(tid):
+                # A data channel of a transfer planned again since this process opened it (a new
+                # sender, its MANIFEST taken by another process of `rq recv --workers`): the files'
+                # states are the new plan's. Before, a chunk of a file deleted since was "had"
+                # here, ACKed unwritten, and the commit found it missing.
+                newer = self.store.join(tid)
+                try:
+                    shared.plan.refresh(newer)
+                finally:
+                    newer.close()
             elif manifest is not None:
                 # re-checks the destination (a reconnecting sender, or a new one while the dead
                 # one's channels linger); the open plan stays, and so does its reservation, but

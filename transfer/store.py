@@ -200,6 +200,9 @@ class Plan:
     closed: bool = False
     live_fd: int = -1  # holds a shared flock on <tid>.live while open: "this transfer is running"
     reservation: Reservation | None = None  # tmpfs files still being reserved (Store._reserve)
+    # the manifest state file (dev, ino, ctime_ns) as it was when the file states were read: every
+    # plan rewrites it, so another stamp means the transfer was planned again since (Store.stamp)
+    planned_as: tuple[int, int, int] | None = None
 
     def has(self, f: int, k: int) -> bool:
         return k in self.files[f].have
@@ -274,6 +277,7 @@ class Plan:
                 fs.journal = now.journal
                 fs.placed = now.placed
                 fs.have = fs.journal.reload()
+            self.planned_as = newer.planned_as
 
     def _check_write_back(self, by_file: dict[int, list[tuple[int, bytes]]]) -> None:
         """Refuses to journal chunks written before a write-back error that another channel's
@@ -1119,6 +1123,15 @@ class Store:
         finally:
             os.close(fd)
 
+    def stamp(self, tid: str) -> tuple[int, int, int] | None:
+        """(dev, ino, ctime_ns) of transfer `tid`'s manifest state file, None if it has none: each
+        plan of the transfer (in any process of this receiver) writes it anew (Plan.planned_as)."""
+        try:
+            st = os.stat(f"{tid}.manifest.json", dir_fd=self.state_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        return st.st_dev, st.st_ino, st.st_ctime_ns
+
     def join(self, tid: str) -> Plan:
         """Opens a transfer another channel (maybe in another process) already planned."""
         if len(tid) != 32 or any(c not in "0123456789abcdef" for c in tid):
@@ -1143,6 +1156,7 @@ class Store:
     ) -> Plan:
         """`intact`: per file, whether plan() found it in place from an earlier transfer (a joiner
         looks again). `reserve`: reserve the space of files still to come (a joiner never does)."""
+        stamp = self.stamp(manifest.transfer_id)  # before the file states are read
         cs = manifest.chunk_size
         if intact is None:
             intact = [self._placed_state(e, cs) == INTACT for e in manifest.files]
@@ -1196,7 +1210,7 @@ class Store:
             reservation.stop()  # not started: reserves nothing
             raise
         reservation.start()
-        return Plan(manifest, files, self, restarted, live_fd=live, reservation=reservation)
+        return Plan(manifest, files, self, restarted, live_fd=live, reservation=reservation, planned_as=stamp)
 
     def _known(self, entry: FileEntry, chunk_size: int) -> KnownDigests | None:
         """A placed file's digests from its placed record, where it holds them (no journal to open)."""

@@ -102,3 +102,43 @@ def test_a_placed_file_deleted_while_its_transfer_is_open_is_sent_again_not_plac
             dead.close()
     for name in ("part1", "part2", "part3"):
         assert (dest / "bigsrc" / name).read_bytes() == (src / name).read_bytes(), name
+
+
+def test_a_worker_process_takes_the_new_plan_of_a_transfer_it_still_holds_open(tmp_path: Path) -> None:
+    """rq recv --workers: data channels go to other processes, which join the plan the control
+    channel's process made. A killed sender's data channels kept a worker's plan open with a file
+    'placed, every chunk present'; the new sender's MANIFEST, planned again in the first process
+    after that file was deleted, was told it has none of it, but the worker ACKed its chunks
+    unwritten (Plan.has) and the commit found them missing (exit 5). Two Stores with one owner
+    stand for the two processes; a Receiver for the worker."""
+    from transfer import codec
+    from transfer.manifest import FileEntry, file_key, make_manifest
+    from transfer.store import Store
+
+    def entry(name: str, size: int, inode: int) -> FileEntry:
+        return FileEntry(name, size, 0o644, file_key(name, size, 1, inode, CS))
+
+    dest = tmp_path / "dst"
+    a, b = os.urandom(2 * CS), os.urandom(CS)
+    control = Store(dest, owner="one-receiver")
+    first = make_manifest(CS, [entry("a.bin", len(a), 1)])
+    plan = control.plan(first)
+    plan.write(0, 0, a[:CS])
+    plan.write(0, 1, a[CS:])
+    plan.make_durable([(0, k, codec.digest(a[k * CS : (k + 1) * CS])) for k in range(2)])
+    plan.finalize([codec.root_digest([codec.digest(a[:CS]), codec.digest(a[CS:])]).hex()], False)
+
+    second = make_manifest(CS, [entry("a.bin", len(a), 1), entry("b.bin", len(b), 2)])
+    control.plan(second).close()  # the sender that was then killed planned it...
+    worker = Receiver(dest, TOKEN, owner="one-receiver")
+    held = worker._acquire(second.transfer_id, None)  # ...and its data channel still holds it here
+    assert held.plan.has(0, 0)  # a.bin: in place, every chunk present
+    os.unlink(dest / "a.bin")
+    control.plan(second).close()  # a new sender: planned again, a.bin to be sent again
+    joined = worker._acquire(second.transfer_id, None)  # its data channel in the worker
+    assert joined is held
+    assert not joined.plan.has(0, 0), "the worker would ACK a.bin's chunks without writing them"
+    worker._release(second.transfer_id, joined)
+    worker._release(second.transfer_id, held)
+    worker.close()
+    control.close()
