@@ -159,8 +159,22 @@ def _parse_url(url: str) -> tuple[str, int, str | None]:
             "give rq://HOST:PORT only",
             ExitCode.USAGE,
         )
+    if "@" in parts.netloc:
+        raise CliError(
+            f"destination {shown} names a user: the token authorises a sender (--token-file, RQ_TOKEN); "
+            "give rq://HOST:PORT",
+            ExitCode.USAGE,
+        )
     host, port = _host_port(parts.netloc)
-    pins = parse_qs(parts.query).get("pin")
+    if port == 0:
+        raise CliError(f"destination {shown} has port 0: give the port `rq recv` printed", ExitCode.USAGE)
+    query = parse_qs(parts.query, keep_blank_values=True)
+    if set(query) - {"pin"} or len(query.get("pin", [])) > 1:
+        raise CliError(
+            f"destination {shown}: the only thing an rq URL may carry after ? is one pin=sha256:…",
+            ExitCode.USAGE,
+        )
+    pins = query.get("pin")
     pin = pins[0] if pins else None
     return host, port, pin
 
@@ -838,6 +852,9 @@ def _send(
         raise CliError("give at least one SOURCE and the rq://HOST:PORT destination", ExitCode.USAGE)
     sources, url = _distinct_sources(args[:-1], out), args[-1]
     host, port, url_pin = _parse_url(url)
+    if pin and url_pin and pin != url_pin:
+        # which one did the script mean? a silent choice would hide a stale fingerprint
+        raise CliError("the destination's ?pin= and --pin (or RQ_PIN) differ: give one", ExitCode.USAGE)
     pin = pin or url_pin
     use_tls = True if transport in ("quic", "rdma") else bool(tls)  # RDMA sets up over TLS
     if not MIN_CHUNK <= (chunk_size or 0) <= MAX_CHUNK:

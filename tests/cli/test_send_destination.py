@@ -19,6 +19,11 @@ ENV = {"RQ_TOKEN": "t", "RQ_SEND_RETRY_FOR": "0"}
         ("src/ckpt/b.txt", "must look like rq://HOST:PORT"),
         ("rq://127.0.0.1:9/some/dir", "has a path"),  # was: the path silently dropped
         ("http://127.0.0.1:9", "must look like rq://HOST:PORT"),
+        ("rq:///127.0.0.1:9", "has a path"),  # was: 127.0.0.1:7420
+        ("rq://127.0.0.1:0", "port 0"),  # was: retried for the whole --retry-for, exit 6
+        ("rq://me@127.0.0.1:9", "names a user"),  # was: a DNS error, exit 6
+        ("rq://127.0.0.1:9?x=1", "only thing an rq URL may carry"),  # was: ignored
+        (f"rq://127.0.0.1:9?pin=sha256:{'a' * 64}", "differ"),  # --pin below says otherwise
     ],
 )
 def test_a_destination_that_is_no_rq_url_is_a_usage_error(
@@ -27,7 +32,9 @@ def test_a_destination_that_is_no_rq_url_is_a_usage_error(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a.bin").write_bytes(b"x")
     (tmp_path / "b.txt").write_bytes(b"y")
-    out = run_rq("send", "a.bin", dest, "--transport", "tcp", env=ENV, timeout=30)
+    out = run_rq(
+        "send", "a.bin", dest, "--transport", "tcp", "--pin", f"sha256:{'b' * 64}", env=ENV, timeout=30
+    )
     assert out.returncode == 2, out.stderr
     lines = [x for x in out.stderr.decode().splitlines() if x.strip()]
     assert len(lines) == 1 and says in lines[0], out.stderr
