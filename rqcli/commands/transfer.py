@@ -388,6 +388,14 @@ def recv(
             raise CliError("the rq recv that started this worker is gone", ExitCode.FAILURE)
     spawn = workers > 1 and transport == "quic" and not worker
     cert_dir = cert_dir or user_data_path("rq") / "transfer"
+    if (
+        listen.isdigit()
+    ):  # `--listen 7420`: a port alone read as a host name, "not an address of this machine"
+        raise CliError(
+            f"--listen takes HOST:PORT: give 127.0.0.1:{listen} (this machine only) or 0.0.0.0:{listen} "
+            "(every address)",
+            ExitCode.USAGE,
+        )
     host, port = _host_port(listen)
     use_tls = True if transport in ("quic", "rdma") else bool(tls)  # RDMA sets up over TLS
     # one id for this receiver and its --workers processes: they share transfers, another rq recv

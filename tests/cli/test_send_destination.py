@@ -49,3 +49,9 @@ def test_host_port_forms_are_still_accepted(
     out = run_rq("send", "a.bin", dest, "--transport", "tcp", env=ENV, timeout=60)
     # nothing listens on port 9: unreachable (6), which means the destination itself was understood
     assert out.returncode == 6, out.stderr
+
+
+def test_a_listen_port_alone_says_how_to_write_it(tmp_path: Path) -> None:
+    out = run_rq("recv", str(tmp_path / "d"), "--listen", "20515", env=ENV, timeout=30)
+    assert out.returncode == 2 and b"127.0.0.1:20515" in out.stderr, out.stderr
+    assert not (tmp_path / "d").exists()
