@@ -21,26 +21,25 @@ def validate_name(name: str) -> tuple[str, ...]:
     """Returns the components of `name`, or raises UnsafeNameError saying what is wrong with it."""
     if not isinstance(name, str) or not name:
         raise UnsafeNameError("empty file name")
-    shown = display_name(name)
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
-        raise UnsafeNameError(f"file name too long: {shown[:80]}…")
+        raise UnsafeNameError(f"file name too long: {display_name(name)[:80]}…")
     if name.startswith("/"):
-        raise UnsafeNameError(f"absolute path not allowed: {shown}")
+        raise UnsafeNameError(f"absolute path not allowed: {display_name(name)}")
     if "\\" in name:
-        raise UnsafeNameError(f"backslash not allowed in file name: {shown}")
+        raise UnsafeNameError(f"backslash not allowed in file name: {display_name(name)}")
     if any("\udc80" <= ch <= "\udcff" for ch in name):  # os.fsdecode's escapes for undecodable bytes
-        raise UnsafeNameError(f"file name is not valid UTF-8: {shown}")
+        raise UnsafeNameError(f"file name is not valid UTF-8: {display_name(name)}")
     for ch in name:
         if unicodedata.category(ch) in ("Cc", "Cs") or ch == "\x00":
-            raise UnsafeNameError(f"control character in file name: {shown}")
+            raise UnsafeNameError(f"control character in file name: {display_name(name)}")
     parts = tuple(name.split("/"))
     for part in parts:
         if part in ("", ".", ".."):
-            raise UnsafeNameError(f"empty, '.' or '..' component not allowed: {shown}")
+            raise UnsafeNameError(f"empty, '.' or '..' component not allowed: {display_name(name)}")
         if len(part.encode("utf-8")) > MAX_COMPONENT_BYTES:
-            raise UnsafeNameError(f"file name component too long: {shown[:80]}…")
+            raise UnsafeNameError(f"file name component too long: {display_name(name)[:80]}…")
     if parts[0] == STATE_DIR_NAME:
-        raise UnsafeNameError(f"name inside rq's state directory not allowed: {shown}")
+        raise UnsafeNameError(f"name inside rq's state directory not allowed: {display_name(name)}")
     return parts
 
 
