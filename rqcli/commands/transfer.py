@@ -794,7 +794,9 @@ def _recv_event(out: Output, ev: Any) -> None:
     help="Drop a connection over which nothing moves for this many seconds while chunks wait "
     "(no byte reaches the receiver and it confirms nothing: stopped, hung, or its disk stalled); "
     "--retry-for then decides whether to reconnect. Bytes still draining count as movement, so a "
-    "slow link is not taken for a stalled receiver. 0: wait for ever.",
+    "slow link is not taken for a stalled receiver. After COMMIT, a receiver that reports its "
+    "progress is taken for stalled after 15 s of silence; an older one is waited for this long, "
+    "at least 120 s. 0: wait for ever.",
 )
 @output_options
 def send(**kwargs: Any) -> None:
