@@ -17,6 +17,7 @@ import os
 import queue
 import threading
 import urllib.parse
+import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -244,7 +245,38 @@ def map_error_safely(
 
 
 _kept: set[int] = set()  # CRT threads whose Python thread state lives as long as they do
-os.register_at_fork(after_in_child=_kept.clear)
+
+
+def immortal(holder: list[Any]) -> list[Any]:
+    """`holder`, with one reference that is never given back: neither it nor what it holds is ever
+    freed, not even when the interpreter clears the modules at exit."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(holder))
+    return holder
+
+
+# Every S3 client of this process (weakly), and those a forked child inherited from its parents,
+# which it must never free. Releasing the last reference to a CRT client starts its teardown:
+# `EvntLoopCleanup` threads that pthread_join the event-loop threads of the parent, which do not
+# exist in the child. glibc has put those threads' stacks in its cache, so new threads of the child
+# run on them: the cleanup threads joined each other, or a thread of the child (the watchdog, a
+# DataLoader worker's own threads) and then tore down the parent's event loops under it. Each
+# forked worker died of SIGSEGV, on a CRT thread or at exit (measured: every child of a parent with
+# 8 idle threads, tests/cache/test_fork_crt.py). The teardown also takes the client's locks, which
+# a parent's CRT thread may have held at the fork.
+_made: weakref.WeakSet[S3] = weakref.WeakSet()
+_inherited: list[Any] = immortal([])
+
+
+def _after_fork_in_child() -> None:
+    global _made, _shared_lock
+    _kept.clear()
+    _inherited.extend(_made)  # the parent's clients: kept, never used, never freed here
+    _made = weakref.WeakSet()
+    _shared.clear()
+    _shared_lock = threading.Lock()  # a parent thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def keep_thread_state() -> None:
@@ -335,6 +367,7 @@ class S3:
         self._ranged: RangedGets | None = None
         self._ranged_lock = threading.Lock()
         self.watchdog = Watchdog()
+        _made.add(self)  # a forked child keeps it (_after_fork_in_child)
 
     @property
     def ranged(self) -> RangedGets:
