@@ -121,11 +121,16 @@ def handshake_failure(
     except (OSError, ValueError, ssl.SSLError):  # (the CRT read the same bundle first)
         return None
     try:
-        with socket.create_connection((host, port), timeout=timeout) as sock:
+        # wrap_socket detaches the plain socket (its fd moves to the TLS socket): handed that one,
+        # a stop() shut down nothing and waited out the handshake's timeout
+        with (
+            socket.create_connection((host, port), timeout=timeout) as sock,
+            context.wrap_socket(sock, server_hostname=host, do_handshake_on_connect=False) as tls,
+        ):
             if on_socket is not None:
-                on_socket(sock)
-            with context.wrap_socket(sock, server_hostname=host):
-                return None
+                on_socket(tls)
+            tls.do_handshake()
+            return None
     except ssl.SSLCertVerificationError as exc:
         return tls_error(endpoint, exc)
     except ssl.SSLError as exc:  # not TLS at all (an http:// server), or no protocol in common
@@ -187,7 +192,7 @@ class TlsCheck:
             self._sock = sock
             stopping = self._stopping
         if stopping:
-            sock.shutdown(socket.SHUT_RDWR)
+            _shutdown(sock)
 
     def stop(self, timeout: float) -> None:
         """Cuts the handshake short and waits up to `timeout` for the thread to leave OpenSSL."""
@@ -196,7 +201,7 @@ class TlsCheck:
             sock = self._sock
         if sock is not None:
             with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
+                _shutdown(sock)
         self._thread.join(timeout)
 
     def on_failure(self, callback: Callable[[CacheError], None]) -> None:
@@ -211,11 +216,29 @@ class TlsCheck:
             callback(failure)
 
 
+def _shutdown(sock: socket.socket) -> None:
+    """Wakes the thread blocked in the handshake on `sock`. The plain socket's shutdown: a TLS
+    socket's own drops its SSL object, which that thread may not have reached yet."""
+    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
 # Probes still running. A daemon thread inside OpenSSL (loading the trust store, mid-handshake)
 # when the process exits crashed it: libcrypto's exit handler frees what that thread is using
 # (measured: exit 139 in 5 of 30 `rq preload` runs that failed fast against an https store).
 _probes: set[TlsCheck] = set()
 _probes_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's probe threads. Stopping their probes at its exit
+    would shut down sockets it shares with the parent (cutting the parent's handshake) and could
+    wait on a lock a parent thread held at the fork; the lock is made anew for the same reason."""
+    global _probes, _probes_lock
+    _probes = set()
+    _probes_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @atexit.register

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from cachekit import seed_objects
+
+import cache.tls
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,3 +90,33 @@ def test_forked_workers_of_a_busy_parent_open_s3_objects_and_exit_cleanly(
     # exit codes as JSON keys: every child 0 (-11 was SIGSEGV), and the pool's workers all done
     assert json.loads(out.stdout.splitlines()[-1]) == {"0": 12, "pool": True}, out.stderr[-3000:]
     assert "Segmentation fault" not in out.stderr
+
+
+def test_a_forked_child_leaves_the_parents_tls_probe_alone() -> None:
+    """At exit a child stopped the probes it inherited: it shut down the socket it shares with
+    the parent, which cut the parent's handshake short (and could wait on a parent's lock).
+    The parent's own stop() cuts it short: it shut down a detached socket, i.e. nothing, and
+    waited out the handshake."""
+    server = socket.create_server(("127.0.0.1", 0))  # accepts, and never answers the handshake
+    port = server.getsockname()[1]
+    probe = cache.tls.TlsCheck("127.0.0.1", port, None, f"https://127.0.0.1:{port}", 5.0)
+    conn, _ = server.accept()
+    try:
+        deadline = time.monotonic() + 5
+        while probe._sock is None and time.monotonic() < deadline:  # in the handshake now
+            time.sleep(0.01)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                cache.tls._stop_probes()  # what the child's interpreter runs at exit (atexit)
+            finally:
+                os._exit(0)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        time.sleep(0.2)
+        assert probe._thread.is_alive(), "the child ended the parent's handshake"
+        probe.stop(2.0)
+        assert not probe._thread.is_alive(), "stop() left the handshake waiting"
+    finally:
+        probe.stop(2.0)
+        conn.close()
+        server.close()
