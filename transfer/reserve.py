@@ -45,12 +45,17 @@ def _calls() -> Any:
     return _libc
 
 
-def in_memory(fd: int) -> bool:
-    """True if `fd` is on tmpfs (/dev/shm)."""
+def fs_magic(fd: int) -> int | None:
+    """The file system type of `fd` (statfs f_type: TMPFS_MAGIC, 0xEF53 for ext4, …), or None."""
     buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
     if _calls().fstatfs(fd, buf) != 0:
-        return False
-    return ctypes.c_long.from_buffer(buf).value == TMPFS_MAGIC
+        return None
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+
+def in_memory(fd: int) -> bool:
+    """True if `fd` is on tmpfs (/dev/shm)."""
+    return fs_magic(fd) == TMPFS_MAGIC
 
 
 def _need(fd: int, size: int) -> int:

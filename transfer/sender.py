@@ -361,6 +361,8 @@ class ChannelSender:
             self.ch.send(head, payload, steady=self.reader.steady)  # type: ignore[call-arg]
         else:
             self.ch.send(head, payload)
+        if k == m.files[f].chunks(m.chunk_size) - 1:
+            self.reader.finished(f)  # its last chunk is out: a writer need not wait for the acks
         self._moved += 1
         if self.stats.add(length, len(payload) + 37, (f, k)):
             self.on_event(ChunkResent("sent again"))
