@@ -108,6 +108,9 @@ class Output:
         return bool(getattr(self.stderr, "isatty", lambda: False)())
 
     stdout_lost: bool = False  # the reader of stdout left and the command went on without it
+    # whether the command goes on without stdout: set by get_output() on the main thread, because
+    # click's context is per thread and rq recv emits from its channel threads
+    keep_going: bool | None = None
 
     def _to_stdout(self, text: str) -> None:
         if self.stdout_lost:
@@ -116,7 +119,7 @@ class Output:
             self.stdout.write(text)
             self.stdout.flush()
         except BrokenPipeError:
-            if not _keeps_going():
+            if not (self.keep_going if self.keep_going is not None else _keeps_going()):
                 raise  # the `rq` group ends the command with exit 0
             self.stdout_lost = True
             _point_at_devnull(self.stdout)
@@ -189,6 +192,8 @@ def get_output() -> Output:
     out = ctx.find_object(Output)
     if out is None:
         out = ctx.ensure_object(Output)
+    if out.keep_going is None:
+        out.keep_going = ctx.command_path in KEEP_GOING_WITHOUT_STDOUT
     return out
 
 

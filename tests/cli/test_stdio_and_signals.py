@@ -114,3 +114,41 @@ def test_a_sigint_the_parent_ignored_stays_ignored(tmp_path: Path) -> None:
     assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGTERM)
     assert wait_or_fail(proc, 30, "rq tail -f still running after SIGTERM") == 130
+
+
+def test_recv_serves_when_the_reader_of_its_stdout_left(tmp_path: Path) -> None:
+    """`rq recv --json | head -n1`: the receiver's later lines come from its channel threads, where
+    click has no context, so the broken pipe was taken for a destination that cannot be written:
+    every transfer refused ('Broken pipe', send exit 1) and `--once` never ended."""
+    src = tmp_path / "ck.bin"
+    src.write_bytes(os.urandom(200_000))
+    env = {**os.environ, "CI": "1", "RQ_TOKEN": "t"}
+    recv = subprocess.Popen(
+        [
+            *rq_command(),
+            "recv",
+            str(tmp_path / "dst"),
+            "--transport",
+            "tcp",
+            "--listen",
+            "127.0.0.1:0",
+            "--once",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    assert recv.stdout is not None
+    line = json.loads(recv.stdout.readline())  # the listening line: then the reader leaves
+    recv.stdout.close()
+    send = subprocess.run(
+        [*rq_command(), "send", str(src), line["address"].join(["rq://", ""]), "--transport", "tcp"],
+        capture_output=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert send.returncode == 0, send.stderr
+    assert wait_or_fail(recv, 30, "rq recv --once still running after its transfer") == 0
+    assert (tmp_path / "dst" / "ck.bin").read_bytes() == src.read_bytes()
