@@ -147,16 +147,36 @@ def syncfs(path: Path, held: int = -1) -> bool:
     return True
 
 
+class InFlight(NamedTuple):
+    """Landings in flight on a file system (Store.room): what they give back once landed and
+    evicted, their blocks and a file each."""
+
+    bytes: int = 0
+    landings: int = 0
+
+    def hold(self, nbytes: int, files: int) -> bool:
+        """Whether the room a landing lacks (`nbytes` bytes, `files` files; <= 0: none of it) is
+        held by these landings, so that waiting for them to land can give it back. Never when
+        nothing is lacking in a way they can give: a shortage of files that no landing holds (the
+        files are others', not rq's) is not waited for, however many bytes are in flight."""
+        if nbytes <= 0 and files <= 0:
+            return False
+        return nbytes <= self.bytes and files <= self.landings and self.landings > 0
+
+    def plus(self, other: InFlight) -> InFlight:
+        return InFlight(self.bytes + other.bytes, self.landings + other.landings)
+
+
 class FsRoom(NamedTuple):
     """What the file system holding a tier has free to us (statvfs)."""
 
     free: int  # bytes
     block: int  # its block size
     files: int | None  # files (inodes) it can still make; None: it sets no limit
-    # (Store.room) the sizes of the landings in flight there, other processes' and all: once
-    # landed they can be evicted, so waiting for them can give back that much room
-    in_flight: int = 0
-    in_flight_all: int = 0
+    # (Store.room) the landings in flight there of other live processes, and of this one: once
+    # landed they are entries that can be evicted, so waiting for them can give back that much
+    others: InFlight = InFlight()
+    own: InFlight = InFlight()
 
 
 # What landing one object may take of a file system's files: its own, and the objects/xx/ directory
@@ -198,6 +218,9 @@ class Store:
         self.index = index
         self.caps = caps
         self.owner = procs.me()
+        # looks that found the RAM file system's missing room held by other processes' landings
+        # in flight, and waited a moment for them (reserve, make_room): what a test can count
+        self.landing_waits = 0
 
     def refresh_owner(self) -> None:
         self.owner = procs.me()
@@ -224,24 +247,28 @@ class Store:
                     short = self._fs_short(db, tier, specs)
                     if short is None:
                         return [self._add_or_adopt(db, tier, s) for s in specs]
+                    nbytes, files, room = short
                     try:
-                        victims = self._pick_victims(db, tier, short[0], files=short[1])
+                        victims = self._pick_victims(db, tier, nbytes, files=files)
                     except CacheFullError:
-                        if short[0] <= short[2] and patience <= 0:
+                        if patience <= 0 and room.others.plus(room.own).hold(nbytes, files):
                             # the caller has landings of its own in flight (Fetcher._admit): it
                             # tries again once one of them landed, as when the cap is full of them
                             raise FileSystemFullError(
                                 f"no space left on the file system under {self.layout.tier_root(tier)}"
                                 f" for {len(specs)} landing(s) beside those in flight"
                             ) from None
-                        # the file system's room is taken by landings in flight (they become
-                        # evictable entries within moments: wait as for the cap), or by files
-                        # that are not the cache's to give back: then the landing meets ENOSPC
-                        # and the fetcher lands it elsewhere (Fetcher._elsewhere), as before.
-                        # (A reservation is never refused for the file system: only the cap
-                        # stops a run; the file system only moves objects to the disk tier)
-                        if short[0] > short[2] or time.monotonic() > deadline:
+                        # the file system's room is taken by other processes' landings in flight
+                        # (they become evictable entries within moments: wait as for the cap), or
+                        # by files that are not the cache's to give back (bytes or inodes), or by
+                        # this process's own landings (it is the one to land them: no wait): then
+                        # the landing meets ENOSPC and the fetcher lands it elsewhere
+                        # (Fetcher._elsewhere), as before. (A reservation is never refused for the
+                        # file system: only the cap stops a run; the file system only moves
+                        # objects to the disk tier)
+                        if not room.others.hold(nbytes, files) or time.monotonic() > deadline:
                             return [self._add_or_adopt(db, tier, s) for s in specs]
+                        self.landing_waits += 1
                         victims = []
                 else:
                     victims = self._cap_victims(db, tier, used + need - cap, deadline)
@@ -287,12 +314,14 @@ class Store:
         if not holds:
             return room
         unwritten, files = self._unwritten(tier, holds, room.block)
+        mine = [h for h in holds if (h.pid, h.pid_start) == self.owner]
+        theirs = [h for h in holds if (h.pid, h.pid_start) != self.owner]
         return FsRoom(
             room.free - unwritten,
             room.block,
             None if room.files is None else room.files - files,
-            sum(h.size for h in holds if (h.pid, h.pid_start) != self.owner),
-            sum(h.size for h in holds),
+            InFlight(sum(-(-h.size // room.block) * room.block for h in theirs), len(theirs)),
+            InFlight(sum(-(-h.size // room.block) * room.block for h in mine), len(mine)),
         )
 
     def _unwritten(self, tier: str, holds: list[Hold], block: int) -> tuple[int, int]:
@@ -320,13 +349,13 @@ class Store:
 
     def _fs_short(
         self, db: sqlite3.Connection, tier: str, specs: list[HoldSpec]
-    ) -> tuple[int, int, int] | None:
+    ) -> tuple[int, int, FsRoom] | None:
         """What a RAM reservation lacks of its file system's room (room(), inside reserve()'s
         transaction, so two processes never both count the same free bytes): (bytes, files,
-        in flight), or None when it fits, or the tier is not RAM, or nothing is asked, or the
+        the room), or None when it fits, or the tier is not RAM, or nothing is asked, or the
         file system cannot tell, or there is no disk tier (a full RAM file system is then
-        FileSystemFullError, exit 7, as documented). The third is the size of the landings in
-        flight there (all processes'): once landed they can be evicted."""
+        FileSystemFullError, exit 7, as documented). The room says which landings are in flight
+        there: once landed they can be evicted."""
         if tier != "ram" or not specs or self.caps.get("disk", 0) <= 0:
             return None
         room = self.room(tier, db)
@@ -336,7 +365,7 @@ class Store:
         files = 0 if room.files is None else FILES_PER_OBJECT * len(specs) + FILES_TO_PUBLISH - room.files
         if need <= room.free and files <= 0:
             return None
-        return max(0, need - room.free), max(0, files), room.in_flight_all
+        return max(0, need - room.free), max(0, files), room
 
     def cap(self, tier: str) -> int:
         """The tier's cap as last set by any process (a lower limit given to a later rq must bind
@@ -391,8 +420,11 @@ class Store:
                 try:
                     victims = self._pick_victims(db, tier, max(0, shortfall), files=files)
                 except CacheFullError:
-                    if shortfall > room.in_flight or time.monotonic() > deadline:
+                    # only what other live processes' landings hold is worth waiting for: never
+                    # this process's own (it lands them), nor others' files or inodes
+                    if not room.others.hold(shortfall, files) or time.monotonic() > deadline:
                         return False
+                    self.landing_waits += 1
                     victims = []
             if victims:
                 self._retire(tier, victims)
