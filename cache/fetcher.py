@@ -305,6 +305,7 @@ class Fetcher:
         self._over_cap: list[tuple[Job, OverCapError]] = []  # refused by _admit: failed by run()
         self._body_bytes = 0  # sizes of whole-object requests in flight whose origin holds bodies
         self._demoted = 0  # asked for in RAM, on disk: the RAM file system was full (FetchResult.demoted)
+        self._room_made: list[Job] = []  # RAM room made for these (_elsewhere), not yet reserved
 
     # --- callbacks from other threads ----------------------------------------------------------
 
@@ -354,6 +355,7 @@ class Fetcher:
         # over millions of objects holds only what is in flight or waiting
         jobs = list(jobs)
         prune_at = 4 * len(jobs) + PRUNE_MIN
+        self._room_made = []
         result = FetchResult()
         ready: deque[Job] = deque(jobs)
         delayed: list[tuple[float, int, Job]] = []
@@ -828,17 +830,26 @@ class Fetcher:
         return self._tier(job) == "ram" and self.store.caps.get("disk", 0) > 0
 
     def _elsewhere(
-        self, job: Job, err: BaseException, ready: deque[Job], promised: tuple[int, int] = (0, 0)
+        self,
+        job: Job,
+        err: BaseException,
+        ready: deque[Job],
+        promised: tuple[int, int] = (0, 0),
+        counted: list[Job] | None = None,
     ) -> bool:
         """The RAM tier's file system is full below its cap (its hold released, nothing of it
         left in the tier): once, evict LRU RAM entries (demoted to disk, as for the cap) to make
         room and try RAM again; then, or when nothing can be evicted, land it on disk. False: it
-        cannot leave (not a RAM landing, or no disk tier). `promised`: Store.make_room's."""
+        cannot leave (not a RAM landing, or no disk tier). `promised`: Store.make_room's (the
+        objects `counted` there, of the batch being admitted); the room made for other objects
+        still waiting to be admitted again is added to it."""
         if not self._may_leave_ram(job):
             return False
         if not job.made_room:
             job.made_room = True
-            if self.store.make_room("ram", job.info.size, promised):
+            made = self._room_made_for_others(job, counted or [])
+            if self.store.make_room("ram", job.info.size, (promised[0] + made[0], promised[1] + made[1])):
+                self._room_made.append(job)
                 ready.appendleft(job)  # next, before the rest take the room
                 return True
         if getattr(job.origin, "promotes", False):
@@ -849,6 +860,21 @@ class Fetcher:
         job.tier, job.demoted = "disk", str(err)
         ready.appendleft(job)
         return True
+
+    def _room_made_for_others(self, job: Job, counted: list[Job]) -> tuple[int, int]:
+        """The bytes and files of the RAM file system's room made (_elsewhere) for objects that
+        wait to be admitted again, other than `job` and those `counted` by the caller already:
+        that room is theirs. Left out, the next object short of room found it free, made none and
+        took it at the next admission; the first then found no room again and, its room made
+        once, went to disk said to be short of "files that are not rq's". Objects that got their
+        hold (counted in flight by Store.room from then on), finished or left RAM drop out."""
+        self._room_made = [j for j in self._room_made if not j.hold and not j.done and self._tier(j) == "ram"]
+        others = [j for j in self._room_made if j is not job and all(j is not c for c in counted)]
+        if not others:
+            return 0, 0
+        room = fs_room(self.layout.tier_root("ram"))
+        block = room.block if room is not None else 4096
+        return sum(fs_need(j.info.size, block) for j in others), FILES_PER_OBJECT * len(others)
 
     def _check_ram_fs(self, batch: list[Job], ready: deque[Job]) -> None:
         """A RAM batch's objects that its file system has no room for (statvfs; the batch's own
@@ -865,6 +891,7 @@ class Fetcher:
         free = room.free
         files = None if room.files is None else room.files - FILES_TO_PUBLISH
         files_before = files or 0
+        fitted: list[Job] = []  # (the batch's objects counted so far: their room is promised)
         for job in [j for j in batch if not j.hold]:  # (a held one's blocks are taken already)
             need = fs_need(job.info.size, room.block)
             if need > free:
@@ -875,13 +902,14 @@ class Fetcher:
                 free -= need
                 if files is not None:
                     files -= FILES_PER_OBJECT
+                fitted.append(job)
                 continue
             batch.remove(job)
             full = FileSystemFullError(
                 f"no space left on the file system under {root} for {job.info.url}: {lack}"
             )
             # (the room the batch's objects before it take is not there to be found free)
-            self._elsewhere(job, full, ready, (room.free - free, files_before - (files or 0)))
+            self._elsewhere(job, full, ready, (room.free - free, files_before - (files or 0)), fitted)
 
     def _nowhere(self, job: Job, err: CacheFullError) -> CacheFullError:
         """A demoted object the disk tier cannot take either: one error naming both tiers (its
