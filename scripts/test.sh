@@ -18,7 +18,10 @@ ruff format --check . || status=1
 say "mypy"
 mypy || status=1
 say "pytest"
-python -m pytest "$@"
+# Two worker processes (RQ_TEST_WORKERS; 0 runs in this process): most of the suite's time is
+# waiting on servers, subprocesses and timeouts, and one file's tests stay in one worker (its
+# module fixtures: own servers, ports picked from a range).
+python -m pytest -n "${RQ_TEST_WORKERS:-2}" --dist loadfile "$@"
 rc=$?
 if [ $rc -eq 5 ]; then
   say "pytest collected no tests: that is a failure"

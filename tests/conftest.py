@@ -36,29 +36,44 @@ def _read_env_file(path: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_ram_roots_left_behind() -> Iterator[None]:
+def _no_ram_roots_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Caches that tests make under tmp_path get a RAM root in /dev/shm named after that path; the
-    suite removes the ones it made that hold no files (a real cache's root, with blobs, stays)."""
+    suite removes the ones it made that hold no files (a real cache's root, with blobs, stays).
+    Under pytest-xdist each worker removes only roots whose `owner` is under its own base temp
+    directory: another worker's test may be using an empty root of its own right now."""
+    from cache.orphans import read_owner
+
     shm = Path("/dev/shm")
+    base = tmp_path_factory.getbasetemp().resolve()
+    shared = os.environ.get("PYTEST_XDIST_WORKER") is not None
     before = set(shm.glob("rq-cache-*"))
     yield
     for root in set(shm.glob("rq-cache-*")) - before:
-        if (
-            root.is_dir()
-            and not root.is_symlink()
-            and not any(p.is_file() for sub in ("objects", "tmp") for p in (root / sub).rglob("*"))
+        if not root.is_dir() or root.is_symlink():
+            continue
+        owner = read_owner(root)
+        mine = owner is not None and owner.resolve().is_relative_to(base)
+        if (mine or not shared) and not any(
+            p.is_file() for sub in ("objects", "tmp") for p in (root / sub).rglob("*")
         ):
             shutil.rmtree(root, ignore_errors=True)  # its `owner` file is no blob
 
 
 @pytest.fixture(scope="session")
 def services() -> Iterator[Services]:
-    out = subprocess.run(
-        ["bash", str(SERVICES), "start"], capture_output=True, text=True, timeout=180, check=False
-    )
+    import fcntl
+
+    STATE.mkdir(parents=True, exist_ok=True)
+    # pytest-xdist runs this in each worker: one starts the services, the others wait and find them
+    with open(STATE / ".start.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out = subprocess.run(
+            ["bash", str(SERVICES), "start"], capture_output=True, text=True, timeout=180, check=False
+        )
     if out.returncode != 0:
         pytest.fail(f"scripts/services.sh start failed:\n{out.stdout}\n{out.stderr}")
-    started_here = " started" in out.stdout
+    # a worker of several must not stop what the others still use (scripts/test.sh stops them)
+    started_here = " started" in out.stdout and os.environ.get("PYTEST_XDIST_WORKER") is None
     env = _read_env_file(STATE / "services.env")
     yield Services(
         s3_endpoint=env["RQ_TEST_S3_ENDPOINT"],
