@@ -82,6 +82,9 @@ def _follower(tmp_path: Path, ignore_int: bool = False) -> subprocess.Popen[byte
     )
 
     def ignore() -> None:
+        # as a login shell starts a job: a test run under nohup (SIGHUP ignored, which rq keeps)
+        # must not make rq ignore the SIGHUP this test sends
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         if ignore_int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 

@@ -197,6 +197,7 @@ def test_a_closed_jetstream_source_says_so_without_a_warning(nats_url: str, stre
     publish(nats_url, f"{stream_name}.a", [b"x"])
     src = _js_source(nats_url, stream_name)
     assert src.end_offset() == 2
+    gc.collect()  # garbage of earlier tests in this process (a worker runs many) warns elsewhere
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         src.close()
@@ -211,4 +212,6 @@ def test_a_closed_jetstream_source_says_so_without_a_warning(nats_url: str, stre
             assert not isinstance(refused.value, SourceUnreachable)
         src.close()  # again: nothing
         gc.collect()  # an unawaited coroutine warns when it is collected
-    assert [str(w.message) for w in caught] == []
+    # what this source leaves: a coroutine never awaited (RuntimeWarning) or an unclosed resource of
+    # its own; another test's object collected meanwhile (a QUIC test's UDP transport) is not ours
+    assert [str(w.message) for w in caught if "Datagram" not in str(w.message)] == []
