@@ -142,6 +142,16 @@ def test_recv_serves_when_the_reader_of_its_stdout_left(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         env=env,
     )
+    try:
+        _send_to(recv, src, env)
+    finally:
+        if recv.poll() is None:  # a failed assertion must not leave the receiver behind
+            recv.kill()
+            recv.wait()
+    assert (tmp_path / "dst" / "ck.bin").read_bytes() == src.read_bytes()
+
+
+def _send_to(recv: subprocess.Popen[bytes], src: Path, env: dict[str, str]) -> None:
     assert recv.stdout is not None
     line = json.loads(recv.stdout.readline())  # the listening line: then the reader leaves
     recv.stdout.close()
@@ -154,4 +164,3 @@ def test_recv_serves_when_the_reader_of_its_stdout_left(tmp_path: Path) -> None:
     )
     assert send.returncode == 0, send.stderr
     assert wait_or_fail(recv, 30, "rq recv --once still running after its transfer") == 0
-    assert (tmp_path / "dst" / "ck.bin").read_bytes() == src.read_bytes()
