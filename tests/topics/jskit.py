@@ -73,6 +73,20 @@ def values(url: str) -> list[bytes]:
     return r.stdout.splitlines()
 
 
+def republish(nats_url: str, name: str, src: str, dest: str, headers_only: bool = False) -> None:
+    """Gives stream `name` a republish of `src` to `dest` (added after the stream: its subjects hold
+    its name), as the user in `nats_url`."""
+    from nats.js.api import RePublish
+
+    async def update(js: Any) -> None:
+        info = await js.stream_info(name)
+        await js.update_stream(
+            info.config.evolve(republish=RePublish(src=src, dest=dest, headers_only=headers_only or None))
+        )
+
+    js_call(nats_url, update)
+
+
 def produce(url: str, data: bytes) -> None:
     r = run_rq("produce", url, input=data)
     assert r.returncode == 0, r.stderr

@@ -10,11 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from jskit import MakeStream, follow_copy, made_streams, own_nats_server, produce, refused_as_loop, values
-from rqtest import js_call
+from jskit import (
+    MakeStream,
+    follow_copy,
+    made_streams,
+    own_nats_server,
+    produce,
+    refused_as_loop,
+    republish,
+    values,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -28,16 +35,7 @@ def server(tmp_path: Path) -> Iterator[str]:
 
 
 def _republish(server: str, name: str, src: str, dest: str, headers_only: bool = False) -> None:
-    """Gives stream `name` a republish (added after the stream: its subjects hold its name)."""
-    from nats.js.api import RePublish
-
-    async def update(js: Any) -> None:
-        info = await js.stream_info(name)
-        await js.update_stream(
-            info.config.evolve(republish=RePublish(src=src, dest=dest, headers_only=headers_only or None))
-        )
-
-    js_call(server, update)
+    republish(server, name, src, dest, headers_only)
 
 
 @pytest.fixture

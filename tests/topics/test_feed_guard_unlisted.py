@@ -20,7 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jskit import MakeStream, follow_copy, made_streams, own_nats_server, produce, refused_as_loop, values
+from jskit import (
+    MakeStream,
+    follow_copy,
+    made_streams,
+    own_nats_server,
+    produce,
+    refused_as_loop,
+    republish,
+    values,
+)
 from rqtest import js_call, run_rq
 
 pytestmark = pytest.mark.integration
@@ -65,13 +74,7 @@ def stream(server: str) -> Iterator[MakeStream]:
 
 
 def _republish(server: str, name: str, src: str, dest: str) -> None:
-    from nats.js.api import RePublish
-
-    async def update(js: Any) -> None:
-        info = await js.stream_info(name)
-        await js.update_stream(info.config.evolve(republish=RePublish(src=src, dest=dest)))
-
-    js_call(f"nats://admin:pw-a@{server}", update)
+    republish(f"nats://admin:pw-a@{server}", name, src, dest)
 
 
 def _copy(source: str, target: str, tmp_path: Path) -> subprocess.CompletedProcess[bytes]:
