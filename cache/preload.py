@@ -302,14 +302,20 @@ def run_preload(
         # again, as Cache.open does: every landing into it failed on the missing tmp/
         cache._ensure_ram_root()
     state.store.collect()
-    if not dry_run:
-        state.store.shrink()
+    # a lowered cap evicts down to itself once the listing has delivered its first page, not
+    # before: a typo'd bucket with --disk-limit lowered the cap, evicted the cache and failed
+    # (restore_limits put the old cap back, but not the evicted entries)
+    shrunk = dry_run
     result = PreloadResult()
     promote = False  # (decided below for the RAM tier, before anything is planned)
 
     def prepare(page: Page) -> list[Job]:
         """One page: skip what is cached at the same version, report what is not UTF-8, and return
         the rest to fetch, small objects first (they fill the pipe while big ones stream)."""
+        nonlocal shrunk
+        if not shrunk:
+            shrunk = True
+            state.store.shrink()
         items = []
         cap = state.store.cap(tier)
 
