@@ -19,7 +19,11 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # A temp name of its own per call, not per process: two threads (or two processes of one pid
+    # in different pid namespaces) writing the same file at once each rename a whole file of their
+    # own, and the last rename wins; with one name per pid one truncated the other's temp file
+    # under it (a torn or empty group file) and the other's rename found it gone.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     try:
         try:

@@ -1050,11 +1050,24 @@ class LogWriter:
         return pos, end, last_ts
 
     def _last_ts_before(self, segs: list[int]) -> int:
-        log = TopicLog(self.dir)
+        """The newest timestamp before an empty newest segment (a roll stopped by a signal or a
+        full disk before its first batch): the last one of the segment before it, not its first,
+        so that timestamps given with the records (`tail --record`) still never go backwards."""
         for base in reversed(segs[:-1]):
-            ts = log._first_ts(base)
-            if ts != _UNKNOWN_TS:
-                return ts
+            try:
+                view = _View(self.dir / fmt.segment_name(base))
+            except FileNotFoundError:
+                continue
+            try:
+                size = view.size
+                index = _load_index(self.dir, base, size)
+                hint = _hint(view, size, index, len(index[0]) - 1)
+                end, pos, last_ts = hint if hint is not None else (base, 0, 0)
+                last_ts = _walk(view, size, pos, end, last_ts)[2]
+            finally:
+                view.close()
+            if last_ts:
+                return last_ts
         return 0
 
     def _truncate_index(self, base: int, size: int) -> None:
@@ -1066,16 +1079,38 @@ class LogWriter:
                 fh.truncate(keep)
 
     def _new_segment(self, base: int) -> None:
-        path = self.dir / fmt.segment_name(base)
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        self.idx_fd = os.open(
-            self.dir / fmt.index_name(base), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644
+        fd, idx_fd = self._open_new_segment(base)
+        # One step with no call in it: self.fd and self.idx_fd always name open files.
+        self.fd, self.idx_fd, self.base, self.next_offset, self.size, self.last_index_pos = (
+            fd,
+            idx_fd,
+            base,
+            base,
+            0,
+            0,
         )
-        fsync_dir(self.dir)
-        self.base = base
-        self.next_offset = base
-        self.size = 0
-        self.last_index_pos = 0
+
+    def _open_new_segment(self, base: int) -> tuple[int, int]:
+        """Opens (creates) segment `base` and its index, synced into the directory. An empty one
+        already there is what a roll stopped by a signal left (the writer holds the lock, so no
+        one else made it): it is taken over; one holding data is never written over."""
+        path = self.dir / fmt.segment_name(base)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            if os.fstat(fd).st_size:
+                raise TopicError(f"cannot start segment {path}: it exists and holds data")
+            idx_fd = os.open(
+                self.dir / fmt.index_name(base), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644
+            )
+            try:
+                fsync_dir(self.dir)
+            except BaseException:
+                os.close(idx_fd)
+                raise
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, idx_fd
 
     # -- appending ------------------------------------------------------------------------------
 
@@ -1182,10 +1217,15 @@ class LogWriter:
         return first, last
 
     def _roll(self) -> None:
+        # A signal may stop a roll anywhere (rq produce's Ctrl-C): the old segment's files are
+        # closed only once the new ones are open and in place, so the writer is always on one
+        # segment whose files it holds open (never a closed fd, or the old books with the new
+        # file), and a roll stopped before that leaves at most an empty segment the next takes over.
         os.fsync(self.fd)
-        os.close(self.fd)
-        os.close(self.idx_fd)
+        old = self.fd, self.idx_fd
         self._new_segment(self.next_offset)
+        for fd in old:
+            os.close(fd)
         self._apply_retention()
 
     def _apply_retention(self) -> None:
