@@ -41,17 +41,20 @@ class Finding:
 
 
 def _validate_url(url: str, schemes: tuple[str, ...], what: str) -> Any:
-    parsed = urlparse(url)
     try:
-        port_ok = parsed.port is None or parsed.port >= 0  # .port raises outside 0..65535
+        parsed = urlparse(url)  # raises on an unclosed IPv6 bracket ('nats://[::1')
+        # .port raises outside 0..65535; 0 is no port to connect to (it reached "connection
+        # refused", exit 6, after the whole table, where a topic URL's :0 is exit 2)
+        port_ok = parsed.port is None or parsed.port > 0
     except ValueError:
-        port_ok = False
-    if not port_ok or parsed.scheme not in schemes or not parsed.hostname:
+        parsed, port_ok = None, False
+    if parsed is None or not port_ok or parsed.scheme not in schemes or not parsed.hostname:
         from topics.sources.access import redact_url
 
         shown = redact_url(url)
+        why = "its port must be a number from 1 to 65535" if parsed is not None and not port_ok else ""
         raise CliError(
-            f"{what} {shown!r} is not a {schemes[0]}:// URL",
+            f"{what} {shown!r} is not a {schemes[0]}:// URL" + (f": {why}" if why else ""),
             ExitCode.USAGE,
             hint=f"use {schemes[0]}://HOST:PORT",
         )
@@ -425,6 +428,10 @@ def doctor(endpoint_url: str | None, bucket: str | None, nats_url: str | None, c
     A check you ask for explicitly (--endpoint-url, --bucket, --nats-url) that fails sets the exit code.
     """
     out = get_output()
+    for flag, value in (("--endpoint-url", endpoint_url), ("--bucket", bucket), ("--nats-url", nats_url)):
+        if value == "":
+            # `--nats-url "$URL"` with URL unset checked the default server as if it were not given
+            raise CliError(f"{flag} is empty: name one, or drop {flag}", ExitCode.USAGE)
     started = time.perf_counter()
     findings = run_checks(endpoint_url, bucket, nats_url, Path(cache_dir))
     if out.json:

@@ -1103,6 +1103,7 @@ def tail(
         no_retained, max_packet_size = _for_kind(
             ctx, ref, "mqtt", no_retained=no_retained, max_packet_size=max_packet_size
         ).values()
+        skip_corrupt = bool(_for_kind(ctx, ref, "embedded", skip_corrupt=skip_corrupt)["skip_corrupt"])
         _check_timeout(idle_timeout, follow or ref.kind == "mqtt")
         if record_to and (follow or ref.kind == "mqtt"):
             _refuse_feedback(ref, _ref(record_to, topics_dir), "--record")
@@ -1302,6 +1303,9 @@ def replay(
                 "replay needs a topic with history; MQTT has none. Capture it first: "
                 f"`rq tail {ref.url} --record NAME`, then `rq replay NAME`"
             )
+        # only the embedded log has records to skip: a server's stream never serves a corrupt one
+        ctx = click.get_current_context()
+        skip_corrupt = bool(_for_kind(ctx, ref, "embedded", skip_corrupt=skip_corrupt)["skip_corrupt"])
         if group:
             check_group_name(group)
         if commit and not group:
