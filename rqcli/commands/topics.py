@@ -1503,6 +1503,11 @@ def replay(
             # stopped partway (a signal, a lost server, a full disk): the done line still comes last
             summary = _replay_done(ref, res, start, committed_to if commit and group else None, group)
             summary["records"] = shown[0]
+            if stopped_at:
+                # where a rerun goes on (--from N): past records written out or stored in the
+                # target before the read loop counted them (a stop inside a split batch's parts),
+                # which a rerun from the loop's own position would copy twice
+                summary["next_offset"] = max(res.next_offset, stopped_at[0])
             if to_topic:
                 summary.update(stored=copied.stored, duplicates=copied.duplicates)
             why: BaseException = failed if failed is not None else stopped  # type: ignore[assignment]
