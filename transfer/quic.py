@@ -636,25 +636,37 @@ class QuicConnection:
         burst = _Burst()
         proto_cls = _protocol_class(b, lambda _p, _sid: None, burst)
         loop = asyncio.get_running_loop()
-        _, proto = await loop.create_datagram_endpoint(lambda: proto_cls(conn), sock=sock)
-        _read_bursts(loop, sock, proto, burst)
-        proto.connect(info[4])
         try:
-            await asyncio.wait_for(proto.wait_connected(), o.timeout)
+            self._transport, proto = await loop.create_datagram_endpoint(lambda: proto_cls(conn), sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        try:
+            _read_bursts(loop, sock, proto, burst)
+            proto.connect(info[4])
+            await self._handshake(proto, pin)
+        except BaseException:
+            # the protocol's close() only sends CONNECTION_CLOSE: the socket stayed open until the
+            # garbage collector found it (a process sending many checkpoints leaked one per failure)
+            proto.close()
+            self._transport.close()
+            raise
+        self._pinger = loop.create_task(self._keepalive(proto))
+        return proto
+
+    async def _handshake(self, proto: Any, pin: str) -> None:
+        try:
+            await asyncio.wait_for(proto.wait_connected(), self.opts.timeout)
         except BaseException:
             reason = str(getattr(proto, "terminated", "") or "")
-            proto.close()
             if "ingerprint" in reason or "certificate" in reason.lower():
                 raise AuthError(f"receiver certificate does not match the pin {pin}") from None
             raise
-        self._pinger = loop.create_task(self._keepalive(proto))
-        if b.name == "aioquic":
+        if self.backend.name == "aioquic":
             cert = getattr(proto._quic.tls, "_peer_certificate", None)
             der = cert.public_bytes(_der()) if cert is not None else b""
             if fingerprint(der) != pin:
-                proto.close()
                 raise AuthError(f"receiver certificate {fingerprint(der)} does not match the pin {pin}")
-        return proto
 
     async def _keepalive(self, proto: Any) -> None:
         """The control connection idles while data moves elsewhere; pings keep it (and NATs) open."""
@@ -682,10 +694,15 @@ class QuicConnection:
             return
 
         async def _close() -> None:
-            self._pinger.cancel()
-            self.proto.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.proto.wait_closed(), 1.0)
+            try:
+                self._pinger.cancel()
+                self.proto.close()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.proto.wait_closed(), 1.0)
+            finally:
+                # the socket itself: closing the QUIC connection leaves it to the garbage collector
+                self._transport.close()
+                await asyncio.sleep(0)  # its connection_lost (which closes the fd) runs next turn
 
         with contextlib.suppress(Exception):
             self._lt.run(_close(), timeout=3)
@@ -787,12 +804,14 @@ class QuicListener:
         if self._done.is_set():
             return
 
-        def _close() -> None:
+        async def _close() -> None:
             with contextlib.suppress(Exception):
                 self.server.close()
+            await asyncio.sleep(0)  # the transport's connection_lost runs in the loop's next turn
 
-        with contextlib.suppress(RuntimeError):
-            self._lt.loop.call_soon_threadsafe(_close)
+        if self._lt.loop.is_running():
+            with contextlib.suppress(Exception):
+                self._lt.run(_close(), timeout=2)
         self._lt.stop()
         # The transport closes its socket in a callback of the loop's next turn, which a loop
         # stopped at once never takes: the port stayed bound for the life of the process.
