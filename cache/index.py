@@ -62,7 +62,6 @@ CREATE TABLE IF NOT EXISTS holds (
 CREATE INDEX IF NOT EXISTS holds_blob ON holds (blob);
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS tier_bytes (tier TEXT PRIMARY KEY, bytes INTEGER NOT NULL);
-INSERT OR IGNORE INTO tier_bytes VALUES ('ram', 0), ('disk', 0);
 CREATE TRIGGER IF NOT EXISTS entries_add AFTER INSERT ON entries BEGIN
     UPDATE tier_bytes SET bytes = bytes + NEW.size WHERE tier = NEW.tier;
 END;
@@ -76,6 +75,27 @@ END;
 """
 # Triggers keep per-tier totals exact inside every transaction, so reserving space costs O(1), not a
 # scan of every entry (2,000 reservations over a growing table were a measured second of CPU).
+
+RECOUNT = """
+INSERT OR REPLACE INTO tier_bytes (tier, bytes)
+    SELECT 'ram', COALESCE(SUM(size), 0) FROM entries WHERE tier = 'ram';
+INSERT OR REPLACE INTO tier_bytes (tier, bytes)
+    SELECT 'disk', COALESCE(SUM(size), 0) FROM entries WHERE tier = 'disk';
+"""
+# The tier totals from the entries themselves (a scan): when the totals table is new to an index
+# that already holds entries, and by `rq cache verify --repair`.
+
+INDEX_VERSION = 1
+"""The layout of the index this rq reads and writes, kept in the database as PRAGMA user_version.
+0: an index made before versions were kept (before it, rq kept no tier totals, or kept them with
+no recount): opening it adds what is missing and recounts the totals from the entries, then marks
+it 1. An index of a later version is refused (IndexVersionError), never read as this one; a later
+rq that changes the layout raises the number and migrates what is older."""
+
+
+class IndexVersionError(CacheError):
+    """The index was made by a newer rq, in a layout this one does not know."""
+
 
 ENTRY_COLS = "url, version, size, tier, blob, xxh3, verified_by, pinned, last_access, checked_at, created"
 HOLD_COLS = "id, tier, size, kind, blob, url, pid, pid_start, created"
@@ -153,6 +173,19 @@ def _not_writable(path: Path) -> str | None:
     return None
 
 
+def _statements(script: str) -> Iterator[str]:
+    """The statements of a script, one at a time (a trigger's body holds semicolons): run inside
+    a transaction, where executescript() cannot go (it commits first)."""
+    statement = ""
+    for line in script.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
+            yield statement.strip()
+            statement = ""
+    if statement.strip():
+        yield statement.strip()
+
+
 # Every open index of this process. A fork while another thread is inside a transaction leaves the
 # child with SQLite's in-memory lock state of that transaction (SQLite keeps one per process and
 # per file): the child's own new connection then waits out the busy timeout and fails with
@@ -196,12 +229,11 @@ class Index:
             # loss is harmless.
             self._db.execute("PRAGMA synchronous=NORMAL")
             with self._lock:
-                if (
-                    self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'entries_upd'").fetchone()
-                    is None
-                ):
-                    # idempotent statements in one IMMEDIATE transaction: safe if two processes race here
-                    self._db.executescript(f"BEGIN IMMEDIATE;\n{SCHEMA}\nCOMMIT;")
+                if self._version() != INDEX_VERSION:
+                    self._migrate()
+        except IndexVersionError:
+            self._db.close()
+            raise
         except sqlite3.Error as exc:
             self._db.close()
             why = _not_writable(path)
@@ -209,12 +241,58 @@ class Index:
                 if why is not None and isinstance(exc, sqlite3.OperationalError):
                     raise CacheError(f"cannot use the cache index {path}: {exc} ({why})") from exc
                 raise _index_error(path, exc) from exc
+            try:
+                self._version()  # (one opened read-only is read as it is, never migrated)
+            except IndexVersionError:
+                self._db.close()
+                raise
         else:
             why = _not_writable(path)
             if why is not None and "file system" in why:
                 # opened all the same (SQLite reads a -shm and -wal left there): still read-only
                 self.readonly, self._why_readonly = True, why
         _OPEN.add(self)
+
+    def _version(self) -> int:
+        """The index's layout version; IndexVersionError if it is newer than this rq's."""
+        version = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if version > INDEX_VERSION:
+            raise IndexVersionError(
+                f"cache index version {version} is newer than this rq understands "
+                f"(it knows {INDEX_VERSION}; {self.path}): upgrade rq, or use another --cache-dir"
+            )
+        return version
+
+    def _migrate(self) -> None:
+        """Brings an index of an older layout (or a new, empty file) to INDEX_VERSION, in one
+        IMMEDIATE transaction that reads the version again: two processes racing here agree, and
+        a newer rq's layout made meanwhile is refused, never written back to this one. Version 0:
+        the tables and triggers missing (CREATE IF NOT EXISTS), and the tier totals recounted from
+        the entries. An index from before the totals got them new, as zeros under entries already
+        there: trusted, every cap was overrun by what the cache held (and evicting it drove them
+        below zero); one whose totals drifted (REPLACE skipped the delete trigger) gets them right."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if self._version() < INDEX_VERSION:
+                for statement in _statements(SCHEMA + RECOUNT):
+                    self._db.execute(statement)
+                self._db.execute(f"PRAGMA user_version = {INDEX_VERSION}")
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+
+    def recount(self) -> dict[str, int]:
+        """Recounts the tier totals from the entries (`rq cache verify --repair`): totals another
+        program (or an older rq's bug) left wrong would keep every cap wrong. Returns the
+        difference per tier that was corrected (0: they were right)."""
+        with self.write() as db:
+            before = dict(db.execute("SELECT tier, bytes FROM tier_bytes").fetchall())
+            for statement in _statements(RECOUNT):
+                db.execute(statement)
+            after = dict(db.execute("SELECT tier, bytes FROM tier_bytes").fetchall())
+        return {t: int(after[t]) - int(before.get(t, 0)) for t in after}
 
     def _open_read_only(self, busy_timeout_s: float, why: str) -> bool:
         """Opens an index that cannot be written here (its file system is read-only, or its
