@@ -13,6 +13,7 @@ import itertools
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 SILENCE_S = 30.0  # as cache.ranged.READ_TIMEOUT_S: this long without a byte is a lost connection
@@ -71,11 +72,16 @@ class Watchdog:
         self._tickets: dict[int, Ticket] = {}
         self._ids = itertools.count()
         self._pid = 0
+        self._started = False
+        _dogs.add(self)
         self.heard = time.monotonic()  # the last sign of life from the store on any request
 
     def watch(self) -> Ticket:
         with self._lock:
-            if self._pid != os.getpid():  # first use, or a forked child: threads do not survive fork
+            # first use, or a forked child (threads do not survive fork): _forked resets _started
+            # there, so no getpid per request
+            if not self._started:
+                self._started = True
                 self._pid = os.getpid()
                 self._tickets.clear()
                 threading.Thread(target=self._run, name="rq-s3-watchdog", daemon=True).start()
@@ -112,3 +118,15 @@ class Watchdog:
                     t.request.cancel()
                 except Exception:  # already finished: its on_done has run or is running
                     pass
+
+
+_dogs: weakref.WeakSet[Watchdog] = weakref.WeakSet()
+
+
+def _forked() -> None:
+    for dog in list(_dogs):
+        dog._started = False
+        dog._lock = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_forked)
