@@ -24,7 +24,8 @@ To replay it later, `replay_spec` is the whole check (the CLI uses the same step
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass
+from dataclasses import fields as dataclass_fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,17 @@ from typing import Any
 import orjson
 
 from topics.embedded.files import write_atomic
-from topics.errors import DigestMismatch, SpecError, SpecFileNotFound
+from topics.errors import DigestMismatch, SpecError, SpecFileNotFound, Unsupported
 from topics.expr import compile_where
 from topics.pipeline import Emit, Rate, Request, Result, dry_run, run
 from topics.sources.base import Source
 
 VERSION = 1
+# The spec's version ("rq_replay_spec"). Not raised when time_from, time_to and aged_out were added:
+# every rq refuses a field it does not know (this one in one line; the rqs from before those fields
+# with "unexpected keyword argument"), so no rq replays a spec without the bounds it pins; a version
+# 2 would only have changed their message. A change in what a field already there means raises it;
+# a newer version is refused (Unsupported, rq exit 10).
 
 
 @dataclass
@@ -124,12 +130,26 @@ class ReplaySpec:
             ) from None
         except orjson.JSONDecodeError as exc:
             raise SpecError(f"replay spec {path} is not valid JSON: {exc}") from None
-        if not isinstance(data, dict) or data.get("rq_replay_spec") != VERSION:
+        version = data.get("rq_replay_spec") if isinstance(data, dict) else None
+        if type(version) is int and version > VERSION:
+            raise Unsupported(
+                f"replay spec {path} is version {version}, newer than this rq understands "
+                f"(it knows {VERSION}): upgrade rq to replay it"
+            )
+        if version != VERSION:
             raise SpecError(f"{path} is not an rq replay spec (version {VERSION})")
-        try:
-            spec = cls(**{k: v for k, v in data.items() if k != "rq_replay_spec"})
-        except TypeError as exc:
-            raise SpecError(f"replay spec {path} has unexpected fields: {exc}") from None
+        given = {k: v for k, v in data.items() if k != "rq_replay_spec"}
+        names = [f.name for f in dataclass_fields(cls)]
+        unknown = [k for k in given if k not in names]
+        if unknown:
+            raise SpecError(
+                f"replay spec {path} has fields this rq does not know: {', '.join(map(repr, unknown))} "
+                "(saved by a newer rq?)"
+            )
+        missing = [f.name for f in dataclass_fields(cls) if f.name not in given and f.default is MISSING]
+        if missing:
+            raise SpecError(f"replay spec {path} lacks fields: {', '.join(missing)}")
+        spec = cls(**given)
         for name in ("start", "stop", "records"):
             value = getattr(spec, name)
             if type(value) is not int or value < 0:  # not a bool either

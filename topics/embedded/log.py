@@ -43,12 +43,19 @@ from topics.errors import (
     SpecError,
     TopicError,
     TopicNotFound,
+    Unsupported,
     WriterBusy,
 )
 from topics.record import Record
 
 _SEGMENT = re.compile(r"^(\d{20})\.log$")
 CONFIG_NAME = "topic.json"
+TOPIC_FORMAT = 1
+"""topic.json's "format": the layout of a topic directory (segments, index, groups) this rq reads
+and writes. A topic of a newer format is refused, for reading and for writing, in one line
+(Unsupported: rq exit 10), never read or appended to as this one; a topic.json without it is
+format 1 (every rq wrote it). Keys of topic.json this rq does not know are ignored: a later rq
+adds one without raising the format only when an older rq may ignore it."""
 
 
 def now_ms() -> int:
@@ -63,14 +70,9 @@ class TopicConfig:
 
     @classmethod
     def load(cls, directory: Path) -> TopicConfig:
-        try:
-            data = orjson.loads((directory / CONFIG_NAME).read_bytes())
-        except FileNotFoundError:
+        data = _read_config(directory)
+        if data is None:
             return cls()
-        except orjson.JSONDecodeError as exc:
-            raise TopicError(f"{directory / CONFIG_NAME} is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise TopicError(f"{directory / CONFIG_NAME} is not a topic config (a JSON object)")
         known = {k: data[k] for k in ("segment_bytes", "retention_bytes", "retention_ms") if k in data}
         for name, value in known.items():
             optional = name != "segment_bytes"
@@ -81,7 +83,29 @@ class TopicConfig:
         return cls(**known)
 
     def save(self, directory: Path) -> None:
-        write_atomic(directory / CONFIG_NAME, orjson.dumps({"format": 1, **asdict(self)}))
+        write_atomic(directory / CONFIG_NAME, orjson.dumps({"format": TOPIC_FORMAT, **asdict(self)}))
+
+
+def _read_config(directory: Path) -> dict[str, Any] | None:
+    """topic.json as an object (None if there is none), once its format is one this rq knows."""
+    path = directory / CONFIG_NAME
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except orjson.JSONDecodeError as exc:
+        raise TopicError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise TopicError(f"{path} is not a topic config (a JSON object)")
+    form = data.get("format", 1)
+    if type(form) is not int or form < 1:
+        raise TopicError(f"{path}: format must be a positive integer, not {form!r}")
+    if form > TOPIC_FORMAT:
+        raise Unsupported(
+            f"topic {directory} has format {form}, newer than this rq understands "
+            f"(it knows {TOPIC_FORMAT}): upgrade rq to read or write it"
+        )
+    return data
 
 
 @dataclass
@@ -399,6 +423,7 @@ class TopicLog:
         self.dir = directory
         if not (directory / CONFIG_NAME).is_file():
             raise TopicNotFound(f"topic {directory} does not exist (no {CONFIG_NAME})")
+        _read_config(directory)  # a newer format is refused before a byte of it is read
         self.groups = GroupStore(directory)
 
     def segments(self) -> list[int]:
@@ -971,7 +996,11 @@ class LogWriter:
                 directory.mkdir(parents=True, exist_ok=True)
                 if parent_new:
                     fsync_dir(directory.parent)
-            self.config = config or TopicConfig.load(directory)
+            if config is None:
+                self.config = TopicConfig.load(directory)
+            else:
+                _read_config(directory)  # (a newer format: refused, never written over)
+                self.config = config
             if config is not None or not exists:
                 self.config.save(directory)
             self.lock_fd = os.open(directory / "writer.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
