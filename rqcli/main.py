@@ -150,8 +150,17 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     if not value or ctx.resilient_parsing:
         return
     import rqcli
+    from cache.index import INDEX_VERSION
+    from rqcli.commands.transfer import transfer_versions
+    from topics.embedded.log import TOPIC_FORMAT
+    from topics.savedspec import VERSION as SPEC_VERSION
 
-    click.echo(f"rq, version {rqcli.__version__}")
+    # `rq, version X` first, as scripts parse it; then the format versions each side of a transfer
+    # and each reader of a cache or topic must share (the release number alone does not tell)
+    click.echo(
+        f"rq, version {rqcli.__version__} ({transfer_versions()}; cache index {INDEX_VERSION}; "
+        f"topic format {TOPIC_FORMAT}, replay spec {SPEC_VERSION})"
+    )
     ctx.exit()
 
 

@@ -109,14 +109,39 @@ def _cli_error(exc: Exception) -> CliError:
     if code == ExitCode.NO_SPACE and "out of inodes" in str(exc):
         # neither freeing bytes nor --max-bytes helps a file system that has no inodes left
         hint = "free inodes on the receiver (df -i) and re-run the same command to resume"
-    if "upgrade rq on the" in str(exc):
-        # an older peer (authentication version 2 missing): the token and pin are not at fault
-        hint = "both sides need the same rq release: check `rq --version` on each"
-    if "unsupported protocol version" in str(exc):
-        hint = (
-            "the two sides run different rq versions (empty directories need manifest version 2): upgrade rq"
-        )
+    skew = _skew_hint(str(exc))
+    if skew is not None:
+        hint = skew
     return CliError(safe_text(str(exc)), code, hint=hint)
+
+
+def transfer_versions() -> str:
+    """What this rq speaks on the wire, as `rq --version` shows it: the frame header's version, the
+    manifest versions it takes, the authentication version (read from the library's constants)."""
+    from transfer.frames import WIRE_VERSION
+    from transfer.manifest import MANIFEST_VERSIONS
+    from transfer.session import AUTH_VERSION
+
+    low, high = min(MANIFEST_VERSIONS), max(MANIFEST_VERSIONS)
+    manifest = str(low) if low == high else f"{low}-{high}"
+    return f"transfer wire {WIRE_VERSION}, manifest {manifest}, auth {AUTH_VERSION}"
+
+
+def _skew_hint(message: str) -> str | None:
+    """The hint for two sides of different rq releases, naming what each speaks where the error
+    tells (the token and pin are not at fault): None for any other error."""
+    ours = f"this rq speaks {transfer_versions()}"
+    same = "run the same rq release on both sides (`rq --version` shows these numbers)"
+    m = re.search(r"unsupported protocol version (\S+?)[ ;(]", message + " ")
+    if m is not None:
+        return f"the manifest was version {m.group(1)}; {ours}: {same}"
+    m = re.search(r"peer speaks wire version (\d+)", message)
+    if m is not None:
+        return f"the peer speaks wire version {m.group(1)}; {ours}: {same}"
+    if "upgrade rq on the" in message:
+        # a peer from before mutual authentication (auth 2): it sends or checks no receiver proof
+        return f"{ours}; the other side is older (auth 1, no receiver proof): {same}"
+    return None
 
 
 def _host_port(text: str, default_port: int = 7420) -> tuple[str, int]:
