@@ -25,47 +25,12 @@ from pathlib import Path
 import pytest
 from jskit import MakeStream, made_streams
 from rqtest import popen_rq_with, run_rq, small_tmpfs
+from splitbatch_kit import LINES, hook_setup, topic_values
 
 from rqcli.exitcodes import ExitCode
 from topics.embedded import format as fmt
-from topics.embedded.log import LogWriter, TopicLog
+from topics.embedded.log import LogWriter
 from topics.errors import AppendInterrupted
-
-_LINES = [b"%05d-" % i + b"z" * 94 for i in range(2000)]
-_AT = 3  # the hook fires at the third part
-
-_HOOKS = {
-    "after_sync": (
-        "_real = os.fdatasync\ndef _hooked(fd):\n    _real(fd)\n    _fire()\nos.fdatasync = _hooked\n"
-    ),
-    "between_parts": (
-        "_real = fmt.encode_batch\n"
-        "def _hooked(*a):\n"
-        "    _fire()\n"
-        "    return _real(*a)\n"
-        "fmt.encode_batch = _hooked\n"
-    ),
-}
-
-
-def _setup(hook: str, sig: int) -> str:
-    return (
-        "import os, signal, time\n"
-        "from topics.embedded import format as fmt\n"
-        "fmt.MAX_BATCH_PAYLOAD = 8192\n"
-        "from rqcli.commands import topics as _cmd\n"
-        "_cmd._Stops.GRACE_S = 0.01\n"
-        "_n = [0]\n"
-        "def _fire():\n"
-        "    _n[0] += 1\n"
-        f"    if _n[0] == {_AT}:\n"
-        f"        os.kill(os.getpid(), {int(sig)})\n"
-        "        time.sleep(2)  # a stop held for the write is overdue (GRACE_S) in here\n" + _HOOKS[hook]
-    )
-
-
-def _values(target: str) -> list[bytes]:
-    return [r[4] for batch in TopicLog(Path(target)).reader(0, None, False) for r in batch]
 
 
 def _committed(topic: str) -> int | None:
@@ -94,14 +59,14 @@ def test_a_stop_inside_a_split_batch_commits_exactly_the_stored_parts(
     hook, sig = "after_sync", signal.SIGTERM
     name = stream()
     src = f"{nats_url}/{name}/{name}.x"
-    assert run_rq("produce", src, input=b"\n".join(_LINES) + b"\n").returncode == 0
+    assert run_rq("produce", src, input=b"\n".join(LINES) + b"\n").returncode == 0
     target = str(tmp_path / "dst")
     args = ("--json", "replay", src, "--group", "g", "--commit", "--to-topic", target)
-    proc = popen_rq_with(_setup(hook, sig), *args)
+    proc = popen_rq_with(hook_setup(hook, sig), *args)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == ExitCode.INTERRUPTED, err
-    kept = _values(target)
-    assert 0 < len(kept) < len(_LINES) and kept == _LINES[: len(kept)], err
+    kept = topic_values(target)
+    assert 0 < len(kept) < len(LINES) and kept == LINES[: len(kept)], err
     # exactly where the target's records end (a JetStream offset is a sequence, from 1): the old
     # code committed short of the parts stored (at the batch's start), so the rerun doubled them
     assert _committed(src) == len(kept) + 1, err
@@ -109,7 +74,7 @@ def test_a_stop_inside_a_split_batch_commits_exactly_the_stored_parts(
     assert done["event"] == "done" and done["stored"] == len(kept), out
     rerun = run_rq("replay", src, "--group", "g", "--commit", "--to-topic", target)
     assert rerun.returncode == 0, rerun.stderr
-    assert _values(target) == _LINES  # nothing lost, nothing twice
+    assert topic_values(target) == LINES  # nothing lost, nothing twice
 
 
 @pytest.mark.parametrize(("hook", "sig"), _CASES, ids=[c[0] for c in _CASES])
@@ -120,18 +85,18 @@ def test_produce_stopped_inside_a_split_batch_counts_the_stored_parts(
     rerun of the input after them (`tail -n +N`) stores every record once."""
     target = str(tmp_path / "dst")
     feed = tmp_path / "input"
-    feed.write_bytes(b"\n".join(_LINES) + b"\n")
+    feed.write_bytes(b"\n".join(LINES) + b"\n")
     stdin = f"os.dup2(os.open({str(feed)!r}, os.O_RDONLY), 0)\n"  # popen_rq_with gives no stdin pipe
-    proc = popen_rq_with(_setup(hook, sig) + stdin, "--json", "produce", target)
+    proc = popen_rq_with(hook_setup(hook, sig) + stdin, "--json", "produce", target)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == ExitCode.INTERRUPTED, err
-    kept = _values(target)
-    assert 0 < len(kept) < len(_LINES) and kept == _LINES[: len(kept)], err
+    kept = topic_values(target)
+    assert 0 < len(kept) < len(LINES) and kept == LINES[: len(kept)], err
     done = json.loads(out.splitlines()[-1])
     assert (done["records"], done["first_offset"], done["last_offset"]) == (len(kept), 0, len(kept) - 1), out
-    rest = b"\n".join(_LINES[done["records"] :]) + b"\n"
+    rest = b"\n".join(LINES[done["records"] :]) + b"\n"
     assert run_rq("produce", target, input=rest).returncode == 0
-    assert _values(target) == _LINES
+    assert topic_values(target) == LINES
 
 
 def test_the_log_says_what_an_interrupted_append_stored(
@@ -152,15 +117,15 @@ def test_the_log_says_what_an_interrupted_append_stored(
     monkeypatch.setattr(os, "fdatasync", interrupted)
     try:
         with pytest.raises(KeyboardInterrupt) as caught:
-            writer.append([(None, None, (), line) for line in _LINES])
+            writer.append([(None, None, (), line) for line in LINES])
         exc = caught.value
         assert isinstance(exc, AppendInterrupted) and type(exc.error) is KeyboardInterrupt
-        assert 0 < exc.stored < len(_LINES) and (exc.first, exc.last) == (0, exc.stored - 1)
+        assert 0 < exc.stored < len(LINES) and (exc.first, exc.last) == (0, exc.stored - 1)
         assert writer.next_offset == exc.stored
     finally:
         monkeypatch.undo()
         writer.close()
-    assert _values(str(tmp_path / "dst")) == _LINES[: exc.stored]
+    assert topic_values(str(tmp_path / "dst")) == LINES[: exc.stored]
 
 
 def test_a_batch_cut_short_by_a_full_disk_is_not_left_in_the_file(tmp_path: Path) -> None:
@@ -170,8 +135,8 @@ def test_a_batch_cut_short_by_a_full_disk_is_not_left_in_the_file(tmp_path: Path
         writer = LogWriter(mnt / "dst")
         try:
             with pytest.raises(OSError) as caught:
-                for i in range(0, len(_LINES), 100):
-                    writer.append([(None, None, (), line) for line in _LINES[i : i + 100]])
+                for i in range(0, len(LINES), 100):
+                    writer.append([(None, None, (), line) for line in LINES[i : i + 100]])
             assert caught.value.errno == errno.ENOSPC
             assert os.path.getsize(mnt / "dst" / fmt.segment_name(writer.base)) == writer.size
         finally:
