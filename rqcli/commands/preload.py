@@ -22,6 +22,7 @@ from rqcli.params import CommandEnvFirst, NonEmptyPath
 def cache_error_to_cli(exc: Exception) -> CliError:
     """The cache library's exceptions, as one line and a documented exit code."""
     from cache import errors as e
+    from cache.index import IndexVersionError
 
     table: list[tuple[type[Exception], ExitCode, str | None]] = [
         (e.BadSourceError, ExitCode.USAGE, None),
@@ -29,6 +30,7 @@ def cache_error_to_cli(exc: Exception) -> CliError:
         (e.NotFoundError, ExitCode.NOT_FOUND, "check the bucket, prefix or path"),
         (e.DeniedError, ExitCode.AUTH, "check the permissions of the file or directory"),
         (e.UncacheableError, ExitCode.UNSUPPORTED, "copy it to a regular file first"),
+        (IndexVersionError, ExitCode.UNSUPPORTED, None),  # (its message says what to do)
         (e.TlsError, ExitCode.AUTH, None),  # its own hint: what to fix depends on the refusal
         (e.AuthError, ExitCode.AUTH, "check AWS_PROFILE / AWS_ACCESS_KEY_ID and the endpoint"),
         (
