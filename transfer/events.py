@@ -69,6 +69,16 @@ class ChunkSizeAdopted:
 
 
 @dataclass(frozen=True)
+class DatagramNarrowed:
+    """Sender (QUIC): a handshake at the route's datagram size (`tried` bytes) heard nothing back, so
+    the path is narrower than the link and says nothing (no ICMP); the transfer goes on at `used`
+    bytes (the path MTU the kernel learned, else QUIC's minimum 1200). --datagram-size sets it."""
+
+    tried: int
+    used: int
+
+
+@dataclass(frozen=True)
 class TransferFailed:
     error: str
     code: str
@@ -82,6 +92,7 @@ Event = (
     | Retrying
     | SourceSkipped
     | ChunkSizeAdopted
+    | DatagramNarrowed
     | TransferFinished
     | TransferFailed
 )

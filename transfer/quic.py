@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import importlib
 import logging
 import queue
@@ -34,6 +35,11 @@ _log = logging.getLogger(__name__)  # the library never prints; rq -v may show t
 
 ALPN = ["rq-transfer/1"]
 AIOQUIC_MAX_DATAGRAM = 16383
+MIN_DATAGRAM = 1200  # QUIC's smallest (RFC 9000 section 14): every path that carries QUIC carries it
+# A handshake at the route's datagram size that hears nothing back for this long is tried again
+# at the kernel's path MTU or MIN_DATAGRAM: aioquic does not probe the path, and where the route's
+# MTU is larger than the path's and no ICMP comes back (a black hole) every datagram is lost.
+PROBE_FOR = 1.5
 QH3_MAX_DATAGRAM = 65000
 SOCKET_BUFFER = 8 * 1024 * 1024
 IDLE_TIMEOUT = 10.0  # a silent peer is gone after this; clients ping every KEEPALIVE to stay alive
@@ -95,13 +101,28 @@ def path_datagram_size(host: str, port: int, cap: int) -> int:
         info = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
         with socket.socket(info[0], socket.SOCK_DGRAM) as s:
             s.connect(info[4])
-            if info[0] == socket.AF_INET6:
-                mtu, overhead = s.getsockopt(socket.IPPROTO_IPV6, 24), 48  # IPV6_MTU (Linux)
-            else:
-                mtu, overhead = s.getsockopt(socket.IPPROTO_IP, 14), 28  # IP_MTU (Linux)
-            return max(1200, min(cap, mtu - overhead))
+            return _route_datagram(s, cap)
     except OSError:
-        return 1200
+        return MIN_DATAGRAM
+
+
+def _route_datagram(sock: socket.socket, cap: int) -> int:
+    """The UDP payload a connected socket's route carries unfragmented (the link MTU, or the path
+    MTU the kernel learned from ICMP), within [MIN_DATAGRAM, cap]. Raises OSError."""
+    if sock.family == socket.AF_INET6:
+        mtu, overhead = sock.getsockopt(socket.IPPROTO_IPV6, 24), 48  # IPV6_MTU (Linux)
+    else:
+        mtu, overhead = sock.getsockopt(socket.IPPROTO_IP, 14), 28  # IP_MTU (Linux)
+    return max(MIN_DATAGRAM, min(cap, mtu - overhead))
+
+
+def _dont_fragment(sock: socket.socket, on: bool) -> None:
+    """IP_PMTUDISC_DO (on) or _WANT (off, the kernel's default): with DO a datagram over the
+    path MTU the kernel knows fails with EMSGSIZE instead of leaving in fragments (Linux values;
+    Python's socket module lacks the names)."""
+    level, opt = (socket.IPPROTO_IPV6, 23) if sock.family == socket.AF_INET6 else (socket.IPPROTO_IP, 10)
+    with contextlib.suppress(OSError):
+        sock.setsockopt(level, opt, 2 if on else 1)
 
 
 def _big_buffers(sock: socket.socket) -> None:
@@ -432,6 +453,8 @@ def _protocol_class(
             self.peer = ""  # the address datagrams come from (validated by the handshake)
             self.terminated: str | None = None
             self.transmit_failures = 0
+            self.heard = False  # a datagram came from the peer (the path carries its replies)
+            self.too_big = asyncio.Event()  # a send failed with EMSGSIZE (see _dont_fragment)
 
         # The QUIC library's own errors escaped these into asyncio, which printed a traceback on
         # stderr for each: qh3 raises "packet builder capacity exhausted" from transmit() during an
@@ -441,6 +464,7 @@ def _protocol_class(
 
         def datagram_received(self, data: Any, addr: Any) -> None:
             self.peer = str(addr[0])
+            self.heard = True
             try:
                 if burst.open:
                     # inside a burst: take the datagram in, transmit once when the burst ends
@@ -489,6 +513,9 @@ def _protocol_class(
             super().quic_event_received(event)
 
         def error_received(self, exc: Exception) -> None:
+            if isinstance(exc, OSError) and exc.errno == errno.EMSGSIZE:
+                self.too_big.set()  # the kernel learned a smaller path MTU (ICMP) than we send
+                return
             # ICMP port unreachable on our connected client socket: the receiver process is gone.
             # Waiting for the idle timeout would stall a resume for seconds; give up on it now.
             if isinstance(exc, ConnectionRefusedError) and self._quic.configuration.is_client:
@@ -599,6 +626,14 @@ class _LoopThread:
             self.loop.close()
 
 
+class _NoAnswer(Exception):
+    """A handshake at a datagram size heard nothing back: `fits` is what the route carries now."""
+
+    def __init__(self, fits: int):
+        super().__init__(fits)
+        self.fits = fits
+
+
 class QuicConnection:
     def __init__(self, opts: ConnectOptions):
         self.opts = opts
@@ -606,9 +641,12 @@ class QuicConnection:
         cap = self.backend.max_datagram
         wanted = opts.extra.get("datagram_size")
         self.datagram = min(int(wanted), cap) if wanted else path_datagram_size(opts.host, opts.port, cap)
+        # (tried, used): the route's datagram size got no answer and a smaller one did (a path
+        # narrower than the link, with no ICMP to say so); the sender tells the user once
+        self.datagram_fallback: tuple[int, int] | None = None
         self._lt = _LoopThread("rq-quic-client")
         try:
-            self.proto = self._lt.run(self._connect(), timeout=opts.timeout + 5)
+            self.proto = self._lt.run(self._connect(fit=not wanted), timeout=opts.timeout + 5)
         except TransferError:
             self._lt.stop()
             raise
@@ -618,7 +656,28 @@ class QuicConnection:
                 f"cannot reach {opts.host}:{opts.port} over QUIC: {_why_unreachable(exc, opts.timeout)}"
             ) from None
 
-    async def _connect(self) -> Any:
+    async def _connect(self, fit: bool) -> Any:
+        """Connects at self.datagram; with `fit` (no --datagram-size), a first try that hears
+        nothing within PROBE_FOR is followed by one at the size the route carries by then (the
+        path MTU the kernel learned from ICMP) or MIN_DATAGRAM, within the same timeout."""
+        o = self.opts
+        loop = asyncio.get_running_loop()
+        info = (await loop.getaddrinfo(o.host, o.port, type=socket.SOCK_DGRAM))[0]
+        deadline = loop.time() + o.timeout
+        if fit and self.datagram > MIN_DATAGRAM and o.timeout > PROBE_FOR:
+            try:
+                return await self._connect_at(info, PROBE_FOR, probe=True)
+            except _NoAnswer as exc:
+                tried, self.datagram = self.datagram, min(exc.fits, self.datagram)
+                if self.datagram >= tried:
+                    self.datagram = MIN_DATAGRAM
+                _log.debug("no answer at %d-byte datagrams; trying %d", tried, self.datagram)
+                proto = await self._connect_at(info, max(0.1, deadline - loop.time()), probe=False)
+                self.datagram_fallback = (tried, self.datagram)
+                return proto
+        return await self._connect_at(info, o.timeout, probe=False)
+
+    async def _connect_at(self, info: Any, timeout: float, probe: bool) -> Any:
         o, b = self.opts, self.backend
         cfg = _config(b, True, self.datagram)
         cfg.server_name = "rq-recv"
@@ -627,11 +686,14 @@ class QuicConnection:
         if b.name == "qh3":
             cfg.verify_hostname = False
             cfg.assert_fingerprint = pin.removeprefix("sha256:")
-        info = (await asyncio.get_running_loop().getaddrinfo(o.host, o.port, type=socket.SOCK_DGRAM))[0]
         sock = socket.socket(info[0], socket.SOCK_DGRAM)
         _big_buffers(sock)
         sock.bind(("::" if info[0] == socket.AF_INET6 else "0.0.0.0", 0))
         sock.connect(info[4])  # connected, so ICMP errors reach us (error_received)
+        # During the handshake nothing leaves in fragments: where ICMP says the path is narrower,
+        # sends fail (EMSGSIZE) and the next try uses the kernel's path MTU. After it, a path that
+        # narrows mid-transfer gets fragments again, as before, rather than a stall.
+        _dont_fragment(sock, True)
         conn = b.connection.QuicConnection(configuration=cfg)
         burst = _Burst()
         proto_cls = _protocol_class(b, lambda _p, _sid: None, burst)
@@ -644,19 +706,32 @@ class QuicConnection:
         try:
             _read_bursts(loop, sock, proto, burst)
             proto.connect(info[4])
-            await self._handshake(proto, pin)
-        except BaseException:
+            await self._handshake(proto, pin, timeout, probe)
+        except BaseException as exc:
+            fits = self.datagram
+            if isinstance(exc, _NoAnswer):
+                with contextlib.suppress(OSError):
+                    fits = _route_datagram(sock, self.backend.max_datagram)
+                exc.fits = fits
             # the protocol's close() only sends CONNECTION_CLOSE: the socket stayed open until the
             # garbage collector found it (a process sending many checkpoints leaked one per failure)
             proto.close()
             self._transport.close()
             raise
+        _dont_fragment(sock, False)
         self._pinger = loop.create_task(self._keepalive(proto))
         return proto
 
-    async def _handshake(self, proto: Any, pin: str) -> None:
+    async def _handshake(self, proto: Any, pin: str, timeout: float, probe: bool) -> None:
+        """Waits for the handshake; with `probe`, raises _NoAnswer where nothing came back within
+        `timeout`, or where a send was too big for the path MTU the kernel learned meanwhile."""
         try:
-            await asyncio.wait_for(proto.wait_connected(), self.opts.timeout)
+            if probe:
+                await self._probe(proto, timeout)
+            else:
+                await asyncio.wait_for(proto.wait_connected(), timeout)
+        except _NoAnswer:
+            raise
         except BaseException:
             reason = str(getattr(proto, "terminated", "") or "")
             if "ingerprint" in reason or "certificate" in reason.lower():
@@ -667,6 +742,28 @@ class QuicConnection:
             der = cert.public_bytes(_der()) if cert is not None else b""
             if fingerprint(der) != pin:
                 raise AuthError(f"receiver certificate {fingerprint(der)} does not match the pin {pin}")
+
+    async def _probe(self, proto: Any, timeout: float) -> None:
+        connected = asyncio.ensure_future(proto.wait_connected())
+        too_big = asyncio.ensure_future(proto.too_big.wait())
+        try:
+            done, _ = await asyncio.wait({connected, too_big}, timeout=timeout, return_when="FIRST_COMPLETED")
+            if connected in done:
+                connected.result()
+                return
+            if too_big in done or not proto.heard:
+                raise _NoAnswer(self.datagram)
+            # the peer answers but the handshake is slow (a long or lossy path): not the datagram
+            # size's fault; it goes on at this size for the rest of the timeout
+            await asyncio.wait_for(connected, max(0.1, self.opts.timeout - timeout))
+        finally:
+            for task in (connected, too_big):
+                task.cancel()
+            # the library fails its waiter (ConnectionError) as the connection closes; with
+            # nobody awaiting it any more, asyncio would log "exception was never retrieved"
+            waiter = getattr(proto, "_connected_waiter", None)
+            if isinstance(waiter, asyncio.Future):
+                waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _keepalive(self, proto: Any) -> None:
         """The control connection idles while data moves elsewhere; pings keep it (and NATs) open."""

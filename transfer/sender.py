@@ -32,6 +32,7 @@ from transfer.events import (
     ChunkMoved,
     ChunkResent,
     ChunkSizeAdopted,
+    DatagramNarrowed,
     EventCallback,
     Retrying,
     SourceSkipped,
@@ -455,6 +456,9 @@ class _Run:
     opts: SendOptions
     stats: Stats = field(default_factory=Stats)
     attempts: int = 0
+    # what every later connection adds to ConnectOptions.extra: the datagram size a QUIC
+    # connection fell back to (DatagramNarrowed), so it is found once, not per connection
+    learned: dict[str, Any] = field(default_factory=dict)
 
 
 def _summary(run: _Run, started: float, skipped: list[Skipped], done: dict[str, Any]) -> dict[str, Any]:
@@ -514,7 +518,7 @@ def _send_retrying(
         run.attempts += 1
         try:
             return _attempt(
-                run.manifest, run.files, transport, copts, token, run.opts, stats, on_event, attempt
+                run.manifest, run.files, transport, copts, token, run.opts, stats, on_event, run.learned
             )
         except ChunkSizeError as exc:
             # The receiver holds verified chunks of these very files at another chunk size (an
@@ -578,9 +582,16 @@ def _attempt(
     opts: SendOptions,
     stats: Stats,
     on_event: EventCallback,
-    attempt: int,
+    learned: dict[str, Any],
 ) -> dict[str, Any]:
+    if learned:
+        copts = replace(copts, extra={**copts.extra, **learned})
     conn = transport.connect(copts)
+    narrowed = getattr(conn, "datagram_fallback", None)
+    if narrowed is not None:
+        learned["datagram_size"] = narrowed[1]
+        copts = replace(copts, extra={**copts.extra, **learned})
+        on_event(DatagramNarrowed(*narrowed))
     try:
         ctl = conn.open_channel()
         core = SenderChannel(token, CONTROL, manifest, os.urandom(16))

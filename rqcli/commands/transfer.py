@@ -1063,6 +1063,7 @@ def _send_progress(out: Output, bar: Any) -> Any:
         ChunkMoved,
         ChunkResent,
         ChunkSizeAdopted,
+        DatagramNarrowed,
         Retrying,
         SourceSkipped,
         TransferPlanned,
@@ -1085,6 +1086,13 @@ def _send_progress(out: Output, bar: Any) -> Any:
                 out.warn(
                     f"resuming with chunk size {_size_text(ev.chunk_size)}, the size the receiver's "
                     f"partial files were cut at (asked: {_size_text(ev.asked)}); what arrived is kept"
+                )
+            if isinstance(ev, DatagramNarrowed):
+                out.emit({"event": "datagram_size", "datagram_size": ev.used, "tried": ev.tried})
+                out.warn(
+                    f"no answer at {ev.tried}-byte QUIC datagrams (the path is narrower than this "
+                    f"machine's link): sending {ev.used}-byte datagrams, which is slower; "
+                    "--datagram-size sets the size"
                 )
             if isinstance(ev, Retrying):
                 out.emit(
