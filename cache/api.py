@@ -24,7 +24,7 @@ from typing import IO, Any
 import xxhash
 
 from cache import events as ev
-from cache import orphans
+from cache import orphans, procs
 from cache.digests import file_digest
 from cache.errors import (
     BadSourceError,
@@ -321,8 +321,10 @@ class Cache:
         self, index: Index, ram_limit: int | float | str | None, disk_limit: int | float | str | None
     ) -> dict[str, int]:
         caps: dict[str, int] = {}
-        # (cap before, cap given) of each tier whose limit this Cache replaced: restore_limits()
-        self._replaced: dict[str, tuple[int, int]] = {}
+        # (cap to put back or None, cap given) of each tier whose limit this Cache asked for:
+        # restore_limits() puts the first back, keep_limits() (close) keeps the second
+        self._replaced: dict[str, tuple[int | None, int]] = {}
+        self._claim = f"{os.getpid()}:{procs.start_time(os.getpid()) or 0}:{os.urandom(6).hex()}"
         for tier, given in (("ram", ram_limit), ("disk", disk_limit)):
             stored = stored_size(index.setting(f"{tier}_limit"))
             if stored is None:
@@ -334,25 +336,59 @@ class Cache:
                 if not index.readonly:
                     index.set_setting(f"{tier}_limit", str(stored))
             caps[tier] = stored
-            if given is not None and parse_size(given) != stored:
-                # stored at once: every process using the cache obeys the last limit set (Store.cap)
-                caps[tier] = parse_size(given)
-                self._replaced[tier] = (stored, caps[tier])
-                index.set_setting(f"{tier}_limit", str(caps[tier]))
+            if given is not None and not (index.readonly and parse_size(given) == stored):
+                caps[tier] = self._claim_limit(index, tier, parse_size(given))
         return caps
+
+    def _claim_limit(self, index: Index, tier: str, given: int) -> int:
+        """Sets a tier's limit (stored at once: every process using the cache obeys the last limit
+        set, Store.cap) and makes this Cache its owner: the one whose failure may put back the cap
+        it replaced. Asking for the limit already set claims it too (a run asking 200M after a run
+        that set it relies on it), taking over what that run, while it lasts, would put back:
+        once all of them fail, the cap from before the first is back; one that succeeds keeps its
+        own (keep_limits); a run whose limit was claimed since puts nothing back."""
+        with index.write() as db:
+            stored = stored_size(Index.setting_in(db, f"{tier}_limit"))
+            if stored != given:
+                before = stored
+            else:
+                before = None
+                owner = Index.setting_in(db, f"{tier}_limit_owner") or ""
+                prior = stored_size(Index.setting_in(db, f"{tier}_limit_prior"))
+                if prior is not None and _claim_alive(owner):
+                    before = prior  # the owner is still running: its failure is ours to undo
+            Index.put_setting(db, f"{tier}_limit", str(given))
+            Index.put_setting(db, f"{tier}_limit_owner", self._claim)
+            Index.put_setting(db, f"{tier}_limit_prior", "" if before is None else str(before))
+        self._replaced[tier] = (before, given)
+        return given
 
     def restore_limits(self) -> None:
         """Puts back the limits that this Cache's `ram_limit`/`disk_limit` replaced, unless another
-        process has set another since: `rq preload --ram-limit …` that fails keeps no new cap."""
+        Cache (process or run) has asked for a limit since, even the same one: `rq preload
+        --ram-limit …` that fails keeps no new cap, and takes none from a run still going."""
+        self._release_limits(restore=True)
+
+    def keep_limits(self) -> None:
+        """The limits this Cache asked for stay (a run that succeeded; close() calls it): a later
+        run asking for the same limit has nothing to put back when it fails."""
+        self._release_limits(restore=False)
+
+    def _release_limits(self, restore: bool) -> None:
         replaced, self._replaced = self._replaced, {}
         if not replaced:
             return
         index = self._state().index
         with index.write() as db:
             for tier, (before, given) in replaced.items():
-                if stored_size(Index.setting_in(db, f"{tier}_limit")) == given:
+                if Index.setting_in(db, f"{tier}_limit_owner") != self._claim:
+                    continue  # claimed by another since: theirs to keep or put back
+                stored = stored_size(Index.setting_in(db, f"{tier}_limit"))
+                if restore and before is not None and stored == given:
                     Index.put_setting(db, f"{tier}_limit", str(before))
                     self.caps[tier] = before
+                Index.put_setting(db, f"{tier}_limit_owner", "")
+                Index.put_setting(db, f"{tier}_limit_prior", "")
 
     # --- per-process state ---------------------------------------------------------------------
 
@@ -405,6 +441,9 @@ class Cache:
         if self._prefetcher is not None:
             self._prefetcher.stop()
         self._flush_touches(force=True)
+        if self._replaced and self._claim.startswith(f"{os.getpid()}:"):
+            with contextlib.suppress(CacheError):
+                self.keep_limits()  # (not restored by now: the limits asked for stay)
         proc = self._proc
         if proc is not None and proc.pid == os.getpid():
             proc.index.close()
@@ -1101,6 +1140,13 @@ def _cannot_ask(exc: CacheError) -> bool:
         status = getattr(exc, "status", None)
         return status is None or status >= 500 or status == 429
     return False
+
+
+def _claim_alive(claim: str) -> bool:
+    """Whether the process that claimed a limit (`pid:start:nonce`, Cache._claim_limit) runs."""
+    pid, _, rest = claim.partition(":")
+    start = rest.partition(":")[0]
+    return pid.isdigit() and start.isdigit() and procs.alive(int(pid), int(start))
 
 
 def _same_landing(a: Entry, b: Entry) -> bool:
