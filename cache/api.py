@@ -568,10 +568,19 @@ class Cache:
         self.on_event(ev.ServedStale(entry.url, max(0.0, time.time() - entry.checked_at), why))
 
     def _open_fetched(self, url: str, tier: str, info: ObjectInfo | None = None) -> IO[bytes]:
-        """A miss: fetch it, landing it already under this reader's shared lock, then serve it."""
-        entry, fd = self._fetch_one(url, tier, info, keep_open=True)
-        self._touch(url)
-        return self._open_entry(entry, fd)
+        """A miss: fetch it, landing it already under this reader's shared lock, then serve it.
+        A landed copy found damaged as it is opened is dropped and fetched once more, as a hit's
+        is (the landing verified it: something changed it since); damaged again, VerifyError."""
+        for again in (True, False):
+            entry, fd = self._fetch_one(url, tier, info, keep_open=True)
+            self._touch(url)
+            try:
+                return self._open_entry(entry, fd)
+            except VerifyError:
+                if not again:
+                    raise
+                self._state().store.remove(entry, same_landing=True)  # never a landing made since
+        raise AssertionError("unreachable")
 
     def _open_entry(self, entry: Entry, locked_fd: int = -1) -> IO[bytes]:
         if locked_fd >= 0:
