@@ -39,7 +39,7 @@ from cache.errors import (
 )
 from cache.fetcher import Fetcher, Job
 from cache.index import Entry, Index
-from cache.landing import Checksums, ObjectInfo
+from cache.landing import Checksums, ObjectInfo, clean_version, is_racy, racy_at
 from cache.layout import (
     INDEX_NAME,
     TIERS,
@@ -50,7 +50,14 @@ from cache.layout import (
     dir_error,
     make_private,
 )
-from cache.origins import LocalOrigin, Origin, normalise_pattern, normalise_url, origin_for_url
+from cache.origins import (
+    LocalOrigin,
+    Origin,
+    local_version,
+    normalise_pattern,
+    normalise_url,
+    origin_for_url,
+)
 from cache.s3 import S3Settings
 from cache.sizes import parse_size, stored_size
 from cache.store import Store
@@ -488,7 +495,7 @@ class Cache:
             stale_why = None
             if self._stale(entry):
                 info, stale_why = self._revalidate(entry)
-                if info is not None and info.version != entry.version:
+                if info is not None and not self._current(entry, info):
                     return self._open_fetched(url, tier or entry.tier, info)
                 if info is not None:
                     state.index.mark_checked([url], time.time())
@@ -557,6 +564,24 @@ class Cache:
             return None, why
         self._unreachable.pop(bucket, None)
         return info, None
+
+    def _current(self, entry: Entry, info: ObjectInfo) -> bool:
+        """Whether the origin's `info` still describes the cached entry. A racy entry (a directory
+        origin's file changed within its timestamp tick of being read: cache.landing.racy_at) is
+        not trusted on its stat: the origin file is hashed again and compared with the recorded
+        digest. Equal: current, and the mark is dropped once the file is old enough; different
+        (rewritten in the same tick, stat unchanged): the entry is dropped, to be fetched again."""
+        if info.version == entry.version:
+            return True
+        if not is_racy(entry.version) or info.version != clean_version(entry.version):
+            return False
+        started = time.time_ns()
+        if _origin_digest(entry.url, info) == entry.xxh3:
+            if not racy_at(info.version, started) and self._state().store.clear_racy(entry, info.version):
+                entry.version = info.version
+            return True
+        self._state().store.remove(entry, same_landing=True)  # never a landing made since
+        return False
 
     def _read_event(self, event: ev.Event) -> None:
         """What a read-through's fetch tells the caller: only that an object asked for in RAM
@@ -745,7 +770,7 @@ class Cache:
             if info is None and stale_why is not None and path.exists():
                 self._served_stale(entry, stale_why)
                 return path
-            if info is not None and info.version == entry.version:
+            if info is not None and self._current(entry, info):
                 self._state().index.mark_checked([entry.url], time.time())
                 if path.exists():
                     return path
@@ -1160,6 +1185,24 @@ def _claim_alive(claim: str) -> bool:
 
 def _same_landing(a: Entry, b: Entry) -> bool:
     return (a.tier, a.blob, a.xxh3, a.created) == (b.tier, b.blob, b.xxh3, b.created)
+
+
+def _origin_digest(url: str, info: ObjectInfo) -> str | None:
+    """The digest of a directory origin's file as a landing records it, or None if it cannot be
+    read or is not at `info`'s version before and after the read (then it is fetched again)."""
+    try:
+        fd = os.open(url, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if local_version(os.fstat(fd)) != info.version:
+            return None
+        digest = file_digest(fd, info.size)
+        return digest if local_version(os.fstat(fd)) == info.version else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _check_blob(path: Path, entry: Entry) -> str | None:

@@ -45,7 +45,7 @@ from cache.errors import (
     VerifyError,
 )
 from cache.index import Entry
-from cache.landing import Landing, ObjectInfo, piece_ranges
+from cache.landing import Landing, ObjectInfo, clean_version, piece_ranges
 from cache.layout import Layout, blob_name
 from cache.origins import Origin
 from cache.sizes import format_size
@@ -587,7 +587,12 @@ class Fetcher:
             try:
                 holds = self.store.reserve(
                     tier,
-                    [HoldSpec(j.info.size, blob_name(j.info.url, j.info.version), j.info.url) for j in new],
+                    [
+                        HoldSpec(
+                            j.info.size, blob_name(j.info.url, clean_version(j.info.version)), j.info.url
+                        )
+                        for j in new
+                    ],
                     # with our own work in flight, do not wait inside reserve: it lands only when
                     # this loop runs, so give up at once and retry after the next landing
                     patience=0.0 if self._held_bytes else 10.0,
@@ -628,7 +633,7 @@ class Fetcher:
                     self.layout,
                     tier,
                     job.info,
-                    blob_name(job.info.url, job.info.version),
+                    blob_name(job.info.url, clean_version(job.info.version)),
                     job.hold,
                     pieces=max(1, len(ranges)),
                     piece_size=PIECE_SIZE,
@@ -950,7 +955,7 @@ class Fetcher:
     def _has_partial(self, job: Job) -> bool:
         """A big object's hold is kept for a later run to resume only if its partial file is there:
         kept without one (its landing never opened) it would count as in flight until a clear."""
-        blob = blob_name(job.info.url, job.info.version)
+        blob = blob_name(job.info.url, clean_version(job.info.version))
         return job.big and self.layout.tmp_path(self._tier(job), blob, ".part").exists()
 
     def _land(self, items: list[Landed], result: FetchResult) -> None:

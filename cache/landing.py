@@ -111,6 +111,43 @@ def _crc32c(data: memoryview | bytes, prev: int = 0) -> int:
     return int(checksums.crc32c(data, prev))
 
 
+RACY = ";racy"
+"""Appended to an entry's version when its file was read too soon after it was last changed: a
+write after the read may leave every stat field as it was (same tick). Such an entry never equals
+a stat's version, so code that only compares versions refetches it; Cache.open and Cache.path
+re-hash the origin file instead (Cache._racy_still_same) and drop the mark once it is old enough."""
+
+RACY_WINDOW_NS = 3_000_000_000
+"""How close to a read a file's mtime or ctime makes the read racy: 2 s, the coarsest timestamp
+tick rq meets (FAT; whole seconds on ext4 with 128-byte inodes, NFSv3, SMB), and 1 s for the clock
+of a file server running behind this host's (a server further behind defeats the check, as it
+defeats git's, make's and rsync's)."""
+
+
+def clean_version(version: str) -> str:
+    """The version without its racy mark: what a stat of an unchanged origin file says."""
+    return version[: -len(RACY)] if version.endswith(RACY) else version
+
+
+def is_racy(version: str) -> bool:
+    return version.endswith(RACY)
+
+
+def racy_at(version: str, read_at_ns: int) -> bool:
+    """Whether a directory entry of `version` whose bytes were read from `read_at_ns` on (wall
+    clock) cannot be trusted on stat alone: its mtime or ctime lies within RACY_WINDOW_NS before
+    that moment, or after it. A version without a ctime (the format before ino/ctime were added)
+    counts only its mtime."""
+    if not version.startswith("mtime:"):
+        return False
+    fields = dict(f.split(":", 1) for f in clean_version(version).split(";") if ":" in f)
+    try:
+        changed = max(int(fields.get("mtime", "0")), int(fields.get("ctime", "0")))
+    except ValueError:
+        return True  # unreadable: trust nothing about it
+    return changed >= read_at_ns - RACY_WINDOW_NS
+
+
 @dataclass
 class Landing:
     """One object on its way into a tier. `write` may be called from any thread. A whole object's
@@ -162,6 +199,8 @@ class Landing:
         # made only when _close must wait for a write() in progress (rare): a Condition per object
         # was a measurable part of a small-object preload's main thread
         self._idle: threading.Condition | None = None
+        # (directory origins) when its bytes were first read, wall clock ns: racy_at decides
+        self._read_at_ns: int | None = None
         if self.pieces == 1:
             return  # the file is created by the first write(), or by the origin (external_file)
         try:
@@ -400,6 +439,21 @@ class Landing:
             if result[0] == fields[2]:
                 self._piece_results[index] = result
                 self.done_pieces.add(index)
+                self._read_at_ns = 0  # read by an earlier run, when is not known: take it as racy
+
+    def note_read(self, when_ns: int) -> None:
+        """A directory origin is about to read this object's bytes (or a piece's): the entry is
+        racy if the file changed within RACY_WINDOW_NS of the earliest such moment."""
+        with self._lock:
+            if self._read_at_ns is None or when_ns < self._read_at_ns:
+                self._read_at_ns = when_ns
+
+    def _version(self) -> str:
+        version = self.info.version
+        read_at = self._read_at_ns
+        if read_at is not None and not is_racy(version) and racy_at(version, read_at):
+            return version + RACY
+        return version
 
     # --- finishing -----------------------------------------------------------------------------
 
@@ -433,7 +487,7 @@ class Landing:
         t = time.time()
         return Entry(
             url=self.info.url,
-            version=self.info.version,
+            version=self._version(),
             size=self.info.size,
             tier=self.tier,
             blob=self.blob,

@@ -11,6 +11,7 @@ import os
 import re
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,7 +28,7 @@ from cache.errors import (
     UncacheableError,
     UnreachableError,
 )
-from cache.landing import Checksums, Landing, ObjectInfo
+from cache.landing import Checksums, Landing, ObjectInfo, clean_version
 from cache.s3 import S3, Item, S3Settings, shared_client, split_s3_url
 
 Done = Callable[[BaseException | None], None]
@@ -167,7 +168,11 @@ class S3Origin:
 
 
 def local_version(st: os.stat_result) -> str:
-    return f"mtime:{st.st_mtime_ns};size:{st.st_size}"
+    """A directory entry's version, as git's index keeps it: size and mtime, and also the inode
+    and ctime. A same-size rewrite within one mtime tick (whole seconds on FAT, ext4 with 128-byte
+    inodes, NFSv3, older kernels) keeps size and mtime, but a file renamed over the old one has
+    another inode, and any write or rename moves ctime."""
+    return f"mtime:{st.st_mtime_ns};size:{st.st_size};ino:{st.st_ino};ctime:{st.st_ctime_ns}"
 
 
 class LocalOrigin:
@@ -292,6 +297,9 @@ class LocalOrigin:
         if view is None:
             # page-aligned and reused: a big file's pieces go to disk from this very buffer
             view = self._tls.buf = aligned_buffer(self.CHUNK)
+        # before the open: a change from this moment on, within the file system's timestamp
+        # tick, could leave its stat as it was (Landing.finish then marks the entry racy)
+        read_at = time.time_ns()
         try:
             # O_NONBLOCK: a name that became a FIFO since it was listed must not block this
             # thread forever waiting for a writer (no effect on a regular file's reads)
@@ -310,8 +318,9 @@ class LocalOrigin:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise NotFoundError(f"not a regular file any more: {info.url}")
-            if local_version(st) != info.version:
+            if local_version(st) != clean_version(info.version):
                 raise ChangedError(f"{info.url} changed since it was listed")
+            landing.note_read(read_at)
             start, end = piece if piece else (0, info.size - 1)
             offset = start
             while offset <= end:
@@ -325,7 +334,7 @@ class LocalOrigin:
                 raise UncacheableError(
                     f"{info.url} says it holds 0 bytes yet reads back data (a /proc or /sys file?)"
                 )
-            if local_version(os.fstat(fd)) != info.version:
+            if local_version(os.fstat(fd)) != clean_version(info.version):
                 raise ChangedError(f"{info.url} changed while it was copied")
         finally:
             os.close(fd)

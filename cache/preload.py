@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import itertools
 import os
@@ -16,7 +17,7 @@ from typing import Any
 from cache import events as ev
 from cache.errors import BadSourceError, CacheError, NotFoundError
 from cache.fetcher import Fetcher, FetchResult, Job
-from cache.landing import ObjectInfo
+from cache.landing import ObjectInfo, clean_version
 from cache.origins import LocalOrigin, Origin, S3Origin, parse_source
 from cache.s3 import S3Settings, split_s3_url
 from cache.sizes import format_size
@@ -346,14 +347,19 @@ def run_preload(
             entry = cached.get(info.url)
             # an entry whose file is gone (deleted by hand, or an emptied /dev/shm) is a miss: a
             # stat each is the price of never reporting "already cached" for data that is not there
+            # (a racy entry, its directory origin file changed within its timestamp tick of being
+            # read: the origin file is hashed again, Cache._current; changed, it is fetched again)
             if (
                 entry is not None
-                and entry.version == info.version
+                and clean_version(entry.version) == info.version
                 and os.path.exists(cache.layout.blob_path(entry.tier, entry.blob))
+                and cache._current(entry, info)
             ):
                 if promote and entry.tier == "disk":
                     path = cache.layout.blob_path(entry.tier, entry.blob)
-                    todo.append(Job(info, _PromoteOrigin(path, entry, fallback=origin)))
+                    # a copy of a racy entry stays racy
+                    as_cached = dataclasses.replace(info, version=entry.version)
+                    todo.append(Job(as_cached, _PromoteOrigin(path, entry, fallback=origin)))
                     continue
                 result.skipped += 1
                 result.skipped_bytes += info.size

@@ -649,6 +649,20 @@ class Store:
             Index.drop_hold(db, hid)
         return True
 
+    def clear_racy(self, entry: Entry, version: str) -> bool:
+        """Records `version` (the racy mark dropped: cache.landing.racy_at) on this very landing
+        of the entry; False if it was replaced, moved or removed meanwhile, or the index is
+        read-only (its racy entries are then hashed against their origin on every check)."""
+        if self.index.readonly:
+            return False
+        with self.index.write() as db:
+            cur = db.execute(
+                "UPDATE entries SET version = ? WHERE url = ? AND version = ? AND tier = ? AND blob = ?"
+                " AND created = ?",
+                (version, entry.url, entry.version, entry.tier, entry.blob, entry.created),
+            )
+            return bool(cur.rowcount)
+
     # --- recovery ------------------------------------------------------------------------------
 
     def collect(self, sweep_objects: bool = False) -> dict[str, int]:
