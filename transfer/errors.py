@@ -106,6 +106,11 @@ class PeerUnreachableError(TransferError):
     code = "unreachable"
 
 
+class UnresolvedError(PeerUnreachableError):
+    """The receiver's host name does not resolve: refused at once, not retried as if the peer
+    were down (a misspelt name stays misspelt for the minute of retries)."""
+
+
 class StalledError(PeerUnreachableError):
     """The receiver confirmed nothing for the ack timeout while chunks waited (stopped, hung, or
     its disk stalled): the connection is dropped and retried like a lost one."""

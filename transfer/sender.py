@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from transfer.errors import (
     ProtocolError,
     StalledError,
     TransferError,
+    UnresolvedError,
     VerifyError,
 )
 from transfer.events import (
@@ -436,6 +438,7 @@ def send(
     run = _Run(manifest, files, opts)
     started = time.monotonic()
     try:
+        _resolve(copts.host, copts.port)
         done = _send_retrying(sources, transport, copts, token, run, on_event)
     except BaseException as exc:
         # what was done before it stopped: the CLI still ends its --json output with a summary
@@ -444,6 +447,16 @@ def send(
     summary = _summary(run, started, skipped, done)
     on_event(TransferFinished(summary))
     return summary
+
+
+def _resolve(host: str, port: int) -> None:
+    """Refuses a host name that does not resolve before any attempt: retried, it was blamed on
+    the receiver after 10 s ("is `rq recv` running there?"). Later attempts resolve it again, and
+    a failure then is retried like any other (a name that resolved once may come back)."""
+    try:
+        socket.getaddrinfo(host, port)
+    except socket.gaierror as exc:
+        raise UnresolvedError(f"cannot resolve {host}: {exc.strerror or exc}") from None
 
 
 @dataclass

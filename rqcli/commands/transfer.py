@@ -83,7 +83,9 @@ DATAGRAM_RANGE = click.IntRange(1200, 65000)
 
 _HINTS = {
     ExitCode.AUTH: "check the token file / RQ_TOKEN and the --pin printed by `rq recv`",
-    ExitCode.UNREACHABLE: "is `rq recv` running there? re-run the same command to resume",
+    # exit 6 is a send that never got anything acknowledged (exit 8 is the resumable one): nothing
+    # to resume, and the address is as likely at fault as the receiver
+    ExitCode.UNREACHABLE: "is `rq recv` running there, at that address and port? then re-run the same command",
     ExitCode.NO_SPACE: "free space on the receiver (or raise --max-bytes) and re-run the same command to resume",
     ExitCode.EXISTS: "pass --overwrite to `rq recv` to replace existing files",
     ExitCode.VERIFY: "re-run the same command; changed or corrupt parts are sent again",
@@ -94,7 +96,13 @@ _LIMIT_HINT = "the receiver's limits refuse it: raise --max-files / --max-bytes 
 
 
 def _cli_error(exc: Exception) -> CliError:
-    from transfer.errors import BusyError, DirectoryInTheWayError, LimitError, SourceChangedError
+    from transfer.errors import (
+        BusyError,
+        DirectoryInTheWayError,
+        LimitError,
+        SourceChangedError,
+        UnresolvedError,
+    )
 
     code = _exit_code(exc)
     hint = _LIMIT_HINT if isinstance(exc, LimitError) else _HINTS.get(code)
@@ -106,6 +114,8 @@ def _cli_error(exc: Exception) -> CliError:
         hint = "remove or rename it on the receiver, then re-run"
     if isinstance(exc, BusyError):
         hint = "one file is written by one transfer at a time: re-run when the other one has finished"
+    if isinstance(exc, UnresolvedError):
+        hint = "check the host name in rq://HOST:PORT, or give the receiver's IP address"
     if code == ExitCode.NO_SPACE and "out of inodes" in str(exc):
         # neither freeing bytes nor --max-bytes helps a file system that has no inodes left
         hint = "free inodes on the receiver (df -i) and re-run the same command to resume"
