@@ -817,6 +817,8 @@ class Cache:
                 state.store.remove(entry, same_landing=True)  # never a landing made since
             if on_problem is not None:
                 on_problem(problems[-1])
+        if repair:
+            state.index.recount()  # totals an older rq or another program left wrong bind every cap
         if not state.index.readonly:
             state.store.collect(sweep_objects=repair)
         return checked, problems
