@@ -409,6 +409,7 @@ def recv(
     """
     from transfer.credentials import load_identity, load_token
     from transfer.errors import TransferError
+    from transfer.hostaddr import reachable_address
     from transfer.manifest import Limits
     from transfer.receiver import Receiver
     from transfer.transport import ListenOptions, get_transport
@@ -480,7 +481,9 @@ def recv(
     handler.set(receiver.handle_channel)
     _report_expired(out, receiver.expired)
     addr_host, addr_port = listener.address
-    shown_host = socket.gethostname() if addr_host in ("0.0.0.0", "::") else addr_host
+    # a wildcard: an address of this machine others can reach (the host name resolved to
+    # 127.0.1.1 on Debian-style hosts, and the pasted line sent to the sender's own machine)
+    shown_host = reachable_address(addr_host) if addr_host in ("0.0.0.0", "::") else addr_host
     url_host = f"[{shown_host}]" if ":" in shown_host else shown_host
     pin = identity.fingerprint if use_tls else None
     line = f"rq send SOURCE rq://{url_host}:{addr_port} --transport {transport}"
