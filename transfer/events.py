@@ -79,6 +79,18 @@ class DatagramNarrowed:
 
 
 @dataclass(frozen=True)
+class PartialExpired:
+    """Receiver: a long-running receiver's periodic sweep (at most every SWEEP_EVERY, as a transfer
+    is planned) removed the partial state of transfers untouched for `older_than` seconds; the same
+    figures as store.Expired, which the receiver reports as it starts."""
+
+    transfers: tuple[str, ...]
+    files: int
+    bytes: int
+    older_than: float | None
+
+
+@dataclass(frozen=True)
 class TransferFailed:
     error: str
     code: str
@@ -93,6 +105,7 @@ Event = (
     | SourceSkipped
     | ChunkSizeAdopted
     | DatagramNarrowed
+    | PartialExpired
     | TransferFinished
     | TransferFailed
 )

@@ -25,6 +25,7 @@ from transfer.events import (
     ChunkMoved,
     ChunkResent,
     EventCallback,
+    PartialExpired,
     TransferFailed,
     TransferFinished,
     TransferPlanned,
@@ -55,6 +56,10 @@ LINGER = 5.0  # after DONE, how long to wait for the sender to close the channel
 # this often, so that it can tell a receiver still at work from a stalled one within a few of these
 # intervals instead of waiting its whole COMMIT wait (sender.COMMIT_WAIT, 120 s) per try.
 PROGRESS_S = 5.0
+# A receiver that stays up sweeps abandoned partial state (keep_partial) again at most this often,
+# when a new transfer is planned: the sweep as it starts was the only one, so one up for weeks
+# kept every abandoned transfer's .part files for good.
+SWEEP_EVERY = 3600.0
 DEFAULT_ACK_EVERY = 2  # verified chunks made durable (fdatasync + journal) and ACKed at once
 # Group commit for small chunks (many small files): a batch whose chunks average under this many
 # bytes is not made durable every `ack_every` chunks but when the channel has nothing more to read
@@ -246,7 +251,8 @@ class Receiver:
         writing (store.Store._owning). None: a new id, this receiver alone.
         `keep_partial`: seconds the partial state of a transfer nobody touched is kept for its
         sender to resume; older state is removed as the receiver starts, and `expired` says
-        what went (store.Store.expire). None or 0: never."""
+        what went (store.Store.expire); while it runs, planning a new transfer sweeps again
+        at most every SWEEP_EVERY seconds (a PartialExpired event). None or 0: never."""
         if not token.strip():
             raise AuthError("the receiver's token is empty: any sender would be let in")
         self.limits = limits or Limits()
@@ -254,6 +260,8 @@ class Receiver:
         # a receiver killed mid-commit left files linked and others waiting: finish that first,
         # so DEST and its placed records agree before any transfer is planned against them
         self.expired = self.store.recover(keep_partial)
+        self.keep_partial = keep_partial
+        self._swept = time.monotonic()
         self.token = token
         self.overwrite = overwrite
         self.on_event = on_event
@@ -295,6 +303,8 @@ class Receiver:
             if shared is None:
                 plan = self.store.plan(manifest) if manifest is not None else self.store.join(tid)
                 shared = self._plans[tid] = _Shared(plan)
+                if manifest is not None:
+                    self._sweep()  # after the plan: its own state is fresh and open (kept)
             elif manifest is None and shared.plan.planned_as != self.store.stamp(tid):
                 # A data channel of a transfer planned again since this process opened it (a new
                 # sender, its MANIFEST taken by another process of `rq recv --workers`): the files'
@@ -316,6 +326,20 @@ class Receiver:
                     replan.close()
             shared.users += 1
             return shared
+
+    def _sweep(self) -> None:
+        """Expires abandoned partial state again, at most every SWEEP_EVERY seconds. Never a
+        transfer open or being planned in any process (Store.expire); a failure waits for the
+        next sweep and costs the transfer nothing."""
+        if not self.keep_partial or time.monotonic() - self._swept < SWEEP_EVERY:
+            return
+        self._swept = time.monotonic()
+        try:
+            gone = self.store.expire(self.keep_partial)
+        except (TransferError, OSError):
+            return
+        if gone.files:
+            self.on_event(PartialExpired(gone.transfers, gone.files, gone.bytes, gone.older_than))
 
     def _release(self, tid: str, shared: _Shared) -> None:
         with self._lock:

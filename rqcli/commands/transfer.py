@@ -746,7 +746,7 @@ def _recv_progress(out: Output, bar: Any) -> Any:
 
 
 def _recv_event(out: Output, ev: Any) -> None:
-    from transfer.events import TransferFailed, TransferFinished, TransferPlanned
+    from transfer.events import PartialExpired, TransferFailed, TransferFinished, TransferPlanned
 
     if isinstance(ev, TransferPlanned):
         out.emit(
@@ -772,6 +772,8 @@ def _recv_event(out: Output, ev: Any) -> None:
     elif isinstance(ev, TransferFailed):
         out.emit({"event": "refused", "code": ev.code, "error": safe_text(ev.error)})
         out.warn(f"refused a transfer: {safe_text(ev.error)}")
+    elif isinstance(ev, PartialExpired):
+        _report_expired(out, ev)  # the periodic sweep of a receiver that stays up
 
 
 # ---------------------------------------------------------------------------------------------- send
@@ -1040,7 +1042,8 @@ def _distinct_sources(args: tuple[str, ...], out: Output) -> list[Path]:
 
 
 def _report_expired(out: Output, expired: Any) -> None:
-    """What --keep-partial removed as rq recv started: a line, and an `expired` JSON line."""
+    """What --keep-partial removed as rq recv started, or in a later sweep (at most hourly, as a
+    transfer is planned): a line, and an `expired` JSON line."""
     if not expired.files:
         return
     out.emit(
