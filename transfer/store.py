@@ -520,12 +520,19 @@ class Store:
         longer than `keep_partial` seconds (None or 0: never; see expire), then prunes the state
         files nothing needs any more. Returns what expire removed."""
         with _disk_errors(self.state_fd):
-            self._finish_interrupted()
-            expired = self.expire(keep_partial)
-            self._prune()
+            # one listing for the three steps (it was listed three times as the receiver started):
+            # a name a step removed after it still reads as present to the next, which then keeps
+            # what it would have removed (a journal whose .part went, the locks of a transfer whose
+            # manifest went) until the next sweep; nothing is removed on its account
+            names = os.listdir(self.state_fd)
+            self._finish_interrupted(names=names)
+            expired = self.expire(keep_partial, names=names)
+            self._prune(names)
         return expired
 
-    def expire(self, keep_partial: float | None = KEEP_PARTIAL) -> Expired:
+    def expire(
+        self, keep_partial: float | None = KEEP_PARTIAL, names: Sequence[str] | None = None
+    ) -> Expired:
         """Removes the partial state of every transfer nothing touched for `keep_partial` seconds:
         its manifest, commit marker and lock files, and the `.part` files and journals of its
         files not yet placed (what a sender that never came back left, reservations included).
@@ -536,11 +543,12 @@ class Store:
         Never a transfer open in any process (its `.live` lock), being planned (its `.owner`
         lock), or sharing a file version with a transfer that is kept. A `.part` no manifest
         names (none should exist) goes by its own ctime. Files already placed, their records and
-        journals and done markers are not partial state: _prune keeps them as before."""
+        journals and done markers are not partial state: _prune keeps them as before.
+        `names`: the state directory's listing, where the caller has one (recover lists it once)."""
         if not keep_partial or keep_partial <= 0:
             return Expired(older_than=None)
         cutoff = time.time() - keep_partial
-        names = os.listdir(self.state_fd)
+        names = os.listdir(self.state_fd) if names is None else names
         manifests: dict[str, Manifest] = {}
         for name in names:
             tid = name.removesuffix(".manifest.json")
@@ -668,13 +676,14 @@ class Store:
                 with contextlib.suppress(TransferError, OSError):
                     self._redo_commit(manifest)
 
-    def _prune(self) -> None:
+    def _prune(self, listing: Sequence[str] | None = None) -> None:
         """Removes state files that describe nothing any more (docs/transfer.md, "Receiver
         layout"): lock files of transfers with no state left, temp files of writers that died,
         the placed records and journals of files no longer at their names, and done markers none
         of whose files is left. What a finished transfer keeps (its done marker, per file still in
-        place a placed record and its journal) stays: re-runs send only what went missing."""
-        names = set(os.listdir(self.state_fd))
+        place a placed record and its journal) stays: re-runs send only what went missing.
+        `listing`: the state directory's listing, where the caller has one."""
+        names = set(os.listdir(self.state_fd) if listing is None else listing)
         keys_in_use: set[str] = set()
         for name in sorted(n for n in names if n.endswith(".placed")):
             rec = self._read_placed_file(name)
