@@ -20,9 +20,10 @@ from transfer.names import display_name, validate_name
 
 PROTOCOL_VERSION = 1
 # A manifest that lists directories (empty ones: the others arrive as parents of their files) says
-# version 2, so that an older receiver refuses it with one line ("unsupported protocol version 2")
-# instead of silently dropping them; a manifest without directories stays version 1, which every
-# receiver takes. The frame header's wire version is unchanged.
+# version 2, so that a receiver without them refuses it rather than silently drop them (in practice
+# every such receiver is also older than auth 2 and fails at authentication first, exit 4); a
+# manifest without directories stays version 1, which every receiver takes. The frame header's wire
+# version is unchanged.
 DIRS_VERSION = 2
 MANIFEST_VERSIONS = (PROTOCOL_VERSION, DIRS_VERSION)
 MIN_CHUNK = 64 * 1024

@@ -202,12 +202,19 @@ class ReceiverChannel:
         self.transfer_id = str(obj.get("transfer_id", ""))[:64]
         self._client_nonce = _nonce(obj)
         self.peer_features = _features(obj)
-        if obj.get("auth") != AUTH_VERSION:
+        peer_auth = obj.get("auth")
+        if isinstance(peer_auth, int) and not isinstance(peer_auth, bool) and peer_auth > AUTH_VERSION:
+            # a later release's scheme: this receiver cannot check it, and must not call it older
+            raise AuthError(
+                f"that rq send speaks protocol auth {peer_auth}, newer than this rq recv's "
+                f"(auth {AUTH_VERSION}): upgrade rq on the receiving side"
+            )
+        if peer_auth != AUTH_VERSION:
             # an rq send from before mutual authentication: it would not check our proof, so it
             # would as readily send to a receiver without the token. Its user reads this line.
             raise AuthError(
-                "this rq recv authenticates both ways (protocol auth 2) and that rq send is older: "
-                "upgrade rq on the sending side"
+                f"this rq recv authenticates both ways (protocol auth {AUTH_VERSION}) and that rq send "
+                "is older: upgrade rq on the sending side"
             )
         proof = receiver_proof(self._token, self._nonce, self._client_nonce, self.role, self.transfer_id)
         challenge = {"nonce": base64.b64encode(self._nonce).decode(), "proof": proof}

@@ -148,6 +148,9 @@ def _skew_hint(message: str) -> str | None:
     m = re.search(r"peer speaks wire version (\d+)", message)
     if m is not None:
         return f"the peer speaks wire version {m.group(1)}; {ours}: {same}"
+    m = re.search(r"speaks protocol auth (\d+), newer", message)
+    if m is not None:
+        return f"the other side speaks auth {m.group(1)}; {ours}: {same}"
     if "upgrade rq on the" in message:
         # a peer from before mutual authentication (auth 2): it sends or checks no receiver proof
         return f"{ours}; the other side is older (auth 1, no receiver proof): {same}"
