@@ -4,38 +4,24 @@ sending side" (which sent its user to upgrade the newer rq); the CLI's hint name
 
 from __future__ import annotations
 
-import base64
 import json
-import os
-import socket
 from pathlib import Path
 
-from xfer_kit import Recv
+from xfer_kit import Recv, hello_reply
 
 from rqcli.commands.transfer import _cli_error
 from transfer.errors import AuthError
-from transfer.frames import FrameType, control
 from transfer.session import AUTH_VERSION
-from transfer.tcp import TcpChannel
 
 
 def test_a_newer_sender_is_told_the_receiver_is_older(tmp_path: Path) -> None:
     recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp").start()
     try:
-        ch = TcpChannel(socket.create_connection(("127.0.0.1", recv.port), timeout=10), 1 << 20)
-        hello = {
-            "role": "control",
-            "transfer_id": "t" * 32,
-            "nonce": base64.b64encode(os.urandom(16)).decode(),
-            "auth": AUTH_VERSION + 1,
-        }
-        ch.send(control(FrameType.HELLO, hello))
-        frame = ch.recv(10)
-        assert frame is not None and frame.type is FrameType.ERROR, frame
-        message = frame.json()["message"]
+        answer = hello_reply(recv.port, auth=AUTH_VERSION + 1)
+        assert answer["type"] == "ERROR", answer
+        message = str(answer["message"])
         assert f"auth {AUTH_VERSION + 1}, newer" in message, message
         assert "upgrade rq on the receiving side" in message  # (old: "...on the sending side")
-        ch.close()
     finally:
         _, out, _ = recv.stop()
     refused = [json.loads(x) for x in out.splitlines() if '"refused"' in x]

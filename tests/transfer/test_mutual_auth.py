@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 from fake_receiver_kit import FakeReceiver
-from xfer_kit import REPO, TOKEN, Recv, rq_cmd, rq_env, send, summary
+from xfer_kit import REPO, TOKEN, Recv, hello_reply, rq_cmd, rq_env, send, summary
 
 from transfer import sender as sender_mod
 from transfer.errors import PeerUnreachableError, ProtocolError
 from transfer.frames import FrameDecoder, FrameType, control
 from transfer.session import SenderChannel, control_raw
-from transfer.tcp import TcpChannel, TcpTransport
+from transfer.tcp import TcpTransport
 from transfer.transport import ConnectOptions
 
 
@@ -87,21 +87,9 @@ def test_an_older_sender_is_refused_with_a_line_naming_it(tmp_path: Path) -> Non
     message that sender prints as its one line (exit 4 there), and never a CHALLENGE."""
     recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp").start()
     try:
-        import socket
-
-        ch = TcpChannel(socket.create_connection(("127.0.0.1", recv.port), timeout=10), 1 << 20)
-        hello = {
-            "role": "control",
-            "transfer_id": "t" * 32,
-            "nonce": base64.b64encode(os.urandom(16)).decode(),
-        }
-        ch.send(control(FrameType.HELLO, hello))
-        frame = ch.recv(10)
-        assert frame is not None and frame.type is FrameType.ERROR, frame
-        info = frame.json()
-        assert info["code"] == "auth"
-        assert "upgrade rq on the sending side" in info["message"]
-        ch.close()
+        answer = hello_reply(recv.port)  # no "auth" at all
+        assert answer["type"] == "ERROR" and answer["code"] == "auth", answer
+        assert "upgrade rq on the sending side" in str(answer["message"])
     finally:
         _, out, _ = recv.stop()
     refused = [json.loads(x) for x in out.splitlines() if '"refused"' in x]

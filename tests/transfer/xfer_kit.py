@@ -367,6 +367,18 @@ def control_channel(port: int, tid: str, token: str = TOKEN, role: str = "contro
     return ch
 
 
+def hello_reply(port: int, **fields: Any) -> dict[str, Any]:
+    """Sends a HELLO (control role, a fresh nonce, plus `fields`: an "auth" version or none, as an
+    rq send of another release would) to a real `rq recv` over TCP and returns its answer (`reply`)."""
+    from transfer.frames import FrameType, control
+    from transfer.tcp import TcpChannel
+
+    ch = TcpChannel(socket.create_connection(("127.0.0.1", port), timeout=10), 1 << 20)
+    nonce = base64.b64encode(os.urandom(16)).decode()
+    ch.send(control(FrameType.HELLO, {"role": "control", "transfer_id": "t" * 32, "nonce": nonce, **fields}))
+    return reply(ch)
+
+
 def reply(ch: Any) -> dict[str, Any]:
     """The receiver's next frame on `ch` as {"type": "ACCEPT" | "ERROR" | …, plus the frame's JSON
     (an ERROR's "code")}; closes `ch`."""
