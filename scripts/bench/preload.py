@@ -87,6 +87,10 @@ def set_aside(path: Path) -> None:
         trash = path.parent / ".trash"
         trash.mkdir(exist_ok=True)
         path.rename(trash / uuid.uuid4().hex)
+    # and what a run left dirty in the page cache (a peer that does not fsync leaves all it wrote)
+    # is written back now, untimed: deleting it used to drop it unwritten; set aside, it would be
+    # written back during the next run, whichever tool that is
+    os.sync()
 
 
 def fresh(path: Path) -> Any:
@@ -216,7 +220,8 @@ def bench_transfer(
             "`rq preload --no-fsync` (not the default) is listed only to show what the fsyncs cost. "
             "Every run writes into a new directory: earlier runs' files are renamed aside and deleted "
             "when the script ends, so no run creates files among just-freed inodes (this VM's ext4 has "
-            "no journal and scans those on every file it creates)."
+            "no journal and scans those on every file it creates); each run's setup syncs what earlier "
+            "runs left dirty, so no run pays for another's writeback."
         ),
     )
 
