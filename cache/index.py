@@ -220,6 +220,7 @@ class Index:
             )
         except sqlite3.Error as exc:
             raise _index_error(path, exc) from exc
+        self._writing = False  # inside write(): a transaction open otherwise is a leftover
         self.readonly = False  # opened read-only: see _open_read_only
         self._why_readonly = ""
         try:
@@ -271,8 +272,8 @@ class Index:
         the entries. An index from before the totals got them new, as zeros under entries already
         there: trusted, every cap was overrun by what the cache held (and evicting it drove them
         below zero); one whose totals drifted (REPLACE skipped the delete trigger) gets them right."""
-        self._db.execute("BEGIN IMMEDIATE")
         try:
+            self._db.execute("BEGIN IMMEDIATE")
             if self._version() < INDEX_VERSION:
                 for statement in _statements(SCHEMA + RECOUNT):
                     self._db.execute(statement)
@@ -362,14 +363,27 @@ class Index:
         self.check_writable()
         with self._lock:
             try:
-                self._db.execute("BEGIN IMMEDIATE")
+                if self._db.in_transaction and not self._writing:
+                    # one an interrupt (KeyboardInterrupt) left open between its BEGIN and the
+                    # rollback below: kept, it would fail every later write and hold SQLite's
+                    # write lock against every other process
+                    self._db.execute("ROLLBACK")
+                # the try is entered before BEGIN: an interrupt landing right after BEGIN
+                # succeeded still rolls back (rollback whenever a transaction is open). A write
+                # nested in one of this thread (a bug) fails at BEGIN, leaving the outer be.
+                outer = not self._writing
                 try:
+                    self._writing = True
+                    self._db.execute("BEGIN IMMEDIATE")
                     yield self._db
                     self._db.execute("COMMIT")
                 except BaseException:
-                    if self._db.in_transaction:
+                    if outer and self._db.in_transaction:
                         self._db.execute("ROLLBACK")
                     raise
+                finally:
+                    if outer:
+                        self._writing = False
             except sqlite3.OperationalError as exc:
                 if "full" in str(exc).lower():
                     raise CacheFullError(
