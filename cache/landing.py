@@ -288,8 +288,8 @@ class Landing:
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(self.fd)
-            self.fd = -1
+            fd, self.fd = self.fd, -1
+            os.close(fd)
             raise BusyError(f"{self.info.url} is being fetched by another process") from None
 
     def _share_partial_lock(self) -> None:
@@ -522,9 +522,7 @@ class Landing:
             if self.durable and not self.batch_dir_sync:
                 fsync_dir(self.final.parent)
         except BusyError:  # another writer took the partial over: it is theirs to finish
-            if self.kept_fd >= 0:
-                os.close(self.kept_fd)
-                self.kept_fd = -1
+            self.release_kept()
             self._close()
             raise
         except OSError as exc:
@@ -559,8 +557,8 @@ class Landing:
             if twin >= 0:
                 break
         if os.fstat(twin).st_size == self.info.size and file_digest(twin, self.info.size) == digest:
-            os.close(self.kept_fd)  # the twin is kept (and locked) in place of our copy
-            self.kept_fd = twin
+            ours, self.kept_fd = self.kept_fd, twin  # the twin is kept (and locked) in place of ours
+            os.close(ours)
             if not self._anon:
                 unlink_quiet(self.tmp)
             return
@@ -653,10 +651,14 @@ class Landing:
             verified = "size+mtime"
         return digest, verified
 
+    # Each descriptor is closed once: -1 goes in before the close, so that a second call (abort
+    # after an interrupt landed between a close and its "= -1") closes nothing. A second close
+    # could close a descriptor another thread had just been given the same number for.
+
     def release_kept(self) -> None:
-        if self.kept_fd >= 0:
-            os.close(self.kept_fd)
-            self.kept_fd = -1
+        fd, self.kept_fd = self.kept_fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def _close(self) -> None:
         with self._lock:
@@ -668,15 +670,15 @@ class Landing:
             writes = [w for ws in self._writes.values() for w in ws]
             self._writes.clear()
         futures.wait(writes)  # never close a descriptor a writer thread is still using
-        if self._dfd >= 0:
-            os.close(self._dfd)
-            self._dfd = -1
-        if self._rfd >= 0 and self._rfd != self.fd:
-            os.close(self._rfd)
-        self._rfd = -1
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        dfd, self._dfd = self._dfd, -1
+        if dfd >= 0:
+            os.close(dfd)
+        rfd, self._rfd = self._rfd, -1
+        if rfd >= 0 and rfd != self.fd:
+            os.close(rfd)
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     def abort(self) -> None:
         """Gives up on this landing: nothing under the final name, no partial file left."""
