@@ -402,10 +402,14 @@ class QuicChannel:
         self._closed = True  # _deliver queues nothing more
         self._drain()
         self._release_buffers()
+        # a thread still blocked in recv (the sender's reply reader) hears the end; it waited for
+        # good where the loop stopped before the peer's FIN or the connection's end arrived
+        self.frames.put(_CLOSED)
 
         def _on_loop() -> None:
             self._dropping = True
             self._drain()  # what the loop queued before it saw _closed
+            self.frames.put(_CLOSED)
             self.decoder.drop_partial()
             if not self._peer_finished():
                 self._stop_receiving()
@@ -615,15 +619,39 @@ class _LoopThread:
         self.thread.start()
 
     def run(self, coro: Any, timeout: float | None = None) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result(timeout)
+        except BaseException:
+            # a timeout, or a KeyboardInterrupt in this wait: the coroutine is cancelled, so its own
+            # clean-up (closing a half-made connection's socket) runs before stop() ends the loop
+            fut.cancel()
+            raise
 
     def stop(self) -> None:
         if self.loop.is_closed():
             return
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.loop.is_running():
+            # what is still running gets cancelled and a turn to clean up: a loop stopped under a
+            # pending connect left its socket to the garbage collector
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(_wind_down(), self.loop).result(2)
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
         with contextlib.suppress(RuntimeError):
+            # also shuts the default executor down (getaddrinfo's thread): a loop never closed kept it
             self.loop.close()
+
+
+async def _wind_down() -> None:
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=1)
+    await asyncio.sleep(0)  # transports closed just now close their fds in connection_lost, next turn
 
 
 class _NoAnswer(Exception):
@@ -644,17 +672,33 @@ class QuicConnection:
         # (tried, used): the route's datagram size got no answer and a smaller one did (a path
         # narrower than the link, with no ICMP to say so); the sender tells the user once
         self.datagram_fallback: tuple[int, int] | None = None
+        self._transport: Any = None
         self._lt = _LoopThread("rq-quic-client")
         try:
             self.proto = self._lt.run(self._connect(fit=not wanted), timeout=opts.timeout + 5)
         except TransferError:
-            self._lt.stop()
+            self._abandon()
             raise
         except (TimeoutError, ConnectionError, OSError) as exc:
-            self._lt.stop()
+            self._abandon()
             raise PeerUnreachableError(
                 f"cannot reach {opts.host}:{opts.port} over QUIC: {_why_unreachable(exc, opts.timeout)}"
             ) from None
+        except BaseException:
+            # anything else, a KeyboardInterrupt included, goes on up; the loop thread, its executor
+            # thread and the socket stayed behind for good in a process that carried on
+            self._abandon()
+            raise
+
+    def _abandon(self) -> None:
+        """A connect that did not finish: its socket is closed and its loop thread ends."""
+        try:
+            transport = self._transport
+            if transport is not None and self._lt.loop.is_running():
+                with contextlib.suppress(RuntimeError):
+                    self._lt.loop.call_soon_threadsafe(transport.close)
+        finally:
+            self._lt.stop()
 
     async def _connect(self, fit: bool) -> Any:
         """Connects at self.datagram; with `fit` (no --datagram-size), a first try that hears
@@ -788,6 +832,8 @@ class QuicConnection:
     def close(self) -> None:
         if not self._lt.loop.is_running():
             self._lt.stop()
+            for ch in list(self.proto.channels.values()):
+                ch.fail(PeerUnreachableError("QUIC connection closed"))
             return
 
         async def _close() -> None:
@@ -801,9 +847,17 @@ class QuicConnection:
                 self._transport.close()
                 await asyncio.sleep(0)  # its connection_lost (which closes the fd) runs next turn
 
-        with contextlib.suppress(Exception):
-            self._lt.run(_close(), timeout=3)
-        self._lt.stop()
+        try:
+            with contextlib.suppress(Exception):
+                self._lt.run(_close(), timeout=3)
+        finally:
+            # also on a KeyboardInterrupt in the wait above, which goes on up: the loop thread ends,
+            # and a thread still reading one of the channels hears that the connection is gone
+            try:
+                self._lt.stop()
+            finally:
+                for ch in list(self.proto.channels.values()):
+                    ch.fail(PeerUnreachableError("QUIC connection closed"))
 
 
 def _why_unreachable(exc: BaseException, timeout: float) -> str:

@@ -702,13 +702,17 @@ def _move(
             work.fail(exc)
 
     threads = [threading.Thread(target=_run, args=(c,), daemon=True) for c in conns]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for c in conns[1:]:
-        with contextlib.suppress(Exception):
-            c.close()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        # also when the join is interrupted (KeyboardInterrupt in a process using rq as a library):
+        # the extra connections went unclosed, their loop threads and channel readers with them
+        for c in conns[1:]:
+            with contextlib.suppress(Exception):
+                c.close()
     if errors:
         # prefer the error that says most: a refusal beats the connection loss it caused
         errors.sort(key=lambda e: isinstance(e, PeerUnreachableError | OSError))
