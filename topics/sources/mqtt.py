@@ -76,6 +76,18 @@ def _bounded_client(mqtt: Any, where: str, limit: int) -> Any:
     return Bounded
 
 
+def _stop(client: Any) -> None:
+    """Ends the client's network thread and closes its sockets: the connection and the socketpair
+    loop_start() made. paho closes them only in Client.__del__, and a client is in reference cycles
+    (its thread, callbacks), so each one closed kept 2 descriptors until the cyclic garbage collector
+    ran: a long-running process with gc tuned down ran out. reinitialise() is paho's public way to
+    close them (it then resets the client's state, which nothing uses any more)."""
+    with contextlib.suppress(Exception):
+        client.loop_stop()
+    with contextlib.suppress(Exception):
+        client.reinitialise()
+
+
 def _client(ref: Any, timeout: float, max_packet_size: int = MAX_PACKET_SIZE) -> Any:
     import paho.mqtt.client as mqtt
 
@@ -120,17 +132,17 @@ def _client(ref: Any, timeout: float, max_packet_size: int = MAX_PACKET_SIZE) ->
         raise SourceUnreachable(f"cannot reach MQTT broker at {where}: {reason(exc)}") from None
     client.loop_start()
     if not answered.wait(timeout):
-        client.loop_stop()
+        _stop(client)
         raise SourceUnreachable(f"MQTT broker at {where} did not answer CONNECT in {timeout:.0f} s")
     client.on_disconnect = client.on_log = None  # on_log would run for every message from here on
     if client.rq_broke is not None:
-        client.loop_stop()
+        _stop(client)
         raise client.rq_broke
     if not result:
-        client.loop_stop()
+        _stop(client)
         raise _closed_before_connack(where, access, errors[0] if errors else "connection closed")
     if getattr(result[0], "is_failure", False):
-        client.loop_stop()
+        _stop(client)
         if str(result[0]).lower() in _REFUSED_AUTH:
             raise AccessDenied(
                 f"MQTT broker at {where} refused rq {access.who()}: {result[0]}", server="mqtt"
@@ -291,8 +303,7 @@ class MqttSource:
         self.closing = True
         with contextlib.suppress(Exception):
             self.client.disconnect()
-        with contextlib.suppress(Exception):
-            self.client.loop_stop()
+        _stop(self.client)
 
 
 class MqttSink:
@@ -359,5 +370,4 @@ class MqttSink:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.client.disconnect()
-        with contextlib.suppress(Exception):
-            self.client.loop_stop()
+        _stop(self.client)
