@@ -29,13 +29,12 @@ from cache.digests import file_digest
 from cache.errors import (
     BadSourceError,
     CacheError,
-    DeniedError,
     NotFoundError,
     OriginError,
-    UncacheableError,
     UnreachableError,
     UnsafeDirError,
     VerifyError,
+    error_for,
 )
 from cache.fetcher import Fetcher, Job
 from cache.index import Entry, Index
@@ -696,13 +695,7 @@ class Cache:
             break
         if result.failed:
             failure = result.failed[0]
-            if failure.kind == "not_found":
-                raise NotFoundError(failure.message)
-            if failure.kind == "denied":
-                raise DeniedError(failure.message)
-            if failure.kind == "uncacheable":
-                raise UncacheableError(failure.message)
-            raise CacheError(failure.message)
+            raise error_for(failure.kind, failure.message)
         entry = result.landed[0]
         return entry, result.kept.get(entry.url, -1)
 

@@ -78,3 +78,32 @@ class BusyError(CacheError):
 class UnsafeDirError(CacheError):
     """A cache or RAM-tier directory rq must not adopt: not a cache yet not empty, another user's,
     a symlink, or writable by others (its sweeps would delete files that are not rq's)."""
+
+
+# The kind each error is reported as (the `kind` of a {"event":"failed"} line), subclasses first.
+KINDS: tuple[tuple[type[CacheError], str], ...] = (
+    (NotFoundError, "not_found"),
+    (DeniedError, "denied"),
+    (UncacheableError, "uncacheable"),
+    (AuthError, "auth"),
+    (UnreachableError, "unreachable"),
+    (ChangedError, "changed"),
+    (VerifyError, "verify"),
+    (CacheFullError, "no_space"),
+    (BusyError, "busy"),
+    (OriginError, "origin"),
+)
+
+
+def error_kind(exc: BaseException) -> str:
+    """The failure kind `exc` is reported as ("error": none of the documented ones)."""
+    return next((kind for cls, kind in KINDS if isinstance(exc, cls)), "error")
+
+
+def error_for(kind: str, message: str) -> CacheError:
+    """A failure of one object (its kind and message) as the exception a one-object call
+    (Cache.open, `rq cache cat`) raises: the class of that kind, so the exit code is the one
+    rq preload gives the same failure (docs/cache.md, "Exit codes"); CacheError for the rest."""
+    if kind == "no_space" and message.startswith("no space left"):
+        return FileSystemFullError(message)
+    return next((cls(message) for cls, k in KINDS if k == kind), CacheError(message))

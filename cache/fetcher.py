@@ -39,10 +39,10 @@ from cache.errors import (
     DeniedError,
     FileSystemFullError,
     NotFoundError,
-    OriginError,
     UncacheableError,
     UnreachableError,
     VerifyError,
+    error_kind,
 )
 from cache.index import Entry
 from cache.landing import Landing, ObjectInfo, clean_version, piece_ranges
@@ -94,24 +94,6 @@ def out_of_files(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
-
-
-def error_kind(exc: BaseException) -> str:
-    for cls, kind in (
-        (NotFoundError, "not_found"),
-        (DeniedError, "denied"),
-        (UncacheableError, "uncacheable"),
-        (AuthError, "auth"),
-        (UnreachableError, "unreachable"),
-        (ChangedError, "changed"),
-        (VerifyError, "verify"),
-        (CacheFullError, "no_space"),
-        (BusyError, "busy"),
-        (OriginError, "origin"),
-    ):
-        if isinstance(exc, cls):
-            return kind
-    return "error"
 
 
 class Workers:
