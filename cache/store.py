@@ -64,6 +64,18 @@ def _try_lock(path: Path, operation: int) -> int | None:
     return fd
 
 
+def _unlock(victims: list[tuple[Entry, int, int]]) -> None:
+    """Closes the LOCK_EX descriptors of victims picked but not retired (an interrupt, or a failed
+    commit, between the two: the rolled-back rows name those files again). Kept, each lock would
+    shut out every reader and eviction of that blob, and a later landing of it would wait in
+    lock_twin, for as long as the process lives."""
+    while victims:
+        fd = victims.pop()[1]
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 def lock_exclusive(path: Path) -> int | None:
     """An fd holding LOCK_EX on `path`; -1 when the file is already gone; None when a reader has it."""
     return _try_lock(path, fcntl.LOCK_EX)
@@ -232,50 +244,55 @@ class Store:
         need = sum(s.size for s in specs)
         deadline = time.monotonic() + patience
         while True:
-            with self.index.write() as db:
-                # read inside this transaction: a separate read of the setting cost two more
-                # SQLite transactions per object (~4% of a preload of many small files)
-                cap = self._cap_in(db, tier)
-                if need > cap:
-                    raise OverCapError(
-                        f"{tier} tier cap is {format_size(cap)}; {format_size(need)} cannot fit even in an empty tier",
-                        cap,
-                        len(specs),
-                    )
-                used = Index.used(db, tier)
-                if used + need <= cap:
-                    short = self._fs_short(db, tier, specs)
-                    if short is None:
-                        return [self._add_or_adopt(db, tier, s) for s in specs]
-                    nbytes, files, room = short
-                    try:
-                        victims = self._pick_victims(db, tier, nbytes, files=files)
-                    except CacheFullError:
-                        if patience <= 0 and room.others.plus(room.own).hold(nbytes, files):
-                            # the caller has landings of its own in flight (Fetcher._admit): it
-                            # tries again once one of them landed, as when the cap is full of them
-                            raise FileSystemFullError(
-                                f"no space left on the file system under {self.layout.tier_root(tier)}"
-                                f" for {len(specs)} landing(s) beside those in flight"
-                            ) from None
-                        # the file system's room is taken by other processes' landings in flight
-                        # (they become evictable entries within moments: wait as for the cap), or
-                        # by files that are not the cache's to give back (bytes or inodes), or by
-                        # this process's own landings (it is the one to land them: no wait): then
-                        # the landing meets ENOSPC and the fetcher lands it elsewhere
-                        # (Fetcher._elsewhere), as before. (A reservation is never refused for the
-                        # file system: only the cap stops a run; the file system only moves
-                        # objects to the disk tier)
-                        if not room.others.hold(nbytes, files) or time.monotonic() > deadline:
+            victims: list[tuple[Entry, int, int]] = []
+            try:
+                with self.index.write() as db:
+                    # read inside this transaction: a separate read of the setting cost two more
+                    # SQLite transactions per object (~4% of a preload of many small files)
+                    cap = self._cap_in(db, tier)
+                    if need > cap:
+                        raise OverCapError(
+                            f"{tier} tier cap is {format_size(cap)}; {format_size(need)} cannot fit even in an empty tier",
+                            cap,
+                            len(specs),
+                        )
+                    used = Index.used(db, tier)
+                    if used + need <= cap:
+                        short = self._fs_short(db, tier, specs)
+                        if short is None:
                             return [self._add_or_adopt(db, tier, s) for s in specs]
-                        self.landing_waits += 1
-                        victims = []
+                        nbytes, files, room = short
+                        try:
+                            victims = self._pick_victims(db, tier, nbytes, files=files)
+                        except CacheFullError:
+                            if patience <= 0 and room.others.plus(room.own).hold(nbytes, files):
+                                # the caller has landings of its own in flight (Fetcher._admit): it
+                                # tries again once one of them landed, as when the cap is full of them
+                                raise FileSystemFullError(
+                                    f"no space left on the file system under {self.layout.tier_root(tier)}"
+                                    f" for {len(specs)} landing(s) beside those in flight"
+                                ) from None
+                            # the file system's room is taken by other processes' landings in flight
+                            # (they become evictable entries within moments: wait as for the cap), or
+                            # by files that are not the cache's to give back (bytes or inodes), or by
+                            # this process's own landings (it is the one to land them: no wait): then
+                            # the landing meets ENOSPC and the fetcher lands it elsewhere
+                            # (Fetcher._elsewhere), as before. (A reservation is never refused for the
+                            # file system: only the cap stops a run; the file system only moves
+                            # objects to the disk tier)
+                            if not room.others.hold(nbytes, files) or time.monotonic() > deadline:
+                                return [self._add_or_adopt(db, tier, s) for s in specs]
+                            self.landing_waits += 1
+                            victims = []
+                    else:
+                        victims = self._cap_victims(db, tier, used + need - cap, deadline)
+                if victims:
+                    self._retire(tier, victims)
                 else:
-                    victims = self._cap_victims(db, tier, used + need - cap, deadline)
-            if victims:
-                self._retire(tier, victims)
-            else:
-                time.sleep(random.uniform(0.002, 0.02))
+                    time.sleep(random.uniform(0.002, 0.02))
+            except BaseException:
+                _unlock(victims)  # picked, not retired: their LOCK_EX must not outlive this
+                raise
 
     def _cap_victims(
         self, db: sqlite3.Connection, tier: str, to_free: int, deadline: float
@@ -405,31 +422,36 @@ class Store:
         or the space is not the cache's to give back."""
         deadline = time.monotonic() + patience
         while True:
-            with self.index.write() as db:
-                room = self.room(tier, db)
-                if room is None:
-                    return False
-                shortfall = fs_need(size, room.block) + promised[0] - room.free
-                files = (
-                    0
-                    if room.files is None
-                    else FILES_PER_OBJECT + FILES_TO_PUBLISH + promised[1] - room.files
-                )
-                if shortfall <= 0 and files <= 0:
-                    return True  # freed meanwhile (another process evicted, the other files went)
-                try:
-                    victims = self._pick_victims(db, tier, max(0, shortfall), files=files)
-                except CacheFullError:
-                    # only what other live processes' landings hold is worth waiting for: never
-                    # this process's own (it lands them), nor others' files or inodes
-                    if not room.others.hold(shortfall, files) or time.monotonic() > deadline:
+            victims: list[tuple[Entry, int, int]] = []
+            try:
+                with self.index.write() as db:
+                    room = self.room(tier, db)
+                    if room is None:
                         return False
-                    self.landing_waits += 1
-                    victims = []
-            if victims:
-                self._retire(tier, victims)
-                return True
-            time.sleep(random.uniform(0.005, 0.03))
+                    shortfall = fs_need(size, room.block) + promised[0] - room.free
+                    files = (
+                        0
+                        if room.files is None
+                        else FILES_PER_OBJECT + FILES_TO_PUBLISH + promised[1] - room.files
+                    )
+                    if shortfall <= 0 and files <= 0:
+                        return True  # freed meanwhile (another process evicted, the other files went)
+                    try:
+                        victims = self._pick_victims(db, tier, max(0, shortfall), files=files)
+                    except CacheFullError:
+                        # only what other live processes' landings hold is worth waiting for: never
+                        # this process's own (it lands them), nor others' files or inodes
+                        if not room.others.hold(shortfall, files) or time.monotonic() > deadline:
+                            return False
+                        self.landing_waits += 1
+                        victims = []
+                if victims:
+                    self._retire(tier, victims)
+                    return True
+                time.sleep(random.uniform(0.005, 0.03))
+            except BaseException:
+                _unlock(victims)  # picked, not retired: their LOCK_EX must not outlive this
+                raise
 
     def _add_or_adopt(self, db: sqlite3.Connection, tier: str, spec: HoldSpec) -> int:
         """A new hold, or an orphaned landing hold of the same blob (a resumable partial download)."""
@@ -449,7 +471,21 @@ class Store:
         """Turns LRU entries into `evicting` holds (inside the caller's transaction) until `to_free`
         bytes and `files` files (make_room: a file system out of inodes) are freed. Returns
         (entry, locked fd or -1, hold id). Raises CacheFullError when not enough can be freed."""
-        chosen: list[tuple[Entry, int]] = []
+        chosen: list[tuple[Entry, int, int]] = []  # (entry, locked fd, 0): unlocked if this raises
+        try:
+            return self._pick(db, tier, to_free, files, chosen)
+        except BaseException:
+            _unlock(chosen)
+            raise
+
+    def _pick(
+        self,
+        db: sqlite3.Connection,
+        tier: str,
+        to_free: int,
+        files: int,
+        chosen: list[tuple[Entry, int, int]],
+    ) -> list[tuple[Entry, int, int]]:
         freed = 0
         taken = 0  # entries and holds given back: a file each (most of them)
         # Space nobody will use is the cheapest to give back: orphaned partial downloads, holds of
@@ -482,15 +518,13 @@ class Store:
                 fd = lock_exclusive(self.layout.blob_path(tier, entry.blob))
                 if fd is None:
                     continue  # a reader has it open
-                chosen.append((entry, fd))
+                chosen.append((entry, fd, 0))
                 freed += entry.size
                 taken += 1
         finally:
             candidates.close()  # the cursor ends before this transaction deletes rows
         if freed < to_free or taken < files:
-            for _, fd in chosen:
-                if fd >= 0:
-                    os.close(fd)
+            _unlock(chosen)
             pinned = db.execute(
                 "SELECT COALESCE(SUM(size),0) FROM entries WHERE tier = ? AND pinned = 1", (tier,)
             ).fetchone()[0]
@@ -499,15 +533,17 @@ class Store:
                 f"needed but the rest is pinned ({format_size(pinned)}), open by readers, or being written"
             )
         out: list[tuple[Entry, int, int]] = []
-        for entry, fd in chosen:
+        for entry, fd, _ in chosen:
             Index.delete(db, entry.url)
             hid = Index.add_hold(db, tier, entry.size, "evicting", entry.blob, entry.url, self.owner)
             out.append((entry, fd, hid))
         return out
 
     def _retire(self, tier: str, victims: list[tuple[Entry, int, int]]) -> None:
-        """Demotes (RAM → disk) or drops each victim, then unlinks it and releases its hold."""
-        for entry, fd, hid in victims:
+        """Demotes (RAM → disk) or drops each victim, then unlinks it and releases its hold. Each
+        is taken off `victims` as it is retired: the caller unlocks those left if this raises."""
+        while victims:
+            entry, fd, hid = victims.pop(0)
             try:
                 if tier == "ram" and fd >= 0 and self.caps.get("disk", 0) > 0:
                     with contextlib.suppress(CacheFullError, OSError):
