@@ -165,6 +165,8 @@ class QuicChannel:
         self._lent: list[memoryview] = []  # pool buffers behind bodies recv() handed out
         self.frames: queue.Queue[Any] = queue.Queue()
         self._closed = False
+        self._readers = 0  # threads blocked in recv: close() wakes each (see _wake_readers)
+        self._readers_lock = threading.Lock()
         self._error: BaseException | None = None
         self._dropping = False  # closed or refused: what still arrives is discarded, not queued
         # Until the peer authenticated (the listener passes frame_limit; the handler lifts it), the
@@ -381,12 +383,20 @@ class QuicChannel:
         # the body handed out last is the caller's no longer: its buffer takes a later chunk
         while self._lent:
             self._pool.give(self._lent.pop())
+        with self._readers_lock:
+            if self._closed:
+                return None  # close() dropped what was queued
+            self._readers += 1
         try:
             item = self.frames.get(timeout=timeout)
         except queue.Empty:
             raise TimeoutError("no frame within the timeout") from None
+        finally:
+            with self._readers_lock:
+                self._readers -= 1
         if item is _CLOSED:
-            self.frames.put(_CLOSED)
+            if not self._closed:
+                self.frames.put(_CLOSED)  # the peer's end: every later recv hears it too
             return None
         if isinstance(item, BaseException):
             self.frames.put(item)
@@ -397,19 +407,20 @@ class QuicChannel:
         return item
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True  # _deliver queues nothing more
-        self._drain()
+        with self._readers_lock:
+            if self._closed:
+                return
+            self._closed = True  # _deliver queues nothing more
+            self._drain()
+            # a thread still blocked in recv (the sender's reply reader) hears the end: it waited
+            # for good where the loop stopped before the peer's FIN or the connection's end came
+            for _ in range(self._readers):
+                self.frames.put(_CLOSED)
         self._release_buffers()
-        # a thread still blocked in recv (the sender's reply reader) hears the end; it waited for
-        # good where the loop stopped before the peer's FIN or the connection's end arrived
-        self.frames.put(_CLOSED)
 
         def _on_loop() -> None:
             self._dropping = True
-            self._drain()  # what the loop queued before it saw _closed
-            self.frames.put(_CLOSED)
+            self._drain(keep_ends=True)  # what the loop queued before it saw _closed
             self.decoder.drop_partial()
             if not self._peer_finished():
                 self._stop_receiving()
@@ -420,9 +431,11 @@ class QuicChannel:
         with contextlib.suppress(RuntimeError):
             self._loop.call_soon_threadsafe(_on_loop)
 
-    def _drain(self) -> None:
+    def _drain(self, keep_ends: bool = False) -> None:
         with self.frames.mutex:
+            ends = sum(1 for x in self.frames.queue if x is _CLOSED) if keep_ends else 0
             self.frames.queue.clear()
+            self.frames.queue.extend([_CLOSED] * ends)  # close()'s wake-ups for blocked readers
 
     def _release_buffers(self) -> None:
         """The pool's buffers go with the channel, not whenever the cyclic garbage collector gets

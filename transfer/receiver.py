@@ -18,7 +18,6 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from transfer.errors import AuthError, ChunkSizeError, PeerUnreachableError, TransferError
 from transfer.events import (
@@ -269,7 +268,6 @@ class Receiver:
         self._lock = threading.Lock()
         self._plans: dict[str, _Shared] = {}
         self.completed = threading.Event()  # set after each committed transfer
-        self.summaries: list[dict[str, Any]] = []
         # Ports of this receiver's processes (rq recv --workers): told to senders in ACCEPT so that
         # connection i goes to process i % N, instead of trusting SO_REUSEPORT's hash to spread them.
         self.data_ports: list[int] = []
@@ -456,7 +454,6 @@ class Receiver:
                         }
                         core.done(summary)
                         self._send(ch, core)
-                        self.summaries.append(summary)
                         self.on_event(
                             TransferFinished(
                                 {**summary, "seconds": round(time.monotonic() - shared.started, 3)}
@@ -508,7 +505,6 @@ class Receiver:
         self.on_event(
             TransferPlanned(m.transfer_id, len(m.files), m.total_bytes, m.total_chunks, m.total_bytes)
         )
-        self.summaries.append(summary)
         self.on_event(TransferFinished({**summary, "seconds": 0.0}))
 
     def _disk_error(self, exc: OSError, shared: _Shared | None) -> TransferError:
