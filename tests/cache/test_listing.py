@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+import queue
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -85,14 +88,30 @@ def test_a_started_listing_fetches_its_pages_before_anyone_asks(
 def test_a_reader_that_stops_early_ends_the_chain(
     aws_env: dict[str, str], services: Any, listed_bucket: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # page 2's reply is held on its CRT thread until the reader has gone: only the reader's close
+    # can stop the chain then (a timed wait let CI's loaded runner queue 4 pages before the close)
     monkeypatch.setattr(Listing, "page_size", 1)  # 10 keys: ten pages
-    s3 = client(services)
-    listing = Listing(s3, listed_bucket, "p/")
+    monkeypatch.setattr(Listing, "ahead", 100)  # so that `ahead` cannot be what stops it
+    gate, replies, arrivals = threading.Event(), queue.SimpleQueue[int](), itertools.count(1)
+    on_page = Listing._on_page
+
+    def held(self: Listing, *args: Any) -> None:
+        page = next(arrivals)  # (page 2 arrives while page 1's callback is still asking for it)
+        if page == 2:
+            assert gate.wait(10), "the test never let page 2 through"
+        on_page(self, *args)
+        replies.put(page)
+
+    monkeypatch.setattr(Listing, "_on_page", held)
+    listing = Listing(client(services), listed_bucket, "p/")
     reader = iter(listing)
     next(reader)
     reader.close()  # what a preload that failed does to its listing (generator close)
-    time.sleep(1.0)  # ten pages take a few tens of ms when nothing stops them
-    assert listing._pages.qsize() <= 2, "the listing went on without its reader"
+    gate.set()
+    assert sorted([replies.get(timeout=10), replies.get(timeout=10)]) == [1, 2]
+    with pytest.raises(queue.Empty):
+        replies.get(timeout=1.0)  # a chain that went on asks page 3 within a few ms
+    assert listing._pages.qsize() == 1  # page 2, arrived after the reader left
 
 
 def test_a_missing_bucket_is_raised_when_the_listing_is_read(aws_env: dict[str, str], services: Any) -> None:
