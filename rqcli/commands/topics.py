@@ -1354,6 +1354,9 @@ def replay(
         start: int
         stop: int | None
         shown = [0]  # records written out
+        # the offsets of the first and last of them: a stop inside a batch's write leaves the
+        # read's own tally (res.first_offset/last_offset) naming records never written out
+        shown_range: list[int | None] = [None, None]
         reading = False  # the read has begun: an interruption from now on ends with the done line
         stopped: KeyboardInterrupt | None = None
         failed: CliError | None = None  # what stopped the read partway, after it began
@@ -1425,15 +1428,21 @@ def replay(
                     gaps = _aged_out_reporter(out, ref.url)
                     emit = _emitters(writer, sink, False, stops, copied)
 
+                    def count_shown(records: Sequence[Record]) -> None:
+                        shown[0] += len(records)
+                        if shown_range[0] is None:
+                            shown_range[0] = records[0][0]
+                        shown_range[1] = records[-1][0]
+
                     def shown_out(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
                         try:
                             emit(records, decoded)
                         except KeyboardInterrupt:
                             # A stop held until the write was out (see _Stops): they count.
                             if stops is not None and stops.emitted_to == records[-1][0] + 1:
-                                shown[0] += len(records)
+                                count_shown(records)
                             raise
-                        shown[0] += len(records)  # once written: a Ctrl-C may land inside a write
+                        count_shown(records)  # once written: a Ctrl-C may land inside a write
 
                     reading = True
                     run(source, req, shown_out, res, progress, watch, gaps, skips)
@@ -1503,6 +1512,7 @@ def replay(
             # stopped partway (a signal, a lost server, a full disk): the done line still comes last
             summary = _replay_done(ref, res, start, committed_to if commit and group else None, group)
             summary["records"] = shown[0]
+            summary["first_offset"], summary["last_offset"] = shown_range  # null when none were
             if stopped_at:
                 # where a rerun goes on (--from N): past records written out or stored in the
                 # target before the read loop counted them (a stop inside a split batch's parts),
