@@ -695,7 +695,7 @@ class Cache:
             break
         if result.failed:
             failure = result.failed[0]
-            raise error_for(failure.kind, failure.message)
+            raise error_for(failure.kind, failure.message, failure.error)
         entry = result.landed[0]
         return entry, result.kept.get(entry.url, -1)
 

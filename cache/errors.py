@@ -100,10 +100,14 @@ def error_kind(exc: BaseException) -> str:
     return next((kind for cls, kind in KINDS if isinstance(exc, cls)), "error")
 
 
-def error_for(kind: str, message: str) -> CacheError:
+def error_for(kind: str, message: str, raised: BaseException | None = None) -> CacheError:
     """A failure of one object (its kind and message) as the exception a one-object call
     (Cache.open, `rq cache cat`) raises: the class of that kind, so the exit code is the one
-    rq preload gives the same failure (docs/cache.md, "Exit codes"); CacheError for the rest."""
+    rq preload gives the same failure (docs/cache.md, "Exit codes"); CacheError for the rest.
+    `raised`, the error the fetch met, is raised as is when it is of that kind (its subclass
+    and `hint` say more than the kind does)."""
+    if isinstance(raised, CacheError) and error_kind(raised) == kind and str(raised) == message:
+        return raised
     if kind == "no_space" and message.startswith("no space left"):
         return FileSystemFullError(message)
     return next((cls(message) for cls, k in KINDS if k == kind), CacheError(message))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class Failed:
     url: str
     kind: str  # not_found | auth | unreachable | verify | no_space | origin | changed
     message: str
+    # what was raised, when it is what `kind` says: a one-object call raises it again, subclass
+    # and `hint` included (a misbehaving store's OriginError must not read "re-run to continue")
+    error: BaseException | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

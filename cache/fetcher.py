@@ -772,7 +772,7 @@ class Fetcher:
         if isinstance(err, NotFoundError | DeniedError | UncacheableError) or not isinstance(err, CacheError):
             self._release(job, keep=False)
             job.finish()
-            failure = ev.Failed(job.info.url, error_kind(err), str(err) or type(err).__name__)
+            failure = ev.Failed(job.info.url, error_kind(err), str(err) or type(err).__name__, err)
             result.failed.append(failure)
             self.on_event(failure)
             return fatal
@@ -783,7 +783,7 @@ class Fetcher:
             # every attempt ended with the connection lost or stalled: the store went away for
             # this object (exit 6, re-run to continue), not an answer refusing it
             kind = "unreachable" if getattr(err, "lost_connection", False) else error_kind(err)
-            failure = ev.Failed(job.info.url, kind, str(err))
+            failure = ev.Failed(job.info.url, kind, str(err), err if kind == error_kind(err) else None)
             result.failed.append(failure)
             self.on_event(failure)
             return fatal
@@ -1072,7 +1072,7 @@ class Fetcher:
                 ready.append(job)
                 continue
             job.finish()
-            failure = ev.Failed(entry.url, error_kind(exc), str(exc) or type(exc).__name__)
+            failure = ev.Failed(entry.url, error_kind(exc), str(exc) or type(exc).__name__, exc)
             result.failed.append(failure)
             self.on_event(failure)
         items = outcome.durable
