@@ -39,11 +39,12 @@ def client(services: Any) -> S3:
 
 
 def started_listing(s3: S3, bucket: str, pages: int) -> Listing:
-    """Starts listing p/ and waits (up to 10 s) until `pages` pages are queued unread."""
+    """Starts listing p/ and waits (up to 30 s: a loaded runner) until `pages` pages are queued unread."""
     s3.start_listing(bucket, "p/")
     listing = s3._listings[(bucket, "p/")]
-    deadline = time.monotonic() + 10
-    while listing._pages.qsize() < pages and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    while listing._pages.qsize() < pages:
+        assert time.monotonic() < deadline, f"{listing._pages.qsize()} of {pages} pages queued after 30 s"
         time.sleep(0.01)
     return listing
 
@@ -66,10 +67,30 @@ def test_a_listing_runs_only_a_few_pages_ahead_of_its_reader(
     # pile up in memory while the reader is still busy with the first ones
     monkeypatch.setattr(Listing, "page_size", 2)  # 10 keys: five pages
     monkeypatch.setattr(Listing, "ahead", 2)
+    asks, handled = itertools.count(1), itertools.count(1)
+    asked, done = [0], [0]
+    ask, on_page = Listing._ask, Listing._on_page
+
+    def counted_ask(self: Listing, token: str | None) -> None:
+        asked[0] = next(asks)
+        ask(self, token)
+
+    def counted_on_page(self: Listing, *args: Any) -> None:
+        on_page(self, *args)  # (a chain that goes on asks for the next page in here)
+        done[0] = next(handled)
+
+    monkeypatch.setattr(Listing, "_ask", counted_ask)
+    monkeypatch.setattr(Listing, "_on_page", counted_on_page)
     s3 = client(services)
     listing = started_listing(s3, listed_bucket, pages=2)
-    time.sleep(0.5)  # time enough for the other three pages, were they asked for
-    assert listing._pages.qsize() == 2, "the listing ran ahead of its reader"
+    # no sleep to give the other pages time: once page 2's reply has been handled, whether it
+    # asked for page 3 is settled (a timed wait proves nothing on a loaded runner)
+    deadline = time.monotonic() + 30
+    while done[0] < 2:
+        assert time.monotonic() < deadline, "page 2's reply was never handled"
+        time.sleep(0.01)
+    assert asked[0] == 2, "the listing ran ahead of its reader"
+    assert listing._pages.qsize() == 2
     got = [key for key, _, _, _ in s3.list_objects(listed_bucket, "p/")]
     assert got == KEYS  # taking pages asks for the next ones, in order
 
