@@ -23,6 +23,8 @@ To replay it later, `replay_spec` is the whole check (the CLI uses the same step
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import MISSING, asdict, dataclass
 from dataclasses import fields as dataclass_fields
@@ -32,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from topics.embedded.files import write_atomic
+from topics.embedded.files import not_writable, write_atomic
 from topics.errors import DigestMismatch, SpecError, SpecFileNotFound, Unsupported
 from topics.expr import compile_where
 from topics.pipeline import Emit, Rate, Request, Result, dry_run, run
@@ -117,6 +119,23 @@ class ReplaySpec:
     def save(self, path: Path) -> None:
         body = {"rq_replay_spec": VERSION, **asdict(self)}
         write_atomic(path, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
+
+    @staticmethod
+    def check_savable(path: Path) -> None:
+        """Before a read whose spec is to be saved at `path`: its directory takes a new file. A
+        read-only file system or a directory rq may not write in is told before anything is read,
+        written out or committed, not once the replay is over (its spec lost, the group moved).
+        A disk that fills meanwhile can still fail `save`."""
+        probe = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
+        try:
+            try:
+                os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644))
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(probe)
+        except OSError as exc:
+            exc.filename = os.fspath(path)  # the spec asked for, not the probe's name
+            raise not_writable(f"the replay spec {path}", exc) or exc from None
 
     @classmethod
     def load(cls, path: Path) -> ReplaySpec:

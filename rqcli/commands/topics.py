@@ -1321,6 +1321,8 @@ def replay(
                 f"cannot write --save-spec {safe_text(str(save_spec))}: its directory does not exist",
                 ExitCode.NOT_FOUND,
             )
+        if save_spec is not None:
+            ReplaySpec.check_savable(save_spec)  # a read-only or forbidden directory, as early
         start_pos, stop_pos = parse_window(from_spec, to_spec)
         pace = Rate.parse(rate)
         filt = compile_where(where) if where else None

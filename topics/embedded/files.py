@@ -24,8 +24,8 @@ def write_atomic(path: Path, data: bytes) -> None:
     # own, and the last rename wins; with one name per pid one truncated the other's temp file
     # under it (a torn or empty group file) and the other's rename found it gone.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(6).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         try:
             view = memoryview(data)
             while view:
@@ -34,10 +34,14 @@ def write_atomic(path: Path, data: bytes) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         # a full disk must not leave a half-written temp file behind
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and (exc.filename is None or os.fspath(exc.filename) == os.fspath(tmp)):
+            # named for the file being written, not the temp name nobody asked for (an fsync on a
+            # full disk named none: "No space left on device", which file?)
+            raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
         raise
     fsync_dir(path.parent)
 
