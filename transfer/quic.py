@@ -688,14 +688,14 @@ class QuicConnection:
         self._transport: Any = None
         self._lt = _LoopThread("rq-quic-client")
         try:
-            self.proto = self._lt.run(self._connect(fit=not wanted), timeout=opts.timeout + 5)
+            self.proto = self._lt.run(self._connect(fit=not wanted), timeout=opts.connect_within + 5)
         except TransferError:
             self._abandon()
             raise
         except (TimeoutError, ConnectionError, OSError) as exc:
             self._abandon()
             raise PeerUnreachableError(
-                f"cannot reach {opts.host}:{opts.port} over QUIC: {_why_unreachable(exc, opts.timeout)}"
+                f"cannot reach {opts.host}:{opts.port} over QUIC: {_why_unreachable(exc, opts.connect_within)}"
             ) from None
         except BaseException:
             # anything else, a KeyboardInterrupt included, goes on up; the loop thread, its executor
@@ -720,8 +720,9 @@ class QuicConnection:
         o = self.opts
         loop = asyncio.get_running_loop()
         info = (await loop.getaddrinfo(o.host, o.port, type=socket.SOCK_DGRAM))[0]
-        deadline = loop.time() + o.timeout
-        if fit and self.datagram > MIN_DATAGRAM and o.timeout > PROBE_FOR:
+        limit = o.connect_within
+        deadline = loop.time() + limit
+        if fit and self.datagram > MIN_DATAGRAM and limit > PROBE_FOR:
             try:
                 return await self._connect_at(info, PROBE_FOR, probe=True)
             except _NoAnswer as exc:
@@ -732,7 +733,7 @@ class QuicConnection:
                 proto = await self._connect_at(info, max(0.1, deadline - loop.time()), probe=False)
                 self.datagram_fallback = (tried, self.datagram)
                 return proto
-        return await self._connect_at(info, o.timeout, probe=False)
+        return await self._connect_at(info, limit, probe=False)
 
     async def _connect_at(self, info: Any, timeout: float, probe: bool) -> Any:
         o, b = self.opts, self.backend
@@ -812,7 +813,7 @@ class QuicConnection:
                 raise _NoAnswer(self.datagram)
             # the peer answers but the handshake is slow (a long or lossy path): not the datagram
             # size's fault; it goes on at this size for the rest of the timeout
-            await asyncio.wait_for(connected, max(0.1, self.opts.timeout - timeout))
+            await asyncio.wait_for(connected, max(0.1, self.opts.connect_within - timeout))
         finally:
             for task in (connected, too_big):
                 task.cancel()
@@ -879,7 +880,7 @@ def _why_unreachable(exc: BaseException, timeout: float) -> str:
     if str(exc):
         return str(exc)
     if isinstance(exc, TimeoutError):
-        return f"no answer within {timeout:g} s"
+        return f"no answer within {round(timeout, 1):g} s"
     if isinstance(exc, ConnectionError):
         return "the handshake did not complete (nothing listening, or it closed the connection)"
     return type(exc).__name__

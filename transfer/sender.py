@@ -61,7 +61,8 @@ DEFAULT_WINDOW = 8  # unacknowledged chunks per channel where the transport name
 # extra fdatasync for nearly every chunk; and not after 50 ms either, which a disk slower than
 # ~640 MB/s takes for TCP's 32 MiB ACK batches, so FLUSHes would double its fdatasyncs.
 STALL_S = 0.25
-FIRST_CONNECT_GRACE = 10.0  # seconds to keep trying a receiver that has never answered
+# Seconds to keep trying a receiver that has never answered (less when --timeout is shorter).
+FIRST_CONNECT_GRACE = 10.0
 # How long a COMMIT may wait for DONE at least (--timeout may raise it): placing files costs the
 # receiver a link and an fsync each, which for many files takes a while on a slow disk.
 COMMIT_WAIT = 120.0
@@ -80,8 +81,9 @@ class SendOptions:
     window: int | None = None  # unacknowledged chunks per channel; None: the transport's send_window
     retry_for: float = 60.0  # give up after this long without progress
     # how long to keep trying a receiver that has never answered; None: retry_for, at most
-    # FIRST_CONNECT_GRACE, so a wrong address does not hang for a minute. A caller that means to
-    # start the sender before the receiver is up (CI, a pod not yet scheduled) sets it
+    # FIRST_CONNECT_GRACE and at most ack_timeout, so a wrong address does not hang for a minute
+    # (nor 10 s for a caller who said 2). A caller that means to start the sender before the
+    # receiver is up (CI, a pod not yet scheduled) sets it
     first_connect_for: float | None = None
     # A connection over which nothing moves for this long while chunks wait on the receiver (no
     # byte of theirs reaches it and it confirms nothing) is dropped and retried like a lost one: a
@@ -89,6 +91,8 @@ class SendOptions:
     # zero window for ever. Bytes still draining to the receiver count as movement, so a slow link
     # is not taken for a stalled one (a fixed ACK deadline was: one ACK batch of 8 × 64 MiB chunks
     # takes minutes at 1.5 MB/s). Time spent reading the source is not counted. 0: off.
+    # Below ConnectOptions.timeout it also bounds each connect and the wait for the receiver's
+    # first answer (a dead address fails within it, as curl --connect-timeout / ssh ConnectTimeout).
     ack_timeout: float = 120.0
 
 
@@ -174,13 +178,19 @@ class Work:
         return not self._outstanding
 
 
-def handshake(ch: Channel, core: SenderChannel, timeout: float) -> SenderEvent:
+def handshake(
+    ch: Channel, core: SenderChannel, timeout: float, answer_within: float | None = None
+) -> SenderEvent:
+    """HELLO to ACCEPT/READY; the receiver's first answer (its CHALLENGE) within `answer_within`
+    (default `timeout`), the rest (ACCEPT: the receiver plans the transfer) within `timeout`."""
     core.start()
+    first = True
     while True:
         if core.outbox:
             out, core.outbox = core.outbox, []
             ch.send(*out)
-        frame = ch.recv(timeout=timeout)
+        frame = ch.recv(timeout=answer_within if first and answer_within is not None else timeout)
+        first = False
         if frame is None:
             raise PeerUnreachableError("receiver closed the connection during the handshake")
         try:
@@ -529,9 +539,24 @@ def _send_retrying(
         # receiver holding more durable chunks than ever before has moved the transfer on.
         before = stats.acked
         run.attempts += 1
+        limit = _patience(run.opts, stats.connected)
+        # a connect and the receiver's first answer: at most --timeout, and for a receiver that
+        # never answered at most what is left of its wait (a dead address fails within it)
+        within = _answer_within(copts, run.opts)
+        if not stats.connected:
+            within = min(within, max(0.1, limit - (time.monotonic() - last_progress)))
         try:
             return _attempt(
-                run.manifest, run.files, transport, copts, token, run.opts, stats, on_event, run.learned
+                run.manifest,
+                run.files,
+                transport,
+                copts,
+                token,
+                run.opts,
+                stats,
+                on_event,
+                run.learned,
+                within,
             )
         except ChunkSizeError as exc:
             # The receiver holds verified chunks of these very files at another chunk size (an
@@ -553,13 +578,7 @@ def _send_retrying(
             if _moved_on(stats, before):
                 last_progress = time.monotonic()
                 attempt = 0  # it was moving: retry quickly
-            # Until the receiver has answered once, a wrong address should not hang for a minute.
-            if stats.connected:
-                limit = run.opts.retry_for
-            elif run.opts.first_connect_for is not None:
-                limit = run.opts.first_connect_for
-            else:
-                limit = min(run.opts.retry_for, FIRST_CONNECT_GRACE)
+            limit = _patience(run.opts, stats.connected)
             waited = time.monotonic() - last_progress
             if waited > limit:
                 if busy:
@@ -569,8 +588,30 @@ def _send_retrying(
                 ) from None
             attempt += 1
             delay = min(2.0, 0.1 * 2**attempt)
+            if not stats.connected:
+                delay = min(delay, max(0.0, limit - waited))  # the last try at the end of the wait
             on_event(Retrying(attempt, _reason(exc), delay))
             time.sleep(delay)
+
+
+def _patience(opts: SendOptions, connected: bool) -> float:
+    """How long the send keeps retrying without progress. Until the receiver has answered once, a
+    wrong address should not hang for a minute: FIRST_CONNECT_GRACE, or --timeout where that is
+    shorter (a user who says 2 s means it for a dead address too), or first_connect_for (a given
+    --retry-for: a receiver not up yet is waited for that long)."""
+    if connected:
+        return opts.retry_for
+    if opts.first_connect_for is not None:
+        return opts.first_connect_for
+    grace = min(opts.retry_for, FIRST_CONNECT_GRACE)
+    return min(grace, opts.ack_timeout) if opts.ack_timeout > 0 else grace
+
+
+def _answer_within(copts: ConnectOptions, opts: SendOptions) -> float:
+    """How long a connect and the receiver's first answer may take: ConnectOptions' own bound,
+    less where --timeout (ack_timeout: nothing moves for this long) is shorter."""
+    within = copts.connect_within
+    return min(within, opts.ack_timeout) if opts.ack_timeout > 0 else within
 
 
 def _moved_on(stats: Stats, acked_before: int) -> bool:
@@ -596,10 +637,12 @@ def _attempt(
     stats: Stats,
     on_event: EventCallback,
     learned: dict[str, Any],
+    within: float | None = None,
 ) -> dict[str, Any]:
+    """One plan-and-move; `within`: how long the connect and the receiver's first answer may take."""
     if learned:
         copts = replace(copts, extra={**copts.extra, **learned})
-    conn = transport.connect(copts)
+    conn = transport.connect(copts if within is None else replace(copts, connect_timeout=within))
     narrowed = getattr(conn, "datagram_fallback", None)
     if narrowed is not None:
         learned["datagram_size"] = narrowed[1]
@@ -608,7 +651,7 @@ def _attempt(
     try:
         ctl = conn.open_channel()
         core = SenderChannel(token, CONTROL, manifest, os.urandom(16))
-        accepted = handshake(ctl, core, copts.timeout)
+        accepted = handshake(ctl, core, copts.timeout, within)
         assert isinstance(accepted, Accepted)
         stats.connected = True
         if accepted.complete:  # an earlier run finished; it just never heard DONE

@@ -216,12 +216,16 @@ class TcpConnection:
     def __init__(self, opts: ConnectOptions):
         self.opts = opts
         self._channels: list[TcpChannel] = []
-        self.open_channel().close()  # fail fast (and check the pin) before the caller plans anything
+        # fail fast (and check the pin) before the caller plans anything
+        self._open(opts.connect_within).close()
 
     def open_channel(self) -> Channel:
+        return self._open(self.opts.timeout)
+
+    def _open(self, timeout: float) -> Channel:
         o = self.opts
         try:
-            sock = socket.create_connection((o.host, o.port), timeout=o.timeout)
+            sock = socket.create_connection((o.host, o.port), timeout=timeout)
         except OSError as exc:
             raise PeerUnreachableError(
                 f"cannot reach {o.host}:{o.port} over TCP: {exc.strerror or exc}"

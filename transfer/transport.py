@@ -45,7 +45,15 @@ class ConnectOptions:
     tls: bool = True
     max_frame: int = 64 * 1024 * 1024 + 64
     timeout: float = 10.0
+    # The connection's own set-up (TCP connect and TLS, the QUIC handshake) at most this long;
+    # None: `timeout`. The sender lowers it to --timeout, or to what is left of the wait for a
+    # receiver that never answered; the channels opened later keep `timeout`.
+    connect_timeout: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def connect_within(self) -> float:
+        return self.timeout if self.connect_timeout is None else self.connect_timeout
 
 
 class Channel(Protocol):
