@@ -5,6 +5,7 @@ sender and a dead --workers receiver process used to do."""
 from __future__ import annotations
 
 import os
+import select
 import shlex
 import signal
 import subprocess
@@ -84,6 +85,22 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
+def _stderr_until(proc: subprocess.Popen[bytes], word: str, timeout: float) -> str:
+    """What `proc` wrote to stderr until a line with `word` (or its exit, or `timeout` s)."""
+    assert proc.stderr is not None
+    fd, got = proc.stderr.fileno(), b""
+    end = time.monotonic() + timeout
+    while word.encode() not in got and time.monotonic() < end:
+        ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
+        if not ready:
+            break
+        data = os.read(fd, 65536)
+        if not data:
+            break
+        got += data
+    return got.decode(errors="replace")
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -120,19 +137,26 @@ def test_a_dead_workers_process_is_no_longer_offered_to_senders(tmp_path: Path) 
     """Senders kept retrying its port on every transfer (attempts 5, ten times slower), and the
     receiver said nothing."""
     recv = Recv(tmp_path / "d", tmp_path / "cert", "quic", "--workers", "2").start()
+    told = ""
     try:
         assert recv.proc is not None
         assert wait_for(lambda: len(_children(recv.proc.pid)) >= 1, 30)  # type: ignore[union-attr]
         worker = max(_children(recv.proc.pid))
         os.kill(worker, signal.SIGKILL)
-        time.sleep(1.5)  # the receiver looks at its workers twice a second
+        # the receiver looks at its workers twice a second: send once it has said it saw this one
+        # die (it drops the port before it says so), not after a fixed pause a slow machine outruns
+        told = _stderr_until(recv.proc, "died", 30)
+        assert "died" in told, told
         src = tmp_path / "f.bin"
         src.write_bytes(os.urandom(4 << 20))
-        res = send([src], recv, "--connections", "2", "--retry-for", "5")
+        # 4 chunks: two connections, the second one to the data port of the process killed (one
+        # chunk went over one connection, to the main port, and never asked for that port at all)
+        res = send([src], recv, "--connections", "2", "--chunk-size", "1MiB", "--retry-for", "5")
         assert res.returncode == 0, res.stderr
         assert summary(res)["attempts"] == 1 and b"cannot reach" not in res.stderr, res.stderr
     finally:
-        _, _, err = recv.stop()
+        _, _, rest = recv.stop()
+    err = told + rest
     assert "receiver process (data port" in err and "died" in err, err
 
 
