@@ -35,8 +35,10 @@ from transfer.events import (
     ChunkResent,
     ChunkSizeAdopted,
     DatagramNarrowed,
+    Event,
     EventCallback,
     Retrying,
+    SendProgress,
     SourceSkipped,
     TransferFinished,
     TransferPlanned,
@@ -446,6 +448,7 @@ def send(
     for sk in skipped:
         on_event(SourceSkipped(str(sk.path), sk.reason))
     run = _Run(manifest, files, opts)
+    on_event = _Progress(on_event)
     started = time.monotonic()
     try:
         _resolve(copts.host, copts.port)
@@ -457,6 +460,35 @@ def send(
     summary = _summary(run, started, skipped, done)
     on_event(TransferFinished(summary))
     return summary
+
+
+class _Progress:
+    """Passes every event on, and after each TransferPlanned and ChunkMoved a SendProgress that
+    never goes down: what the receiver held at the last plan plus each chunk sent since, once."""
+
+    def __init__(self, on_event: EventCallback):
+        self._on_event = on_event
+        self._lock = threading.Lock()
+        self._sent: set[Pair] = set()  # since the last plan (a NACKed chunk goes out again)
+        self._now = 0  # the bytes held at the last plan plus those sent since
+        self._shown = -1
+        self._total = 0
+
+    def __call__(self, ev: Event) -> None:
+        self._on_event(ev)
+        with self._lock:
+            if isinstance(ev, TransferPlanned):
+                self._sent.clear()
+                self._now, self._total = ev.have_bytes, ev.total_bytes
+            elif isinstance(ev, ChunkMoved) and (ev.file, ev.index) not in self._sent:
+                self._sent.add((ev.file, ev.index))
+                self._now += ev.raw_bytes
+            else:
+                return
+            if self._now <= self._shown:
+                return  # a reconnect: held still until the transfer passes where it was
+            self._shown = self._now
+            self._on_event(SendProgress(self._now, self._total))  # under the lock: in order
 
 
 def _resolve(host: str, port: int) -> None:

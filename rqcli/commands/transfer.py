@@ -1079,11 +1079,11 @@ SKIPPED_SHOWN = 10  # warnings for skipped entries before the rest are only coun
 
 def _send_progress(out: Output, bar: Any) -> Any:
     from transfer.events import (
-        ChunkMoved,
         ChunkResent,
         ChunkSizeAdopted,
         DatagramNarrowed,
         Retrying,
+        SendProgress,
         SourceSkipped,
         TransferPlanned,
     )
@@ -1128,9 +1128,9 @@ def _send_progress(out: Output, bar: Any) -> Any:
             if isinstance(ev, TransferPlanned):
                 if state["task"] is None:
                     state["task"] = bar.add_task("sending", total=ev.total_bytes)
-                bar.update(state["task"], completed=ev.have_bytes)
-            elif isinstance(ev, ChunkMoved) and state["task"] is not None:
-                bar.advance(state["task"], ev.raw_bytes)
+            elif isinstance(ev, SendProgress) and state["task"] is not None:
+                # never back after a reconnect (it jumped from 40% to 24%): docs/transfer.md
+                bar.update(state["task"], completed=ev.done_bytes)
             elif isinstance(ev, ChunkResent) and state["task"] is not None:
                 state["resent"] += 1
                 bar.update(state["task"], description=f"sending ({state['resent']} resent)")
