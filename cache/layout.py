@@ -137,9 +137,9 @@ def make_private(path: Path) -> bool:
     """Makes a directory of the cache `0700` (os.mkdir's mode is masked by the umask, which can
     only take bits away: under umask 000 a plain mkdir made it 0777, and another user could
     replace what is in it). One that is there already and that others can write (an older rq
-    made it under umask 002 or 000) is made 0700 too, when it is ours to change; one that others
-    may only read is left as its owner set it (sharing a cache read-only is a choice). True when
-    this call made it. Raises OSError as mkdir does."""
+    made it under umask 002 or 000) is made 0700 too; one that others may only read is left as
+    we set it; one of another user's is refused (`tighten`). True when this call made it. Raises
+    OSError as mkdir does."""
     try:
         os.mkdir(path, PRIVATE)
         return True
@@ -162,20 +162,24 @@ def make_private(path: Path) -> bool:
 
 
 def tighten(path: Path) -> None:
-    """An existing directory of the cache that others can write is made 0700 when it is ours;
-    one of another user's is refused (UnsafeDirError): whoever can write it can replace the index
-    and the cached objects. A file system that cannot change modes (read-only) leaves it as it is."""
+    """An existing directory of the cache that others can write is made 0700 when it is ours.
+    One of another user's is refused (UnsafeDirError), whatever its mode: its owner writes the
+    index, and the index says where rq writes and what its sweeps delete (its RAM root), so
+    reading it would let them aim our writes and deletes at our own files. A file system that
+    cannot change modes (read-only) leaves it as it is."""
     try:
         st = os.stat(path)
     except OSError:
         return
-    if not stat.S_ISDIR(st.st_mode) or not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if not stat.S_ISDIR(st.st_mode):
         return
     if st.st_uid != os.geteuid():
         raise UnsafeDirError(
-            f"cache directory {path} belongs to uid {st.st_uid} and other users can write it; "
-            "refusing to use it (the cache is private to one user: give it a directory of your own)"
+            f"cache directory {path} belongs to uid {st.st_uid}, not to you; refusing to use it "
+            "(its index decides where rq writes and deletes: give the cache a directory of your own)"
         )
+    if not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return
     try:
         os.chmod(path, PRIVATE)
     except OSError as exc:
