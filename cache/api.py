@@ -14,6 +14,7 @@ import os
 import pickle
 import random
 import re
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -103,6 +104,19 @@ class _ProcState:
 class Problem:
     url: str
     problem: str
+
+
+def _squatted(ram_root: Path) -> bool:
+    """Whether a name in /dev/shm, which anyone can predict from the cache's path, was taken by
+    something a new cache must not adopt: not a directory, or another user's. The next name in the
+    sequence is used then, rather than refusing the cache (exit 2) until someone removes it."""
+    try:
+        st = os.lstat(ram_root)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid()
 
 
 def _make_ram_dir(path: Path, tighten: bool) -> bool:
@@ -215,9 +229,12 @@ class Cache:
         me = self.root.resolve()
         for n in range(16):
             ram_root = default_ram_root(self.root, n)
-            if not orphans.claimed_by_another(ram_root, me):
+            if not _squatted(ram_root) and not orphans.claimed_by_another(ram_root, me):
                 return ram_root
-        raise CacheError(f"no free RAM tier directory name for {self.root} in /dev/shm")
+        raise UnsafeDirError(
+            f"no free RAM tier directory name for {self.root} in /dev/shm (all 16 are taken, some by "
+            "other users?); give the cache a ram_dir of your own (--ram-dir)"
+        )
 
     def _hold_ram_root(self, tighten: bool) -> None:
         """Makes the tiers' directories and holds the RAM root's shared lock until close() (one

@@ -64,17 +64,36 @@ def test_a_directory_that_is_not_a_cache_is_refused_and_left_alone(tmp_path: Pat
     assert sorted(os.listdir(scratch)) == ["objects", "tmp"]  # no index was created in it
 
 
-def test_a_planted_symlink_as_ram_root_is_refused(tmp_path: Path, planted: Path, victim: Path) -> None:
+def test_a_planted_symlink_as_ram_root_is_passed_over(tmp_path: Path, planted: Path, victim: Path) -> None:
     planted.symlink_to(victim)
-    with pytest.raises(UnsafeDirError, match="not a directory"):
-        Cache(tmp_path / "cache")
+    # (refused with exit 2 until the squatted names were passed over: test_squatted_ram_name.py)
+    with Cache(tmp_path / "cache") as c:
+        assert c.layout.ram_root == default_ram_root(tmp_path / "cache", 1)
+    shutil.rmtree(c.layout.ram_root)
     assert sorted(os.listdir(victim)) == ["a", "b"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a directory another user owns")
-def test_a_ram_root_owned_by_another_user_is_refused(
+def test_a_ram_root_owned_by_another_user_is_passed_over(
     tmp_path: Path, planted: Path, victim: Path, source: Path
 ) -> None:
+    (planted / "objects").mkdir(parents=True)
+    (planted / "tmp").symlink_to(victim)
+    os.chown(planted, 65534, 65534)
+    r = run_rq("preload", str(source), "--tier", "disk", "--cache-dir", str(tmp_path / "cache"))
+    assert r.returncode == 0, r.stderr
+    shutil.rmtree(default_ram_root(tmp_path / "cache", 1))
+    assert sorted(os.listdir(victim)) == ["a", "b"]
+    assert sorted(os.listdir(planted)) == ["objects", "tmp"]  # another user's: left as it is
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a directory another user owns")
+def test_a_known_ram_root_taken_by_another_user_is_refused(
+    tmp_path: Path, planted: Path, victim: Path, source: Path
+) -> None:
+    # the index names its root: one replaced by another user's (after a reboot emptied /dev/shm)
+    Cache(tmp_path / "cache").close()
+    shutil.rmtree(planted)
     (planted / "objects").mkdir(parents=True)
     (planted / "tmp").symlink_to(victim)
     os.chown(planted, 65534, 65534)
