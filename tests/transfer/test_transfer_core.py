@@ -458,7 +458,7 @@ class _SlowPlan:
 
     def write(self, f: int, k: int, data: bytes) -> None:
         self.started.append(k)
-        assert self.release.wait(5)
+        assert self.release.wait(30)
         if k == self.fail_on:
             raise OSError(28, "No space left on device")
 
@@ -482,7 +482,8 @@ def test_chunk_writer_keeps_one_write_in_flight_and_never_journals_a_failed_one(
     waiter.join(0.2)
     assert waiter.is_alive(), "recv of the frame after next went ahead of the write using its buffer"
     plan.release.set()
-    waiter.join(5)
+    waiter.join(30)
+    assert not waiter.is_alive()
     assert done == [(0, 0, b"d0")]
     plan.fail_on = 1
     w.write(plan, 0, 1, big, b"d1")  # type: ignore[arg-type]
@@ -622,15 +623,19 @@ def test_quic_send_waits_for_aioquic_buffer_room_and_gives_up_on_a_stalled_peer(
         proto = type("Proto", (), {"_quic": fake, "transmit": lambda self: None})()
         ch = quic.QuicChannel(proto, 0, loop, 1 << 20)
 
+        drained = threading.Event()
+
         def drain() -> None:
             time.sleep(0.2)
+            drained.set()
             fake._streams[0].sender._buffer = bytearray(10)  # the peer acknowledged
 
         threading.Thread(target=drain).start()
-        started = time.monotonic()
         ch.send(b"chunk")
-        assert time.monotonic() - started >= 0.15  # it waited for room
-        deadline = time.monotonic() + 2
+        # it waited for room: it returned only once the buffer drained (an elapsed >= 0.15 s
+        # check failed where this thread was held up between starting drain and reading the clock)
+        assert drained.is_set()
+        deadline = time.monotonic() + 30
         while not fake.sent and time.monotonic() < deadline:
             time.sleep(0.01)
         assert fake.sent == [b"chunk"]
