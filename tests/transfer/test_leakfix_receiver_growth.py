@@ -39,10 +39,12 @@ def test_finished_transfers_leave_nothing_behind_in_the_receiver(tmp_path: Path)
             assert send([src], TcpTransport(), copts, TOKEN, opts)["verified"]
             if i % 2:  # and one that was already complete
                 assert send([src], TcpTransport(), copts, TOKEN, opts)["verified"]
-            for _ in range(100):  # a finished transfer's plan goes as its channels end
-                if not receiver._plans:
-                    break
+            # a finished transfer's plan goes as its channels end (their threads, after send
+            # returned): wait for that, up to 30 s, or a slow runner measures a plan still open
+            deadline = time.monotonic() + 30
+            while receiver._plans and time.monotonic() < deadline:
                 time.sleep(0.02)
+            assert not receiver._plans, f"transfer {i}: its plan still open after 30 s"
             sizes.append(_sizes(receiver))
     finally:
         listener.close()
