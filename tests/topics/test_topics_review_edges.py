@@ -271,7 +271,7 @@ def test_an_interrupted_follow_prints_its_done_line(
         read_lines(proc, [b"2", b"3"])  # caught up: now waiting for more
         time.sleep(0.3)
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=10)
+        out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -298,9 +298,12 @@ def test_produce_stopped_by_sigterm_says_so_in_its_done_line(env: dict[str, str]
         assert proc.stdin is not None
         proc.stdin.write(b"1\n")
         proc.stdin.flush()
-        time.sleep(1.0)
+        # its ack line says the record is written: rq is running its command (a fixed 1 s pause
+        # could end before a slow runner had even started the interpreter: killed, exit -15)
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["event"] == "ack"
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=10)
+        out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
