@@ -47,6 +47,8 @@ VERSION = 1
 # 2 would only have changed their message. A change in what a field already there means raises it;
 # a newer version is refused (Unsupported, rq exit 10).
 
+LATER_FIELDS = ("time_from", "time_to", "aged_out")  # not in the first version-1 specs
+
 
 @dataclass
 class ReplaySpec:
@@ -117,7 +119,12 @@ class ReplaySpec:
         )
 
     def save(self, path: Path) -> None:
-        body = {"rq_replay_spec": VERSION, **asdict(self)}
+        # Fields added after the first rq_replay_spec 1 are left out while null (absent reads as
+        # null here): a spec that pins no time bounds and lost nothing to retention is then the
+        # file an older rq wrote, which it replays the same; one that pins them still carries
+        # them, and the older rq, refusing a field it does not know, refuses it.
+        body = {"rq_replay_spec": VERSION}
+        body.update((k, v) for k, v in asdict(self).items() if v is not None or k not in LATER_FIELDS)
         write_atomic(path, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
 
     @staticmethod

@@ -120,7 +120,7 @@ def test_rq_says_which_offsets_aged_out_before_a_group_read_them(tmp_path: Path)
     # Nothing aged out: no warning, and the spec says so.
     r = run_rq("replay", "ev", "--from", str(first), "--format", "raw", "--save-spec", str(spec), env=env)
     assert r.returncode == 0 and b"aged out" not in r.stderr
-    assert json.loads(spec.read_text())["aged_out"] is None
+    assert json.loads(spec.read_text()).get("aged_out") is None  # left out while null
     assert os.listdir(t)  # the topic is still there
 
 
