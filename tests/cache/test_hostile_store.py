@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import http.server
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from rqtest import run_rq
 
 import cache.origins as origins_mod
 from cache import Cache
+from cache.fetcher import Fetcher
 
 WEIRD_403 = b'<?xml version="1.0" encoding="x-no-such-encoding"?><Error><Code>AccessDenied</Code></Error>'
 ONE_KEY = (
@@ -77,7 +77,7 @@ def test_an_error_body_python_cannot_decode_is_still_an_auth_error(
 ) -> None:
     endpoint, handler = store
     handler.mode = mode
-    started = time.monotonic()
+    # (it used to wait for ever on the lost callback: run_rq's timeout ends that as a failure)
     proc = run_rq(
         "preload", "s3://b/k/", "--endpoint-url", endpoint, "--cache-dir", str(tmp_path / "c"),
         env=ENV, timeout=60,
@@ -85,7 +85,6 @@ def test_an_error_body_python_cannot_decode_is_still_an_auth_error(
     err = proc.stderr.decode()
     assert proc.returncode == 4, err  # AUTH: a 403 is a 403 whatever its body says
     assert "Traceback" not in err and "Exception ignored" not in err
-    assert time.monotonic() - started < 30  # (it used to wait for ever on the lost callback)
 
 
 def test_a_listing_that_repeats_its_token_stops_with_a_clear_error(
@@ -129,11 +128,18 @@ def test_ctrl_c_while_starting_requests_stops_the_run(
 
     monkeypatch.setattr(origins_mod.S3Origin, "fetch", interrupted)
     c = Cache(tmp_path / "c", ram_dir=tmp_path / "ram")
-    started = time.monotonic()
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt) as raised:
             c.preload([f"s3://{bucket}/i/"])
-        assert time.monotonic() - started < 10  # no 30 s wait for a request that never started
+        # no 30 s wait for a request that never started: the interrupted start was booked, so the
+        # wind-down ended with nothing in flight (read in Fetcher.run's frame, not off a clock)
+        frames = []
+        tb = raised.tb
+        while tb is not None:
+            frames.append(tb.tb_frame)
+            tb = tb.tb_next
+        (run,) = [f for f in frames if f.f_code is Fetcher.run.__code__]
+        assert run.f_locals["inflight"] == 0
         assert not list((tmp_path / "c" / "tmp").iterdir())  # nothing half-written left
     finally:
         c.close()
