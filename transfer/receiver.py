@@ -56,8 +56,8 @@ LINGER = 5.0  # after DONE, how long to wait for the sender to close the channel
 # intervals instead of waiting its whole COMMIT wait (sender.COMMIT_WAIT, 120 s) per try.
 PROGRESS_S = 5.0
 # A receiver that stays up sweeps abandoned partial state (keep_partial) again at most this often,
-# when a new transfer is planned: the sweep as it starts was the only one, so one up for weeks
-# kept every abandoned transfer's .part files for good.
+# when a new transfer is planned and, idle, on a timer: the sweep as it starts was the only one, so
+# one up for weeks kept every abandoned transfer's .part files for good (on tmpfs: its RAM).
 SWEEP_EVERY = 3600.0
 DEFAULT_ACK_EVERY = 2  # verified chunks made durable (fdatasync + journal) and ACKed at once
 # Group commit for small chunks (many small files): a batch whose chunks average under this many
@@ -251,7 +251,8 @@ class Receiver:
         `keep_partial`: seconds the partial state of a transfer nobody touched is kept for its
         sender to resume; older state is removed as the receiver starts, and `expired` says
         what went (store.Store.expire); while it runs, planning a new transfer sweeps again
-        at most every SWEEP_EVERY seconds (a PartialExpired event). None or 0: never."""
+        at most every SWEEP_EVERY seconds (a PartialExpired event), and so does a thread while
+        nothing is planned. None or 0: never."""
         if not token.strip():
             raise AuthError("the receiver's token is empty: any sender would be let in")
         self.limits = limits or Limits()
@@ -271,8 +272,25 @@ class Receiver:
         # Ports of this receiver's processes (rq recv --workers): told to senders in ACCEPT so that
         # connection i goes to process i % N, instead of trusting SO_REUSEPORT's hash to spread them.
         self.data_ports: list[int] = []
+        self._closing = threading.Event()
+        self._sweeper: threading.Thread | None = None
+        if keep_partial:
+            self._sweeper = threading.Thread(target=self._sweep_idle, name="rq-recv-sweep", daemon=True)
+            self._sweeper.start()
+
+    def _sweep_idle(self) -> None:
+        """An idle receiver sweeps too: a transfer abandoned while nothing else comes would keep its
+        .part files (reserved whole: on /dev/shm, RAM) until the next plan or restart."""
+        while not self._closing.wait(max(0.05, self._swept + SWEEP_EVERY - time.monotonic())):
+            with self._lock, contextlib.suppress(Exception):  # (on_event's own failure included)
+                if self._closing.is_set():
+                    return
+                self._sweep()
 
     def close(self) -> None:
+        self._closing.set()
+        if self._sweeper is not None and self._sweeper is not threading.current_thread():
+            self._sweeper.join(timeout=10)
         with self._lock:
             for shared in self._plans.values():
                 shared.plan.close()
