@@ -18,6 +18,11 @@ class TopicNotFound(TopicError):
     """The topic, stream or log directory does not exist."""
 
 
+class SubjectNotTaken(TopicNotFound):
+    """A JetStream subject filter the stream holds nothing on and whose subjects take none of it (a
+    typo in the subject): nothing would ever be read."""
+
+
 class SpecFileNotFound(TopicNotFound):
     """A saved replay spec (`--spec FILE`) does not exist: a file not found, as rq's other missing
     files are (exit 3), not a malformed spec."""

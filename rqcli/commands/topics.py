@@ -47,6 +47,7 @@ from topics.errors import (
     SourceUnreachable,
     SpecError,
     SpecFileNotFound,
+    SubjectNotTaken,
     TopicError,
     TopicNotFound,
     Unsupported,
@@ -128,6 +129,8 @@ def cli_error(exc: TopicError) -> CliError:
         return CliError(str(exc), ExitCode.USAGE)
     if isinstance(exc, SpecFileNotFound):
         return CliError(str(exc), ExitCode.NOT_FOUND, hint="name the file that --save-spec wrote")
+    if isinstance(exc, SubjectNotTaken):
+        return CliError(str(exc), ExitCode.NOT_FOUND, hint="check the subject after the stream's name")
     if isinstance(exc, TopicNotFound):
         return CliError(str(exc), ExitCode.NOT_FOUND, hint="check the name, or create it with `rq produce`")
     if isinstance(exc, SourceUnreachable):

@@ -36,6 +36,7 @@ from topics.errors import (
     RecordTooLarge,
     SourceUnreachable,
     SpecError,
+    SubjectNotTaken,
     TopicError,
     TopicNotFound,
 )
@@ -628,10 +629,29 @@ class JetStreamSource:
         )
         self.conn = _Conn(ref, connect_timeout)
         try:
-            self.conn.stream_info()
+            self._check_subject_can_hold(self.conn.stream_info())
         except BaseException:
             self.conn.close()
             raise
+
+    def _check_subject_can_hold(self, info: Any) -> None:
+        """A subject the stream neither holds nor can ever take (a typo: `EVENTS/event.cam` for
+        `events.cam`) replayed nothing with exit 0, and a follow waited on it for good. Refused
+        (exit 3) when the stream's subjects overlap none of it, nothing is stored under it, and no
+        mirror, source or subject transform could bring it in (what those bring is worked out
+        where it must be: the feed guard)."""
+        config = info.config
+        if not self.subject or config.mirror is not None or config.sources or config.subject_transform:
+            return
+        takes = list(config.subjects or ())
+        if not takes or any(subjects_overlap(p, self.subject) for p in takes):
+            return
+        if self.first_offset() <= int(info.state.last_seq):
+            return  # stored under it all the same (the stream's subjects were changed since)
+        raise SubjectNotTaken(
+            f"JetStream stream {self.conn.stream} holds nothing on {self.subject!r} and never will: "
+            f"it takes {', '.join(takes)}"
+        )
 
     # -- offsets --------------------------------------------------------------------------------
 
