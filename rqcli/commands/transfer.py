@@ -839,7 +839,8 @@ def _recv_event(out: Output, ev: Any) -> None:
     "--retry-for then decides whether to reconnect. Bytes still draining count as movement, so a "
     "slow link is not taken for a stalled receiver. After COMMIT, a receiver that reports its "
     "progress is taken for stalled after 15 s of silence; an older one is waited for this long, "
-    "at least 120 s. 0: wait for ever.",
+    "at least 120 s. 0: wait for ever. Below 10 s it is also the connect timeout: a receiver that "
+    "never answers is given up after it (with --retry-for, each try takes at most this long).",
 )
 @output_options
 def send(**kwargs: Any) -> None:
