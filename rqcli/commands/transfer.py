@@ -723,7 +723,16 @@ def _recv_progress(out: Output, bar: Any) -> Any:
 
     tasks: dict[str, Any] = {}
     current: list[Any] = [None]
+    shown: dict[Any, tuple[int, int]] = {}  # task: (bytes shown, total)
     lock = threading.Lock()
+
+    def show(task: Any, done: int) -> None:
+        # never backwards: a sender that reconnects re-plans from what the journal holds, which
+        # leaves out chunks that were in flight when the link dropped (they come again); never
+        # past the total either, which those chunks' second arrival would otherwise push it to
+        was, total = shown[task]
+        shown[task] = (max(was, min(done, total)), total)
+        bar.update(task, completed=shown[task][0])
 
     def on_event(ev: Any) -> None:
         _recv_event(out, ev)
@@ -736,10 +745,11 @@ def _recv_progress(out: Output, bar: Any) -> Any:
                     task = tasks[ev.transfer_id] = bar.add_task(
                         f"recv {ev.transfer_id[:8]}", total=ev.total_bytes
                     )
-                bar.update(task, completed=ev.have_bytes)
+                    shown[task] = (0, ev.total_bytes)
+                show(task, ev.have_bytes)
                 current[0] = task
             elif isinstance(ev, ChunkMoved) and current[0] is not None:
-                bar.advance(current[0], ev.raw_bytes)
+                show(current[0], shown[current[0]][0] + ev.raw_bytes)
             elif isinstance(ev, TransferFinished):
                 task = tasks.get(str(ev.summary.get("transfer_id")))
                 if task is not None:
