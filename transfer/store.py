@@ -52,6 +52,7 @@ from transfer.errors import (
 from transfer.journal import Journal, KnownDigests, recorded
 from transfer.manifest import MAX_CHUNK, MIN_CHUNK, FileEntry, Limits, Manifest, parse_manifest
 from transfer.names import STATE_DIR_NAME, display_name, validate_name
+from transfer.private import dir_problem
 from transfer.reserve import RESERVE_MIN, Reservation, in_memory, reserve, sealing
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -421,11 +422,20 @@ class Store:
             except OSError as exc:  # DEST's own trouble (read-only, not ours): said of DEST
                 raise OSError(exc.errno, exc.strerror, os.fspath(self.dest)) from None
             try:
-                return fd, os.open(STATE_DIR_NAME, _DIR_FLAGS, dir_fd=fd)
+                state_fd = os.open(STATE_DIR_NAME, _DIR_FLAGS, dir_fd=fd)
             except OSError as exc:
                 raise UnsafeNameError(
                     f"{self.dest}/{STATE_DIR_NAME} is not a plain directory ({exc.strerror})"
                 ) from None
+            # one that was there already and that another user owns or others can write: they
+            # could have put journals, placed records or links in it, or swap them mid-transfer
+            problem = dir_problem(os.fstat(state_fd))
+            if problem is not None:
+                os.close(state_fd)
+                raise UnsafeNameError(
+                    f"{self.dest}/{STATE_DIR_NAME} {problem}; refusing it (remove it, or give a DEST of your own)"
+                )
+            return fd, state_fd
         except BaseException:
             os.close(fd)
             raise
