@@ -155,14 +155,18 @@ def test_wrong_credentials_are_an_auth_error_at_once(
 
 def test_cancel_ends_the_request_and_reports_it_once(big: Any, proxy_factory: Any, aws_env: Any) -> None:
     bucket, key, _, etag = big
-    slow = proxy_factory(rate_bytes_per_s=1 << 20)
+    # 8 KiB/s: one SLICE (1 MiB) takes ~2 min to arrive, far past got.wait()'s 60 s, so a cancel that
+    # took effect only after the read in progress (not at once) fails there, with no clock to read
+    # (an elapsed < 2 s assert at 1 MiB/s told the two apart by about a second on a loaded runner)
+    slow = proxy_factory(rate_bytes_per_s=8 << 10)
     got = Collector(SIZE)
     request = client(slow.endpoint).ranged.start(bucket, key, (0, SIZE - 1), etag, got.sink, got.on_done)
-    time.sleep(0.5)
-    cancelled_at = time.monotonic()
+    deadline = time.monotonic() + 30
+    while request.sock is None:  # the headers are in: the worker reads the body now
+        assert time.monotonic() < deadline and not got.done.is_set(), "the body never started"
+        time.sleep(0.01)
     request.cancel()
     got.wait()
-    assert time.monotonic() - cancelled_at < 2  # not after the rest of a slow 8 MiB buffer
     assert isinstance(got.error, Cancelled)
     assert sum(n for _, n in got.writes) < SIZE
 
