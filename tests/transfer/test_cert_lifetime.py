@@ -59,6 +59,7 @@ def test_a_key_that_does_not_match_its_certificate_is_remade(tmp_path: Path) -> 
     (tmp_path / "recv-key.pem").unlink()
     other = load_identity(tmp_path / "other")
     (tmp_path / "recv-key.pem").write_bytes(other.key_pem)  # a pair torn by a crash mid-write
+    (tmp_path / "recv-key.pem").chmod(0o600)  # as rq writes it (a key others can read is refused)
     again = load_identity(tmp_path)
     assert again.fingerprint not in (first.fingerprint, other.fingerprint)
 

@@ -57,6 +57,7 @@ def test_seconds_that_never_end_are_refused(tmp_path: Path, value: str) -> None:
 def test_the_pasteable_line_quotes_a_token_file_with_a_space(tmp_path: Path) -> None:
     token_file = tmp_path / "my tok"
     token_file.write_text("a-token-for-this-test\n")
+    token_file.chmod(0o600)  # a token file others can read is refused (test_sec_private_files.py)
     recv = Recv(tmp_path / "d", tmp_path / "cert", "tcp", "--once", "--token-file", str(token_file)).start()
     try:
         line = recv.info["send"]
