@@ -9,6 +9,27 @@ from pathlib import Path
 
 from topics.errors import PermissionDenied, TopicError
 
+SHARED_DIR = 0o755  # what rq makes for a topic: others may read it (segments are 0644), never write
+
+
+def make_dirs(path: Path) -> None:
+    """`mkdir -p path`, every directory it makes at most 0755 whatever the umask: a plain mkdir
+    under umask 000 made the data dir, the topic and its groups/ 0777, and whoever can write a
+    directory can replace what is in it (a group's offset, a segment). Readable by others as the
+    topic's files are. Directories that are there already are left as they are. Raises OSError as
+    mkdir does. (transfer/private.py and cache/layout.py hold their own, 0700: a cache and
+    secrets are one user's; the libraries import no other.)"""
+    missing = []
+    for component in (path, *path.parents):
+        if os.path.lexists(component):
+            break
+        missing.append(component)
+    for component in reversed(missing):
+        try:
+            os.mkdir(component, SHARED_DIR)  # the umask only takes bits away
+        except FileExistsError:
+            continue  # made meanwhile by another writer: theirs to set
+
 
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import time
 from pathlib import Path
 
 import orjson
 
-from topics.embedded.files import fsync_dir, not_writable, write_atomic
+from topics.embedded.files import SHARED_DIR, fsync_dir, not_writable, write_atomic
 from topics.errors import DamagedGroup, SpecError
 
 _GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -59,7 +61,8 @@ class GroupStore:
         body = {"group": group, "committed": offset, "updated_ms": int(time.time() * 1000)}
         try:
             created = not self.dir.exists()
-            self.dir.mkdir(exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self.dir, SHARED_DIR)  # not 0777 under umask 000: others could replace offsets
             if created:
                 fsync_dir(self.dir.parent)
             write_atomic(self.dir / f"{group}.json", orjson.dumps(body))

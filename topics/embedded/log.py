@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 
 from topics.embedded import format as fmt
-from topics.embedded.files import fsync_dir, not_writable, write_atomic
+from topics.embedded.files import fsync_dir, make_dirs, not_writable, write_atomic
 from topics.embedded.groups import GroupStore
 from topics.errors import (
     AppendedPartly,
@@ -993,7 +993,7 @@ class LogWriter:
                 parent_new = not directory.exists()
                 if not parent_new:
                     _check_unclaimed(directory)
-                directory.mkdir(parents=True, exist_ok=True)
+                make_dirs(directory)
                 if parent_new:
                     fsync_dir(directory.parent)
             if config is None:
