@@ -11,7 +11,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from transfer.errors import AuthError
+from transfer.errors import AuthError, UnsafeSecretError
 from transfer.private import dir_problem, file_problem, make_private_dirs
 from transfer.transport import Identity
 
@@ -56,7 +56,7 @@ def _check_dir(directory: Path, said: str, sticky_ok: bool) -> None:
     problem = dir_problem(st, sticky_ok=sticky_ok)
     if problem is not None:
         fix = f"chmod go-w {directory}" if st.st_uid in (os.geteuid(), 0) else "use a directory of your own"
-        raise AuthError(f"{said} {problem}; refusing it ({fix})")
+        raise UnsafeSecretError(f"{said} {problem}; refusing it ({fix})")
 
 
 def _read_checked(path: Path, what: str, secret: bool) -> bytes:
@@ -72,7 +72,7 @@ def _read_checked(path: Path, what: str, secret: bool) -> bytes:
                 fix = f"use a {what} of your own"
             else:
                 fix = f"chmod {'600' if secret else 'go-w'} {path}"
-            raise AuthError(f"{what} {path} {problem}; refusing it ({fix})")
+            raise UnsafeSecretError(f"{what} {path} {problem}; refusing it ({fix})")
         return fh.read()
 
 

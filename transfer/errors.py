@@ -37,6 +37,11 @@ class AuthError(TransferError):
     code = "auth"
 
 
+class UnsafeSecretError(AuthError):
+    """A token file, key or certificate directory another user could read or have put there
+    (ssh's StrictModes): refused before anything listens or is sent. Its message says the fix."""
+
+
 class VerifyError(TransferError):
     """A digest did not match: data is corrupt, or the source changed while it was read."""
 

@@ -102,12 +102,15 @@ def _cli_error(exc: Exception) -> CliError:
         LimitError,
         SourceChangedError,
         UnresolvedError,
+        UnsafeSecretError,
     )
 
     code = _exit_code(exc)
     hint = _LIMIT_HINT if isinstance(exc, LimitError) else _HINTS.get(code)
-    if isinstance(exc, SourceChangedError):
-        hint = None  # not the token's fault, nor fixed by a re-run as such: the message says why
+    if isinstance(exc, SourceChangedError | UnsafeSecretError):
+        # not the token's fault, nor fixed by a re-run as such; an unsafe secret's line already
+        # says its fix (chmod 600, a file of one's own): the token/--pin hint would mislead
+        hint = None
     if isinstance(exc, DirectoryInTheWayError):
         # a directory where a file goes or a file where a directory goes: --overwrite replaces
         # files with files only (like cp), so its hint would not help here

@@ -68,6 +68,8 @@ def test_rq_recv_refuses_a_token_file_others_can_read_with_exit_4(tmp_path: Path
     )
     assert res.returncode == ExitCode.AUTH, res.stderr
     assert f"token file {token} can be read or written by group or others (mode 0640)".encode() in res.stderr
+    assert b"--pin" not in res.stderr, res.stderr  # the line's own fix, not the wrong-token hint
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert not (tmp_path / "dest").exists()
 
 
