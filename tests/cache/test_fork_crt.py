@@ -40,7 +40,7 @@ for _ in range(8):
     threading.Thread(target=idle.wait, daemon=True).start()
 
 def work(k):
-    signal.alarm(10)  # a hung child ends (SIGALRM) rather than the test
+    signal.alarm(30)  # a hung child ends (SIGALRM) rather than the test
     for url in (urls[k % len(urls)], urls[0]):
         with cache.open(url) as fh:
             fh.read()
@@ -65,7 +65,7 @@ for r in range(rounds):
 else:
     with multiprocessing.get_context("fork").Pool(3) as pool:
         try:
-            codes["pool"] = all(pool.map_async(work, range(6)).get(10))
+            codes["pool"] = all(pool.map_async(work, range(6)).get(60))
         except multiprocessing.TimeoutError:  # a worker died in the middle of its task
             codes["pool"] = "hung"
 idle.set()
@@ -83,7 +83,7 @@ def test_forked_workers_of_a_busy_parent_open_s3_objects_and_exit_cleanly(
         capture_output=True,
         text=True,
         env=env,
-        timeout=60,
+        timeout=240,
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -99,11 +99,13 @@ def test_a_forked_child_leaves_the_parents_tls_probe_alone() -> None:
     waited out the handshake."""
     server = socket.create_server(("127.0.0.1", 0))  # accepts, and never answers the handshake
     port = server.getsockname()[1]
-    probe = cache.tls.TlsCheck("127.0.0.1", port, None, f"https://127.0.0.1:{port}", 5.0)
+    # a handshake timeout far longer than the test: only a stop (the child's or ours) can end it
+    probe = cache.tls.TlsCheck("127.0.0.1", port, None, f"https://127.0.0.1:{port}", 120.0)
     conn, _ = server.accept()
     try:
-        deadline = time.monotonic() + 5
-        while probe._sock is None and time.monotonic() < deadline:  # in the handshake now
+        deadline = time.monotonic() + 30
+        while probe._sock is None:  # in the handshake now
+            assert time.monotonic() < deadline, "the probe never reached its handshake"
             time.sleep(0.01)
         pid = os.fork()
         if pid == 0:
@@ -114,9 +116,9 @@ def test_a_forked_child_leaves_the_parents_tls_probe_alone() -> None:
         assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
         time.sleep(0.2)
         assert probe._thread.is_alive(), "the child ended the parent's handshake"
-        probe.stop(2.0)
+        probe.stop(30.0)  # (returns as soon as the thread left; waiting out the handshake: 120 s)
         assert not probe._thread.is_alive(), "stop() left the handshake waiting"
     finally:
-        probe.stop(2.0)
+        probe.stop(30.0)
         conn.close()
         server.close()
