@@ -92,7 +92,7 @@ class FaultProxy:
         started = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(started,), daemon=True)
         self._thread.start()
-        started.wait(10)
+        assert started.wait(30), "the proxy's event loop did not start"
 
     @property
     def endpoint(self) -> str:

@@ -90,7 +90,7 @@ def test_a_file_that_became_a_fifo_fails_alone_instead_of_blocking(tmp_path: Pat
 
     t = threading.Thread(target=copy, daemon=True)
     t.start()
-    t.join(10)
+    t.join(30)
     assert not t.is_alive(), "blocked opening a FIFO"
     assert isinstance(outcome[0], NotFoundError) and "regular file" in str(outcome[0])
 

@@ -166,7 +166,7 @@ def test_a_cache_opening_while_its_ram_tier_is_removed_makes_a_fresh_one(cache_d
     trash = root.with_name(f".{root.name}.test-trash")
     os.rename(root, trash)
     os.close(fd)
-    opener.join(10)
+    opener.join(60)
     try:
         assert opened, "Cache() did not come back"
         c = opened[0]

@@ -1,7 +1,7 @@
 """`rq preload` fetches a listing's first pages while later ones are still being listed.
 
 The origin here is a real directory whose listing is made to pause after its first page until an
-object has landed (or 10 s pass): a preloader that waits for the whole listing before fetching
+object has landed (or 60 s pass): a preloader that waits for the whole listing before fetching
 cannot see one land, and the pause runs out. The same origin then fails after its first page."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ PAGE = 5
 
 
 class PausingOrigin(LocalOrigin):
-    """Lists PAGE objects, then waits until `landed` is set (or 10 s); optionally fails there."""
+    """Lists PAGE objects, then waits until `landed` is set (or 60 s); optionally fails there."""
 
     def __init__(self, root: Path, landed: threading.Event, fail: bool = False):
         super().__init__(root)
@@ -37,7 +37,7 @@ class PausingOrigin(LocalOrigin):
     def list(self) -> Iterator[ObjectInfo]:
         for n, info in enumerate(super().list()):
             if n == PAGE:
-                self.saw_a_landing = self.landed.wait(10)
+                self.saw_a_landing = self.landed.wait(60)
                 if self.fail:
                     raise OriginError("the store went away after the first page")
             yield info
@@ -142,7 +142,7 @@ def test_an_unreadable_entry_is_one_cache_error_with_what_landed_kept(
     def listing() -> Iterator[ObjectInfo]:
         for n, info in enumerate(LocalOrigin.list(origin)):
             if n == PAGE:
-                origin.landed.wait(10)
+                origin.landed.wait(60)
                 raise OSError(errno.EIO, "Input/output error")
             yield info
 
@@ -228,7 +228,7 @@ def test_a_slow_publish_holds_back_new_work_instead_of_queueing_it(
 
 class PagingOrigin(LocalOrigin):
     """Records how many objects each list() call yielded; on call `pause_on` it waits after PAGE
-    objects until `go` is set (or 10 s) and records whether it was."""
+    objects until `go` is set (or 60 s) and records whether it was."""
 
     def __init__(self, root: Path, go: threading.Event, pause_on: int):
         super().__init__(root)
@@ -240,7 +240,7 @@ class PagingOrigin(LocalOrigin):
         self.yielded.append(0)
         for n, info in enumerate(super().list()):
             if n == PAGE and len(self.yielded) == self.pause_on:
-                self.went = self.go.wait(10)
+                self.went = self.go.wait(60)
             self.yielded[-1] += 1
             yield info
 

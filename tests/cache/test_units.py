@@ -254,7 +254,7 @@ def test_a_failed_write_behind_is_raised_only_after_every_write_of_the_piece_end
         if offset == 0:
             self._free.put(buf)
             raise OSError(5, "injected I/O error")
-        release.wait(5)
+        release.wait(60)  # (set by the timer below; a shorter wait could outlast a loaded runner's 0.3 s)
         real(self, buf, dfd, fd, length, offset)
 
     monkeypatch.setattr(directio.WriteBehind, "_write", slow_or_failing)
@@ -350,21 +350,21 @@ def test_close_waits_for_a_write_in_progress(tmp_path: Path, monkeypatch: pytest
 
     def slow(fd: int, data: memoryview, offset: int) -> None:
         entered.set()
-        release.wait(5)
+        release.wait(60)  # until the test releases it (5 s could pass on a loaded runner before that)
         used.append(os.fstat(fd).st_ino)  # raises EBADF had the fd been closed under us
         real(fd, data, offset)
 
     monkeypatch.setattr(landing_mod, "pwrite_all", slow)
     writer = threading.Thread(target=landing.write, args=(memoryview(b"z" * 100), 1))  # unaligned: buffered
     writer.start()
-    assert entered.wait(5)
+    assert entered.wait(30)
     closer = threading.Thread(target=landing.keep_for_resume)
     closer.start()
     closer.join(0.3)
     assert closer.is_alive(), "the landing closed its descriptors under a write in progress"
     release.set()
-    writer.join(5)
-    closer.join(5)
+    writer.join(30)
+    closer.join(30)
     assert not closer.is_alive()
     assert used == [landing.tmp.stat().st_ino]
     assert landing.tmp.read_bytes()[1:101] == b"z" * 100
