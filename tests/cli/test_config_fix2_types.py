@@ -59,7 +59,7 @@ def test_a_value_a_callback_refuses_names_the_file_table_and_key(tmp_path: Path)
 def test_a_fifo_as_config_is_refused_not_waited_on(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    res = run_rq("--config", str(fifo), "doctor", timeout=10)
+    res = run_rq("--config", str(fifo), "doctor", timeout=60)  # (waited for a writer for ever)
     _usage(res, str(fifo), "not a regular file")
 
 

@@ -38,7 +38,7 @@ def test_an_empty_directory_or_address_is_refused(tmp_path: Path, args: list[str
         str(tmp_path / "src") if a == "SRC" else str(tmp_path / "dest") if a == "DEST" else a for a in args
     ]
     env = {"RQ_CACHE_DIR": str(tmp_path / "cache"), "RQ_TOPICS_DIR": str(tmp_path / "topics")}
-    res = run_rq(*args, input=b"1\n", env=env, cwd=work, timeout=10)
+    res = run_rq(*args, input=b"1\n", env=env, cwd=work, timeout=60)
     assert res.returncode == ExitCode.USAGE, res.stderr
     assert b"an empty string (an unset variable?)" in res.stderr and res.stderr.count(b"\n") == 1
     assert list(work.iterdir()) == []  # nothing made in the working directory
