@@ -26,7 +26,9 @@ SIZE = 300_000  # (+1: local_source) eight of one source fit the 4 MiB file syst
 
 # run in each rq process: every copy from the origin is logged (a second copy of one object is a
 # download thrown away); with GATE set, copies wait until that file exists (the landing has its
-# room reserved and nothing written); with MARK set, that file is made when a reservation starts
+# room reserved and nothing written; 60 s at most); with MARK set, that file is made when a
+# reservation starts. A reservation waits up to 60 s (10 s in rq) for landings in flight to land:
+# on a loaded runner the first run's eight landings may take longer than 10 s once the gate opens
 SETUP = """
 import os, time
 import cache.origins as O, cache.store as S
@@ -34,12 +36,12 @@ _copy, _reserve = O.LocalOrigin._copy, S.Store.reserve
 def copy(self, info, landing, piece):
     gate = os.environ.get("GATE")
     t = time.monotonic()
-    while gate and not os.path.exists(gate) and time.monotonic() - t < 10:
+    while gate and not os.path.exists(gate) and time.monotonic() - t < 60:
         time.sleep(0.01)
     with open(os.environ["LOG"], "a") as f:
         f.write(info.url + "\\n")
     return _copy(self, info, landing, piece)
-def reserve(self, tier, specs, patience=10.0):
+def reserve(self, tier, specs, patience=60.0):
     if os.environ.get("MARK") and specs:
         open(os.environ["MARK"], "a").close()
     return _reserve(self, tier, specs, patience)
@@ -63,9 +65,10 @@ def _rq(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
     )
 
 
-def _wait(pred: object, timeout: float) -> None:
+def _wait(pred: object, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
-    while not pred() and time.monotonic() < deadline:  # type: ignore[operator]
+    while not pred():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
         time.sleep(0.01)
 
 
@@ -86,9 +89,9 @@ def test_two_preloads_into_one_ram_file_system_never_take_the_same_room(tmp_path
             with sqlite3.connect(cache_dir / "index.sqlite3") as db:
                 return int(db.execute("SELECT COUNT(*) FROM holds WHERE kind = 'landing'").fetchone()[0])
 
-        _wait(lambda: held() >= 8, 10)  # the first has reserved its eight, written nothing
+        _wait(lambda: held() >= 8, 30, "the first run's eight reservations")  # nothing written yet
         second = _rq({**env, "MARK": str(mark)}, "preload", str(b), "--tier", "ram", "--json")
-        _wait(mark.exists, 10)
+        _wait(mark.exists, 30, "the second run's reservation")
         time.sleep(0.3)  # the second's reservation: it used to take the first's room and land
         gate.touch()
         outs = [p.communicate(timeout=60) for p in (first, second)]
