@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import zstandard
-from rqtest import veth_namespace
+from rqtest import popen_rq_with, veth_namespace
 from xfer_kit import (
     Recv,
     Relay,
@@ -53,10 +53,32 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _sender(src: Path, url: str, pin: str | None, *extra: str) -> subprocess.Popen[bytes]:
+# Reader.read in the sender's process, held for good after its first `reads` calls: a test that
+# kills the sender "mid-transfer" must not race the transfer's end (on a slow runner the test's
+# poll can come late enough for the last chunks to go out first).
+_HOLD_READS = """
+import threading
+from transfer import source
+_read, _lock, _count = source.Reader.read, threading.Lock(), [0]
+def read(self, f, k, length):
+    with _lock:
+        _count[0] += 1
+        held = _count[0] > {reads}
+    if held:
+        threading.Event().wait()  # until the test kills this process
+    return _read(self, f, k, length)
+source.Reader.read = read
+"""
+
+
+def _sender(
+    src: Path, url: str, pin: str | None, *extra: str, hold_after: int | None = None
+) -> subprocess.Popen[bytes]:
     args = ["send", str(src), url, "--json", "--retry-for", "30", *extra]
     if pin:
         args += ["--pin", pin]
+    if hold_after is not None:
+        return popen_rq_with(_HOLD_READS.format(reads=hold_after), *args, env=rq_env())
     return subprocess.Popen(rq_cmd(*args), env=rq_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -107,7 +129,7 @@ def test_resume_after_receiver_kill_moves_only_missing_chunks(tmp_path: Path) ->
     dest = tmp_path / "dst"
     recv = Recv(dest, tmp_path / "cert", "quic", *SLOW_RECV).start()
     extra = SLOW_SEND
-    sender = _sender(src, recv.url, recv.pin, *extra)
+    sender = _sender(src, recv.url, recv.pin, *extra, hold_after=40)  # of 64 chunks
     try:
         assert wait_for(lambda: journal_records(dest) >= 30, 60)
         recv.kill()
@@ -151,7 +173,7 @@ def test_changed_source_restarts_instead_of_mixing(tmp_path: Path) -> None:
     recv = Recv(dest, tmp_path / "cert", "quic", *SLOW_RECV).start()
     extra = SLOW_SEND
     try:
-        sender = _sender(src, recv.url, recv.pin, *extra)
+        sender = _sender(src, recv.url, recv.pin, *extra, hold_after=12)  # of 32 chunks
         assert wait_for(lambda: journal_records(dest) >= 6, 60)
         sender.kill()
         sender.wait()
