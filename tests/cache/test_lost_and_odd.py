@@ -284,8 +284,6 @@ def silent_store() -> Any:
 def test_a_store_that_accepts_and_never_answers_is_unreachable_not_a_hang(
     tmp_path: Path, silent_store: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import time
-
     import cache.watchdog
     from cache.errors import UnreachableError
 
@@ -294,12 +292,12 @@ def test_a_store_that_accepts_and_never_answers_is_unreachable_not_a_hang(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     c = Cache(tmp_path / "c", endpoint_url=silent_store, max_age=0)
-    started = time.monotonic()
+    # (a hang, as before, is ended by pytest-timeout; no clock is read: the message says the
+    # lowered 1 s silence ended it, and the two take ~2.5 s even on a loaded runner)
     with pytest.raises(UnreachableError, match="sent nothing for 1 s"):
         c.open("s3://bucket/key")  # waited for ever before
     with pytest.raises(UnreachableError, match="sent nothing"):
         c.preload(["s3://bucket/prefix/"])  # the listing, the same
-    assert time.monotonic() - started < 20
     c.close()
 
 
