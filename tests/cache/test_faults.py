@@ -75,7 +75,12 @@ def test_kill9_during_big_object_resumes_from_its_pieces(
     s3_client.upload_fileobj(io.BytesIO(body), bucket, "big/one.bin")
     slow = proxy_factory(rate_bytes_per_s=6 * 1024 * 1024)
     cache_dir = Path(cache_env["RQ_CACHE_DIR"])
-    proc = popen_rq("preload", f"s3://{bucket}/big/", "--endpoint-url", slow.endpoint, env=cache_env)
+    # one request at a time: the first piece is journalled ~5 s in and the object needs ~10 s more
+    # to land. (With the pieces fetched side by side all three ended within milliseconds of each
+    # other, and a runner that paused this loop for a moment saw the object land before the kill.)
+    proc = popen_rq(
+        "preload", f"s3://{bucket}/big/", "--workers", "1", "--endpoint-url", slow.endpoint, env=cache_env
+    )
 
     def journalled() -> bool:
         return any(p.endswith(".journal") and os.path.getsize(p) > 0 for p in tree_files(cache_dir / "tmp"))
