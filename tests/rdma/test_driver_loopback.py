@@ -117,7 +117,7 @@ def test_transfer_moves_chunks_over_the_queue_pair(
     assert _eventually(lambda: all(q.closed for q in qps))  # every queue pair torn down
 
 
-def _eventually(check: Callable[[], bool], seconds: float = 5.0) -> bool:
+def _eventually(check: Callable[[], bool], seconds: float = 30.0) -> bool:
     deadline = time.monotonic() + seconds
     while not check():
         if time.monotonic() > deadline:

@@ -196,7 +196,7 @@ def test_shut_wakes_a_blocked_reader_before_the_queue_pair_goes() -> None:
     t.start()
     time.sleep(0.05)  # the reader is polling and sleeping by now
     b.shut(PeerUnreachableError("closed"), released.set)
-    t.join(5)
+    t.join(30)
     assert not t.is_alive()
     assert len(outcome) == 1 and isinstance(outcome[0], PeerUnreachableError)
     assert polls_after_release == []
