@@ -11,6 +11,7 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
+import cache.forking  # noqa: F401  (imports in flight are finished before a fork)
 from cache.errors import (
     AuthError,
     BadSourceError,
