@@ -20,7 +20,7 @@ import urllib.parse
 import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cache.errors import (
@@ -59,6 +59,9 @@ class Credentials:
     region: str
     endpoint_url: str | None
     ca_bundle: str | None = None  # AWS_CA_BUNDLE, the profile's ca_bundle, REQUESTS_CA_BUNDLE
+    # credentials that expire (AssumeRole, IRSA's web identity, SSO, an instance or container role,
+    # credential_process): botocore's own object, asked again for every request it signs
+    refreshable: Any = field(default=None, compare=False, repr=False)
 
 
 def resolve_credentials(settings: S3Settings) -> Credentials:
@@ -94,7 +97,37 @@ def resolve_credentials(settings: S3Settings) -> Credentials:
     endpoint = endpoint or _profile_endpoint(config)
     bundle = bundle or (str(config["ca_bundle"]) if config.get("ca_bundle") else None)
     bundle = bundle or env.get("REQUESTS_CA_BUNDLE") or None
-    return Credentials(str(frozen.access_key), str(frozen.secret_key), frozen.token, region, endpoint, bundle)
+    import botocore.credentials
+
+    # (a frozen copy only of what never expires: a training job outlives a 1-12 h role session,
+    # and every miss and revalidation after its expiry failed with AuthError)
+    expiring = creds if isinstance(creds, botocore.credentials.RefreshableCredentials) else None
+    return Credentials(
+        str(frozen.access_key), str(frozen.secret_key), frozen.token, region, endpoint, bundle, expiring
+    )
+
+
+def credentials_provider(creds: Credentials) -> Any:
+    """The CRT provider that signs with `creds`: static keys as they are; expiring ones through a
+    delegate that asks botocore's object for every signature (a lock and a clock check, until the
+    advisory 15 minutes before expiry, when botocore fetches new ones the way boto3 would)."""
+    from awscrt import auth
+
+    if creds.refreshable is None:
+        return auth.AwsCredentialsProvider.new_static(creds.access_key, creds.secret_key, creds.token)
+    last = [auth.AwsCredentials(creds.access_key, creds.secret_key, creds.token)]
+
+    def current() -> Any:
+        try:
+            frozen = creds.refreshable.get_frozen_credentials()
+        except Exception:
+            # the refresh failed (the network, an SSO login that ran out): the last ones are
+            # tried, and the store's refusal is the AuthError the caller sees
+            return last[0]
+        last[0] = auth.AwsCredentials(str(frozen.access_key), str(frozen.secret_key), frozen.token)
+        return last[0]
+
+    return auth.AwsCredentialsProvider.new_delegate(current)
 
 
 def _default_profile_ca_bundle(env: Any) -> str | None:
@@ -298,7 +331,7 @@ class S3:
     """One CRT S3 client for this process (recreated after fork: CRT threads do not survive it)."""
 
     def __init__(self, settings: S3Settings, throughput_gbps: float = 20.0, memory_limit: int = 256 << 20):
-        from awscrt import auth, s3
+        from awscrt import s3
 
         self.settings = settings
         self.creds = resolve_credentials(settings)
@@ -325,9 +358,7 @@ class S3:
         tls_options = (
             crt_tls_options(self.creds.ca_bundle) if self.scheme == "https" and self.creds.ca_bundle else None
         )
-        provider = auth.AwsCredentialsProvider.new_static(
-            self.creds.access_key, self.creds.secret_key, self.creds.token
-        )
+        provider = credentials_provider(self.creds)
         signing = s3.create_default_s3_signing_config(region=self.creds.region, credential_provider=provider)
         self.signing = signing  # also signs the ranged GETs of cache.ranged
         retry = s3.S3RetryConfig(
