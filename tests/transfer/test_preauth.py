@@ -95,20 +95,29 @@ def test_tcp_recv_timeout_covers_the_frame_body() -> None:
 @pytest.mark.parametrize("authenticated", [True, False])
 def test_tcp_slow_but_moving_frame_is_cut_only_before_auth(authenticated: bool) -> None:
     """After AUTH the timeout bounds silence, not the frame: a chunk trickling over a slow link
-    (here 2 s for one frame, with recv's timeout at 0.6 s) must arrive whole. Before AUTH the
-    whole frame is bounded (found by a review: a 64 MiB chunk at 200 KiB/s was cut at 300 s, and
-    its resend the same way, for ever)."""
+    (here a piece every 0.05 s, its last only once twice recv's 1 s timeout has passed) must arrive
+    whole. Before AUTH the whole frame is bounded (found by a review: a 64 MiB chunk at 200 KiB/s
+    was cut at 300 s, and its resend the same way, for ever). The frame always outlasts the
+    timeout (the last piece waits for the clock), and a stall of the sending thread of up to
+    0.95 s still leaves the link moving by recv's measure."""
+    timeout = 1.0
     body = os.urandom(200_000)
     with socket.create_server(("127.0.0.1", 0)) as srv:
         peer = socket.create_connection(srv.getsockname()[:2])
         conn, _ = srv.accept()
 
         def trickle() -> None:
-            data = header(FrameType.HELLO, len(body)) + body
-            for i in range(0, len(data), 10_000):
-                with contextlib.suppress(OSError):
-                    peer.sendall(data[i : i + 10_000])
-                time.sleep(0.1)
+            data = memoryview(header(FrameType.HELLO, len(body)) + body)
+            ends = time.monotonic() + 2 * timeout
+            piece = 2_000  # 106 pieces at 0.05 s: ~5 s of room, cut short by the clock below
+            with contextlib.suppress(OSError):
+                while len(data) > piece and time.monotonic() < ends:
+                    peer.sendall(data[:piece])
+                    data = data[piece:]
+                    time.sleep(0.05)
+                while time.monotonic() < ends:  # (not reached: the pieces outlast the clock)
+                    time.sleep(0.05)
+                peer.sendall(data)
 
         sender = threading.Thread(target=trickle)
         with peer, conn:
@@ -116,11 +125,11 @@ def test_tcp_slow_but_moving_frame_is_cut_only_before_auth(authenticated: bool) 
             sender.start()
             try:
                 if authenticated:
-                    frame = ch.recv(timeout=0.6)
+                    frame = ch.recv(timeout=timeout)
                     assert frame is not None and bytes(frame.body) == body
                 else:
                     with pytest.raises(TimeoutError):
-                        ch.recv(timeout=0.6)
+                        ch.recv(timeout=timeout)
             finally:
                 sender.join()
 
