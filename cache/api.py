@@ -481,7 +481,7 @@ class Cache:
 
     # --- reading -------------------------------------------------------------------------------
 
-    def open(self, url: str, *, tier: str | None = None) -> IO[bytes]:
+    def open(self, url: str | os.PathLike[str], *, tier: str | None = None) -> IO[bytes]:
         """A verified, read-only file object for `url`; a miss fetches it first.
 
         Objects up to 16 MiB come back as an in-memory buffer (hashed against the recorded xxh3 on
@@ -545,7 +545,7 @@ class Cache:
             return handle
         raise CacheError(f"could not open {url}: it kept changing or being evicted for {OPEN_PATIENCE:.0f} s")
 
-    def read_bytes(self, url: str) -> bytes:
+    def read_bytes(self, url: str | os.PathLike[str]) -> bytes:
         with self.open(url) as fh:
             return fh.read()
 
@@ -716,7 +716,9 @@ class Cache:
         entry = result.landed[0]
         return entry, result.kept.get(entry.url, -1)
 
-    def prefetch(self, urls: Iterable[str], ahead: int = 64, tier: str = "ram") -> Prefetcher:
+    def prefetch(
+        self, urls: Iterable[str | os.PathLike[str]], ahead: int = 64, tier: str = "ram"
+    ) -> Prefetcher:
         """Keeps the next `ahead` items of `urls` (in the order `open` will ask for them) cached in
         `tier`, fetching from the origin or promoting from disk in a background thread."""
         if isinstance(urls, str | bytes):
@@ -759,13 +761,13 @@ class Cache:
             if page:
                 yield page
 
-    def stat(self, url: str) -> Entry:
+    def stat(self, url: str | os.PathLike[str]) -> Entry:
         entry = self._state().index.get(normalise_url(url))
         if entry is None:
             raise NotFoundError(f"not cached: {url}")
         return entry
 
-    def path(self, url: str, *, fresh: bool = False) -> Path:
+    def path(self, url: str | os.PathLike[str], *, fresh: bool = False) -> Path:
         """The file holding a cached URL (NotFoundError when not cached). With `fresh`, the entry is
         first revalidated the way `open` does (a local origin always, S3 after `max_age`), and
         fetched again when the origin has a new version or the cached file has gone; the bytes

@@ -382,10 +382,13 @@ def origin_for_url(url: str, settings: S3Settings) -> S3Origin | LocalOrigin:
     return LocalOrigin(Path(os.path.dirname(url) or "/"))
 
 
-def normalise_url(url: str) -> str:
-    """Cache keys: s3:// URLs as given, local paths made absolute (no symlink resolution).
-    Raises BadSourceError for another scheme (it is not a relative path named `http:`) and for
-    a name that is not UTF-8 (the index keys entries by URL text)."""
+def normalise_url(url: str | os.PathLike[str]) -> str:
+    """Cache keys: s3:// URLs as given, local paths made absolute (no symlink resolution); a
+    `pathlib.Path` is the path it names. Raises BadSourceError for another scheme (it is not a
+    relative path named `http:`) and for a name that is not UTF-8 (the index keys entries by URL
+    text)."""
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)  # (a bytes path stays bytes, and is refused below as before)
     _check_not_blank(url)
     _check_not_a_mistyped_url(url)
     scheme, sep, rest = url.partition("://")
