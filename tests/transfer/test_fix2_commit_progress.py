@@ -110,10 +110,12 @@ def test_a_receiver_that_stalls_after_commit_is_given_up_on_in_a_few_progress_in
 def test_a_long_placement_that_reports_progress_is_waited_for(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Silence is what counts: placing for 1.5 s, 2.5 times the sender's silence window, goes on
-    to DONE because PROGRESS keeps coming (every 0.2 s)."""
-    monkeypatch.setattr(receiver_mod, "PROGRESS_S", 0.2, raising=False)
-    _slow_placing(monkeypatch, threading.Event(), 1.5)
+    """Silence is what counts: placing for 2 s, longer than the sender's 1.5 s silence window,
+    goes on to DONE because PROGRESS keeps coming (every 0.05 s: the window is 30 intervals, so a
+    PROGRESS frame up to ~1.4 s late on a loaded runner still counts)."""
+    monkeypatch.setattr(receiver_mod, "PROGRESS_S", 0.05, raising=False)
+    monkeypatch.setattr(sender_mod, "PROGRESS_SILENCE", 30.0, raising=False)
+    _slow_placing(monkeypatch, threading.Event(), 2.0)
     src = _src(tmp_path)
     with _receiver(tmp_path / "dst") as port:
         got = _send(src, port)
