@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import xxhash
 
@@ -61,6 +61,9 @@ from cache.origins import (
 from cache.s3 import S3Settings
 from cache.sizes import parse_size, stored_size
 from cache.store import Store
+
+if TYPE_CHECKING:
+    from cache.preload import PreloadResult
 
 SMALL_READ = 16 << 20  # objects up to this size are read into memory on open (no lease kept)
 DEFAULT_MAX_AGE = 60.0
@@ -733,10 +736,33 @@ class Cache:
 
     # --- preload and inspection ----------------------------------------------------------------
 
-    def preload(self, sources: list[str], **kwargs: Any) -> Any:
+    def preload(
+        self,
+        sources: list[str],
+        *,
+        include: Iterable[str] = (),
+        exclude: Iterable[str] = (),
+        tier: str = "disk",
+        workers: int = 256,
+        dry_run: bool = False,
+        keep_planned: bool = True,
+        on_event: ev.EventSink = ev.ignore,
+    ) -> PreloadResult:
+        """Fetches every object under `sources` (s3:// prefixes, directories, files) into `tier`,
+        skipping what is cached at the same version (rq preload; docs/cache.md)."""
         from cache.preload import run_preload
 
-        return run_preload(self, sources, **kwargs)
+        return run_preload(
+            self,
+            sources,
+            include=include,
+            exclude=exclude,
+            tier=tier,
+            workers=workers,
+            dry_run=dry_run,
+            keep_planned=keep_planned,
+            on_event=on_event,
+        )
 
     def entries(self, pattern: str | None = None) -> list[Entry]:
         """Entries whose URL is `pattern`, starts with it when it ends in `/`, or matches it as a
