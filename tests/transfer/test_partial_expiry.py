@@ -131,22 +131,33 @@ def test_a_transfer_open_in_another_process_or_being_planned_is_left_alone(
     other.close()
 
 
-def test_a_superseded_transfers_own_partial_files_go_and_the_shared_ones_stay(tmp_path: Path) -> None:
+def test_a_superseded_transfers_own_partial_files_go_and_the_shared_ones_stay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A re-sent checkpoint with one file renamed: the new transfer's plan drops the old manifest
     (it names a file the new one sends) and the old transfer's other .part files are left with no
     manifest at all; nothing removed them, ever. They go by their own age now, while the file the
-    new transfer shares (same version: same key, same .part) keeps every chunk it has. No clock
-    moved here: the first transfer is left 1.2 s before the second, and the age is 1 s."""
+    new transfer shares (same version: same key, same .part) keeps every chunk it has. The store's
+    clock is set so that its 1 s age falls between the two transfers' last changes (ctimes),
+    however long the steps between them took."""
     store = Store(tmp_path)
     shared = _entry("shared.bin", 5000, 1)  # under RESERVE_MIN: the second plan does not touch it
     first = make_manifest(CS, [shared, _entry("only-first.bin", 10, 2)])
     _abandoned(store, first)
-    time.sleep(1.2)
+    first_ns = max(p.stat().st_ctime_ns for p in (tmp_path / ".rq-partial").iterdir())
+    probe = tmp_path / "clock-probe"
+    while True:  # until the file system's clock has moved on past the first transfer (by 1 ms)
+        probe.write_bytes(b"")
+        if probe.stat().st_ctime_ns > first_ns + 1_000_000:
+            break
+        time.sleep(0.001)
+    between = (first_ns + probe.stat().st_ctime_ns) / 2e9
     second = make_manifest(CS, [shared, _entry("only-second.bin", 10, 3)])
     store.plan(second).close()  # its sender came and went: its state is fresh
     assert f"{first.transfer_id}.manifest.json" not in _state(tmp_path)  # superseded
     orphan = next(f.key for f in first.files if f.name == "only-first.bin")
     assert f"{orphan}.part" in _state(tmp_path)
+    monkeypatch.setattr(store_mod, "time", SimpleNamespace(time=lambda: between + 1.0))
     expired = store.expire(1.0)
     assert expired.transfers == () and expired.files == 1
     store.recover(1.0)  # and the prune that follows takes its journal
