@@ -124,6 +124,16 @@ def bucket(s3_client: Any) -> Iterator[str]:
 
 
 @pytest.fixture
+def umask_000() -> Iterator[None]:
+    """The test runs under umask 000 (the widest a user can set): what rq makes must still be safe."""
+    old = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.fixture
 def nats_url(services: Services) -> str:
     return services.nats_url
 

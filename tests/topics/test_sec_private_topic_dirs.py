@@ -7,22 +7,10 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from topics.embedded.groups import GroupStore
 from topics.embedded.log import LogWriter
-
-
-@pytest.fixture
-def umask_000() -> Iterator[None]:
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 def _mode(path: Path) -> int:

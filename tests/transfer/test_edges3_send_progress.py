@@ -12,9 +12,8 @@ import os
 import socket
 import threading
 from pathlib import Path
-from typing import Any
 
-from xfer_kit import TOKEN, Recv, Relay
+from xfer_kit import TOKEN, BarSpy, Recv, Relay
 
 from transfer.events import ChunkMoved, Event, SendProgress, TransferPlanned
 from transfer.sender import SendOptions, send
@@ -95,7 +94,7 @@ def test_progress_does_not_go_back_when_the_link_drops(tmp_path: Path) -> None:
     assert all(e.total_bytes == CHUNKS * CHUNK for e in events if isinstance(e, SendProgress))
 
     # what rq send's bar shows for the same events: never back either
-    bar = _Bar()
+    bar = BarSpy()
     from rqcli.commands.transfer import _send_progress
     from rqcli.output import Output
 
@@ -103,20 +102,3 @@ def test_progress_does_not_go_back_when_the_link_drops(tmp_path: Path) -> None:
     for ev in events:
         show(ev)
     assert bar.shown == sorted(bar.shown) and bar.shown[-1] == CHUNKS * CHUNK, bar.shown
-
-
-class _Bar:
-    """The calls rq send makes on its rich progress bar, recording what it shows."""
-
-    def __init__(self) -> None:
-        self.shown: list[int] = []
-
-    def add_task(self, _description: str, total: int) -> int:
-        return 0
-
-    def update(self, _task: int, completed: int | None = None, **_: Any) -> None:
-        if completed is not None:
-            self.shown.append(completed)
-
-    def advance(self, _task: int, n: int) -> None:
-        self.shown.append((self.shown[-1] if self.shown else 0) + n)

@@ -6,7 +6,8 @@ chunks sent again, which took it past the total. Events as the receiver reports 
 from __future__ import annotations
 
 import io
-from typing import Any
+
+from xfer_kit import BarSpy
 
 from rqcli.commands.transfer import _recv_progress
 from rqcli.output import Output
@@ -16,25 +17,8 @@ CHUNK = 64 * 1024
 TOTAL = 12 * CHUNK
 
 
-class Bar:
-    """The calls rq recv makes on its rich progress bar, recording what it shows."""
-
-    def __init__(self) -> None:
-        self.shown: list[int] = []
-
-    def add_task(self, _description: str, total: int) -> int:
-        return 0
-
-    def update(self, _task: int, completed: int | None = None, **_: Any) -> None:
-        if completed is not None:
-            self.shown.append(completed)
-
-    def advance(self, _task: int, n: int) -> None:
-        self.shown.append((self.shown[-1] if self.shown else 0) + n)
-
-
 def test_the_receivers_bar_never_goes_back_nor_past_the_total() -> None:
-    bar = Bar()
+    bar = BarSpy()
     show = _recv_progress(Output(stdout=io.StringIO(), stderr=io.StringIO()), bar)
     plan = TransferPlanned("t" * 32, files=1, total_bytes=TOTAL, total_chunks=12, have_bytes=0)
     show(plan)

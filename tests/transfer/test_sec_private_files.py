@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,15 +24,6 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to anot
 
 def _mode(path: Path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
-
-
-@pytest.fixture
-def umask_000() -> Iterator[None]:
-    old = os.umask(0)
-    try:
-        yield
-    finally:
-        os.umask(old)
 
 
 def _token_file(tmp_path: Path, mode: int = 0o600) -> Path:

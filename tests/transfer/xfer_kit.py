@@ -435,3 +435,21 @@ def nobody_home() -> Any:
         yield home
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+class BarSpy:
+    """The calls rq send's and rq recv's progress handlers make on their rich progress bar,
+    recording each figure it would show."""
+
+    def __init__(self) -> None:
+        self.shown: list[int] = []
+
+    def add_task(self, _description: str, total: int) -> int:
+        return 0
+
+    def update(self, _task: int, completed: int | None = None, **_: Any) -> None:
+        if completed is not None:
+            self.shown.append(completed)
+
+    def advance(self, _task: int, n: int) -> None:
+        self.shown.append((self.shown[-1] if self.shown else 0) + n)
