@@ -71,45 +71,95 @@ source.Reader.read = read
 """
 
 
+# Reader.read in the sender's process, held while the chunk asked for is at or past the number in
+# the file `limit` (the test moves it on), saying so in `limit`.held (the number it waits past): the
+# receiver can hold no more than that many chunks, so a test can wait for a kill point and find
+# the transfer still under way, however slow its polls.
+_GATE_READS = """
+import os, time
+from transfer import source
+_read = source.Reader.read
+def read(self, f, k, length):
+    while k >= (limit := int(open({limit!r}).read())):
+        with open({limit!r} + ".held.new", "w") as held:
+            held.write(str(limit))
+        os.replace({limit!r} + ".held.new", {limit!r} + ".held")
+        time.sleep(0.01)
+    return _read(self, f, k, length)
+source.Reader.read = read
+"""
+
+
 def _sender(
-    src: Path, url: str, pin: str | None, *extra: str, hold_after: int | None = None
+    src: Path,
+    url: str,
+    pin: str | None,
+    *extra: str,
+    hold_after: int | None = None,
+    limit: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     args = ["send", str(src), url, "--json", "--retry-for", "30", *extra]
     if pin:
         args += ["--pin", pin]
     if hold_after is not None:
         return popen_rq_with(_HOLD_READS.format(reads=hold_after), *args, env=rq_env())
+    if limit is not None:
+        return popen_rq_with(_GATE_READS.format(limit=str(limit)), *args, env=rq_env())
     return subprocess.Popen(rq_cmd(*args), env=rq_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 # -- kill -9 at random points ---------------------------------------------------------------------
 
 
+def _set_limit(limit: Path, chunks: int) -> None:
+    """The sender may read chunks below `chunks` (see _GATE_READS); replaced whole, never half-written."""
+    part = limit.with_name(limit.name + ".new")
+    part.write_text(str(chunks))
+    os.replace(part, limit)
+
+
+def _held_at(limit: Path) -> int:
+    """The limit the sender last waited at (0: none yet)."""
+    try:
+        return int(limit.with_name(limit.name + ".held").read_text())
+    except FileNotFoundError:
+        return 0
+
+
 @pytest.mark.slow
 def test_kill9_sender_and_receiver_at_random_points_then_identical(tmp_path: Path) -> None:
+    """Every kill lands mid-transfer: the sender reads no chunk past the next kill point (+4; every
+    point is below 88 of 96 chunks), so the transfer cannot end before it. The kill comes when the
+    receiver's journal reaches the point, or when the sender waits at that limit (chunks it sent
+    that the receiver has not made durable yet may keep the journal a few short)."""
     src = tmp_path / "model.bin"
     src.write_bytes(os.urandom(24 << 20))
     dest = tmp_path / "dst"
     port = free_port(socket.SOCK_DGRAM)
     recv = Recv(dest, tmp_path / "cert", "quic", *SLOW_RECV, port=port).start()
     extra = SLOW_SEND
-    sender = _sender(src, recv.url, recv.pin, *extra)
     rng = random.Random(int.from_bytes(os.urandom(4), "big"))
     points = sorted(rng.sample(range(3, 88), 10))  # chunk records on the receiver's journal (96 chunks)
+    limit = tmp_path / "limit"
+    _set_limit(limit, points[0] + 4)
+    sender = _sender(src, recv.url, recv.pin, *extra, limit=limit)
     kills = []
     try:
         for i, point in enumerate(points):
-            wait_for(lambda p=point, s=sender: journal_records(dest) >= p or s.poll() is not None, 60)  # type: ignore[misc]
-            if sender.poll() is not None:
-                break
+            at = points[i] + 4
+            reached = wait_for(lambda p=point, a=at: journal_records(dest) >= p or _held_at(limit) >= a, 60)  # type: ignore[misc]
+            assert reached and sender.poll() is None, (point, journal_records(dest), kills)
             if i % 2 == 0:
                 sender.kill()
                 sender.wait()
                 kills.append(("sender", journal_records(dest)))
-                sender = _sender(src, recv.url, recv.pin, *extra)
             else:
                 recv.kill()
                 kills.append(("receiver", journal_records(dest)))
+            _set_limit(limit, points[i + 1] + 4 if i + 1 < len(points) else 1 << 30)
+            if i % 2 == 0:
+                sender = _sender(src, recv.url, recv.pin, *extra, limit=limit)
+            else:
                 recv = Recv(dest, tmp_path / "cert", "quic", *SLOW_RECV, port=port).start()
         _out, err = sender.communicate(timeout=120)
         assert sender.returncode == 0, err.decode()
@@ -117,7 +167,7 @@ def test_kill9_sender_and_receiver_at_random_points_then_identical(tmp_path: Pat
         if sender.poll() is None:
             sender.kill()
         recv.stop()
-    assert len(kills) >= 5, kills  # most kill points were reached before the end
+    assert len(kills) == len(points), kills
     assert _sha(dest / "model.bin") == _sha(src)
     assert not list((dest / ".rq-partial").glob("*.part"))
 
