@@ -73,11 +73,11 @@ def test_a_cached_chunk_is_mapped_under_a_lease_that_holds_writers_off(tmp_path:
         )
         assert probe.returncode != 0 and b"BlockingIOError" in probe.stderr  # held off by the lease
         opener = _writer(path, "open")
-        assert wait_for(lambda: _break_pending(reader), 5)
+        assert wait_for(lambda: _break_pending(reader), 30)
         assert opener.poll() is None  # it waits for rq
         assert bytes(reader.read(0, 1, CS)) == data[CS : 2 * CS]
         assert not reader.mapped and reader.leased == set()
-        assert opener.wait(5) == 0  # let go at the chunk boundary, not after lease-break-time (45 s)
+        assert opener.wait(30) == 0  # let go at the chunk boundary, not after lease-break-time (45 s)
         assert bytes(reader.read(0, 2, CS)) == data[2 * CS :]
     finally:
         reader.close()
@@ -92,11 +92,11 @@ def test_a_truncation_while_a_chunk_is_mapped_is_a_changed_source_not_sigbus(tmp
         view = reader.read(0, 0, CS)
         assert reader.mapped
         truncator = _writer(path, "truncate")
-        assert wait_for(lambda: _break_pending(reader), 5)
+        assert wait_for(lambda: _break_pending(reader), 30)
         assert codec.digest(view) == codec.digest(data[:CS])  # the writer still waits: safe to touch
         rest = reader.steady(view)  # what the TCP channel asks before each 1 MiB piece
         assert bytes(rest) == data[:CS] and not reader.mapped
-        assert truncator.wait(5) == 0
+        assert truncator.wait(30) == 0
         with pytest.raises(SourceChangedError, match="shrank"):
             reader.read(0, 1, CS)
     finally:
