@@ -1012,7 +1012,9 @@ class Prefetcher:
         """Moves the window past items read by other processes since it started: a prefetch made
         in the training process and reads in its forked or spawned DataLoader workers. Their reads
         are known from the LRU stamps they write to the index (batched: about a second late), a
-        stamp newer than the entry itself being a read rather than the landing."""
+        stamp newer than the entry itself being a read rather than the landing. A read made before
+        our own promotion of the entry (a new landing) whose stamp arrives after it is recorded by
+        Index.touch just past `created` (READ_BEFORE_LANDING): it counts as well."""
         start = self.position
         window = self.urls[start : start + self.ahead]
         have = self.cache._state().index.get_many(set(window))

@@ -99,6 +99,10 @@ class IndexVersionError(CacheError):
 
 ENTRY_COLS = "url, version, size, tier, blob, xxh3, verified_by, pinned, last_access, checked_at, created"
 HOLD_COLS = "id, tier, size, kind, blob, url, pid, pid_start, created"
+# where Index.touch puts the stamp of an entry read before it landed (and stamped after): past its
+# `created`, so that it counts as read (Prefetcher), by a microsecond (several float steps at
+# today's epoch seconds), so that its LRU place is that of its landing
+READ_BEFORE_LANDING = 1e-6
 
 
 @dataclass
@@ -490,12 +494,19 @@ class Index:
             return
         # a stamp never moves back (batches of several processes land out of order), except one
         # that lies ahead of the clock: the wall clock stepped back since (NTP, a resumed VM), and
-        # kept, it would stop every later read from being recorded, for LRU and for Prefetcher
+        # kept, it would stop every later read from being recorded, for LRU and for Prefetcher.
+        # A stamp older than the landing of an entry not read since (last_access = created) is a
+        # read made before it landed, its batch written late: a DataLoader worker's read of a disk
+        # copy that a Prefetcher then promoted to RAM (a new landing). It marks the entry read,
+        # last_access = created + READ_BEFORE_LANDING, else Prefetcher never sees that read
+        # (its window stalled for the rest of the pass); for LRU the entry is as fresh as landed.
         ahead = time.time() + 1.0
         with self.write() as db:
             db.executemany(
-                "UPDATE entries SET last_access = ? WHERE url = ? AND (last_access < ? OR last_access > ?)",
-                [(t, u, t, ahead) for u, t in stamps.items()],
+                "UPDATE entries SET last_access = CASE WHEN last_access = created AND ? < created"
+                " AND last_access <= ? THEN created + ? ELSE ? END"
+                " WHERE url = ? AND (last_access < ? OR last_access > ? OR (last_access = created AND ? < created))",
+                [(t, ahead, READ_BEFORE_LANDING, t, u, t, ahead, t) for u, t in stamps.items()],
             )
 
     def mark_checked(self, urls: list[str], when: float) -> None:
