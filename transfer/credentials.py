@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import errno
 import hashlib
 import os
 import secrets
@@ -50,9 +49,13 @@ def load_token(path: Path | None, env_value: str | None, create: bool) -> bytes:
 
 def _check_dir(directory: Path, said: str, sticky_ok: bool) -> None:
     """AuthError when `directory` is another user's or others can write it (`said` begins the line)."""
-    st = os.stat(directory)
+    try:
+        st = os.stat(directory)
+    except NotADirectoryError:  # a file on the way to it: said of the path asked for, as below
+        raise AuthError(f"{said} lies under a file, not a directory") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), os.fspath(directory))
+        # (as "token file F does not exist": the token cannot be had from where it was asked for)
+        raise AuthError(f"{said} is not a directory")
     problem = dir_problem(st, sticky_ok=sticky_ok)
     if problem is not None:
         fix = f"chmod go-w {directory}" if st.st_uid in (os.geteuid(), 0) else "use a directory of your own"

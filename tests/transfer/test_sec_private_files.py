@@ -183,3 +183,14 @@ def test_a_state_directory_of_another_user_is_refused(tmp_path: Path) -> None:
     os.chown(dest / ".rq-partial", OTHER_UID, OTHER_UID)
     with pytest.raises(UnsafeNameError, match=f"belongs to uid {OTHER_UID}"):
         Store(dest)
+
+
+def test_a_token_file_under_a_file_is_one_auth_line(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("not a directory")
+    token = tmp_path / "f" / "tok"
+    with pytest.raises(
+        AuthError, match=f"token file {token} is in {tmp_path / 'f'}, which is not a directory"
+    ):
+        load_token(
+            token, None, create=False
+        )  # was a bare NotADirectoryError: rq send exit 1, no mention of it
