@@ -507,6 +507,19 @@ def check_server(ref: Any, connect_timeout: float = 3.0) -> None:
         conn.close()
 
 
+async def _delivered(got: asyncio.Event, timeout: float) -> bool:
+    """Whether `got` was set within `timeout` s (a seek's first delivery)."""
+    try:
+        await asyncio.wait_for(got.wait(), timeout)
+    except TimeoutError:
+        return False
+    return True
+
+
+def _iso(ts_ms: int) -> str:
+    return datetime.fromtimestamp(ts_ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
 def _total(info: Any) -> int:
     """Messages this consumer will deliver in all: not yet delivered plus already pushed to us
     (the server may have sent everything before it answers the info request)."""
@@ -515,6 +528,8 @@ def _total(info: Any) -> int:
 
 
 _DURABLE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+# how long a seek by time waits for the first record of a stream its consumer says holds some
+SEEK_WAIT_S = 10.0
 _LAST_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: the last instant datetime can hold
 
 
@@ -794,7 +809,11 @@ class JetStreamSource:
                 info = await sub.consumer_info()
                 if _total(info) == 0:
                     return None
-                await asyncio.wait_for(got.wait(), 10)
+                if not await _delivered(got, SEEK_WAIT_S):
+                    raise SourceUnreachable(
+                        f"NATS at {self.conn.where} said stream {self.conn.stream} holds records "
+                        f"from {_iso(ts_ms)} on, but delivered none of them within {SEEK_WAIT_S:g} s"
+                    )
                 return found[0]
             finally:
                 with contextlib.suppress(Exception):
