@@ -209,9 +209,15 @@ def _from_os_error(exc: OSError) -> CliError:
         errno.EHOSTUNREACH: ExitCode.UNREACHABLE,
         errno.ECONNRESET: ExitCode.UNREACHABLE,
         errno.EEXIST: ExitCode.EXISTS,
+        errno.ETIMEDOUT: ExitCode.UNREACHABLE,
     }.get(exc.errno or 0, ExitCode.FAILURE)
     where = f": {exc.filename}" if exc.filename else ""
-    return CliError(f"{exc.strerror or exc}{where}", code)
+    text = exc.strerror or str(exc)
+    if not text:
+        # a bare TimeoutError (an OSError) that some library let out: "rq: error: " and nothing
+        # else told nobody anything
+        return CliError(f"unexpected {type(exc).__name__}{where} (run with -v for the traceback)", code)
+    return CliError(f"{text}{where}", code)
 
 
 class _NeverRaised(click.ClickException):

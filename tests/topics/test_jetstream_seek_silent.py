@@ -51,3 +51,32 @@ def test_a_seek_that_gets_no_record_is_one_line(nats_url: str, tmp_path: Path) -
         done = [json.loads(x) for x in out.decode().splitlines() if '"done"' in x]
         assert not [json.loads(x) for x in out.decode().splitlines() if '"offset"' in x]
         assert done == [] or done[-1].get("records") == 0, out
+
+
+# whatever let a bare TimeoutError out (an OSError with no text), it must not print "rq: error: "
+_BARE = """
+import topics.sources.jetstream as js
+async def _bare(got, timeout):
+    raise TimeoutError()
+js._delivered = _bare
+"""
+
+
+def test_a_bare_timeout_error_still_says_something(nats_url: str, tmp_path: Path) -> None:
+    with made_streams(nats_url, "seekbare") as make:
+        name = make()
+        produce(f"{nats_url}/{name}/{name}.x", b"a\n")
+        proc = popen_rq_with(
+            _BARE,
+            "replay",
+            f"{nats_url}/{name}",
+            "--from",
+            "@2026-01-01T00:00:00Z",
+            env={"RQ_TOPICS_DIR": str(tmp_path)},
+        )
+        wait_or_fail(proc, 60, "rq replay still running after 60 s")
+        err = proc.communicate()[1].decode().strip()
+        assert err == "rq: error: unexpected TimeoutError (run with -v for the traceback)", (
+            err
+        )  # was "rq: error:"
+        assert proc.returncode == ExitCode.FAILURE
