@@ -92,6 +92,24 @@ def _check_apart(ram_dir: Path, root: Path) -> None:
         raise UnsafeDirError(f"the RAM tier directory {ram_dir} must be apart from the cache dir {root}")
 
 
+class CachedBytes(io.BytesIO):
+    """What `Cache.open` returns for an object of up to SMALL_READ bytes: its verified bytes in
+    memory, read-only like the file object a bigger one comes back as (a write used to be taken
+    and then lost). `getvalue()` returns the bytes without a copy (CPython shares them)."""
+
+    def writable(self) -> bool:
+        return False
+
+    def write(self, _b: Any) -> int:
+        raise io.UnsupportedOperation("write: a cached object is read-only")
+
+    def writelines(self, _lines: Any) -> None:
+        raise io.UnsupportedOperation("writelines: a cached object is read-only")
+
+    def truncate(self, _size: int | None = None) -> int:
+        raise io.UnsupportedOperation("truncate: a cached object is read-only")
+
+
 class _Gone(Exception):
     """The entry vanished between the index lookup and the open (evicted or replaced): look again."""
 
@@ -652,7 +670,7 @@ class Cache:
                 if xxhash.xxh3_128(data).hexdigest() != entry.xxh3:
                     raise VerifyError(f"{entry.url}: cached bytes do not match their recorded digest")
                 os.close(fd)
-                return io.BytesIO(data)
+                return CachedBytes(data)
             stamp = (entry.blob, st.st_ino, st.st_mtime_ns)
             if stamp not in self._verified:
                 if file_digest(fd, entry.size) != entry.xxh3:

@@ -12,6 +12,12 @@ class BadSourceError(CacheError, ValueError):
     one, a URL that is not text, …). Also a ValueError, as the bad value it is."""
 
 
+class ReadOnlyCacheError(BadSourceError):
+    """A change asked of a cache whose index could be opened only for reading (its file system is
+    read-only, or its directory is not writable by this user): reading it works, changing it does
+    not. A BadSourceError (rq: exit 2), as for a cache dir that cannot be made."""
+
+
 class NotFoundError(CacheError):
     """The bucket, key, directory or cache entry does not exist."""
 

@@ -24,14 +24,7 @@ from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.errors import BadSourceError, CacheError, CacheFullError
-
-
-class ReadOnlyCacheError(BadSourceError):
-    """A change asked of a cache whose index could be opened only for reading (its file system is
-    read-only, or its directory is not writable by this user): reading it works, changing it does
-    not. A BadSourceError (rq: exit 2), as for a cache dir that cannot be made."""
-
+from cache.errors import CacheError, CacheFullError, ReadOnlyCacheError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
