@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import queue
 import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -57,7 +58,7 @@ def _child(
         return  # nobody is left to read what this child would report
     import threading
 
-    from transfer.sender import Stats, Work, run_connection
+    from transfer.sender import Stats, Work
     from transfer.transport import get_transport
 
     def on_event(ev: Any) -> None:
@@ -78,23 +79,9 @@ def _child(
 
     threading.Thread(target=_stop_when_told, daemon=True).start()
     try:
-        conn = get_transport(name).connect(copts)
-        try:
-            run_connection(
-                conn,
-                opts.streams,
-                token,
-                manifest,
-                files,
-                work,
-                opts,
-                digests,
-                Stats(),
-                on_event,
-                copts.timeout,
-            )
-        finally:
-            conn.close()
+        _run_one(
+            get_transport(name).connect, copts, token, manifest, files, work, opts, digests, Stats(), on_event
+        )
         out.put(("ok", [(f, k, d) for f, ds in enumerate(digests) for k, d in ds.items()]))
     except TransferError as exc:
         out.put(("error", exc.code, str(exc)))
@@ -115,6 +102,8 @@ def move_in_processes(
     on_event: EventCallback,
     data_ports: list[int],
 ) -> None:
+    """Connection 0 runs in this process (in a thread, while the children start: a spawned child
+    costs ~0.1 CPU-s of interpreter and imports before it sends), each other one in a child."""
     n = min(opts.connections, len(todo))
     ctx = mp.get_context("spawn")  # never fork a process that runs threads and an event loop
     out = ctx.Queue()
@@ -138,10 +127,19 @@ def move_in_processes(
             daemon=True,
         )
         for i, share in enumerate(shares)
+        if i > 0
     ]
     for p in procs:
         p.start()
-    pending = len(procs)
+    own = _Own(shares[0], stats)
+    own_copts = _port(copts, data_ports, 0)
+    own.start(
+        lambda: _run_one(
+            transport.connect, own_copts, token, manifest, files, own.work, opts, digests, stats, on_event
+        ),
+        out,
+    )
+    pending = len(procs) + 1
 
     def take(msg: tuple[Any, ...]) -> None:
         if msg[0] == "moved":  # the parent's Stats knows every attempt: it tells what was resent
@@ -164,6 +162,9 @@ def move_in_processes(
                 for f, k, d in msg[1]:
                     digests[f][k] = d
                 pending -= 1
+            elif msg[0] == "own":
+                own.raise_failure()
+                pending -= 1
             elif msg[0] == "error":
                 raise error_from_code(msg[1], msg[2])
     finally:
@@ -171,10 +172,75 @@ def move_in_processes(
         # moved is counted (the summary's bytes_raw and chunks_sent, chunks_acked), or chunks the
         # receiver keeps would be missing from it and never sent again to be counted
         stopping.close()
+        own.stop()
         _drain(out, procs, take)
         stop.close()
         with contextlib.suppress(Exception):
             out.close()
+
+
+class _Own:
+    """Connection 0, run by a thread of the parent with the threaded path's run_connection: it
+    counts into the parent's Stats and digests directly, and says it ended with an ("own",)
+    message on the children's queue, so one loop waits for all of them."""
+
+    def __init__(self, todo: list[Pair], stats: Any):
+        from transfer.sender import Work
+
+        self.work = Work(todo, stats.add_acked)
+        self.failure: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self, body: Callable[[], None], out: Any) -> None:
+        """Runs `body` (connection 0's _run_one) in a thread that says ("own",) on `out` at its end."""
+
+        def run() -> None:
+            try:
+                body()
+            except BaseException as exc:
+                self.failure = exc
+            finally:
+                out.put(("own",))
+
+        self.thread = threading.Thread(target=run, name="rq-conn-0", daemon=True)
+        self.thread.start()
+
+    def raise_failure(self) -> None:
+        if self.failure is None:
+            return
+        if isinstance(self.failure, TransferError):
+            raise self.failure
+        raise PeerUnreachableError(f"{type(self.failure).__name__}: {self.failure}") from self.failure
+
+    def stop(self) -> None:
+        """Ends connection 0 between chunks (the attempt is over) and waits for it, at most STOP_S."""
+        self.work.fail(PeerUnreachableError("the attempt was given up"))
+        if self.thread is not None:
+            self.thread.join(STOP_S)
+
+
+def _run_one(
+    connect: Callable[[ConnectOptions], Any],
+    copts: ConnectOptions,
+    token: bytes,
+    manifest: Manifest,
+    files: list[SourceFile],
+    work: Any,
+    opts: Any,
+    digests: list[dict[int, bytes]],
+    stats: Any,
+    on_event: EventCallback,
+) -> None:
+    """Connects, and moves `work` over that one connection (a child's, or connection 0's)."""
+    from transfer.sender import run_connection
+
+    conn = connect(copts)
+    try:
+        run_connection(
+            conn, opts.streams, token, manifest, files, work, opts, digests, stats, on_event, copts.timeout
+        )
+    finally:
+        conn.close()
 
 
 def _drain(out: Any, procs: list[Any], take: Callable[[tuple[Any, ...]], None]) -> None:

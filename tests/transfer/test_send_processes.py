@@ -54,3 +54,38 @@ def test_a_failed_connection_process_leaves_every_chunk_moved_counted(tmp_path: 
     assert summary["chunks_sent"] - summary["chunks_resent"] == 192, summary
     assert summary["bytes_raw"] == summary["chunks_sent"] * CHUNK, summary
     assert (dest / "model.bin").read_bytes() == src.read_bytes()
+
+
+def test_connection_0_runs_in_the_sender_and_its_failure_is_a_retryable_loss() -> None:
+    """Connection 0 runs in the sending process itself (a thread; a child costs ~0.1 CPU-s of
+    start-up): when it cannot connect, move_in_processes raises a PeerUnreachableError naming
+    the cause (the sender retries those), and no child was started for a single share."""
+    import multiprocessing
+
+    from transfer.errors import PeerUnreachableError
+    from transfer.procs import move_in_processes
+    from transfer.sender import SendOptions, Stats
+    from transfer.transport import ConnectOptions
+
+    class Refusing:
+        name = "quic"
+
+        def connect(self, copts: ConnectOptions) -> None:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    before = multiprocessing.active_children()
+    with pytest.raises(PeerUnreachableError, match="ConnectionRefusedError"):
+        move_in_processes(
+            [(0, 0)],
+            Refusing(),  # type: ignore[arg-type]
+            ConnectOptions("127.0.0.1", 9, None),
+            b"t" * 32,
+            None,  # type: ignore[arg-type]  (never reached)
+            [],
+            SendOptions(connections=2),
+            [{}],
+            Stats(),
+            lambda _ev: None,
+            [],
+        )
+    assert multiprocessing.active_children() == before
