@@ -76,7 +76,15 @@ class _NonEmpty(click.ParamType):
 
 
 class NonEmptyPath(_NonEmpty, click.Path):
-    """click.Path that refuses '' (see _NonEmpty)."""
+    """click.Path that refuses '' (see _NonEmpty) and expands a leading `~`: a path from the config
+    file (TOML expands nothing), an environment variable or `--opt=~/x` (which some shells leave
+    as typed) became a directory named `~` in the working directory, so the cache moved with the
+    job's working directory. Arguments (SOURCE, DEST_DIR) are left as typed, as cp and rsync do."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.startswith("~"):
+            value = os.path.expanduser(value)
+        return super().convert(value, param, ctx)
 
 
 class NonEmptyText(_NonEmpty, click.types.StringParamType):
