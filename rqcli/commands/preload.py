@@ -394,6 +394,9 @@ def _preload(
                 keep_planned=False,
                 on_event=on_event,
             )
+            # the caps this run filled the tiers under: the warnings below name them, not what
+            # restore_limits() puts back after a failed run
+            caps = dict(c.caps)
             succeeded = not result.failed
         except CacheError as exc:
             err = cache_error_to_cli(exc)
@@ -449,7 +452,7 @@ def _preload(
         out.warn(
             f"{evicted + demoted} of the {result.objects} objects fetched did not stay in the "
             f"{tier} tier ({gone}) to make room for later ones: the data is bigger than the "
-            f"{tier} tier's cap of {format_size(c.caps[tier])}; raise --{tier}-limit or preload less"
+            f"{tier} tier's cap of {format_size(caps[tier])}; raise --{tier}-limit or preload less"
         )
     if result.demoted_full:
         out.warn(
@@ -462,7 +465,7 @@ def _preload(
 
         out.warn(
             f"{result.not_resident} objects of the set cached before this run are in the disk tier, "
-            f"not in RAM: the set is bigger than the RAM tier's cap of {format_size(c.caps['ram'])}; "
+            f"not in RAM: the set is bigger than the RAM tier's cap of {format_size(caps['ram'])}; "
             "raise --ram-limit or preload less"
         )
     if result.ignored > IGNORED_REPORTED:
