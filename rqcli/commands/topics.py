@@ -1122,6 +1122,7 @@ def tail(
         res = Result()
         skips = _SkipReporter(out, ref.url)
         shown = [0]  # records written out
+        shown_range: list[int | None] = [None, None]  # the offsets of the first and last of them
         stopped: KeyboardInterrupt | None = None
         failed: CliError | None = None  # what stopped the read partway: the done line still comes
         captured = _Copied()  # what --record stored
@@ -1142,6 +1143,10 @@ def tail(
             def shown_out(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
                 emit(records, decoded)
                 shown[0] += len(records)  # counted once written: a Ctrl-C may land inside a write
+                if records:
+                    if shown_range[0] is None:
+                        shown_range[0] = records[0][0]
+                    shown_range[1] = records[-1][0]
 
             try:
                 run(
@@ -1175,6 +1180,8 @@ def tail(
             "event": "done",
             "topic": ref.url,
             "records": shown[0],
+            "first_offset": shown_range[0],  # null when none was written out (as replay's)
+            "last_offset": shown_range[1],
             "next_offset": res.next_offset,
         }
         if record_to:
