@@ -19,10 +19,16 @@ from rqcli.output import Output, get_output, output_options, safe_text
 from rqcli.params import CommandEnvFirst, NonEmptyPath
 
 
-def cache_error_to_cli(exc: Exception) -> CliError:
-    """The cache library's exceptions, as one line and a documented exit code."""
+def cache_error_to_cli(exc: Exception, sources: tuple[str, ...] = ()) -> CliError:
+    """The cache library's exceptions, as one line and a documented exit code. `sources`, the
+    SOURCE arguments of `rq preload`: one with a wildcard that is not there gets --include's hint."""
     from cache import errors as e
     from cache.index import IndexVersionError
+
+    if isinstance(exc, e.NotFoundError):
+        hint = _glob_hint(sources, str(exc))
+        if hint is not None:
+            return CliError(safe_text(str(exc)), ExitCode.NOT_FOUND, hint=hint)
 
     table: list[tuple[type[Exception], ExitCode, str | None]] = [
         (e.BadSourceError, ExitCode.USAGE, None),
@@ -60,6 +66,30 @@ def cache_error_to_cli(exc: Exception) -> CliError:
         if isinstance(exc, cls):
             return CliError(safe_text(str(exc)), code, hint=hint or getattr(exc, "hint", None))
     return CliError(safe_text(str(exc)), ExitCode.FAILURE)
+
+
+def _glob_hint(sources: tuple[str, ...], message: str) -> str | None:
+    """A SOURCE is a prefix or directory, never a pattern (`rq preload 's3://b/train/*.tar'`, as
+    s5cmd takes it, lists the prefix "train/*.tar"): where the one not found has a wildcard, the
+    hint says how to ask for it, SOURCE cut at the last `/` before the wildcard and the rest given
+    to --include. Whether the not-found message is that source's: it names the part from the
+    wildcard's path component on (a local source appears in it as an absolute path)."""
+    import re
+    import shlex
+
+    for source in sources:
+        wild = re.search(r"[*?\[]", source)
+        if wild is None:
+            continue
+        cut = source.rfind("/", 0, wild.start()) + 1
+        base, pattern = source[:cut], source[cut:]
+        glob = pattern + "*" if pattern.endswith("/") else pattern  # a "directory" pattern: what is under it
+        # (a local path is named without its trailing /; a wildcard in a bucket name is no prefix)
+        if pattern.rstrip("/") not in message or base.endswith("://"):
+            continue
+        example = f"rq preload {shlex.quote(base or '.')} --include {shlex.quote(glob)}"
+        return f"SOURCE is a prefix or directory, not a pattern: use --include, e.g. `{example}`"
+    return None
 
 
 _DESCRIPTORS_HINT = (
@@ -318,7 +348,7 @@ def _preload(
             # first page that is the whole listing and that --include/--exclude leave empty too
             check_sources_exist(list(sources), settings, include, exclude)
     except CacheError as exc:
-        raise refused(cache_error_to_cli(exc)) from None
+        raise refused(cache_error_to_cli(exc, sources)) from None
     try:
         scratch = _scratch_for_dry_run(cache_dir) if dry_run else None
         c = open_cache(
@@ -399,7 +429,7 @@ def _preload(
             caps = dict(c.caps)
             succeeded = not result.failed
         except CacheError as exc:
-            err = cache_error_to_cli(exc)
+            err = cache_error_to_cli(exc, sources)
             # what was done before the abort still lands in the summary: scripts read it either way
             summary = tally.summary(time.monotonic() - started, tier, root, err, dry_run)
             if out.json or tally.planned or tally.skipped or tally.landed or tally.failed:
