@@ -143,6 +143,23 @@ class RdmaChannel:
                 return frame
             raise
 
+    # -- capabilities the receiver looks for (docs/transfer.md) -------------------------------------
+
+    @property
+    def frame_limit(self) -> int | None:
+        """The cap on the next frames' size. Every frame up to the switch (AUTH, the MANIFEST)
+        travels on the TCP bootstrap channel, so the cap is that channel's; the listener's
+        unauthenticated slot is that channel's too, and lifting the cap (None) gives it back."""
+        return self.tcp.frame_limit
+
+    @frame_limit.setter
+    def frame_limit(self, value: int | None) -> None:
+        self.tcp.frame_limit = value
+
+    def release_slot(self) -> None:
+        """This connection stops counting as unauthenticated (idempotent)."""
+        self.tcp.release_slot()
+
     def close(self) -> None:
         if self._closed:
             return
