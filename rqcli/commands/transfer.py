@@ -545,6 +545,9 @@ def recv(
     for signum in (signal.SIGTERM, signal.SIGHUP):  # a terminal or ssh session gone: as SIGTERM
         if signal.getsignal(signum) is not signal.SIG_IGN:  # (nohup: stays ignored)
             signal.signal(signum, _stop)
+    if worker:
+        # the parent's "we are done" (_stop_workers): installed before the listening line it waits for
+        signal.signal(WORKER_STOP, _stop)
     out.emit(
         {
             "event": "listening",
@@ -576,7 +579,9 @@ def recv(
                     break
                 if not once:
                     stop.wait(0.5)
-            if stop.is_set() and once and not receiver.completed.is_set():
+            by_parent = stopped_by[:1] == [WORKER_STOP.name]
+            if stop.is_set() and once and not receiver.completed.is_set() and not by_parent:
+                # (a worker its parent stops at the end says nothing: the parent speaks for it)
                 # a script waiting for one transfer must not read "received" from a kill
                 raise CliError(
                     f"stopped by {stopped_by[0] if stopped_by else 'SIGTERM'} before a transfer completed",
@@ -592,12 +597,24 @@ def recv(
         listener.close()
         server.join(timeout=5)
         receiver.close()
-        for child in children:
-            if child.poll() is None:
-                child.terminate()
-        for child in children:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=10)
+        _stop_workers(children)
+
+
+# How `rq recv --workers` tells its worker processes it is done. Not SIGTERM: a worker cannot tell
+# its parent's SIGTERM from anybody else's, and a --once worker that had not seen the transfer
+# complete (its parent had) said "stopped by SIGTERM before a transfer completed" on the shared
+# stderr after a verified transfer. A SIGTERM from elsewhere (or from the kernel as the parent dies)
+# is answered as before, and the parent reports a worker that ended on its own (_drop_dead_workers).
+WORKER_STOP = signal.SIGUSR1
+
+
+def _stop_workers(children: list[subprocess.Popen[bytes]]) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(WORKER_STOP)
+    for child in children:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=10)
 
 
 def _setup_error(exc: OSError, dest_dir: Path) -> Exception:
