@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from transfer.rdma.errors import CreditError
+from transfer.rdma.errors import CreditError, OutOfStepError
 
 SEQ_MASK = 0xFFFF
 COUNT_MODULUS = 1 << 32  # credit counts travel in a 32-bit immediate
@@ -98,7 +98,7 @@ class ReadCredits:
     def consume(self) -> None:
         """The oldest arrived slot was read out and may be written again."""
         if self.consumed >= self.arrived:
-            raise ValueError("consumed a slot that has not arrived")
+            raise OutOfStepError("consumed a slot that has not arrived")
         self.consumed += 1
 
     def credit_due(self, idle: bool) -> int | None:
@@ -136,5 +136,7 @@ class StagingPool:
     def complete_through(self, seq: int) -> None:
         """The write with sequence `seq` (and so all before it) completed."""
         if not self.completed <= seq < self.posted:
-            raise ValueError(f"completion for write {seq}, posted {self.posted}, completed {self.completed}")
+            raise OutOfStepError(
+                f"completion for write {seq}, posted {self.posted}, completed {self.completed}"
+            )
         self.completed = seq + 1

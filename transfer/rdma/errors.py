@@ -28,6 +28,13 @@ class CreditError(ProtocolError):
     """The peer broke flow control: wrote into a slot it held no credit for, or returned credits it never had."""
 
 
+class OutOfStepError(CreditError, ValueError):
+    """A completion or a consumed slot that does not match what was posted or arrived: the queue
+    pair's state is not what the pipe's counts say. A ProtocolError, so the pipe marks itself broken
+    and the transfer tears the channel down as on any protocol error (also a ValueError, as these
+    checks raised before)."""
+
+
 class RdmaDeviceError(TransferError):
     """A verbs call failed locally (open, register, create, modify): the device or its limits said no."""
 
