@@ -935,6 +935,10 @@ def _send(
     if len(args) < 2:
         raise CliError("give at least one SOURCE and the rq://HOST:PORT destination", ExitCode.USAGE)
     sources, url = _distinct_sources(args[:-1], out), args[-1]
+    for source in sources:
+        # before the pin and the token: `rq send nope rq://…` without --pin said "no --pin" (exit 4)
+        if not os.path.lexists(source):
+            raise CliError(f"source not found: {safe_text(str(source))}", ExitCode.NOT_FOUND)
     host, port, url_pin = _parse_url(url)
     if pin and url_pin and pin != url_pin:
         # which one did the script mean? a silent choice would hide a stale fingerprint
