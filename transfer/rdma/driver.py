@@ -160,6 +160,29 @@ class RdmaChannel:
         """This connection stops counting as unauthenticated (idempotent)."""
         self.tcp.release_slot()
 
+    def readable(self) -> bool:
+        """A frame is waiting: recv would not block (receiver._Readiness: a batch of small chunks is
+        made durable and ACKed when this turns False). After the switch, the pipe's frames and the
+        completions already polled-for; before it, the bootstrap connection's bytes."""
+        pipe = self.pipe
+        if pipe is not None:
+            return pipe.ready()
+        sock = self.tcp.sock
+        if isinstance(sock, ssl.SSLSocket) and sock.pending() > 0:
+            return True
+        try:
+            return bool(select.select([sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return True  # closed: recv answers at once
+
+    def progress(self) -> int:
+        """A count that grows as the bytes sent reach the peer (sender's stall watch, see
+        TcpChannel.progress): the bootstrap channel's, plus the bytes of the RDMA writes that
+        completed (the peer's adapter has them in its ring). It stands still when the peer stops
+        giving slots back, since no write can then be posted."""
+        done = self.pipe.bytes_done if self.pipe is not None else 0
+        return int(self.tcp.progress()) + done
+
     def close(self) -> None:
         if self._closed:
             return

@@ -120,6 +120,10 @@ class Pipe:
         self.lock = threading.RLock()
         self.bytes_out = 0
         self.bytes_in = 0
+        # bytes of the writes that completed: the peer's adapter acknowledged them, so they are in
+        # its ring (what TCP's progress counts as the bytes the peer's kernel acknowledged)
+        self.bytes_done = 0
+        self._ends = [0] * staging  # bytes_out just after the write in flight from each staging buffer
 
     # -- sending ---------------------------------------------------------------------------------
 
@@ -147,6 +151,7 @@ class Pipe:
                     pos += piece.length
                 self.port.post_write(index, pos, slot, data_imm(slot, wseq), wr_id(WrKind.WRITE, seq))
                 self.bytes_out += pos
+                self._ends[index] = self.bytes_out  # read when its completion is polled, under the lock
 
     def _can_write(self) -> bool:
         return self.out.available > 0 and self.stage.available > 0
@@ -177,6 +182,17 @@ class Pipe:
             except TransferError:
                 pass
             return self._hand_out() if self.frames else None
+
+    def ready(self) -> bool:
+        """Whether recv would return at once: a frame is waiting, once the completions already in
+        the CQ are applied (without waiting for more), or the pipe broke (recv raises)."""
+        with self.lock:
+            try:
+                while not self.frames and self.broken is None and self._pump():
+                    pass
+            except TransferError:
+                pass
+            return bool(self.frames) or self.broken is not None
 
     # -- progress --------------------------------------------------------------------------------
 
@@ -233,6 +249,7 @@ class Pipe:
             raise completion_error(c.status, c.wr_id, c.vendor_err, what)
         if kind == WrKind.WRITE:
             self.stage.complete_through(n)
+            self.bytes_done = self._ends[n % self.stage.count]
         elif kind == WrKind.CREDIT:
             self.credits_in_flight -= 1
         elif kind == WrKind.RECV:
