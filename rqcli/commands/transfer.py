@@ -85,11 +85,22 @@ _HINTS = {
     ExitCode.AUTH: "check the token file / RQ_TOKEN and the --pin printed by `rq recv`",
     # exit 6 is a send that never got anything acknowledged (exit 8 is the resumable one): nothing
     # to resume, and the address is as likely at fault as the receiver
+    # (rq send adds the transport it used: _unreachable_hint)
     ExitCode.UNREACHABLE: "is `rq recv` running there, at that address and port? then re-run the same command",
     ExitCode.NO_SPACE: "free space on the receiver (or raise --max-bytes) and re-run the same command to resume",
     ExitCode.EXISTS: "pass --overwrite to `rq recv` to replace existing files",
     ExitCode.VERIFY: "re-run the same command; changed or corrupt parts are sent again",
 }
+
+
+def _unreachable_hint(transport: str) -> str:
+    """Exit 6's hint from `rq send`: a receiver on another transport (QUIC is UDP, TCP is TCP) looks
+    exactly like none at all from here — the send spent its 10 s on retries and the hint never said
+    --transport, though `rq recv`'s line to paste names it."""
+    return (
+        f"is `rq recv` running there, at that address and port, with --transport {transport} "
+        "(the line `rq recv` printed names it)? then re-run the same command"
+    )
 
 
 _LIMIT_HINT = "the receiver's limits refuse it: raise --max-files / --max-bytes on `rq recv`"
@@ -995,6 +1006,8 @@ def _send(
             summary = do_send(sources, driver, copts, token, opts, on_event)
     except TransferError as exc:
         err = _cli_error(exc)
+        if err.hint == _HINTS[ExitCode.UNREACHABLE]:
+            err = CliError(err.message, err.code, hint=_unreachable_hint(transport))
         partial = getattr(exc, "partial_summary", None)
         if err.code == ExitCode.UNREACHABLE and partial and partial["resumable"]:
             # the receiver holds verified parts of it: exit 8, "re-run the same command to resume"
