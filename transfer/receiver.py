@@ -297,6 +297,15 @@ class Receiver:
             self._plans.clear()
         self.store.close()
 
+    def in_flight(self) -> list[Manifest]:
+        """The transfers this process serves right now (a channel of theirs open, not committed):
+        what stopping it now cuts off mid-way. What arrived of them is durable and their senders'
+        re-runs resume them. A transfer committed here, or by another process of the same
+        receiver (`rq recv --workers`) whose channels here have not closed yet, is not one."""
+        with self._lock:
+            plans = [s.plan for s in self._plans.values() if s.users > 0 and not s.plan.closed]
+        return [p.manifest for p in plans if not self.store.has_finished(p.manifest.transfer_id)]
+
     # -- plans shared by the channels of one transfer in this process ------------------------------
 
     def _open_plan(self, tid: str) -> _Shared | None:

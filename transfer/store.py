@@ -835,6 +835,14 @@ class Store:
             intact = [state == INTACT for state in states]
             return self._open(manifest, restarted, intact=intact, reserve=reserve)
 
+    def has_finished(self, transfer_id: str) -> bool:
+        """True if transfer `transfer_id` was committed here (its done marker), without checking
+        its files or finishing an interrupted commit as `completed` does: a cheap look."""
+        try:
+            return self._exists(f"{transfer_id}.done.json")
+        except OSError:
+            return False
+
     def completed(self, manifest: Manifest) -> bool:
         """True if this exact transfer finished here before and its files are still in place.
 

@@ -514,6 +514,8 @@ def recv(
         line += f" --connections {workers}"
     children: list[subprocess.Popen[bytes]] = []
     ports: dict[subprocess.Popen[bytes], int] = {}  # live workers' data ports
+    relays: list[threading.Thread] = []  # each worker's JSON lines, until it exits
+    cut: list[dict[str, Any]] = []  # `interrupted` lines: transfers stopped mid-way, workers' too
     if spawn:  # each worker process listens on a port of its own; ACCEPT tells senders which
         child_args = [
             "--json",
@@ -541,7 +543,7 @@ def recv(
             if value is not None:
                 child_args += [flag, str(value)]
         child_args += ["--once"] * once + ["--overwrite"] * overwrite
-        started = [_start_worker(child_args, out) for _ in range(workers - 1)]
+        started = [_start_worker(child_args, out, relays, cut) for _ in range(workers - 1)]
         children = [proc for proc, _ in started]
         ports = dict(started)
         receiver.data_ports = [addr_port] + [port for _, port in started]
@@ -605,10 +607,16 @@ def recv(
     except KeyboardInterrupt:
         raise click.exceptions.Abort() from None
     finally:
+        # before the channels close: what this process was serving when it was stopped
+        with contextlib.suppress(Exception):
+            cut += [_interrupted(m) for m in receiver.in_flight()]
         listener.close()
         server.join(timeout=5)
         receiver.close()
         _stop_workers(children)
+        for relay in relays:
+            relay.join(timeout=5)  # the workers' own `interrupted` lines (they have exited)
+        _report_cut(out, cut, worker)
 
 
 # How `rq recv --workers` tells its worker processes it is done. Not SIGTERM: a worker cannot tell
@@ -717,8 +725,38 @@ def _serve(listener: Any, died: list[BaseException]) -> None:
         died.append(exc)
 
 
-def _start_worker(args: list[str], out: Output) -> tuple[subprocess.Popen[bytes], int]:
-    """Starts one more receiver process, returns it and its port, and relays its JSON events."""
+def _interrupted(m: Any) -> dict[str, Any]:
+    return {
+        "event": "interrupted",
+        "transfer_id": m.transfer_id,
+        "files": len(m.files),
+        "bytes": m.total_bytes,
+    }
+
+
+def _report_cut(out: Output, cut: list[dict[str, Any]], worker: bool) -> None:
+    """The transfers a stopped `rq recv` cut off mid-way (SIGTERM does not wait for them: docs/
+    transfer.md), once each: the parent of --workers reports its workers' too, and a worker only
+    tells its parent (its JSON line), never the stderr they share."""
+    seen: set[Any] = set()
+    for ev in cut:
+        if ev.get("transfer_id") in seen:
+            continue
+        seen.add(ev.get("transfer_id"))
+        out.emit(ev)
+        if not worker:
+            out.warn(
+                f"stopped transfer {safe_text(str(ev.get('transfer_id')))[:12]} mid-way ({ev.get('files')} "
+                f"file(s), {ev.get('bytes')} bytes): what arrived is kept, and the sender's re-run of "
+                "the same command resumes it"
+            )
+
+
+def _start_worker(
+    args: list[str], out: Output, relays: list[threading.Thread], cut: list[dict[str, Any]]
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Starts one more receiver process, returns it and its port, and relays its JSON events (its
+    `interrupted` lines go to `cut`, for the parent to report once; the thread to `relays`)."""
     import orjson
 
     proc = subprocess.Popen([sys.executable, "-m", "rqcli", *args], stdout=subprocess.PIPE)
@@ -734,7 +772,9 @@ def _start_worker(args: list[str], out: Output) -> tuple[subprocess.Popen[bytes]
         for raw in stream:
             with contextlib.suppress(ValueError):
                 ev = orjson.loads(raw)
-                if out.json:
+                if ev.get("event") == "interrupted":
+                    cut.append(ev)
+                elif out.json:
                     out.emit(ev)
                 elif ev.get("event") == "done":
                     out.info(
@@ -744,7 +784,9 @@ def _start_worker(args: list[str], out: Output) -> tuple[subprocess.Popen[bytes]
                 elif ev.get("event") == "refused":
                     out.warn(f"refused a transfer: {ev.get('error')}")
 
-    threading.Thread(target=relay, args=(proc.stdout,), daemon=True).start()
+    thread = threading.Thread(target=relay, args=(proc.stdout,), daemon=True)
+    thread.start()
+    relays.append(thread)
     return proc, port
 
 
