@@ -973,7 +973,11 @@ def _check_unclaimed(directory: Path) -> None:
         raise TopicError(f"{directory} is a file, not a topic directory") from None
     if CONFIG_NAME in names:
         return  # another writer created it a moment ago
-    if any(not (n.startswith(f".{CONFIG_NAME}.") and n.endswith(".tmp")) for n in names):
+    # another writer is creating it (it takes writer.lock before it writes topic.json: the lock
+    # then refuses this one), or one was stopped in between
+    if any(
+        n != "writer.lock" and not (n.startswith(f".{CONFIG_NAME}.") and n.endswith(".tmp")) for n in names
+    ):
         raise TopicError(
             f"{directory} is a directory that is not a topic (no {CONFIG_NAME}) and not empty: "
             "give a new or empty directory"
@@ -996,13 +1000,7 @@ class LogWriter:
                 make_dirs(directory)
                 if parent_new:
                     fsync_dir(directory.parent)
-            if config is None:
-                self.config = TopicConfig.load(directory)
-            else:
-                _read_config(directory)  # (a newer format: refused, never written over)
-                self.config = config
-            if config is not None or not exists:
-                self.config.save(directory)
+            _read_config(directory)  # a bad or newer topic.json: refused before anything else
             self.lock_fd = os.open(directory / "writer.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except (FileNotFoundError, NotADirectoryError) as exc:
             # a path that cannot hold a topic (a file on the way, a parent that cannot be made)
@@ -1017,6 +1015,22 @@ class LogWriter:
         except BlockingIOError:
             os.close(self.lock_fd)
             raise WriterBusy(f"topic {directory} is being written by another process") from None
+        # Only the writer that holds the lock writes topic.json: a second one, refused above, has
+        # changed nothing (its --retention-bytes must not reach the next writer's retention).
+        try:
+            if config is None:
+                self.config = TopicConfig.load(directory)  # read again: made or changed since?
+            else:
+                _read_config(directory)  # (a newer format: refused, never written over)
+                self.config = config
+            if config is not None or not (directory / CONFIG_NAME).is_file():
+                self.config.save(directory)
+        except OSError as exc:
+            os.close(self.lock_fd)
+            raise not_writable(f"topic {directory}", exc) or exc from None
+        except BaseException:
+            os.close(self.lock_fd)
+            raise
         self.fd = -1
         self.idx_fd = -1
         try:
