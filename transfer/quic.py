@@ -621,6 +621,12 @@ def _config(backend: _Backend, is_client: bool, datagram: int) -> Any:
         max_data=64 * 1024 * 1024,
         max_stream_data=16 * 1024 * 1024,
     )
+    if hasattr(cfg, "probe_datagram_size"):
+        # qh3 probes the path MTU upward from max_datagram_size (client side): past a
+        # --datagram-size it was told to keep to, and past a path's MTU once rq lets datagrams
+        # fragment after the handshake (1472-byte datagrams on a 1300-MTU veth, each in two
+        # fragments). rq picks the size itself (path_datagram_size, the handshake fallback).
+        cfg.probe_datagram_size = False
     return cfg
 
 
