@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -57,20 +58,32 @@ def resolve_window(
     else:
         begin = resolve(start, source, now_ms)
     end: int | None
-    if stop is not None:
+    time_to = time_of(stop, now_ms) if stop is not None else None
+    if stop is not None and follow and time_to is not None:
+        end = _follow_until(source, time_to, now_ms)
+        end = max(end, begin) if end is not None else None
+    elif stop is not None:
         end = resolve(stop, source, now_ms)
         if not follow:
             end = min(end, source.end_offset())
-        elif stop.kind in ("time", "ago") and end >= source.end_offset():
-            # No record stamped at or after t yet: the read ends on the first one that is, or when
-            # the clock passes t (the pipeline checks both), not at today's end.
-            end = None
-        end = max(end, begin) if end is not None else None
+        end = max(end, begin)
     else:
         end = None if follow else max(source.end_offset(), begin)
-    return Window(
-        begin,
-        end,
-        time_of(start, now_ms) if start is not None else None,
-        time_of(stop, now_ms) if stop is not None else None,
-    )
+    return Window(begin, end, time_of(start, now_ms) if start is not None else None, time_to)
+
+
+def _follow_until(source: Source, t: int, now_ms: Callable[[], int] | None) -> int | None:
+    """The end of a follow `--to @t`: the offset of the first record stamped at or after t, or None
+    while there is none (the pipeline then ends the read on the first one that comes, or once the
+    clock passes t and what came before is read: it checks both).
+
+    A t still in the future is None by the time itself. Otherwise the record found must be one that
+    was there before the search began: records keep landing while the window is resolved, and an
+    end offset read after the search (one record later) made "none found" look like "found at the
+    old end", a read bounded there that stopped at once."""
+    clock = now_ms or (lambda: time.time_ns() // 1_000_000)
+    if t > clock():
+        return None
+    there = source.end_offset()  # read before the search: what it finds below this is a record
+    found = source.offset_for_time(t)
+    return found if found < there else None
