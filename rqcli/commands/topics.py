@@ -563,6 +563,18 @@ def _emitters(
     return emit
 
 
+def _last_n_start(source: Any, n: int, end: int) -> int:
+    """Where the last n records before `end` start: the end the read stops at. Counted back
+    from a later end (offset_before_end reads its own), records appended in between took
+    places among the last n while the read stopped at the earlier end: `tail -n 30` printed 28
+    under a producer. A source with sparse offsets (a JetStream subject filter, deleted
+    sequences) counts them itself; the embedded log's offsets are dense."""
+    before = getattr(source, "offset_before", None)
+    if before is not None:
+        return int(before(n, end))
+    return max(end - n, source.first_offset())
+
+
 def _aged_out_reporter(out: Output, topic: str) -> Callable[[int, int], None]:
     """Told when retention deleted records before the reader got to them: said at once (a follow
     may run for days), on stderr and as a --json event; the offsets are never read."""
@@ -1134,7 +1146,7 @@ def tail(
             else:
                 n = 10 if lines is None else lines
                 end = source.end_offset()
-                start = source.offset_before_end(n)
+                start = _last_n_start(source, n, end)  # counted back from that end, not a later one
                 req = Request(start=start, stop=None if follow else end, follow=follow, where=filt)
             req.skip_corrupt = skip_corrupt
             req.decode_values = writer.needs_decode

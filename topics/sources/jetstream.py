@@ -629,6 +629,39 @@ def _headers(raw: dict[str, str] | None) -> Headers:
     return tuple((k, v.encode("utf-8")) for k, v in raw.items())
 
 
+class _Between:
+    """How many messages lie in seq..end-1, from counts of those at >= seq (all a consumer tells).
+    Messages appended while the counts are taken land at >= end and raise both counts, so each
+    count from seq is bracketed by counts from `end` taken just before and after it: the two give
+    bounds on what lies in between, exact when nothing came meanwhile; a probe they leave
+    undecided is taken again (a few times: under a steady producer one comes out clean)."""
+
+    TRIES = 8
+
+    def __init__(self, count_from: Callable[[int], int], end: int):
+        self.count_from = count_from
+        self.end = end
+        self.tail = count_from(end)  # at >= end as of the latest count
+
+    def _bounds(self, seq: int) -> tuple[int, int]:
+        before = self.tail
+        here = self.count_from(seq)
+        self.tail = self.count_from(self.end)
+        return here - self.tail, here - before  # appended meanwhile: counted in `here` or not
+
+    def at_least(self, seq: int, n: int) -> bool:
+        for _ in range(self.TRIES):
+            low, high = self._bounds(seq)
+            if low >= n:
+                return True
+            if high < n:
+                return False
+        return low >= n  # never clean: the side that shows no more than n records
+
+    def at_most(self, seq: int, n: int) -> bool:
+        return not self.at_least(seq, n + 1)
+
+
 class JetStreamSource:
     kind = "jetstream"
     live_only = False
@@ -690,25 +723,32 @@ class JetStreamSource:
         return int(self.conn.stream_info().state.last_seq) + 1
 
     def offset_before_end(self, n: int) -> int:
-        """Where the last n records of the topic start. On a stream with no deleted messages and
-        no subject filter that is end - n; otherwise other subjects' messages or deleted sequences
-        sit in between: binary search on how many messages a consumer starting at a sequence would
-        see (O(log n) small requests)."""
+        """Where the last n records of the topic start (counted back from the end it has now)."""
+        return self.offset_before(n, self.end_offset())
+
+    def offset_before(self, n: int, end: int) -> int:
+        """Where the last n records before `end` start (`rq tail -n` reads up to an end it read
+        first: counted from a later end, records appended meanwhile took places among the n).
+        On a stream with no deleted messages and no subject filter that is end - n; otherwise
+        other subjects' messages or deleted sequences sit in between: binary search on how many
+        messages lie in seq..end-1 (O(log n) small requests)."""
         state = self.conn.stream_info().state
-        first, end = self.first_offset(), int(state.last_seq) + 1
-        dense = int(state.messages) == end - int(state.first_seq) or not state.messages
+        first, last_end = self.first_offset(), int(state.last_seq) + 1
+        end = min(end, last_end)
+        dense = int(state.messages) == last_end - int(state.first_seq) or not state.messages
         if not self.subject and dense:
-            return max(end - n, first)
-        if n <= 0:
+            return max(end - n, min(first, end))
+        if n <= 0 or first >= end:
             return end
-        if self._pending_from(first) <= n:
+        held = _Between(self._pending_from, end)
+        if held.at_most(first, n):
             return first
-        # pending() falls as the start moves up; the last seq where it is still >= n is the seq of
-        # the n-th matching message from the end.
+        # The count falls as the start moves up; the last seq where it is still >= n is the seq
+        # of the n-th matching message back from `end`.
         lo, hi = first, end - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self._pending_from(mid) >= n:
+            if held.at_least(mid, n):
                 lo = mid
             else:
                 hi = mid - 1
