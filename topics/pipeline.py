@@ -197,11 +197,19 @@ def run(
         if on_aged_out is not None:
             on_aged_out(first, last)  # told as it happens: a follow may run for days
 
+    # --to @t with --follow once the clock has passed t: records stamped before t may still have
+    # landed while the source waited for more (the embedded reader sleeps its poll, then says
+    # "nothing yet" without looking again), so the read goes on to the end it finds next and stops
+    # at the next "nothing yet", never at the first one after t.
+    draining = False
     for batch in source.read(req.start, req.stop, req.follow, req.skip_corrupt, on_skip, on_gap):
         if not batch:
             tell_skips()  # nothing of this read left to write out first
+            if draining:
+                break  # what was written before t has been read
             if stop_on_time and time.time_ns() // 1_000_000 >= hi:
-                break  # --to @t with --follow: t has passed
+                draining = True  # t has passed: read to the end once more, then stop
+                continue
             if on_idle is not None:
                 on_idle()
             continue
