@@ -135,7 +135,16 @@ def move_in_processes(
     own_copts = _port(copts, data_ports, 0)
     own.start(
         lambda: _run_one(
-            transport.connect, own_copts, token, manifest, files, own.work, opts, digests, stats, on_event
+            own.connect(transport),
+            own_copts,
+            token,
+            manifest,
+            files,
+            own.work,
+            opts,
+            digests,
+            stats,
+            on_event,
         ),
         out,
     )
@@ -190,6 +199,24 @@ class _Own:
         self.work = Work(todo, stats.add_acked)
         self.failure: BaseException | None = None
         self.thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._conn: Any = None
+        self._abandoned = False
+
+    def connect(self, transport: Transport) -> Callable[[ConnectOptions], Any]:
+        """transport.connect, keeping the connection so that stop() can close it under a thread
+        blocked in it; one made after stop() gave up on the attempt is closed at once."""
+
+        def connect(copts: ConnectOptions) -> Any:
+            conn = transport.connect(copts)
+            with self._lock:
+                if not self._abandoned:
+                    self._conn = conn
+                    return conn
+            conn.close()
+            raise PeerUnreachableError("the attempt was given up")
+
+        return connect
 
     def start(self, body: Callable[[], None], out: Any) -> None:
         """Runs `body` (connection 0's _run_one) in a thread that says ("own",) on `out` at its end."""
@@ -200,7 +227,8 @@ class _Own:
             except BaseException as exc:
                 self.failure = exc
             finally:
-                out.put(("own",))
+                with contextlib.suppress(ValueError, OSError):  # the attempt ended: queue closed
+                    out.put(("own",))
 
         self.thread = threading.Thread(target=run, name="rq-conn-0", daemon=True)
         self.thread.start()
@@ -213,10 +241,23 @@ class _Own:
         raise PeerUnreachableError(f"{type(self.failure).__name__}: {self.failure}") from self.failure
 
     def stop(self) -> None:
-        """Ends connection 0 between chunks (the attempt is over) and waits for it, at most STOP_S."""
+        """Ends connection 0 between chunks (the attempt is over), waiting at most STOP_S; one
+        still blocked then (in its handshake, or sending to a receiver that stopped reading) has its
+        connection closed under it, as a child still running then is killed (review: it used to
+        outlive the attempt, its QUIC connection open, and then fail on the closed queue)."""
         self.work.fail(PeerUnreachableError("the attempt was given up"))
-        if self.thread is not None:
-            self.thread.join(STOP_S)
+        if self.thread is None:
+            return
+        self.thread.join(STOP_S)
+        if not self.thread.is_alive():
+            return
+        with self._lock:
+            self._abandoned = True
+            conn = self._conn
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+        self.thread.join(STOP_S)
 
 
 def _run_one(

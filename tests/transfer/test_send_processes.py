@@ -89,3 +89,69 @@ def test_connection_0_runs_in_the_sender_and_its_failure_is_a_retryable_loss() -
             [],
         )
     assert multiprocessing.active_children() == before
+
+
+def test_connection_0_still_connecting_when_the_attempt_ends_is_closed_not_left_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child fails while connection 0 (a thread of the sender) is still in its handshake: the
+    attempt ends, and connection 0 must not go on with a connection of its own afterwards (review:
+    it did, and then raised ValueError on the attempt's closed queue in a thread traceback)."""
+    import socket
+    import threading
+
+    import transfer.procs as procs
+    from transfer.errors import PeerUnreachableError
+    from transfer.sender import SendOptions, Stats
+    from transfer.source import scan
+    from transfer.transport import ConnectOptions
+
+    monkeypatch.setattr(procs, "STOP_S", 0.2)
+    release, made = threading.Event(), []
+
+    class Conn:
+        closed = False
+
+        def open_channel(self) -> None:
+            raise AssertionError("connection 0 used after its attempt ended")
+
+        def close(self) -> None:
+            self.closed = True
+
+    class Blocked:
+        name = "tcp"  # the child connects for real: to a closed port, refused at once
+
+        def connect(self, copts: ConnectOptions) -> Conn:
+            release.wait(60)
+            made.append(Conn())
+            return made[-1]
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    src = tmp_path / "s.bin"
+    src.write_bytes(os.urandom(2 << 20))
+    manifest, files = scan([src], 1 << 20, [])
+    hooked: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: hooked.append(args.exc_value))
+    with pytest.raises(PeerUnreachableError):
+        procs.move_in_processes(
+            [(0, 0), (0, 1)],
+            Blocked(),  # type: ignore[arg-type]
+            ConnectOptions("127.0.0.1", closed_port, None, tls=False, timeout=5),
+            b"t" * 32,
+            manifest,
+            files,
+            SendOptions(connections=2),
+            [{}],
+            Stats(),
+            lambda _ev: None,
+            [],
+        )
+    release.set()
+    (own,) = [t for t in threading.enumerate() if t.name == "rq-conn-0"] or [None]
+    if own is not None:
+        own.join(30)
+        assert not own.is_alive()
+    assert made and made[0].closed
+    assert hooked == []  # was: [ValueError('Queue ... is closed')]
