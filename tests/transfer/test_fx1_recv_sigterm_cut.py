@@ -60,3 +60,27 @@ def test_a_stop_after_the_transfer_completed_reports_nothing_cut(tmp_path: Path)
         rc, out, err = recv.stop()
     assert rc == 0 and "mid-way" not in err, err
     assert [json.loads(x)["event"] for x in out.splitlines()][-1] == "done", out
+
+
+def test_a_cut_transfer_finished_since_is_not_reported(tmp_path: Path) -> None:
+    """A --workers receiver collects its workers' `interrupted` lines as they come and reports them
+    when it stops: one from a worker someone else stopped hours ago named a transfer that the
+    sender's re-run had completed since ("stopped mid-way … re-run resumes it" for a finished one)."""
+    from rqcli.commands.transfer import _still_cut
+    from transfer.store import Store
+
+    src = tmp_path / "f.bin"
+    src.write_bytes(b"z" * 50_000)
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--once").start()
+    try:
+        res = rq_send([src], recv)
+        assert res.returncode == 0, res.stderr
+    finally:
+        recv.stop()
+    done = [json.loads(x) for x in res.stdout.decode().splitlines() if '"summary"' in x][-1]
+    finished, other = {"event": "interrupted", "transfer_id": done["transfer_id"]}, {"transfer_id": "f" * 32}
+    store = Store(tmp_path / "dst")
+    try:
+        assert _still_cut([finished, other], store) == [other]
+    finally:
+        store.close()
