@@ -109,6 +109,10 @@ class CachedBytes(io.BytesIO):
     def truncate(self, _size: int | None = None) -> int:
         raise io.UnsupportedOperation("truncate: a cached object is read-only")
 
+    def getbuffer(self) -> memoryview:
+        """A read-only view of the bytes (BytesIO's own is writable), without a copy."""
+        return memoryview(self.getvalue())
+
 
 class _Gone(Exception):
     """The entry vanished between the index lookup and the open (evicted or replaced): look again."""

@@ -27,6 +27,10 @@ def test_what_open_returns_is_read_only(tmp_path: Path, size: int) -> None:
                 write()
         f.seek(0)
         assert f.read() == sample.read_bytes()
+        if hasattr(f, "getbuffer"):  # the in-memory one: no writing through its buffer either
+            view = f.getbuffer()
+            assert view.readonly and bytes(view[:3]) == sample.read_bytes()[:3]
+            view.release()
 
 
 def test_every_library_error_is_exported_from_cache() -> None:
