@@ -1017,19 +1017,22 @@ class LogWriter:
             raise WriterBusy(f"topic {directory} is being written by another process") from None
         # Only the writer that holds the lock writes topic.json: a second one, refused above, has
         # changed nothing (its --retention-bytes must not reach the next writer's retention).
+        new = not (directory / CONFIG_NAME).is_file()
         try:
             if config is None:
                 self.config = TopicConfig.load(directory)  # read again: made or changed since?
             else:
                 _read_config(directory)  # (a newer format: refused, never written over)
                 self.config = config
-            if config is not None or not (directory / CONFIG_NAME).is_file():
+            if config is not None or new:
                 self.config.save(directory)
-        except OSError as exc:
+        except BaseException as exc:
+            if new:  # a topic not made (a full disk): its directory is left as it was, empty
+                with contextlib.suppress(OSError):
+                    os.unlink(directory / "writer.lock")
             os.close(self.lock_fd)
-            raise not_writable(f"topic {directory}", exc) or exc from None
-        except BaseException:
-            os.close(self.lock_fd)
+            if isinstance(exc, OSError):
+                raise not_writable(f"topic {directory}", exc) or exc from None
             raise
         self.fd = -1
         self.idx_fd = -1
