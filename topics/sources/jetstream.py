@@ -1012,9 +1012,68 @@ class JetStreamSource:
             return
         reader = OrderedReader(self.host, self.port, self.conn.stream, self.subject, self.conn.access)
         try:
-            yield from reader.batches(start, stop, follow, self.idle_timeout)
+            batches = reader.batches(start, stop, follow, self.idle_timeout)
+            if on_gap is None:
+                yield from batches
+            else:
+                yield from self._told_gaps(batches, start, stop, on_gap)
         finally:
             reader.close()
+
+    def _stream_first(self) -> int:
+        """The stream's first sequence now (its end when it holds none): all below it is gone."""
+        state = self.conn.stream_info().state
+        return int(state.first_seq) if state.messages else int(state.last_seq) + 1
+
+    def _told_gaps(
+        self,
+        batches: Iterator[list[Record]],
+        start: int,
+        stop: int | None,
+        on_gap: Callable[[int, int], None],
+    ) -> Iterator[list[Record]]:
+        """The batches, with on_gap(first, last) told where the read stepped over sequences that
+        stream limits (max_msgs, max_bytes, max_age) or a purge deleted before it got to them, as
+        the embedded log tells its retention: a group committed at 1001 on a stream now starting
+        at 1701 read on from 1701 without a word. Such sequences are below the stream's first
+        sequence once the read steps over them. A hole above it is no gap: a message deleted one
+        by one, or (with a subject filter) other subjects' messages, which this read would not
+        have delivered. With a filter, the sequences stepped over below the first one are told
+        as a whole, other subjects' among them: the stream keeps no word of which they were.
+        Told before the records after the hole are yielded (the caller may be writing them)."""
+        expected = max(start, 1)  # the next sequence, when nothing is stepped over
+        known_first = 0  # the stream's first sequence when last asked (it only grows)
+        asked = False  # asked since this batch came: good for all of its holes (one request)
+
+        def gap_below(upto: int) -> tuple[int, int] | None:
+            nonlocal known_first, asked
+            if expected >= upto:
+                return None
+            if not asked and known_first < upto:
+                known_first = max(known_first, self._stream_first())
+                asked = True
+            last = min(upto, known_first, stop if stop is not None else upto) - 1
+            return (expected, last) if last >= expected else None
+
+        for batch in batches:
+            at = 0
+            asked = False
+            for i, record in enumerate(batch):
+                seq = record[0]
+                if seq > expected:
+                    hole = gap_below(seq)
+                    if hole is not None:
+                        if i > at:
+                            yield batch[at:i]
+                        at = i
+                        on_gap(*hole)
+                expected = seq + 1
+            yield batch[at:] if at else batch
+        if stop is not None:
+            asked = False
+            hole = gap_below(stop)  # the read ended on a hole (or found nothing at all)
+            if hole is not None:
+                on_gap(*hole)
 
     # -- consumer groups ------------------------------------------------------------------------
 
