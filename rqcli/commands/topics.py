@@ -777,17 +777,19 @@ def _json_headers(obj: Any, line: bytes) -> Headers:
     "-0", "--null", "null_sep", is_flag=True, help="Records are NUL-separated instead of newline-separated."
 )
 @click.option(
-    "--segment-bytes", callback=_size_option, help="Segment size of a new embedded topic (e.g. 128M)."
+    "--segment-bytes",
+    callback=_size_option,
+    help="Segment size of the embedded topic (e.g. 128M): set when the topic is made; on an existing one it is stored in topic.json for every later writer (from the active segment on).",
 )
 @click.option(
     "--retention-bytes",
     callback=_size_option,
-    help="Delete the oldest segments above this total size (e.g. 10G).",
+    help="Delete the oldest segments above this total size (e.g. 10G); stored in topic.json for every later writer, applied at once.",
 )
 @click.option(
     "--retention-age",
     callback=_duration_option,
-    help="Delete segments whose newest record is older than this (e.g. 7d; more than 0).",
+    help="Delete segments whose newest record is older than this (e.g. 7d; more than 0); stored in topic.json for every later writer, applied at once.",
 )
 @click.option(
     "--max-packet-size",
