@@ -38,9 +38,11 @@ def _read_env_file(path: Path) -> dict[str, str]:
 @pytest.fixture(scope="session", autouse=True)
 def _no_ram_roots_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Caches that tests make under tmp_path get a RAM root in /dev/shm named after that path; the
-    suite removes the ones it made that hold no files (a real cache's root, with blobs, stays).
-    Under pytest-xdist each worker removes only roots whose `owner` is under its own base temp
-    directory: another worker's test may be using an empty root of its own right now."""
+    suite removes the ones it made: those whose `owner` is under its own base temp directory,
+    blobs and all (a RAM-tier test's entries stayed in /dev/shm after every run, memory that only
+    `rq cache orphans --remove` gave back), and, without pytest-xdist, other new roots that hold
+    no files. Under pytest-xdist each worker removes only its own: another worker's test may be
+    using a root right now."""
     from cache.orphans import read_owner
 
     shm = Path("/dev/shm")
@@ -53,10 +55,10 @@ def _no_ram_roots_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Itera
             continue
         owner = read_owner(root)
         mine = owner is not None and owner.resolve().is_relative_to(base)
-        if (mine or not shared) and not any(
-            p.is_file() for sub in ("objects", "tmp") for p in (root / sub).rglob("*")
+        if mine or (
+            not shared and not any(p.is_file() for sub in ("objects", "tmp") for p in (root / sub).rglob("*"))
         ):
-            shutil.rmtree(root, ignore_errors=True)  # its `owner` file is no blob
+            shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
