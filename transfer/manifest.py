@@ -9,6 +9,8 @@ or out-of-range byte ranges: it can only name chunks that exist.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -245,19 +247,35 @@ def _is_hex32(value: Any) -> TypeGuard[str]:
     return isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)
 
 
+def _tree_key(name: str) -> str:
+    """`name` with `/` as NUL (which no valid name holds): in the sorted order of such keys,
+    every name under a directory D follows D at once, before any other name that starts with D."""
+    return name.replace("/", "\x00")
+
+
 def _check_tree(files: list[FileEntry]) -> None:
-    """No duplicate names, and no name that is both a file and a directory of another file."""
+    """No duplicate names, and no name that is both a file and a directory of another file.
+
+    Done on the sorted names (a file F is a directory of another name exactly when the name after
+    it starts with F + "/"), never by listing each name's prefixes: a name of 2,048 components has
+    2,048 prefixes of up to 4 KiB each, and a hostile manifest of such names made the receiver build
+    gigabytes of them (~4 MB per name) before any limit could refuse it."""
     names = {f.name for f in files}
     if len(names) != len(files):
         raise ProtocolError("manifest names the same file twice")
-    for f in files:
-        parts = f.name.split("/")
-        for i in range(1, len(parts)):
-            if "/".join(parts[:i]) in names:
-                raise ProtocolError(f"manifest uses {'/'.join(parts[:i])!r} as both a file and a directory")
     keys = {f.key for f in files}
     if len(keys) != len(files):
         raise ProtocolError("manifest repeats a file key")
+    _check_no_file_above(sorted(_tree_key(f.name) for f in files), names)
+
+
+def _check_no_file_above(sorted_keys: list[str], files: set[str]) -> None:
+    """Refuses a file of `files` that another name (in `sorted_keys`, made by _tree_key) lies under."""
+    for here, after in itertools.pairwise(sorted_keys):
+        if after.startswith(here + "\x00"):
+            name = here.replace("\x00", "/")
+            if name in files:
+                raise ProtocolError(f"manifest uses {name!r} as both a file and a directory")
 
 
 def _parse_dirs(items: list[str], files: list[FileEntry]) -> tuple[str, ...]:
@@ -270,10 +288,10 @@ def _parse_dirs(items: list[str], files: list[FileEntry]) -> tuple[str, ...]:
         raise ProtocolError("manifest directories must be sorted and listed once")
     names = {f.name for f in files}
     for name in items:
-        parts = name.split("/")
-        for i in range(1, len(parts) + 1):
-            if "/".join(parts[:i]) in names:
-                raise ProtocolError(f"manifest uses {'/'.join(parts[:i])!r} as both a file and a directory")
+        if name in names:
+            raise ProtocolError(f"manifest uses {name!r} as both a file and a directory")
+    if items:
+        _check_no_file_above(sorted(_tree_key(n) for n in [*names, *items]), names)
     return tuple(items)
 
 
@@ -287,12 +305,11 @@ def _parse_dir_table(
     if not isinstance(raw, dict):
         raise ProtocolError(f"manifest {field_name} must be an object of names and values")
     ours = set(dirs)
-    for name in [*(f.name for f in files), *dirs]:
-        parts = name.split("/")
-        ours.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    # the parents of every file and directory, found in their sorted keys (not listed: see _check_tree)
+    under = sorted(_tree_key(n) for n in [*(f.name for f in files), *dirs]) if raw else []
     for name, value in raw.items():
         validate_name(name)
-        if name not in ours:
+        if name not in ours and not _is_parent(under, _tree_key(name) + "\x00"):
             what = "a mode" if field_name == "dir_modes" else "a time"
             raise UnsafeNameError(
                 f"manifest gives {what} to {display_name(name)!r}, which is not a directory of the transfer"
@@ -303,3 +320,9 @@ def _parse_dir_table(
         elif not _is_ns(value):
             raise ProtocolError(f"bad mtime {value!r} for a directory")
     return tuple(sorted(raw.items()))
+
+
+def _is_parent(sorted_keys: list[str], prefix: str) -> bool:
+    """Whether a key of `sorted_keys` starts with `prefix` (a directory's key and a NUL)."""
+    i = bisect.bisect_left(sorted_keys, prefix)
+    return i < len(sorted_keys) and sorted_keys[i].startswith(prefix)
