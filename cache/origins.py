@@ -201,13 +201,21 @@ class LocalOrigin:
             return cls._pool
 
     def list(self) -> Iterator[ObjectInfo]:
-        if not self.root.exists():
-            raise NotFoundError(f"directory not found: {self.root}")
-        if self.root.is_file():
-            st = self.root.stat()
-            yield ObjectInfo(str(self.root), self.root.name, st.st_size, local_version(st))
+        try:
+            root_st = os.stat(self.root)
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFoundError(f"directory not found: {self.root}") from None
+        except PermissionError as exc:
+            # a directory above it rq may not search: denied (exit 4), not "cannot list" (exit 1)
+            raise DeniedError(f"cannot read {self.root}: {exc.strerror}") from None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise NotFoundError(f"directory not found: {self.root} (a symlink loop)") from None
+            raise
+        if stat.S_ISREG(root_st.st_mode):
+            yield ObjectInfo(str(self.root), self.root.name, root_st.st_size, local_version(root_st))
             return
-        if not self.root.is_dir():
+        if not stat.S_ISDIR(root_st.st_mode):
             raise NotFoundError(f"not a regular file or directory: {self.root}")
         self._check_not_own(self.root)
         stack = [self.root]
@@ -215,20 +223,29 @@ class LocalOrigin:
             here = stack.pop()
             try:
                 items = sorted(os.scandir(here), key=lambda e: e.name)
+            except (FileNotFoundError, NotADirectoryError):
+                if here == self.root:
+                    raise NotFoundError(f"directory not found: {self.root}") from None
+                continue  # removed (or replaced) since its parent was read, as a file may be
             except PermissionError as exc:
                 if here == self.root:
                     raise DeniedError(f"cannot read directory {here}: {exc.strerror}") from None
-                # one unreadable directory fails alone, like an unreadable file (cp -r goes on too)
-                rel = os.path.relpath(here, self.root).replace(os.sep, "/") + "/"
-                problem = f"cannot read directory {here}: {exc.strerror}"
-                yield ObjectInfo(os.path.abspath(here) + "/", rel, 0, "", problem=problem)
+                yield self._problem(here, f"cannot read directory {here}: {exc.strerror}", "/")
+                continue
+            except OSError as exc:
+                if here == self.root or exc.errno != errno.ENAMETOOLONG:
+                    raise
+                # one unreadable directory, or one too deep to open by its path (a tree deeper than
+                # PATH_MAX), fails alone, like an unreadable file (cp -r goes on too)
+                yield self._problem(here, f"cannot read directory {here}: {exc.strerror}", "/")
                 continue
             for item in items:
-                if item.is_dir(follow_symlinks=False):
-                    if not self._skipped(item):
-                        stack.append(Path(item.path))
-                    continue
                 try:
+                    # (an lstat only where the file system gives no type with the name: DT_UNKNOWN)
+                    if item.is_dir(follow_symlinks=False):
+                        if not self._skipped(item):
+                            stack.append(Path(item.path))
+                        continue
                     if not item.is_file(follow_symlinks=True):
                         continue
                     st = item.stat(follow_symlinks=True)
@@ -237,16 +254,30 @@ class LocalOrigin:
                 except OSError as exc:
                     if exc.errno == errno.ELOOP:
                         continue  # a symlink loop leads nowhere, like a dangling link (skipped too)
+                    if isinstance(exc, PermissionError) or exc.errno == errno.ENAMETOOLONG:
+                        # a directory rq may list but not search, a symlink into one it may not
+                        # read, a path too long to open: this name fails alone, the walk goes on
+                        # (it stopped the whole run: "cannot read …: Permission denied", exit 1)
+                        yield self._problem(item.path, f"cannot read {item.path}: {exc.strerror}")
+                        continue
                     raise CacheError(f"cannot read {item.path}: {exc.strerror}") from None
                 rel = os.path.relpath(item.path, self.root).replace(os.sep, "/")
                 yield ObjectInfo(os.path.abspath(item.path), rel, st.st_size, local_version(st))
+
+    def _problem(self, path: str | Path, problem: str, slash: str = "") -> ObjectInfo:
+        """What the walk found and cannot offer: reported as a failure of its own, never fetched."""
+        rel = os.path.relpath(path, self.root).replace(os.sep, "/") + slash
+        return ObjectInfo(os.path.abspath(path) + slash, rel, 0, "", problem=problem)
 
     def _check_not_own(self, root: Path) -> None:
         """Refuses a source that is the cache's own directory or inside it: its index and blobs
         change as they are copied, and each run would cache the last run's copies again."""
         if not self.skip_dirs:
             return
-        for d in (root, *root.parents):
+        # and the directories it leads to through symlinks: a symlink to the cache's objects/
+        # named a source whose own parents are not the cache's
+        real = Path(os.path.realpath(root))
+        for d in (root, *root.parents, *((real, *real.parents) if real != root else ())):
             try:
                 st = os.stat(d)
             except OSError:
@@ -276,6 +307,8 @@ class LocalOrigin:
         except PermissionError as exc:
             raise DeniedError(f"cannot read {url}: {exc.strerror}") from None
         except OSError as exc:
+            if exc.errno in _NOT_A_FILE:
+                raise NotFoundError(f"not a regular file rq can open: {url}: {exc.strerror}") from None
             raise CacheError(f"cannot stat {url}: {exc.strerror}") from None
         if not stat.S_ISREG(st.st_mode):
             raise NotFoundError(f"not a regular file: {url}")
@@ -302,13 +335,19 @@ class LocalOrigin:
         read_at = time.time_ns()
         try:
             # O_NONBLOCK: a name that became a FIFO since it was listed must not block this
-            # thread forever waiting for a writer (no effect on a regular file's reads)
-            fd = os.open(info.url, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            # thread forever waiting for a writer (no effect on a regular file's reads); O_NOCTTY:
+            # one that became a terminal must not become this process's controlling terminal
+            fd = os.open(info.url, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
         except (FileNotFoundError, NotADirectoryError):
             raise NotFoundError(f"not found: {info.url}") from None
         except PermissionError as exc:
             raise DeniedError(f"cannot read {info.url}: {exc.strerror}") from None
         except OSError as exc:
+            if exc.errno in _NOT_A_FILE:
+                # the name became a socket or a device without a driver (ENXIO, ENODEV), a symlink
+                # loop, or a path too long to open since it was listed: this file fails alone. (They
+                # were UnreachableError, which stops the whole run: exit 6, "re-run to continue")
+                raise NotFoundError(f"cannot open {info.url} as a regular file: {exc.strerror}") from None
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 # this process's open-files limit, not the origin: the fetcher backs off and
                 # retries with fewer in flight (the cause names the limit if it still fails)
@@ -338,6 +377,10 @@ class LocalOrigin:
                 raise ChangedError(f"{info.url} changed while it was copied")
         finally:
             os.close(fd)
+
+
+# open()/stat() errors that say the name is no regular file rq can read, not that the origin failed
+_NOT_A_FILE = frozenset({errno.ENXIO, errno.ENODEV, errno.ELOOP, errno.ENAMETOOLONG})
 
 
 def _check_not_a_mistyped_url(text: str) -> None:
