@@ -537,12 +537,16 @@ def _emitters(
     keep_time: bool,
     stops: _Stops | None = None,
     copied: _Copied | None = None,
+    counted: Callable[[Sequence[Record]], None] | None = None,
 ) -> Any:
     """keep_time: `tail --record` captures records with their own (arrival) times; `replay
     --to-topic` republishes them as new traffic, stamped when appended. With `stops`, a Ctrl-C or
     SIGTERM waits for the records being written out, which then count as consumed. `copied`
-    counts what the sink stored. The sink comes first: stdout shows only records the target
-    stored (a full disk under `tail --record` printed one batch more than it captured)."""
+    counts what the sink stored. `counted` is told each batch once it is out, inside the hold: a
+    stop that came during the write is raised only after the batch is counted (counted after
+    `emit` returned, a signal landing in between left a written batch out of the done line). The
+    sink comes first: stdout shows only records the target stored (a full disk under `tail
+    --record` printed one batch more than it captured)."""
     if writer is not None and stops is not None:
         writer.exact = True
     tally = copied if copied is not None else _Copied()
@@ -559,6 +563,8 @@ def _emitters(
                     writer.flush()  # out of rq's buffer before the records count as consumed
             if stops is not None:
                 stops.emitted_to = max(stops.emitted_to, records[-1][0] + 1)
+            if counted is not None and records:
+                counted(records)
 
     return emit
 
@@ -1140,7 +1146,11 @@ def tail(
         stopped: KeyboardInterrupt | None = None
         failed: CliError | None = None  # what stopped the read partway: the done line still comes
         captured = _Copied()  # what --record stored
+        # A Ctrl-C or SIGTERM waits for the batch being written out, which then counts in the
+        # done line (as replay's, see _Stops); tail commits nothing, so nothing else waits.
+        stops = _Stops()
         try:
+            stops.install()
             if source.live_only:
                 if not out.quiet:
                     click.echo(f"rq: listening on {safe_text(ref.url)} (live; Ctrl-C to stop)", err=True)
@@ -1152,21 +1162,19 @@ def tail(
                 req = Request(start=start, stop=None if follow else end, follow=follow, where=filt)
             req.skip_corrupt = skip_corrupt
             req.decode_values = writer.needs_decode
-            emit = _emitters(writer, sink, keep_time=True, copied=captured)
 
-            def shown_out(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
-                emit(records, decoded)
+            def count_shown(records: Sequence[Record]) -> None:
                 shown[0] += len(records)  # counted once written: a Ctrl-C may land inside a write
-                if records:
-                    if shown_range[0] is None:
-                        shown_range[0] = records[0][0]
-                    shown_range[1] = records[-1][0]
+                if shown_range[0] is None:
+                    shown_range[0] = records[0][0]
+                shown_range[1] = records[-1][0]
 
+            emit = _emitters(writer, sink, True, stops, captured, count_shown)
             try:
                 run(
                     source,
                     req,
-                    shown_out,
+                    emit,
                     res,
                     None,
                     _reader_watch(),
@@ -1185,6 +1193,7 @@ def tail(
                 if failed is None:
                     raise
         finally:
+            stops.settle()  # nothing to commit: a signal from now on stops rq as before
             writer.close()
             source.close()
             if sink is not None:
@@ -1211,6 +1220,7 @@ def tail(
             return
         with contextlib.suppress(BrokenPipeError):
             out.emit({**done, "error": interruption(stopped)})
+        stops.done()
         raise stopped
 
 
@@ -1452,26 +1462,18 @@ def replay(
 
                     watch = _reader_watch() if writer is not None else None
                     gaps = _aged_out_reporter(out, ref.url)
-                    emit = _emitters(writer, sink, False, stops, copied)
 
                     def count_shown(records: Sequence[Record]) -> None:
+                        # once written (a Ctrl-C may land inside a write), inside the hold: a
+                        # stop held until the write was out (see _Stops) counts them
                         shown[0] += len(records)
                         if shown_range[0] is None:
                             shown_range[0] = records[0][0]
                         shown_range[1] = records[-1][0]
 
-                    def shown_out(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
-                        try:
-                            emit(records, decoded)
-                        except KeyboardInterrupt:
-                            # A stop held until the write was out (see _Stops): they count.
-                            if stops is not None and stops.emitted_to == records[-1][0] + 1:
-                                count_shown(records)
-                            raise
-                        count_shown(records)  # once written: a Ctrl-C may land inside a write
-
+                    emit = _emitters(writer, sink, False, stops, copied, count_shown)
                     reading = True
-                    run(source, req, shown_out, res, progress, watch, gaps, skips)
+                    run(source, req, emit, res, progress, watch, gaps, skips)
             except KeyboardInterrupt:
                 if keep_pinned and save_spec is not None:
                     tally = pinned[0]
