@@ -133,6 +133,16 @@ def move_in_processes(
         p.start()
     own = _Own(shares[0], stats)
     own_copts = _port(copts, data_ports, 0)
+
+    def own_event(ev: Any) -> None:
+        # the caller's callback raising (a training job cancelling the send) is the caller's
+        # exception, raised as it is: it is no connection loss to retry
+        try:
+            on_event(ev)
+        except BaseException as exc:
+            own.caller_error = exc
+            raise
+
     own.start(
         lambda: _run_one(
             own.connect(transport),
@@ -144,7 +154,7 @@ def move_in_processes(
             opts,
             digests,
             stats,
-            on_event,
+            own_event,
         ),
         out,
     )
@@ -182,7 +192,7 @@ def move_in_processes(
         # receiver keeps would be missing from it and never sent again to be counted
         stopping.close()
         own.stop()
-        _drain(out, procs, take)
+        _drain(out, procs, _counting_only(take))
         stop.close()
         with contextlib.suppress(Exception):
             out.close()
@@ -198,6 +208,7 @@ class _Own:
 
         self.work = Work(todo, stats.add_acked)
         self.failure: BaseException | None = None
+        self.caller_error: BaseException | None = None  # what the caller's on_event raised
         self.thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._conn: Any = None
@@ -236,6 +247,8 @@ class _Own:
     def raise_failure(self) -> None:
         if self.failure is None:
             return
+        if self.caller_error is not None:
+            raise self.caller_error
         if isinstance(self.failure, TransferError):
             raise self.failure
         raise PeerUnreachableError(f"{type(self.failure).__name__}: {self.failure}") from self.failure
@@ -282,6 +295,18 @@ def _run_one(
         )
     finally:
         conn.close()
+
+
+def _counting_only(take: Callable[[tuple[Any, ...]], None]) -> Callable[[tuple[Any, ...]], None]:
+    """`take` for the last reports, after the attempt ended: they are counted, and a callback that
+    raises again (a caller that cancelled raises at every event) cannot cut the draining short and
+    leave the children unkilled and unjoined."""
+
+    def quiet(msg: tuple[Any, ...]) -> None:
+        with contextlib.suppress(Exception):
+            take(msg)
+
+    return quiet
 
 
 def _drain(out: Any, procs: list[Any], take: Callable[[tuple[Any, ...]], None]) -> None:
