@@ -211,7 +211,7 @@ class LocalOrigin:
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise NotFoundError(f"directory not found: {self.root} (a symlink loop)") from None
-            raise
+            raise (_unreachable(exc, self.root) or exc) from None
         if stat.S_ISREG(root_st.st_mode):
             yield ObjectInfo(str(self.root), self.root.name, root_st.st_size, local_version(root_st))
             return
@@ -234,7 +234,7 @@ class LocalOrigin:
                 continue
             except OSError as exc:
                 if here == self.root or exc.errno != errno.ENAMETOOLONG:
-                    raise
+                    raise (_unreachable(exc, here) or exc) from None
                 # one unreadable directory, or one too deep to open by its path (a tree deeper than
                 # PATH_MAX), fails alone, like an unreadable file (cp -r goes on too)
                 yield self._problem(here, f"cannot read directory {here}: {exc.strerror}", "/")
@@ -260,7 +260,9 @@ class LocalOrigin:
                         # (it stopped the whole run: "cannot read …: Permission denied", exit 1)
                         yield self._problem(item.path, f"cannot read {item.path}: {exc.strerror}")
                         continue
-                    raise CacheError(f"cannot read {item.path}: {exc.strerror}") from None
+                    raise _unreachable(exc, item.path) or CacheError(
+                        f"cannot read {item.path}: {exc.strerror}"
+                    ) from None
                 rel = os.path.relpath(item.path, self.root).replace(os.sep, "/")
                 yield ObjectInfo(os.path.abspath(item.path), rel, st.st_size, local_version(st))
 
@@ -309,7 +311,7 @@ class LocalOrigin:
         except OSError as exc:
             if exc.errno in _NOT_A_FILE:
                 raise NotFoundError(f"not a regular file rq can open: {url}: {exc.strerror}") from None
-            raise CacheError(f"cannot stat {url}: {exc.strerror}") from None
+            raise _unreachable(exc, url) or CacheError(f"cannot stat {url}: {exc.strerror}") from None
         if not stat.S_ISREG(st.st_mode):
             raise NotFoundError(f"not a regular file: {url}")
         return ObjectInfo(url, os.path.basename(url), st.st_size, local_version(st))
@@ -363,7 +365,12 @@ class LocalOrigin:
             start, end = piece if piece else (0, info.size - 1)
             offset = start
             while offset <= end:
-                n = os.preadv(fd, [view[: min(self.CHUNK, end + 1 - offset)]], offset)
+                try:
+                    n = os.preadv(fd, [view[: min(self.CHUNK, end + 1 - offset)]], offset)
+                except OSError as exc:
+                    if exc.errno == errno.EIO:
+                        raise  # (a bad block of this file fails it alone; a re-run would meet it too)
+                    raise _unreachable(exc, info.url) or exc from None
                 if n == 0:
                     break
                 landing.write(view[:n], offset, inline=True)
@@ -381,6 +388,36 @@ class LocalOrigin:
 
 # open()/stat() errors that say the name is no regular file rq can read, not that the origin failed
 _NOT_A_FILE = frozenset({errno.ENXIO, errno.ENODEV, errno.ELOOP, errno.ENAMETOOLONG})
+
+
+# errors of a network or FUSE file system that went away (its daemon died, the server is down or
+# timed out, a handle went stale), or of the device under it (EIO): the origin could not be asked,
+# as for a store that cannot be reached. (They were a plain CacheError, exit 1: "cannot stat …")
+_UNREACHABLE = frozenset(
+    {
+        errno.ENOTCONN,
+        errno.ETIMEDOUT,
+        errno.EHOSTDOWN,
+        errno.EHOSTUNREACH,
+        errno.ENETUNREACH,
+        errno.ECONNREFUSED,
+        errno.ECONNRESET,
+        errno.ECONNABORTED,
+        errno.ESTALE,
+        errno.EIO,
+    }
+)
+
+
+def _unreachable(exc: OSError, path: str | os.PathLike[str]) -> UnreachableError | None:
+    """`exc` as the UnreachableError it means for a directory origin, or None."""
+    if exc.errno not in _UNREACHABLE:
+        return None
+    err = UnreachableError(
+        f"cannot reach {os.fspath(path)}: {exc.strerror} (a network or FUSE file system that went away?)"
+    )
+    err.hint = "check that its file system is mounted and its server or daemon runs; re-run to continue"  # type: ignore[attr-defined]
+    return err
 
 
 def _check_not_a_mistyped_url(text: str) -> None:
