@@ -212,12 +212,13 @@ class LocalOrigin:
             if exc.errno == errno.ELOOP:
                 raise NotFoundError(f"directory not found: {self.root} (a symlink loop)") from None
             raise (_unreachable(exc, self.root) or exc) from None
+        # a file of the cache (its index, a blob) is refused as its directories are
+        self._check_not_own(self.root)
         if stat.S_ISREG(root_st.st_mode):
             yield ObjectInfo(str(self.root), self.root.name, root_st.st_size, local_version(root_st))
             return
         if not stat.S_ISDIR(root_st.st_mode):
             raise NotFoundError(f"not a regular file or directory: {self.root}")
-        self._check_not_own(self.root)
         stack = [self.root]
         while stack:
             here = stack.pop()

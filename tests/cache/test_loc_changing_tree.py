@@ -96,6 +96,11 @@ def test_a_source_through_a_symlink_into_the_cache_is_refused(tmp_path: Path, ra
         # was: preloaded, caching the cache's own blob as a new entry (and its copy on the next run)
         with pytest.raises(BadSourceError, match="own directory"):
             c.preload([str(link)])
+        # a file of the cache as the source: its index, a blob (both were cached as entries)
+        blob = next((tmp_path / "c" / "objects").glob("*/*"))
+        for inside in (tmp_path / "c" / "index.sqlite3", blob, link / blob.parent.name / blob.name):
+            with pytest.raises(BadSourceError, match="own directory"):
+                c.preload([str(inside)])
         assert len(c.entries()) == 1
     finally:
         c.close()
