@@ -273,7 +273,7 @@ class Writer:
         self.live = live
         self.stream: IO[bytes] = sys.stdout.buffer
         self.out = out
-        # With a signal handler that returns (replay --commit), a write interrupted by it returns
+        # With a signal handler that returns (tail, replay --commit), a write interrupted by it returns
         # a short count and BufferedWriter drops the rest (writelines never looks): write in full.
         self.exact = False
 
@@ -1704,11 +1704,18 @@ class _Stops:
 
     def _stop(self) -> KeyboardInterrupt:
         self.stopping = True
-        return Terminated() if self.signum == signal.SIGTERM else KeyboardInterrupt()
+        if self.signum == signal.SIGINT:
+            return KeyboardInterrupt()
+        return Terminated(signal.Signals(self.signum).name)  # SIGTERM or SIGHUP: the last line says which
 
     def install(self) -> None:
-        signal.signal(signal.SIGTERM, self._interrupt)
-        signal.signal(signal.SIGINT, self._interrupt)
+        # SIGHUP (the terminal or ssh session gone) too: main's handler raised it inside a held
+        # write, which then pointed stdout at /dev/null, and the done line was lost. A signal the
+        # parent left ignored stays ignored (`nohup`; SIGINT in a background job of a script), as
+        # main's own handlers leave it.
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, self._interrupt)
         signal.signal(signal.SIGALRM, self._overdue)
 
     def _interrupt(self, signum: int, _frame: object) -> None:
@@ -1770,7 +1777,7 @@ class _Stops:
         on is ignored: Python gives the default action back to its handled signals as it shuts
         down, and a second SIGTERM then (GNU `timeout`'s to the process group, a few ms after the
         first) killed rq at the very end: exit 143 for a stop that had done everything."""
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
 
     def settle(self) -> None:
