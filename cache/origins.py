@@ -240,12 +240,13 @@ class LocalOrigin:
                 # PATH_MAX), fails alone, like an unreadable file (cp -r goes on too)
                 yield self._problem(here, f"cannot read directory {here}: {exc.strerror}", "/")
                 continue
+            subdirs: list[Path] = []
             for item in items:
                 try:
                     # (an lstat only where the file system gives no type with the name: DT_UNKNOWN)
                     if item.is_dir(follow_symlinks=False):
                         if not self._skipped(item):
-                            stack.append(Path(item.path))
+                            subdirs.append(Path(item.path))
                         continue
                     if not item.is_file(follow_symlinks=True):
                         continue
@@ -255,10 +256,17 @@ class LocalOrigin:
                 except OSError as exc:
                     if exc.errno == errno.ELOOP:
                         continue  # a symlink loop leads nowhere, like a dangling link (skipped too)
+                    if isinstance(exc, PermissionError) and not _searchable(here):
+                        # a directory rq may list (r) but not search (no x): nothing in it can be
+                        # opened. It fails as one, as an unreadable directory does, and --include
+                        # is not asked to weigh each of its names
+                        yield self._problem(here, f"cannot search directory {here}: {exc.strerror}", "/")
+                        subdirs = []
+                        break
                     if isinstance(exc, PermissionError) or exc.errno == errno.ENAMETOOLONG:
-                        # a directory rq may list but not search, a symlink into one it may not
-                        # read, a path too long to open: this name fails alone, the walk goes on
-                        # (it stopped the whole run: "cannot read …: Permission denied", exit 1)
+                        # a symlink into a directory rq may not read, a path too long to open: this
+                        # name fails alone, the walk goes on (either stopped the whole run: "cannot
+                        # read …: Permission denied", exit 1)
                         yield self._problem(item.path, f"cannot read {item.path}: {exc.strerror}")
                         continue
                     raise _unreachable(exc, item.path) or CacheError(
@@ -266,6 +274,7 @@ class LocalOrigin:
                     ) from None
                 rel = os.path.relpath(item.path, self.root).replace(os.sep, "/")
                 yield ObjectInfo(os.path.abspath(item.path), rel, st.st_size, local_version(st))
+            stack.extend(subdirs)
 
     def _problem(self, path: str | Path, problem: str, slash: str = "") -> ObjectInfo:
         """What the walk found and cannot offer: reported as a failure of its own, never fetched."""
@@ -389,6 +398,17 @@ class LocalOrigin:
 
 # open()/stat() errors that say the name is no regular file rq can read, not that the origin failed
 _NOT_A_FILE = frozenset({errno.ENXIO, errno.ENODEV, errno.ELOOP, errno.ENAMETOOLONG})
+
+
+def _searchable(directory: str | Path) -> bool:
+    """Whether names in `directory` can be looked up (search permission: `.` in it can be)."""
+    try:
+        os.stat(os.path.join(directory, "."))
+    except PermissionError:
+        return False
+    except OSError:
+        pass
+    return True
 
 
 # errors of a network or FUSE file system that went away (its daemon died, the server is down or

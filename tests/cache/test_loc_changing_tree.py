@@ -174,7 +174,9 @@ def test_names_rq_may_list_but_not_read_fail_alone(tmp_path: Path) -> None:
     (src / "ok").mkdir(parents=True)
     (src / "ok" / "f").write_bytes(b"ok")
     (src / "listonly").mkdir()  # r--: its names can be listed, not looked up
-    (src / "listonly" / "g").write_bytes(b"g")
+    for name in ("g", "h"):
+        (src / "listonly" / name).write_bytes(name.encode())
+    (src / "listonly" / "sub").mkdir()
     hidden = tmp_path / "hidden"  # ---: a symlink into it cannot be followed
     hidden.mkdir()
     (hidden / "h").write_bytes(b"h")
@@ -190,7 +192,8 @@ def test_names_rq_may_list_but_not_read_fail_alone(tmp_path: Path) -> None:
     # was: the first such name stopped the whole run, exit 1 ("cannot read SRC/link: Permission
     # denied"); now each fails alone as `denied` (exit 4), as an unreadable file does
     assert out.returncode == 4, out.stderr
-    assert _failed(out.stdout) == {str(src / "link"): "denied", str(src / "listonly" / "g"): "denied"}
+    # (the list-only directory fails as one: its names, subdirectory included, cannot be opened)
+    assert _failed(out.stdout) == {str(src / "link"): "denied", f"{src / 'listonly'}/": "denied"}
     assert json.loads(out.stdout.splitlines()[-1])["objects"] == 1
     # a source under a directory rq may not search: denied (exit 4), was "cannot list" (exit 1)
     assert under.returncode == 4, under.stderr
