@@ -16,6 +16,7 @@ import click
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
+    from rich.table import Table
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -161,6 +162,35 @@ class Output:
     def console(self) -> Console:
         return _console_class()(file=self.stdout, highlight=False, soft_wrap=False)
 
+    def table(self, table: Table, header: bool = True) -> None:
+        """A table on stdout: drawn by rich (box characters, colours, wrapped to the width) when
+        stdout is a terminal; into a pipe or a file, plain lines for scripts (`| cut -f2`, `|
+        grep`, `| sort`): a header line of the column names (unless `header` is false), then one
+        line per row, cells separated by one tab, nothing cut, folded or padded, no title, no
+        box characters and no ANSI codes. A tab or newline inside a cell is shown escaped (\\x09,
+        \\x0a: see safe_text), so a row is always one line of exactly one cell per column."""
+        if _isatty(self.stdout):
+            self.console().print(table)
+            return
+        from rich.text import Text
+
+        def plain(cell: object) -> str:
+            if isinstance(cell, Text):
+                text = cell.plain
+            elif isinstance(cell, str):
+                text = Text.from_markup(cell).plain  # the markup a terminal would style
+            else:
+                text = str(cell)
+            return safe_text(text)
+
+        columns = table.columns
+        lines = ["\t".join(safe_text(str(c.header)) for c in columns)] if header else []
+        lines += [
+            "\t".join(plain(cell) for cell in row) for row in zip(*(c.cells for c in columns), strict=True)
+        ]
+        if lines:
+            self._to_stdout("".join(line + "\n" for line in lines))
+
     @contextlib.contextmanager
     def progress(self, transfer: bool = True) -> Iterator[Progress | None]:
         """A rich progress display on stderr when interactive, else None (callers skip updates)."""
@@ -184,6 +214,13 @@ class Output:
         columns.append(TimeRemainingColumn())
         with Progress(*columns, console=Console(file=self.stderr), transient=False) as bar:
             yield bar
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):  # no real stream (closed, replaced)
+        return False
 
 
 def get_output() -> Output:

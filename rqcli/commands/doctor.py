@@ -455,7 +455,7 @@ def doctor(endpoint_url: str | None, bucket: str | None, nats_url: str | None, c
         for f in findings:
             # findings carry text like 'rqcli[rdma]': escape it, or rich reads it as markup
             table.add_row(f.check, f"[{STYLE[f.status]}]{f.status}[/]", escape(f.detail), escape(f.fix))
-        out.console().print(table)
+        out.table(table)  # rich on a terminal, tab-separated lines into a pipe
     failed = [f for f in findings if f.failed]
     if failed:
         first = failed[0]

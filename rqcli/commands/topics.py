@@ -276,6 +276,7 @@ class Writer:
         # With a signal handler that returns (tail, replay --commit), a write interrupted by it returns
         # a short count and BufferedWriter drops the rest (writelines never looks): write in full.
         self.exact = False
+        self.headed = False  # a plain table's header line is out (once, not once per batch)
 
     @property
     def needs_decode(self) -> bool:
@@ -334,7 +335,9 @@ class Writer:
             # Text, not str: rich would read "[link=…]" in a record as markup (a planted hyperlink,
             # or a MarkupError that ends the read).
             table.add_row(str(r[0]), when, Text(safe_text(key)), Text(safe_text(shown[:500])))
-        self.out.console().print(table)
+        # rich on a terminal; into a pipe, tab-separated lines with one header line in all
+        self.out.table(table, header=not self.headed)
+        self.headed = True
 
     def flush(self) -> None:
         try:
@@ -1898,7 +1901,6 @@ def offsets(
         from rich.table import Table
         from rich.text import Text
 
-        console = out.console()
         shown_last = "-" if last is None else last  # (an empty topic)
         gone = f" ({sum(b - a + 1 for a, b, _ in lost)} lost)" if lost else ""
         # what `rq offsets` was asked for: printed under -q too, as the group table is
@@ -1910,7 +1912,7 @@ def offsets(
             for row in rows:
                 shown = "-" if row["committed"] is None else str(row["committed"])  # nothing committed yet
                 table.add_row(Text(safe_text(str(row["group"]))), shown, str(row["lag"]))
-            console.print(table)
+            out.table(table)  # rich on a terminal, tab-separated lines into a pipe
         _say_lost(out, lost)
 
 
