@@ -21,6 +21,8 @@ Used by `rq send` / `rq recv`; a training script can use it directly:
                        ConnectOptions("10.0.0.2", 7420, pin="sha256:…"), token=b"secret",
                        opts=SendOptions(connections=2), on_event=print)
 
-Nothing here prints or exits: errors are `transfer.errors.TransferError` subclasses, progress comes as
-`transfer.events` objects. Wire protocol: docs/protocol.md; design and driver interface: docs/transfer.md.
+Nothing here prints or exits: errors are `transfer.errors.TransferError` subclasses (and `OSError`
+for the caller's own side: `FileNotFoundError` for a SOURCE that does not exist, the error of a DEST
+that cannot be made), progress comes as `transfer.events` objects. To cancel a send, raise from
+`on_event`: `send()` stops and raises that exception, never retried. Wire protocol: docs/protocol.md; design and driver interface: docs/transfer.md.
 """
