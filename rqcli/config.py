@@ -27,7 +27,10 @@ from rqcli.exitcodes import ExitCode
 
 
 def default_config_path() -> Path:
-    return Path(os.environ.get("RQ_CONFIG") or user_config_path("rq") / "config.toml")
+    """RQ_CONFIG (an empty one counts as unset, as every RQ_* does; `~` is the home directory, as
+    for --config), else ~/.config/rq/config.toml."""
+    named = os.environ.get("RQ_CONFIG")
+    return Path(os.path.expanduser(named)) if named else user_config_path("rq") / "config.toml"
 
 
 # The file the config was read from (None: none was), for errors Click raises later about a value
@@ -39,7 +42,8 @@ def load_config(path: Path | None) -> dict[str, Any]:
     """Reads the config file; a missing default file is an empty config, a missing explicit one an error."""
     global read_from
     read_from = None
-    explicit = path is not None or "RQ_CONFIG" in os.environ
+    # (an empty RQ_CONFIG is unset: Click gives no path for it, and the default file may be missing)
+    explicit = path is not None or bool(os.environ.get("RQ_CONFIG"))
     target = path or default_config_path()
     try:
         # O_NONBLOCK: a FIFO with no writer would block the open (and a read) for ever
@@ -51,7 +55,10 @@ def load_config(path: Path | None) -> dict[str, Any]:
     except OSError as exc:  # no permission: the default path is checked nowhere else
         raise CliError(f"config file {target} cannot be read: {exc.strerror}", ExitCode.USAGE) from None
     try:
-        mode = os.fstat(fd).st_mode
+        info = os.fstat(fd)
+        mode = info.st_mode
+        if _is_devnull(info):
+            return {}  # `--config /dev/null` (or RQ_CONFIG=/dev/null): no config file, as for git and pip
         if not stat.S_ISREG(mode):  # a directory; a FIFO, whose read waits for a writer; a device
             kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device"
             raise CliError(
@@ -72,6 +79,16 @@ def load_config(path: Path | None) -> dict[str, Any]:
         raise CliError(f"config file {target} is not valid TOML: {exc}", ExitCode.USAGE) from None
     read_from = target
     return _normalise(data)
+
+
+def _is_devnull(info: os.stat_result) -> bool:
+    if not stat.S_ISCHR(info.st_mode):
+        return False
+    try:
+        null = os.stat(os.devnull)
+    except OSError:
+        return False
+    return stat.S_ISCHR(null.st_mode) and info.st_rdev == null.st_rdev
 
 
 def check_config(

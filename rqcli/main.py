@@ -9,6 +9,7 @@ import gc
 import importlib
 import importlib.util
 import os
+import re
 import signal
 import sys
 import threading
@@ -24,7 +25,7 @@ from rqcli.config import check_config, load_config
 from rqcli.errors import CliError, Terminated, interruption
 from rqcli.exitcodes import EXIT_CODE_HELP, ExitCode
 from rqcli.output import Output
-from rqcli.params import documented_env_names_everywhere
+from rqcli.params import CommandEnvFirst, NonEmptyPath, documented_env_names_everywhere
 
 # name -> (module, attribute, one-line example). Modules load only when their command runs, so
 # `rq tail` does not pay for boto3 and `rq preload` does not pay for aioquic. A module that is not
@@ -58,6 +59,7 @@ class _Run:
 
     out: Output | None = None  # the group's Output: --json before or after the command name
     entered: bool = False  # the command's own code began
+    ctx: click.Context | None = None  # the running command's context (its parameters' sources)
 
 
 _run = _Run()
@@ -65,14 +67,21 @@ _marked: set[click.Command] = set()
 
 
 def _mark_entry(command: click.Command) -> None:
-    """Has the command's callback note that it began, once per command, if it has a summary."""
-    callback = command.callback
-    if callback is None or command in _marked or getattr(command, NOT_STARTED, None) is None:
+    """Has the command's callback note that it began (if it has a summary) and its context (an
+    error it raises about a value names where the value came from), once per command."""
+    if isinstance(command, click.Group):  # (its subcommands' own; a group's callback runs first)
+        for sub in command.commands.values():
+            _mark_entry(sub)
         return
+    callback = command.callback
+    if callback is None or command in _marked:
+        return
+    summary = getattr(command, NOT_STARTED, None) is not None
 
     @functools.wraps(callback)
     def entered(*args: Any, **kwargs: Any) -> Any:
-        _run.entered = True
+        _run.entered = _run.entered or summary
+        _run.ctx = click.get_current_context()
         return callback(*args, **kwargs)
 
     command.callback = entered
@@ -171,9 +180,9 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
 @click.option(
     "--config",
     "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=NonEmptyPath(dir_okay=False, path_type=Path),
     envvar="RQ_CONFIG",
-    help="Config file (default ~/.config/rq/config.toml).",
+    help="Config file (default ~/.config/rq/config.toml; /dev/null: none).",
 )
 @click.option(
     "--version",
@@ -229,6 +238,22 @@ class _NeverRaised(click.ClickException):
 _SHOW_HELP: type[click.ClickException] = getattr(click.exceptions, "NoArgsIsHelpError", _NeverRaised)
 
 
+def _variable(ctx: click.Context, param: click.Parameter) -> str | None:
+    """The environment variable a parameter's value came from, in the order Click reads them."""
+    named = param.envvar if isinstance(param.envvar, list | tuple) else [param.envvar] if param.envvar else []
+    auto = [f"{ctx.auto_envvar_prefix}_{(param.name or '').upper()}"] if ctx.auto_envvar_prefix else []
+    order = [*auto, *named] if isinstance(param, CommandEnvFirst) else [*named, *auto]
+    return next((v for v in order if os.environ.get(v)), None)
+
+
+def _config_key(ctx: click.Context, param: click.Parameter) -> str:
+    """`config file F: [table] key` for a parameter set by the config file."""
+    table = ".".join(ctx.command_path.split()[1:])
+    flags = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+    key = flags[0][2:] if flags else param.name
+    return f"config file {config.read_from}: [{table}] {key}"
+
+
 def _name_the_variable(exc: click.UsageError) -> str | None:
     """A bad value that came from the environment names its variable, not only the flag nobody
     typed: `Invalid value for '--workers' (from RQ_PRELOAD_WORKERS)`. One from the config file
@@ -241,18 +266,81 @@ def _name_the_variable(exc: click.UsageError) -> str | None:
         return None
     source = ctx.get_parameter_source(param.name)
     if source is click.core.ParameterSource.DEFAULT_MAP and config.read_from is not None:
-        table = ".".join(ctx.command_path.split()[1:])
-        flags = [o for o in getattr(param, "opts", []) if o.startswith("--")]
-        key = flags[0][2:] if flags else param.name
-        return f"config file {config.read_from}: [{table}] {key}: {exc.message}"
+        return f"{_config_key(ctx, param)}: {exc.message}"
     if source is not click.core.ParameterSource.ENVIRONMENT:
         return None
-    named = param.envvar if isinstance(param.envvar, list | tuple) else [param.envvar] if param.envvar else []
-    auto = [f"{ctx.auto_envvar_prefix}_{param.name.upper()}"] if ctx.auto_envvar_prefix else []
-    variable = next((v for v in [*auto, *named] if os.environ.get(v)), None)
+    variable = _variable(ctx, param)
     if variable is not None:
         exc.param_hint = f"{param.get_error_hint(ctx)} (from {variable})"
     return None
+
+
+def _name_the_source(exc: CliError) -> CliError:
+    """A usage error the running command raised about an option's value (`--chunk-size must be
+    between …`, `got '127.0.0.1:18333'`) names where that value came from when nobody typed it:
+    the config file's table and key, or the environment variable. The option is the one whose
+    flag the message names, else the one whose value it quotes; the first set outside the command
+    line. Every command at once, rather than each check of each option."""
+    ctx = _run.ctx
+    if ctx is None or exc.code is not ExitCode.USAGE:
+        return exc
+    sources = click.core.ParameterSource
+    for param in ctx.command.params:
+        if not isinstance(param, click.Option) or not param.name:
+            continue
+        source = ctx.get_parameter_source(param.name)
+        if source not in (sources.ENVIRONMENT, sources.DEFAULT_MAP):
+            continue
+        if source is sources.ENVIRONMENT:
+            variable = _variable(ctx, param)
+            raw = os.environ.get(variable) if variable else None
+        else:
+            variable, raw = None, (ctx.default_map or {}).get(param.name)
+        flag = next((f for f in param.opts if f.startswith("--") and _names(exc.message, f)), None)
+        quoted = isinstance(raw, str) and len(raw) > 1 and repr(raw) in exc.message
+        if flag is None and not quoted:
+            continue
+        if source is sources.DEFAULT_MAP:
+            if config.read_from is None:
+                return exc
+            message = f"{_config_key(ctx, param)}: {exc.message}"
+        elif variable is None:
+            return exc
+        elif flag is not None:
+            at = _names(exc.message, flag)
+            message = f"{exc.message[:at]} (from {variable}){exc.message[at:]}"
+        else:
+            message = f"{exc.message} (from {variable})"
+        return CliError(message, exc.code, hint=exc.hint)
+    typed = [
+        value
+        for p in ctx.command.params
+        if p.name
+        and ctx.get_parameter_source(p.name) is sources.COMMANDLINE
+        and isinstance(value := ctx.params.get(p.name), str)
+    ]
+    # a value the libraries read from the environment themselves (AWS_ENDPOINT_URL: botocore's
+    # rules, not Click's), quoted by the error and typed by nobody
+    for variable, raw in sorted(os.environ.items()):
+        if (
+            variable.startswith(_LIBRARY_VARIABLES)
+            and len(raw) > 1
+            and repr(raw) in exc.message
+            and raw not in typed
+        ):
+            return CliError(f"{exc.message} (from {variable})", exc.code, hint=exc.hint)
+    return exc
+
+
+# the environment variables rq's libraries read themselves (cache.s3, the topic clients)
+_LIBRARY_VARIABLES = ("AWS_", "NATS_", "RQ_")
+
+
+def _names(message: str, flag: str) -> int:
+    """Where the flag's name ends in the message (0: not named there): `--format` in `--format is
+    empty`, not in `--format-x`."""
+    m = re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", message)
+    return m.end() if m else 0
 
 
 def _invoked(args: list[str]) -> tuple[str, click.Command]:
@@ -365,8 +453,13 @@ def main(argv: list[str] | None = None) -> None:
     except CliError as exc:
         if verbose:
             _print_traceback()
-        click.echo(f"rq: error: {exc.one_line()}", err=True)
-        code = int(exc.code)
+        named = _name_the_source(exc)
+        # refused before the command ran (the config file, its table checked in the group's
+        # callback): under --json the summary the command promises is still the last line
+        if _run.ctx is None:
+            _owed_summary(args, None, named.one_line())
+        click.echo(f"rq: error: {named.one_line()}", err=True)
+        code = int(named.code)
     except click.exceptions.Exit as exc:
         code = exc.exit_code
     except click.exceptions.Abort as exc:  # Click's wrapping of KeyboardInterrupt (and Terminated)
