@@ -37,11 +37,21 @@ def default_config_path() -> Path:
 # that came from it: a callback's check of a size (rqcli/main.py names the file, table and key).
 read_from: Path | None = None
 
+# Each key as the file spells it (`cache-dir`), by its table and the name Click knows it by
+# (`cache`, `cache_dir`; `replay`, `from_spec` for `from`): errors name the key the user wrote.
+_written: dict[tuple[str, str], str] = {}
+
+
+def written(table: str, name: str) -> str | None:
+    """The key of [table] (dotted, `cache.ls`) that set the parameter `name`, as the file spells it."""
+    return _written.get((table.replace("-", "_"), name))
+
 
 def load_config(path: Path | None) -> dict[str, Any]:
     """Reads the config file; a missing default file is an empty config, a missing explicit one an error."""
     global read_from
     read_from = None
+    _written.clear()
     # (an empty RQ_CONFIG is unset: Click gives no path for it, and the default file may be missing)
     explicit = path is not None or bool(os.environ.get("RQ_CONFIG"))
     target = path or default_config_path()
@@ -78,7 +88,7 @@ def load_config(path: Path | None) -> dict[str, Any]:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise CliError(f"config file {target} is not valid TOML: {exc}", ExitCode.USAGE) from None
     read_from = target
-    return _normalise(data)
+    return _normalise(data, "")
 
 
 def _is_devnull(info: os.stat_result) -> bool:
@@ -162,7 +172,8 @@ def _check_key(
 ) -> None:
     """One `key = value` of a command's table: an option of that command, of a type it accepts."""
     params = {p.name: p for p in command.params if p.name and p.name != "help"}
-    label = f"[{name}] {key}" if name else key
+    spelled = written(name, key) or key  # as the file has it: `cache-dir`, not `cache_dir`
+    label = f"[{name}] {spelled}" if name else spelled
     param = params.get(key)
     if param is None:
         # the option's own name (`from` for --from, `format` for --format), as the docs say keys
@@ -172,10 +183,11 @@ def _check_key(
         if param is not None and param.name:
             table[param.name] = table.pop(key)
             key = param.name
+            _written[(name.replace("-", "_"), key)] = spelled
     if param is None:
         # named as the docs and --help name them (`to`, `dry-run`), not as Click's parameters
         known = sorted(flag.replace("_", "-") for flag in _by_flag(command)) + subcommands
-        near = difflib.get_close_matches(key.replace("_", "-"), known, n=1)
+        near = difflib.get_close_matches(spelled.replace("_", "-"), known, n=1)
         hint = f"did you mean {near[0]!r}?" if near else f"known here: {', '.join(known) or 'none'}"
         what = "option" if name else "command or option"
         raise CliError(f"config file {where}: {label}: no such {what}", ExitCode.USAGE, hint=hint)
@@ -193,7 +205,7 @@ def _check_key(
                 f"config file {where}: {label}: {_toml_text(scalar)} ({type(scalar).__name__}) is not "
                 f"a valid {wanted}",
                 ExitCode.USAGE,
-                hint="write it as " + _KIND_EXAMPLE[wanted].format(key=key.replace("_", "-")),
+                hint="write it as " + _KIND_EXAMPLE[wanted].format(key=spelled),
             )
     try:
         if any(isinstance(v, (dict, list)) for v in scalars):
@@ -276,12 +288,15 @@ def _dashed_twin(table: dict[str, Any], key: str) -> bool:
     return dashed != key and table.get(dashed) is table[key] and isinstance(table[key], dict)
 
 
-def _normalise(table: dict[str, Any]) -> dict[str, Any]:
-    """TOML keys may use dashes like the flags do; Click's default_map wants parameter names."""
+def _normalise(table: dict[str, Any], path: str) -> dict[str, Any]:
+    """TOML keys may use dashes like the flags do; Click's default_map wants parameter names.
+    `path` is the table's own dotted name (`cache.ls`), "" for the file's top level."""
     out: dict[str, Any] = {}
     for key, value in table.items():
         name = key.replace("-", "_")
-        out[name] = _normalise(value) if isinstance(value, dict) else value
+        _written.setdefault((path, name), key)
+        inner = f"{path}.{name}" if path else name
+        out[name] = _normalise(value, inner) if isinstance(value, dict) else value
         if isinstance(value, dict):
             out[key] = out[name]  # subcommand names keep their dashes
     return out

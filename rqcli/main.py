@@ -247,10 +247,10 @@ def _variable(ctx: click.Context, param: click.Parameter) -> str | None:
 
 
 def _config_key(ctx: click.Context, param: click.Parameter) -> str:
-    """`config file F: [table] key` for a parameter set by the config file."""
+    """`config file F: [table] key` for a parameter set by the config file, the key as written."""
     table = ".".join(ctx.command_path.split()[1:])
     flags = [o for o in getattr(param, "opts", []) if o.startswith("--")]
-    key = flags[0][2:] if flags else param.name
+    key = config.written(table, param.name or "") or (flags[0][2:] if flags else param.name)
     return f"config file {config.read_from}: [{table}] {key}"
 
 
