@@ -584,15 +584,32 @@ def _last_n_start(source: Any, n: int, end: int) -> int:
     return max(end - n, source.first_offset())
 
 
-def _aged_out_reporter(out: Output, topic: str) -> Callable[[int, int], None]:
+def _aged_out_reporter(out: Output, topic: str, source: Any = None) -> Callable[[int, int], None]:
     """Told when retention deleted records before the reader got to them: said at once (a follow
-    may run for days), on stderr and as a --json event; the offsets are never read."""
+    may run for days), on stderr and as a --json event; the offsets are never read. Under a
+    JetStream subject filter narrower than the stream (`gap_counts_known` false) first..last are
+    stream sequences of which any number, maybe none, were on the subject: said so, in words and
+    as `"records": null` (absent, the gap is last - first + 1 records)."""
+    known = bool(getattr(source, "gap_counts_known", True))
+    subject = safe_text(str(getattr(source, "subject", "")))
 
     def report(first: int, last: int) -> None:
-        span = f"offset {first}" if first == last else f"offsets {first}..{last}"
+        event: dict[str, Any] = {"event": "gap", "topic": topic, "first": first, "last": last}
+        event["reason"] = "retention"
+        if known:
+            span = f"offset {first}" if first == last else f"offsets {first}..{last}"
+            said = f"{span} aged out (retention) before they were read"
+        else:
+            span = f"stream sequence {first}" if first == last else f"stream sequences {first}..{last}"
+            said = (
+                f"{span} were deleted (stream limits or a purge) before they were read; how many of "
+                f"them were on {subject} is not known (maybe none: the stream keeps no record of a "
+                "deleted message's subject)"
+            )
+            event["records"] = None  # how many were on the subject: not known
         try:
-            out.warn(f"{span} aged out (retention) before they were read")
-            out.emit({"event": "gap", "topic": topic, "first": first, "last": last, "reason": "retention"})
+            out.warn(said)
+            out.emit(event)
         except BrokenPipeError:
             # The reader left while the records before the gap sat in the pipe: as when a
             # record's write finds it gone, they were not consumed (a raw BrokenPipeError let
@@ -1181,7 +1198,7 @@ def tail(
                     res,
                     None,
                     _reader_watch(),
-                    _aged_out_reporter(out, ref.url),
+                    _aged_out_reporter(out, ref.url, source),
                     skips,
                 )
             except ReaderLeft:
@@ -1464,7 +1481,7 @@ def replay(
                             last_commit[0] = time.monotonic()
 
                     watch = _reader_watch() if writer is not None else None
-                    gaps = _aged_out_reporter(out, ref.url)
+                    gaps = _aged_out_reporter(out, ref.url, source)
 
                     def count_shown(records: Sequence[Record]) -> None:
                         # once written (a Ctrl-C may land inside a write), inside the hold: a

@@ -662,6 +662,28 @@ class _Between:
         return not self.at_least(seq, n + 1)
 
 
+def _covers(pattern: str, subjects: str) -> bool:
+    """Whether every subject that `subjects` (a stream's subject, wildcards allowed) takes is
+    matched by `pattern`."""
+    want, have = pattern.split("."), subjects.split(".")
+    for i, tok in enumerate(want):
+        if tok == ">":
+            return len(have) > i
+        if i >= len(have) or have[i] == ">" or (tok != "*" and tok != have[i]):
+            return False
+    return len(want) == len(have)
+
+
+def _takes_all(pattern: str, config: Any) -> bool:
+    """Whether the subject filter `pattern` takes every message the stream stores, judged by its
+    subjects now (a stream fed by a mirror, sources or a subject transform stores subjects its own
+    list does not name: not known, so no)."""
+    if config.mirror is not None or config.sources or config.subject_transform:
+        return False
+    takes = list(config.subjects or ())
+    return bool(takes) and all(_covers(pattern, s) for s in takes)
+
+
 class JetStreamSource:
     kind = "jetstream"
     live_only = False
@@ -677,10 +699,18 @@ class JetStreamSource:
         )
         self.conn = _Conn(ref, connect_timeout)
         try:
-            self._check_subject_can_hold(self.conn.stream_info())
+            info = self.conn.stream_info()
+            self._check_subject_can_hold(info)
         except BaseException:
             self.conn.close()
             raise
+        # Whether a gap read() tells (on_gap(first, last): stream sequences deleted below the
+        # first one before the read got to them) held last - first + 1 records of this topic. So
+        # it does on the whole stream, or where the subject filter takes every subject the stream
+        # stores. Under a narrower filter the deleted sequences may have held other subjects'
+        # messages (any number of them, all of them included), and the stream keeps no word of a
+        # deleted message's subject: how many of the topic's records were lost is not known.
+        self.gap_counts_known = not self.subject or _takes_all(self.subject, info.config)
 
     def _check_subject_can_hold(self, info: Any) -> None:
         """A subject the stream neither holds nor can ever take (a typo: `EVENTS/event.cam` for
@@ -1039,7 +1069,9 @@ class JetStreamSource:
         sequence once the read steps over them. A hole above it is no gap: a message deleted one
         by one, or (with a subject filter) other subjects' messages, which this read would not
         have delivered. With a filter, the sequences stepped over below the first one are told
-        as a whole, other subjects' among them: the stream keeps no word of which they were.
+        as a whole, other subjects' among them: the stream keeps no word of which they were, so
+        unless the filter takes every subject of the stream (gap_counts_known) how many of them
+        were this topic's records is not known, maybe none.
         Told before the records after the hole are yielded (the caller may be writing them)."""
         expected = max(start, 1)  # the next sequence, when nothing is stepped over
         known_first = 0  # the stream's first sequence when last asked (it only grows)
