@@ -113,7 +113,8 @@ def _client(ref: Any, timeout: float, max_packet_size: int = MAX_PACKET_SIZE) ->
         answered.set()
 
     def on_log(_c: Any, _u: Any, level: int, text: str) -> None:
-        if level == mqtt.MQTT_LOG_ERR:
+        # paho logs a reply that is not MQTT (a wrong port: HTTP, NATS's INFO line) only at DEBUG
+        if level == mqtt.MQTT_LOG_ERR or text.startswith("Received malformed packet"):
             errors.append(text)
 
     client.on_connect, client.on_disconnect, client.on_log = on_connect, on_disconnect, on_log
@@ -168,7 +169,31 @@ def _closed_before_connack(where: str, access: Access, why: str) -> TopicError:
             credentials=False,
             server="mqtt",
         )
+    if why.startswith("Received malformed packet"):
+        return SourceUnreachable(
+            f"the server at {where} answered CONNECT with something that is not MQTT ({why[9:]})"
+        )
     return SourceUnreachable(f"MQTT broker at {where} closed the connection before answering CONNECT: {why}")
+
+
+def lost_why(reason: Any) -> str:
+    """Why a connection that was up ended, in words: paho names a socket closed or reset under
+    MQTT 3.1.1 (which has no DISCONNECT from the broker) "Unspecified error"."""
+    text = str(reason)
+    if text == "Unspecified error":
+        return "the broker closed the connection (or it was reset)"
+    if text == "Keep alive timeout":
+        return "no answer to a keep-alive PING"
+    return text
+
+
+def check_filter(topic_filter: str) -> None:
+    """What MQTT forbids in a filter that paho lets through: the broker would close the connection
+    on it (MQTT 3.1.1 1.5.3, 4.7.3)."""
+    if "\0" in topic_filter:
+        raise SpecError(f"bad MQTT topic filter {topic_filter!r}: MQTT forbids the character U+0000")
+    if len(topic_filter.encode("utf-8")) > 65535:
+        raise SpecError("bad MQTT topic filter: longer than MQTT's 65535 bytes")
 
 
 # The mark of a retained message (a value the broker kept and sent on subscribing, maybe long
@@ -200,6 +225,7 @@ class MqttSource:
         self.where = hostport(ref.host, ref.port)
         self.lost: list[str] = []  # why the broker connection dropped, once it has
         self.closing = False
+        check_filter(self.filter)
         self.client = _client(ref, connect_timeout, max_packet_size)
         subscribed = threading.Event()
         granted: list[Any] = []
@@ -208,7 +234,8 @@ class MqttSource:
             # paho would reconnect, but a clean session comes back without our subscription: the
             # tail would wait forever for messages the broker no longer sends us. Say so instead.
             if not self.closing:
-                self.lost.append(str(reason))
+                self.lost.append(lost_why(reason))
+                subscribed.set()  # a broker closes the connection on a SUBSCRIBE it will not take
                 if self.client.rq_broke is not None:
                     # paho would connect again and the broker send the same packet: stop here
                     threading.Thread(target=self.client.disconnect, daemon=True).start()
@@ -234,11 +261,24 @@ class MqttSource:
             self.close()
             raise SpecError(f"bad MQTT topic filter {self.filter!r}: {exc}") from None
         # Wait for SUBACK so that whatever is published after this returns is seen.
-        if not subscribed.wait(connect_timeout) or any(getattr(c, "is_failure", False) for c in granted):
+        answered = subscribed.wait(connect_timeout)
+        if not answered or self.lost or any(getattr(c, "is_failure", False) for c in granted):
             self.close()
             if self.client.rq_broke is not None:
                 raise self.client.rq_broke
-            raise SourceUnreachable(f"MQTT broker refused the subscription to {self.filter!r}")
+            if self.lost:
+                raise SourceUnreachable(
+                    f"MQTT broker at {self.where} closed the connection on the subscription to "
+                    f"{self.filter!r}: {self.lost[0]}"
+                )
+            if not answered:
+                raise SourceUnreachable(
+                    f"MQTT broker at {self.where} did not answer the subscription to {self.filter!r} "
+                    f"in {connect_timeout:.0f} s"
+                )
+            raise SourceUnreachable(
+                f"MQTT broker at {self.where} refused the subscription to {self.filter!r}"
+            )
 
     def first_offset(self) -> int:
         return 0
