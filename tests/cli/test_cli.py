@@ -181,7 +181,7 @@ def test_odd_config_is_a_one_line_usage_error(tmp_path: Path, body: bytes, text:
     ("body", "args", "text"),
     [
         (b"[cache]\nls = 5\n", ["cache", "ls"], b"[cache] 'ls' must be a table"),
-        (b"[cache.du]\ncache-dir = 5\n", ["cache", "du"], b"[cache.du] cache_dir: 5 (int) is not a valid"),
+        (b"[cache.du]\ncache-dir = 5\n", ["cache", "du"], b"[cache.du] cache-dir: 5 (int) is not a valid"),
         (b"[preload]\nworkers = [1]\n", ["preload", "/nonexistent"], b"[preload] workers:"),
         (b"[preload]\nbogus_option = 1\n", ["preload", "/nonexistent"], b"[preload] bogus_option: no such"),
         (b"[prelod]\nworkers = 1\n", ["doctor"], b"did you mean 'preload'"),

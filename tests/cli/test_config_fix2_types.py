@@ -27,9 +27,9 @@ def _usage(res: object, *texts: str) -> None:
     [
         ("workers = 1.5", "workers: 1.5 (float) is not a valid whole number"),
         ("workers = true", "workers: true (bool) is not a valid whole number"),
-        ("endpoint-url = 5", "endpoint_url: 5 (int) is not a valid string"),
-        ("dry-run = 1", "dry_run: 1 (int) is not a valid boolean"),
-        ("ram-limit = true", "ram_limit: true (bool) is not a valid string or number"),
+        ("endpoint-url = 5", "endpoint-url: 5 (int) is not a valid string"),
+        ("dry-run = 1", "dry-run: 1 (int) is not a valid boolean"),
+        ("ram-limit = true", "ram-limit: true (bool) is not a valid string or number"),
     ],
 )
 def test_a_value_of_another_kind_is_refused_not_converted(tmp_path: Path, line: str, said: str) -> None:

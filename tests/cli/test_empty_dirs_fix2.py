@@ -49,4 +49,4 @@ def test_an_empty_cache_dir_in_the_config_file_is_refused(tmp_path: Path) -> Non
     cfg.write_text('[preload]\ncache-dir = ""\n')
     res = run_rq("--config", str(cfg), "preload", str(tmp_path), "--dry-run", cwd=tmp_path)
     assert res.returncode == ExitCode.USAGE, res.stderr
-    assert f"config file {cfg}: [preload] cache_dir: an empty string".encode() in res.stderr
+    assert f"config file {cfg}: [preload] cache-dir: an empty string".encode() in res.stderr
