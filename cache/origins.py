@@ -175,6 +175,20 @@ def local_version(st: os.stat_result) -> str:
     return f"mtime:{st.st_mtime_ns};size:{st.st_size};ino:{st.st_ino};ctime:{st.st_ctime_ns}"
 
 
+class _Cancelled(OriginError):
+    """The fetcher gave a local copy up (the run is failing); reported through on_done."""
+
+
+class _LocalRequest:
+    """What LocalOrigin.fetch returns: something the fetcher can cancel (as cache.ranged's
+    requests; that module is not imported here: http.client and ssl would come with it)."""
+
+    cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
 class LocalOrigin:
     """A directory (local disk, NFS, a FUSE mount). Copies run in a thread pool: read/pwrite release
     the GIL, and NFS latency wants several in flight."""
@@ -331,18 +345,35 @@ class LocalOrigin:
             raise NotFoundError(f"not a regular file: {url}")
         return ObjectInfo(url, os.path.basename(url), st.st_size, local_version(st))
 
-    def fetch(self, info: ObjectInfo, landing: Landing, on_done: Done, piece: tuple[int, int] | None) -> None:
+    def fetch(
+        self, info: ObjectInfo, landing: Landing, on_done: Done, piece: tuple[int, int] | None
+    ) -> _LocalRequest | None:
+        """Queues the copy on the pool. The returned request's cancel() (the run is failing, or
+        Ctrl-C) makes a copy not started yet end at once, and one under way end at its next
+        chunk, each through on_done(Cancelled): before, a halted run went on copying every
+        object it had queued (up to the window, 256), minutes from a slow NFS server."""
+        req = _LocalRequest()
+
         def run() -> None:
             try:
-                self._copy(info, landing, piece)
+                self._copy(info, landing, piece, req)
             except BaseException as exc:
                 on_done(exc)
             else:
                 on_done(None)
 
         self.pool(self.workers).submit(run)
+        return req
 
-    def _copy(self, info: ObjectInfo, landing: Landing, piece: tuple[int, int] | None) -> None:
+    def _copy(
+        self,
+        info: ObjectInfo,
+        landing: Landing,
+        piece: tuple[int, int] | None,
+        req: _LocalRequest | None = None,
+    ) -> None:
+        if req is not None and req.cancelled:
+            raise _Cancelled(f"{info.url}: cancelled")
         view: memoryview | None = getattr(self._tls, "buf", None)
         if view is None:
             # page-aligned and reused: a big file's pieces go to disk from this very buffer
@@ -380,6 +411,8 @@ class LocalOrigin:
             start, end = piece if piece else (0, info.size - 1)
             offset = start
             while offset <= end:
+                if req is not None and req.cancelled:
+                    raise _Cancelled(f"{info.url}: cancelled")
                 try:
                     n = os.preadv(fd, [view[: min(self.CHUNK, end + 1 - offset)]], offset)
                 except OSError as exc:
