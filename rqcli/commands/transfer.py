@@ -177,7 +177,7 @@ def _host_port(text: str, default_port: int = 7420) -> tuple[str, int]:
         raise CliError(f"{text!r} is not HOST:PORT", ExitCode.USAGE)
     port = int(m.group(2)) if m.group(2) else default_port
     if not 0 <= port <= 65535:
-        raise CliError(f"port {port} out of range", ExitCode.USAGE)
+        raise CliError(f"port {port} out of range in {text!r}", ExitCode.USAGE)
     return m.group(1) or "127.0.0.1", port
 
 
