@@ -31,6 +31,14 @@ from topics.sources.base import Appended, Pending
 
 _DRAIN = 4096
 
+# What a tail holds of messages received but not yet written out (payload and topic bytes, plus
+# _PER_MESSAGE each): past it, paho's network thread waits in on_message, so the socket is not read
+# and TCP holds the broker back, as mosquitto_sub's blocking write does. Unbounded, a tail into a
+# stalled reader (a pager left open) grew by all a busy broker sent: 190 MB for 600 MB in 10 s.
+# One message larger than the bound (up to --max-packet-size) is still taken, alone.
+HOLD_BYTES = 64 * 1024 * 1024
+_PER_MESSAGE = 128
+
 
 _REFUSED_AUTH = ("bad user name or password", "not authorized")
 
@@ -225,6 +233,8 @@ class MqttSource:
         self.where = hostport(ref.host, ref.port)
         self.lost: list[str] = []  # why the broker connection dropped, once it has
         self.closing = False
+        self.room = threading.Condition()
+        self.held = 0  # bytes of what is queued (HOLD_BYTES)
         check_filter(self.filter)
         self.client = _client(ref, connect_timeout, max_packet_size)
         subscribed = threading.Event()
@@ -247,6 +257,11 @@ class MqttSource:
             # forwarded live arrives without it (MQTT 3.1.1 3.3.1.3, 5.0 without retain-as-published).
             if msg.retain and not retained:
                 return
+            size = len(msg.payload) + len(msg.topic) + _PER_MESSAGE
+            with self.room:
+                while self.held and self.held + size > HOLD_BYTES and not self.closing:
+                    self.room.wait(0.1)  # close() sets closing: loop_stop() must not wait on us
+                self.held += size
             self.queue.put((time.time_ns() // 1_000_000, msg.topic, msg.payload, bool(msg.retain)))
 
         def on_subscribe(_c: Any, _u: Any, _mid: Any, codes: Any, _props: Any) -> None:
@@ -322,10 +337,15 @@ class MqttSource:
                 while len(items) < _DRAIN:
                     items.append(self.queue.get_nowait())
             batch: list[Record] = []
+            freed = 0
             for ts, topic, payload, stale in items:
                 batch.append((n, ts, topic.encode("utf-8"), RETAINED if stale else NO_HEADERS, payload))
+                freed += len(payload) + len(topic) + _PER_MESSAGE
                 n += 1
             idle_since = time.monotonic()
+            with self.room:
+                self.held -= freed
+                self.room.notify_all()
             yield batch
             if stop is not None and n >= stop:
                 return
@@ -340,7 +360,9 @@ class MqttSource:
         return []
 
     def close(self) -> None:
-        self.closing = True
+        with self.room:
+            self.closing = True
+            self.room.notify_all()
         with contextlib.suppress(Exception):
             self.client.disconnect()
         _stop(self.client)
