@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 import queue
+import re
 import threading
 import urllib.parse
 import weakref
@@ -65,46 +66,136 @@ class Credentials:
 
 
 def resolve_credentials(settings: S3Settings) -> Credentials:
-    """boto3's chain. The environment is its first link; only when it is empty is botocore imported."""
+    """boto3's chain, with botocore's rules. `settings.profile` is an explicit choice (--profile,
+    boto3.Session(profile_name=…)): it disables the keys in the environment, as botocore does. A
+    profile named by AWS_PROFILE / AWS_DEFAULT_PROFILE does not: keys in the environment win, and
+    the profile still gives region, endpoint_url (or its `services` section) and ca_bundle.
+    Keys in the environment: only botocore's config parser is imported (~13 ms), and only when a
+    config or credentials file exists; else botocore's session resolves profile/SSO/IMDS/…"""
     env = os.environ
-    endpoint = settings.endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
-    region = settings.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
-    # botocore's order: AWS_CA_BUNDLE, the profile's ca_bundle, then REQUESTS_CA_BUNDLE
-    bundle = env.get("AWS_CA_BUNDLE") or None
     if key and secret and not settings.profile:
-        bundle = bundle or _default_profile_ca_bundle(env) or env.get("REQUESTS_CA_BUNDLE") or None
-        return Credentials(
-            str(key), str(secret), env.get("AWS_SESSION_TOKEN"), region or "us-east-1", endpoint, bundle
-        )
+        full, scoped = _shared_config(env)
+        region, endpoint, bundle = _configured(settings, env, full, scoped)
+        return Credentials(str(key), str(secret), env.get("AWS_SESSION_TOKEN"), region, endpoint, bundle)
+    import botocore.credentials
     import botocore.exceptions
     import botocore.session
 
     try:
         session = botocore.session.Session(profile=settings.profile)
+        scoped = session.get_scoped_config()
+        region, endpoint, bundle = _configured(settings, env, session.full_config, scoped)
         creds = session.get_credentials()
-        config = session.get_scoped_config()
+        if creds is None:
+            raise AuthError(
+                "no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)"
+            )
+        frozen = creds.get_frozen_credentials()
     except botocore.exceptions.ProfileNotFound as exc:
         raise AuthError(f"AWS profile not found: {exc}") from None
     except botocore.exceptions.BotoCoreError as exc:
         raise AuthError(f"could not load AWS credentials: {exc}") from None
-    if creds is None:
-        raise AuthError(
-            "no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)"
-        )
-    frozen = creds.get_frozen_credentials()
-    region = region or config.get("region") or "us-east-1"
-    endpoint = endpoint or _profile_endpoint(config)
-    bundle = bundle or (str(config["ca_bundle"]) if config.get("ca_bundle") else None)
-    bundle = bundle or env.get("REQUESTS_CA_BUNDLE") or None
-    import botocore.credentials
-
+    except RuntimeError as exc:  # botocore: "…refreshed credentials are still expired."
+        raise AuthError(f"the AWS credentials are expired (credential_process, SSO or role): {exc}") from None
+    except ValueError as exc:  # a credential_process that printed no JSON (JSONDecodeError), bad dates
+        raise AuthError(f"credential_process output invalid (expected its JSON credentials): {exc}") from None
     # (a frozen copy only of what never expires: a training job outlives a 1-12 h role session,
     # and every miss and revalidation after its expiry failed with AuthError)
     expiring = creds if isinstance(creds, botocore.credentials.RefreshableCredentials) else None
     return Credentials(
         str(frozen.access_key), str(frozen.secret_key), frozen.token, region, endpoint, bundle, expiring
     )
+
+
+def _shared_config(env: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """~/.aws/config and ~/.aws/credentials as botocore's session reads them (its own parser; the
+    credentials file's profiles merged in) and the active profile's part. Nothing is imported and
+    nothing read where neither file exists."""
+    config_file = os.path.expanduser(env.get("AWS_CONFIG_FILE") or "~/.aws/config")
+    credentials_file = os.path.expanduser(env.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials")
+    name = env.get("AWS_DEFAULT_PROFILE") or env.get("AWS_PROFILE") or "default"  # botocore's order
+    missing = f"AWS profile not found: The config profile ({name}) could not be found"
+    if not os.path.isfile(config_file) and not os.path.isfile(credentials_file):
+        if name != "default":
+            raise AuthError(missing)
+        return {}, {}
+    import botocore.configloader
+    import botocore.exceptions
+
+    try:
+        full = botocore.configloader.load_config(config_file) if os.path.isfile(config_file) else {}
+        full.setdefault("profiles", {})
+        if os.path.isfile(credentials_file):
+            for name, values in botocore.configloader.raw_config_parse(credentials_file).items():
+                full["profiles"].setdefault(name, {}).update(values)
+    except botocore.exceptions.BotoCoreError as exc:
+        raise AuthError(f"could not load AWS config: {exc}") from None
+    if name != "default" and name not in full["profiles"]:
+        raise AuthError(missing)
+    return full, dict(full["profiles"].get(name, {}))
+
+
+def _configured(
+    settings: S3Settings, env: Any, full: dict[str, Any], scoped: dict[str, Any]
+) -> tuple[str, str | None, str | None]:
+    """Region, endpoint URL and CA bundle as a boto3 S3 client resolves them (explicit settings,
+    then the environment, then the active profile). The endpoint in botocore's order:
+    AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's `services` section's s3 endpoint_url, the
+    profile's endpoint_url; none of them under AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true (or the
+    profile's ignore_configured_endpoint_urls). A URL with user info is refused (BadSourceError)."""
+    region = settings.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or scoped.get("region")
+    ignore = env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
+    if ignore is None:
+        ignore = scoped.get("ignore_configured_endpoint_urls")
+    endpoint = settings.endpoint_url
+    if not endpoint and not _true(ignore):
+        endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+        if not endpoint and scoped.get("services"):
+            section = full.get("services", {}).get(scoped["services"])
+            if not section:
+                raise AuthError(
+                    f'could not load AWS config: the profile names the services section "{scoped["services"]}", '
+                    "which does not exist"
+                )
+            s3 = section.get("s3")
+            endpoint = s3.get("endpoint_url") if isinstance(s3, dict) else None
+        endpoint = endpoint or scoped.get("endpoint_url") or _profile_endpoint(scoped)
+    bundle = env.get("AWS_CA_BUNDLE") or scoped.get("ca_bundle") or env.get("REQUESTS_CA_BUNDLE")
+    endpoint = str(endpoint) if endpoint else None
+    if endpoint:
+        check_endpoint_url(endpoint)
+    return str(region or "us-east-1"), endpoint, (str(bundle) if bundle else None)
+
+
+def _true(value: Any) -> bool:
+    """botocore's ensure_boolean."""
+    return value if isinstance(value, bool) else str(value or "").strip().lower() == "true"
+
+
+def redact_url(text: str) -> str:
+    """A URL as it may be shown: user info cut out, through the last '@' (as the NATS/MQTT URLs
+    are, topics.sources.access.redact_url; the library layers do not import each other)."""
+    scheme, sep, rest = text.partition("://")
+    return f"{scheme}://{rest.rpartition('@')[2]}" if sep else text
+
+
+def check_endpoint_url(endpoint: str) -> urllib.parse.SplitResult:
+    """An S3 endpoint URL's parts, or BadSourceError: http(s)://host[:port][/path], no user info
+    (keys belong in the environment or a profile; one in a URL would be echoed in errors and logs)."""
+    try:
+        parts = urllib.parse.urlsplit(endpoint)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # "http://[bad", a port out of range
+        parts, port_ok = urllib.parse.urlsplit(""), False
+    if redact_url(endpoint) != endpoint:  # (any '@': a password may hold '/' unencoded)
+        raise BadSourceError(
+            f"endpoint URL must not hold user info (user:password@); put the keys in "
+            f"AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile: got {redact_url(endpoint)!r}"
+        )
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise BadSourceError(f"endpoint URL must be http(s)://host[:port], got {redact_url(endpoint)!r}")
+    return parts
 
 
 def credentials_provider(creds: Credentials) -> Any:
@@ -130,27 +221,6 @@ def credentials_provider(creds: Credentials) -> Any:
     return auth.AwsCredentialsProvider.new_delegate(current)
 
 
-def _default_profile_ca_bundle(env: Any) -> str | None:
-    """The active profile's ca_bundle where botocore is not loaded (keys from the environment, no
-    --profile): read from the config file as botocore reads it, [default] or [profile NAME]."""
-    path = os.path.expanduser(env.get("AWS_CONFIG_FILE") or "~/.aws/config")
-    if not os.path.isfile(path):
-        return None
-    import configparser
-
-    parser = configparser.RawConfigParser()
-    try:
-        parser.read(path)
-    except (configparser.Error, OSError, UnicodeDecodeError):
-        return None  # botocore would refuse the file; the system's trust store then
-    name = env.get("AWS_DEFAULT_PROFILE") or "default"
-    sections = ("default", "profile default") if name == "default" else (f"profile {name}",)
-    for section in sections:
-        if parser.has_option(section, "ca_bundle"):
-            return parser.get(section, "ca_bundle").strip() or None
-    return None
-
-
 def _profile_endpoint(config: dict[str, Any]) -> str | None:
     s3 = config.get("s3")
     if isinstance(s3, dict) and s3.get("endpoint_url"):
@@ -169,8 +239,36 @@ def _error_code(body: bytes | None) -> tuple[str, str]:
     return (root.findtext("Code") or ""), (root.findtext("Message") or "")
 
 
+def _bucket_region(body: bytes | None) -> str | None:
+    """The bucket's region from an S3 redirect or region error: <Region>, else <Endpoint>'s
+    b.s3.REGION.amazonaws.com."""
+    if not body:
+        return None
+    try:
+        root = ET.fromstring(body)
+    except Exception:
+        return None
+    region = (root.findtext("Region") or "").strip()
+    if not region:
+        host = (root.findtext("Endpoint") or "").strip()
+        found = re.search(r"(?:^|\.)s3[.-]([a-z0-9-]+)\.amazonaws\.com", host)
+        region = found.group(1) if found and found.group(1) != "external-1" else ""
+    return region if re.fullmatch(r"[a-z0-9-]{1,40}", region) else None
+
+
 # CRT error names of a connection that was up and then went away (not refused, not timed out)
 LOST_CONNECTION = ("AWS_IO_SOCKET_CLOSED", "AWS_ERROR_HTTP_CONNECTION_CLOSED")
+
+# refusals of the credentials themselves (400s among them): retrying cannot help
+AUTH_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "ExpiredToken",
+    "InvalidToken",
+    "TokenRefreshRequired",
+}
+REGION_CODES = {"AuthorizationHeaderMalformed", "PermanentRedirect", "IllegalLocationConstraintException"}
 
 THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests"}
 
@@ -184,10 +282,15 @@ def map_error(
         return NotFoundError(f"bucket not found: {what}")
     if code in ("NoSuchKey",) or status == 404:
         return NotFoundError(f"not found: {what}")
-    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken") or status in (
-        401,
-        403,
-    ):
+    if code in REGION_CODES or status == 301:
+        # signed for one region, the bucket lives in another: every retry fails the same way
+        region = _bucket_region(body)
+        where = f" ({region})" if region else ""
+        return AuthError(
+            f"{code or f'HTTP {status}'} for {what}: the bucket is in another region{where}: "
+            f"set AWS_REGION{f'={region}' if region else ''} (or region in the AWS profile)"
+        )
+    if code in AUTH_CODES or status in (401, 403):
         return AuthError(f"{code or 'access denied'} for {what}: {message or 'check the AWS credentials'}")
     if code == "PreconditionFailed" or status == 412:
         return ChangedError(f"{what} changed while it was being read")
@@ -338,13 +441,7 @@ class S3:
         endpoint = self.creds.endpoint_url
         self.custom_endpoint = endpoint is not None
         if endpoint:
-            try:
-                parts = urllib.parse.urlsplit(endpoint)
-                port_ok = parts.port is None or parts.port > 0
-            except ValueError:  # "http://[bad", a port out of range
-                parts, port_ok = urllib.parse.urlsplit(""), False
-            if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
-                raise BadSourceError(f"endpoint URL must be http(s)://host[:port], got {endpoint!r}")
+            parts = check_endpoint_url(endpoint)
             self.scheme = parts.scheme
             self.netloc = parts.netloc
             self.base_path = parts.path.rstrip("/")

@@ -27,18 +27,20 @@ cache_dir_option = click.option(
 
 # The commands that may reach the origin: a miss is fetched, and a cached S3 entry older than its
 # max age (60 s) is revalidated there first, so a store that is not AWS needs its endpoint on a hit too.
+# No envvar= for these two: cache.s3 reads AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL / AWS_PROFILE by
+# botocore's rules (a profile from AWS_PROFILE does not override keys in the environment, a
+# --profile flag does; AWS_IGNORE_CONFIGURED_ENDPOINT_URLS drops the variables, not the flag).
 endpoint_option = click.option(
     "--endpoint-url",
-    envvar=["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"],  # botocore's order: the service's own first
     cls=CommandEnvFirst,
     help="S3 endpoint (MinIO, SeaweedFS, …), to revalidate a stale entry or fetch a miss "
-    "(env AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL).",
+    "(default as the aws CLI: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's endpoint_url).",
 )
 profile_option = click.option(
     "--profile",
-    envvar="AWS_PROFILE",
     cls=CommandEnvFirst,
-    help="AWS profile, to revalidate a stale entry or fetch a miss (env AWS_PROFILE).",
+    help="AWS profile, to revalidate a stale entry or fetch a miss (default AWS_PROFILE; "
+    "the flag, unlike AWS_PROFILE, overrides keys in the environment).",
 )
 
 

@@ -242,13 +242,20 @@ EXIT_FOR_KIND = {
 @click.option(
     "--workers", type=click.IntRange(1, 4096), default=256, show_default=True, help="Requests in flight."
 )
+# No envvar= for these two: cache.s3 reads AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL / AWS_PROFILE by
+# botocore's rules (a profile from AWS_PROFILE does not override keys in the environment, a
+# --profile flag does; AWS_IGNORE_CONFIGURED_ENDPOINT_URLS drops the variables, not the flag).
 @click.option(
     "--endpoint-url",
-    envvar=["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"],  # botocore's order: the service's own first
     cls=CommandEnvFirst,
-    help="S3 endpoint (MinIO, SeaweedFS, …).",
+    help="S3 endpoint (MinIO, SeaweedFS, …); default as the aws CLI: AWS_ENDPOINT_URL_S3, "
+    "AWS_ENDPOINT_URL, the profile's endpoint_url.",
 )
-@click.option("--profile", envvar="AWS_PROFILE", cls=CommandEnvFirst, help="AWS profile for credentials.")
+@click.option(
+    "--profile",
+    cls=CommandEnvFirst,
+    help="AWS profile for credentials; unlike AWS_PROFILE, it overrides keys in the environment.",
+)
 @click.option("--dry-run", is_flag=True, help="List what would be fetched; fetch nothing.")
 @click.option(
     "--no-fsync",
