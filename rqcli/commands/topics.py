@@ -895,10 +895,17 @@ def produce(
             raise full from None
         tally = _Produced()
         acks = True
+        # A Ctrl-C or SIGTERM that lands while a batch is appended waits for it (up to
+        # _Stops.GRACE_S), so that what the topic stored is counted in the done line: counted
+        # after the append returned, a stop landing in between left a stored batch out.
+        stops = _Stops()
+        stops.settle()  # nothing to commit: no stop waits for anything but the batch
+        stops.install()
         try:
             try:
                 for batch in itertools.chain(head, batches):
-                    done = tally.batch(sink, batch)
+                    with stops.held():
+                        done = tally.batch(sink, batch)
                     if acks:
                         try:
                             out.emit(
@@ -923,6 +930,8 @@ def produce(
             full = _full_disk(exc, ref, tally.stored) if isinstance(exc, OSError) else None
             if full is not None:
                 raise full from None
+            if isinstance(exc, KeyboardInterrupt):
+                stops.done()  # the done line is out: a second signal (timeout(1)'s) changes nothing
             raise
         _produced(out, ref, tally, started, None)
 
