@@ -1696,7 +1696,9 @@ def _replay_done(
 
 
 class _Stops:
-    """Ctrl-C and SIGTERM for `replay --commit`. Service managers (systemd, Kubernetes) stop a
+    """Ctrl-C, SIGTERM and SIGHUP for `replay --commit` (and, holding only their writes, for
+    `tail`, whose done line counts what stdout got, and `produce`, whose counts what the topic
+    stored: GRACE_S and the held write below apply to them alike). Service managers (systemd, Kubernetes) stop a
     consumer with SIGTERM: it must store its position then, as on Ctrl-C, not die with up to a
     second of reads uncommitted. A signal that lands while records are being written out is held
     until they are out (then they count as consumed, not re-read or, worse, half-shown and
