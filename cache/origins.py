@@ -356,7 +356,13 @@ class LocalOrigin:
 
         def run() -> None:
             try:
-                self._copy(info, landing, piece, req)
+                if req.cancelled:
+                    raise _Cancelled(f"{info.url}: cancelled")
+                self._tls.req = req  # (seen by _copy between chunks)
+                try:
+                    self._copy(info, landing, piece)
+                finally:
+                    self._tls.req = None
             except BaseException as exc:
                 on_done(exc)
             else:
@@ -365,15 +371,8 @@ class LocalOrigin:
         self.pool(self.workers).submit(run)
         return req
 
-    def _copy(
-        self,
-        info: ObjectInfo,
-        landing: Landing,
-        piece: tuple[int, int] | None,
-        req: _LocalRequest | None = None,
-    ) -> None:
-        if req is not None and req.cancelled:
-            raise _Cancelled(f"{info.url}: cancelled")
+    def _copy(self, info: ObjectInfo, landing: Landing, piece: tuple[int, int] | None) -> None:
+        req: _LocalRequest | None = getattr(self._tls, "req", None)
         view: memoryview | None = getattr(self._tls, "buf", None)
         if view is None:
             # page-aligned and reused: a big file's pieces go to disk from this very buffer
