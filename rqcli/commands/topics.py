@@ -198,6 +198,21 @@ def _size_option(_ctx: click.Context, _param: click.Parameter, value: str | None
     return size
 
 
+# MQTT's remaining-length field tops out at 268,435,455 bytes; no packet can be larger
+MQTT_PACKET_LIMIT = 268_435_455
+
+
+def _packet_size_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    """--max-packet-size: a size (as _size_option) no larger than an MQTT packet can be; 256M
+    itself, one byte over, is read as that largest packet."""
+    size = _size_option(ctx, param, value)
+    if size is not None and size > MQTT_PACKET_LIMIT + 1:
+        raise click.BadParameter(
+            f"{value!r} is over MQTT's largest packet (256M, {MQTT_PACKET_LIMIT:,} bytes)"
+        )
+    return None if size is None else min(size, MQTT_PACKET_LIMIT)
+
+
 def _duration_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> int | None:
     """A duration option in milliseconds, checked while parsing: more than 0."""
     if value is None:
@@ -820,7 +835,7 @@ def _json_headers(obj: Any, line: bytes) -> Headers:
 @click.option(
     "--max-packet-size",
     envvar="RQ_MQTT_MAX_PACKET_SIZE",
-    callback=_size_option,
+    callback=_packet_size_option,
     help="MQTT: the largest packet rq sends (default 16M; up to 256M); a record over it is refused "
     "before its batch is sent. Env: RQ_MQTT_MAX_PACKET_SIZE.",
 )
@@ -1105,7 +1120,7 @@ def _format_options(func: Any) -> Any:
 @click.option(
     "--max-packet-size",
     envvar="RQ_MQTT_MAX_PACKET_SIZE",
-    callback=_size_option,
+    callback=_packet_size_option,
     help="MQTT: the largest packet rq takes from the broker (default 16M; up to 256M); a larger one "
     "ends the tail with an error, before it is buffered. Env: RQ_MQTT_MAX_PACKET_SIZE.",
 )
