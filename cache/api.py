@@ -587,7 +587,13 @@ class Cache:
         the verified cached copy is to be served as it is (what huggingface_hub does on a
         connection error). An answer stands: an object the origin says is gone is dropped here
         and NotFoundError raised; refused credentials and other 4xx are raised as they are."""
-        bucket = entry.url.split("/", 3)[2] if entry.url.startswith("s3://") else ""
+        # what goes down together: a bucket's store, or a directory (its mount: a dead FUSE daemon,
+        # an NFS server away), so one failed stat spares the other entries there the wait
+        bucket = (
+            entry.url.split("/", 3)[2]
+            if entry.url.startswith("s3://")
+            else "file:" + os.path.dirname(entry.url)
+        )
         down = self._unreachable.get(bucket)
         if down is not None and time.monotonic() < down[0]:
             return None, down[1]
@@ -598,7 +604,7 @@ class Cache:
             self._state().store.remove(entry, same_landing=True)
             raise
         except CacheError as exc:
-            if not bucket or not _cannot_ask(exc):
+            if not _cannot_ask(exc):
                 raise
             why = str(exc) or type(exc).__name__
             self._unreachable[bucket] = (time.monotonic() + UNREACHABLE_RECHECK_S, why)

@@ -64,7 +64,7 @@ def cache_error_to_cli(exc: Exception, sources: tuple[str, ...] = ()) -> CliErro
         return CliError(safe_text(str(exc)), ExitCode.NO_SPACE, hint=full)
     for cls, code, hint in table:
         if isinstance(exc, cls):
-            return CliError(safe_text(str(exc)), code, hint=hint or getattr(exc, "hint", None))
+            return CliError(safe_text(str(exc)), code, hint=getattr(exc, "hint", None) or hint)
     return CliError(safe_text(str(exc)), ExitCode.FAILURE)
 
 
