@@ -136,6 +136,10 @@ def _big_buffers(sock: socket.socket) -> None:
 
 SEND_BACKLOG = 8 << 20  # most bytes a stream may hold in aioquic's send buffer (see _wait_for_room)
 STALL_TIMEOUT = 60.0  # a backlog that does not move for this long means the peer is gone
+# QuicListener.close(): how long the handlers of streams still open get to end once woken, then
+# how long after their channels failed (as transfer.tcp's CLOSE_GRACE, CLOSE_LIMIT)
+CLOSE_GRACE = 1.0
+CLOSE_LIMIT = 5.0
 COPY_BELOW = 64 * 1024  # frames up to this size are copied and queued; bigger ones wait for the loop
 
 
@@ -146,6 +150,9 @@ class QuicChannel:
     # writes inline. A writer thread (lifetime 2) measured ~4% slower, and no faster once the loop
     # read in bursts: the receiving process is CPU-bound, one more thread only competes for the GIL.
     body_lifetime = 1
+    # set by the listener's close() before it ends the channel: the receiver tells an authenticated
+    # sender that it shut down, not that its connection failed
+    shutting_down = False
 
     def __init__(
         self,
@@ -449,6 +456,11 @@ class QuicChannel:
         stream = getattr(self._proto._quic, "_streams", {}).get(self.stream_id)
         receiver = getattr(stream, "receiver", None)
         return bool(getattr(receiver, "is_finished", False))
+
+    def interrupt(self, exc: BaseException) -> None:
+        """Wakes the channel's reader with `exc`; sends still go out (a reply, an ERROR, the FIN)."""
+        if not self._closed:
+            self.frames.put(exc)
 
     def fail(self, exc: BaseException) -> None:
         self._error = self._error or exc  # a sender waiting for buffer room stops waiting
@@ -911,6 +923,10 @@ class QuicListener:
         )
         self._lt = _LoopThread("rq-quic-server")
         self._done = threading.Event()
+        # the handler threads of streams still open, each with its channel: close() ends them
+        self._live: dict[threading.Thread, QuicChannel] = {}
+        self._live_lock = threading.Lock()
+        self._closing = False
         self._sock: socket.socket | None = None
         try:
             self.server, self.address = self._lt.run(self._start(), timeout=10)
@@ -955,9 +971,16 @@ class QuicListener:
             ch.turn_away()
             return ch
         ch = QuicChannel(proto, stream_id, self._lt.loop, o.max_frame, PRE_AUTH_LIMIT, release)
+        thread = threading.Thread(target=self._serve_one, args=(ch,), daemon=True)
         try:
-            threading.Thread(target=self._serve_one, args=(ch,), daemon=True).start()
+            with self._live_lock:
+                if self._closing:  # close() has taken its list: this one is not on it
+                    raise RuntimeError("the listener is closing")
+                self._live[thread] = ch
+                thread.start()
         except RuntimeError:  # "can't start new thread"
+            with self._live_lock:
+                self._live.pop(thread, None)
             ch.release_slot()
             ch.turn_away()
         return ch
@@ -967,6 +990,27 @@ class QuicListener:
             self.handler(ch)
         finally:
             ch.release_slot()
+            with self._live_lock:
+                self._live.pop(threading.current_thread(), None)
+
+    def _end_handlers(self) -> None:
+        """Ends the channels still open and waits for their handlers (never the calling thread's),
+        while the loop still runs, so what they send last (an ERROR, the FIN) goes out: first their
+        readers are woken (a reply being written is finished), then, after CLOSE_GRACE, the
+        channels fail (a handler waiting for room to send stops), waited for up to CLOSE_LIMIT."""
+        with self._live_lock:
+            self._closing = True
+            live = dict(self._live)
+        me = threading.current_thread()
+        for ch in live.values():
+            ch.shutting_down = True
+            ch.interrupt(PeerUnreachableError("the receiver is shutting down"))
+        waiting = [t for t in live if t is not me]
+        _join(waiting, CLOSE_GRACE)
+        for thread, ch in live.items():
+            if thread.is_alive():
+                ch.fail(PeerUnreachableError("the receiver is shutting down"))
+        _join(waiting, CLOSE_LIMIT)
 
     def serve_forever(self) -> None:
         self._done.wait()
@@ -974,6 +1018,8 @@ class QuicListener:
     def close(self) -> None:
         if self._done.is_set():
             return
+        if self._lt.loop.is_running():
+            self._end_handlers()
 
         async def _close() -> None:
             with contextlib.suppress(Exception):
@@ -989,6 +1035,12 @@ class QuicListener:
         if self._sock is not None:
             self._sock.close()
         self._done.set()
+
+
+def _join(threads: list[threading.Thread], within: float) -> None:
+    deadline = time.monotonic() + within
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class QuicTransport:

@@ -71,6 +71,14 @@ MAX_BATCH_BYTES = 32 << 20
 # costs more than the write (measured: 5,000 files of 10 KB, the hand-offs were a quarter of the
 # receiver's time).
 INLINE_BELOW = 256 * 1024
+# What a sender whose transfer was in flight is told when the receiver goes away under it (its
+# listener or the Receiver closed: `rq recv` stopped). An "unreachable" ERROR, which senders retry
+# like a lost connection: before, one that had been paused was told "receiver refused: transfer
+# already finished" once it went on (its channel's handler outlived the close, the plan did not),
+# and gave up on a transfer its re-run resumes.
+SHUT_DOWN = (
+    "the receiver shut down with this transfer in flight; what arrived is kept, and a re-run resumes it"
+)
 
 
 @dataclass
@@ -288,6 +296,8 @@ class Receiver:
                 self._sweep()
 
     def close(self) -> None:
+        if self._closing.is_set():
+            return  # closed already (its store's descriptors are gone)
         self._closing.set()
         if self._sweeper is not None and self._sweeper is not threading.current_thread():
             self._sweeper.join(timeout=10)
@@ -388,6 +398,7 @@ class Receiver:
         writer = _ChunkWriter(ch, pending)
         committed = False
         authenticated = False
+        told = False  # an ERROR went to the sender
         _set_frame_limit(ch, PRE_AUTH_LIMIT)  # drivers that support it refuse big frames before AUTH
         try:
             while True:
@@ -489,7 +500,10 @@ class Receiver:
                         committed = True
                 self._send(ch, core)
         except TransferError as exc:
-            if not isinstance(exc, PeerUnreachableError):
+            if self._shutting_down(ch):
+                pass  # a closed plan's refusal ("transfer already finished") is not the reason: below
+            elif not isinstance(exc, PeerUnreachableError):
+                told = True
                 core.fail(exc)
                 with contextlib.suppress(Exception):
                     self._send(ch, core)
@@ -502,8 +516,9 @@ class Receiver:
             # disk (a read-only or immutable DEST, EIO, a commit that cannot place a file). Silence
             # would leave the sender retrying and then blaming the network. Running out of
             # descriptors or memory passes, though: the sender's retry is the cure, not a refusal.
-            if exc.errno in _TRANSIENT:
+            if exc.errno in _TRANSIENT or self._shutting_down(ch):
                 return
+            told = True
             err = self._disk_error(exc, shared)
             core.fail(err)
             with contextlib.suppress(Exception):
@@ -512,6 +527,8 @@ class Receiver:
         finally:
             with contextlib.suppress(Exception):
                 writer.close()  # a write that failed is not journalled; the error was or will be seen
+            if authenticated and not committed and not told and self._shutting_down(ch):
+                self._say_shut_down(ch, core, shared)
             if committed:
                 self.completed.set()
             if shared is not None:
@@ -520,6 +537,26 @@ class Receiver:
                 self._release(shared.plan.manifest.transfer_id, shared)
             with contextlib.suppress(Exception):
                 ch.close()
+
+    def _shutting_down(self, ch: Channel) -> bool:
+        """This receiver, or the listener of `ch`, is being closed (drivers mark the channels
+        their close() ends: `shutting_down`, docs/transfer.md)."""
+        return self._closing.is_set() or bool(getattr(ch, "shutting_down", False))
+
+    def _say_shut_down(self, ch: Channel, core: ReceiverChannel, shared: _Shared | None) -> None:
+        """Tells an authenticated sender that the receiver went away under its transfer (SHUT_DOWN),
+        unless that transfer finished (here, or in another process of `rq recv --workers`): a
+        data channel lingering after the commit hears nothing more."""
+        if shared is not None:
+            try:
+                if self.store.has_finished(shared.plan.manifest.transfer_id):
+                    return
+            except (TransferError, OSError, ValueError):
+                pass
+        core.outbox.clear()
+        core.fail(PeerUnreachableError(SHUT_DOWN))
+        with contextlib.suppress(Exception):
+            self._send(ch, core)
 
     def _already_complete(self, m: Manifest) -> None:
         summary = {

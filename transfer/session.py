@@ -23,6 +23,7 @@ from transfer import codec
 from transfer.errors import (
     AuthError,
     ChunkSizeError,
+    PeerUnreachableError,
     ProtocolError,
     TransferError,
     VerifyError,
@@ -427,7 +428,10 @@ class SenderChannel:
     def handle(self, frame: Frame) -> list[SenderEvent]:
         if frame.type is FrameType.ERROR:
             info = frame.json_object()
-            raise error_from_code(str(info.get("code")), f"receiver refused: {info.get('message')}", info)
+            code = str(info.get("code"))
+            # "unreachable" is no refusal: the receiver going away (SHUT_DOWN), retried as a lost peer
+            said = "receiver" if code == PeerUnreachableError.code else "receiver refused"
+            raise error_from_code(code, f"{said}: {info.get('message')}", info)
         if self.state == "challenge":
             if frame.type is not FrameType.CHALLENGE:
                 raise ProtocolError(f"expected CHALLENGE, got {frame.type.name}")

@@ -41,6 +41,13 @@ _DEADLINE_SLACK = 1.0
 # a chunk goes to the kernel in pieces of this size, each counted as it goes (TcpChannel.progress):
 # a stalled receiver then shows as a count that stops, whatever the chunk size
 _SEND_PIECE = 1 << 20
+# TcpListener.close(): how long the handlers of the connections still open get to end after their
+# read side is shut (a handler waiting for the peer's next frame ends at once, one still writing a
+# DONE or an ERROR finishes it), then how long after the whole connection is cut (a handler blocked
+# sending to a peer that stopped reading). Past that a handler is left to itself (a commit that
+# takes minutes): close() never waits unbounded.
+CLOSE_GRACE = 1.0
+CLOSE_LIMIT = 5.0
 
 
 def _body_buffer(size: int) -> memoryview:
@@ -80,6 +87,9 @@ class TcpChannel:
         # space), so the sender may hand it a view of a mapped source file (source.Reader): a page
         # that went away is EFAULT there, never SIGBUS
         self.map_safe = not isinstance(sock, ssl.SSLSocket)
+        # set by the listener's close() before it cuts the connection: the receiver tells an
+        # authenticated sender that it shut down, not that the sender's connection failed
+        self.shutting_down = False
 
     def send(
         self,
@@ -274,6 +284,10 @@ class TcpListener:
         self.sock = socket.create_server((opts.host, opts.port), family=family, backlog=64, reuse_port=False)
         self.address: tuple[str, int] = self.sock.getsockname()[:2]
         self._closed = threading.Event()
+        # the handler threads of connections still open, each with its socket (the TLS one once
+        # wrapped) or channel: close() ends them and waits for them
+        self._live: dict[threading.Thread, socket.socket | TcpChannel] = {}
+        self._live_lock = threading.Lock()
         self._slots = PreAuthSlots(
             int(opts.extra.get("max_unauthenticated", MAX_UNAUTHENTICATED)),
             int(opts.extra.get("max_unauthenticated_per_peer", MAX_UNAUTHENTICATED_PER_PEER)),
@@ -318,8 +332,17 @@ class TcpListener:
                 _drop(conn)  # too many connections that have not authenticated: refuse this one
                 continue
             try:
-                threading.Thread(target=self._serve_one, args=(conn, release), daemon=True).start()
+                with self._live_lock:
+                    if self._closed.is_set():  # close() has taken its list: this one is not on it
+                        release()
+                        _drop(conn)
+                        return
+                    thread = threading.Thread(target=self._serve_one, args=(conn, release), daemon=True)
+                    self._live[thread] = conn
+                    thread.start()
             except RuntimeError:  # "can't start new thread": as out of resources as EMFILE
+                with self._live_lock:
+                    self._live.pop(thread, None)
                 release()
                 _drop(conn)
                 self._closed.wait(_MAX_BACKOFF)
@@ -327,6 +350,22 @@ class TcpListener:
     def _serve_one(self, conn: socket.socket, release: Callable[[], None]) -> None:
         """Runs in its own thread holding one of the unauthenticated slots until the receiver lifts
         the channel's frame limit (the peer proved the token) or the channel ends."""
+        try:
+            self._serve(conn, release)
+        finally:
+            with self._live_lock:
+                self._live.pop(threading.current_thread(), None)
+
+    def _track(self, what: socket.socket | TcpChannel) -> None:
+        with self._live_lock:
+            if threading.current_thread() in self._live:
+                self._live[threading.current_thread()] = what
+        if self._closed.is_set():  # close() may have cut the object this replaces, not this one
+            if isinstance(what, TcpChannel):
+                what.shutting_down = True
+            _cut(what, socket.SHUT_RD)
+
+    def _serve(self, conn: socket.socket, release: Callable[[], None]) -> None:
         ch: TcpChannel | None = None
         try:
             _tune(conn)
@@ -340,6 +379,7 @@ class TcpListener:
                 conn = self._ctx.wrap_socket(conn, server_side=True)
                 conn.settimeout(None)
             ch = TcpChannel(conn, self.opts.max_frame, PRE_AUTH_LIMIT, release)
+            self._track(ch)
         except (ssl.SSLError, OSError):
             _drop(conn)
             release()
@@ -369,9 +409,42 @@ class TcpListener:
         return True
 
     def close(self) -> None:
+        """Stops accepting, then ends the connections still open and waits for their handlers
+        (never the calling thread's own): first their read side is shut, so a handler waiting for
+        the next frame ends and one writing a reply (a DONE, an ERROR) finishes it; those still
+        there after CLOSE_GRACE are cut whole and waited for up to CLOSE_LIMIT. Before, a sender
+        that had stopped sending (SIGSTOP, a stalled host) kept its handler threads, and the
+        receiver's writer thread, alive after close() until it acted again."""
         self._closed.set()
         with contextlib.suppress(OSError):
             self.sock.close()
+        with self._live_lock:
+            live = dict(self._live)
+        me = threading.current_thread()
+        for what in live.values():
+            if isinstance(what, TcpChannel):
+                what.shutting_down = True
+            _cut(what, socket.SHUT_RD)
+        waiting = [t for t in live if t is not me]
+        _join(waiting, CLOSE_GRACE)
+        for thread, what in live.items():
+            if thread.is_alive():
+                _cut(what, socket.SHUT_RDWR)
+        _join(waiting, CLOSE_LIMIT)
+
+
+def _cut(what: socket.socket | TcpChannel, how: int) -> None:
+    """Shuts one side of a connection (the socket's own shutdown: ssl's would drop its state under
+    a thread still reading it); a blocked recv (or, SHUT_RDWR, sendall) in its thread returns."""
+    sock = what.sock if isinstance(what, TcpChannel) else what
+    with contextlib.suppress(OSError, ValueError):
+        socket.socket.shutdown(sock, how)
+
+
+def _join(threads: list[threading.Thread], within: float) -> None:
+    deadline = time.monotonic() + within
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class TcpTransport:
