@@ -5,12 +5,23 @@ away mid-tail): one line, the documented exit code, the reason in words."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 from contextlib import suppress
 
 import pytest
 from rqtest import recv_exactly, run_rq, serving
 
 pytestmark = pytest.mark.integration
+
+
+def quietly(serve: Callable[[socket.socket], None]) -> Callable[[socket.socket, object], None]:
+    """A fake broker's script, for rqtest.serving: rq closing its end first ends it quietly."""
+
+    def run(conn: socket.socket, _done: object) -> None:
+        with suppress(OSError, EOFError):
+            serve(conn)
+
+    return run
 
 
 def read_packet(conn: socket.socket) -> bytes:
@@ -35,12 +46,12 @@ def test_a_nul_in_the_filter_is_a_bad_spec_not_a_refused_subscription(mqtt_url: 
 
 
 def test_a_server_that_is_not_mqtt_is_said_to_be_so() -> None:
-    def nats_like(conn: socket.socket, _done: object) -> None:
+    @quietly
+    def nats_like(conn: socket.socket) -> None:
         conn.sendall(
             b'INFO {"server_id":"NDXYZ","version":"2.10.0","proto":1,"host":"0.0.0.0","port":4222,"max_payload":1048576}\r\n'
         )
-        with suppress(OSError):  # rq closes it
-            conn.recv(1024)
+        conn.recv(1024)  # until rq closes it
 
     with serving(nats_like) as port:
         r = run_rq("tail", f"mqtt://127.0.0.1:{port}/x", "--timeout", "1", timeout=60)
@@ -51,7 +62,8 @@ def test_a_server_that_is_not_mqtt_is_said_to_be_so() -> None:
 
 
 def test_a_broker_that_closes_on_subscribe_is_said_to_have_closed_it() -> None:
-    def closes_on_subscribe(conn: socket.socket, _done: object) -> None:
+    @quietly
+    def closes_on_subscribe(conn: socket.socket) -> None:
         assert read_packet(conn)[0] >> 4 == 1  # CONNECT
         conn.sendall(b"\x20\x02\x00\x00")  # CONNACK, accepted
         read_packet(conn)  # SUBSCRIBE: closed without a SUBACK
@@ -69,7 +81,8 @@ def test_a_broker_that_closes_on_subscribe_is_said_to_have_closed_it() -> None:
 
 
 def test_a_broker_gone_mid_tail_is_said_in_words() -> None:
-    def publishes_then_closes(conn: socket.socket, _done: object) -> None:
+    @quietly
+    def publishes_then_closes(conn: socket.socket) -> None:
         assert read_packet(conn)[0] >> 4 == 1  # CONNECT
         conn.sendall(b"\x20\x02\x00\x00")  # CONNACK, accepted
         sub = read_packet(conn)  # SUBSCRIBE: 0x82, length, packet id, ...
@@ -86,3 +99,20 @@ def test_a_broker_gone_mid_tail_is_said_in_words() -> None:
     # Old: "lost the connection to the MQTT broker at H:P: Unspecified error"
     assert b"lost the connection to the MQTT broker" in r.stderr and b"Unspecified error" not in r.stderr
     assert b"the broker closed the connection" in r.stderr and r.stderr.count(b"\n") == 2  # + listening
+
+
+def test_a_refused_subscription_names_the_broker() -> None:
+    @quietly
+    def refuses(conn: socket.socket) -> None:
+        assert read_packet(conn)[0] >> 4 == 1  # CONNECT
+        conn.sendall(b"\x20\x02\x00\x00")  # CONNACK, accepted
+        sub = read_packet(conn)
+        conn.sendall(b"\x90\x03" + sub[2:4] + b"\x80")  # SUBACK: failure
+        conn.recv(1024)
+
+    with serving(refuses) as port:
+        r = run_rq("tail", f"mqtt://127.0.0.1:{port}/x/#", "--timeout", "1", timeout=60)
+    # Old: "MQTT broker refused the subscription to 'x/#'" (which broker, not said)
+    assert r.returncode == 6, r.stderr
+    assert f"MQTT broker at 127.0.0.1:{port} refused the subscription to 'x/#'".encode() in r.stderr
+    assert r.stderr.count(b"\n") == 1

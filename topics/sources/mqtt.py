@@ -276,12 +276,13 @@ class MqttSource:
             self.close()
             raise SpecError(f"bad MQTT topic filter {self.filter!r}: {exc}") from None
         # Wait for SUBACK so that whatever is published after this returns is seen.
+        # A connection lost after the SUBACK is read()'s to tell, once what came before is out.
         answered = subscribed.wait(connect_timeout)
-        if not answered or self.lost or any(getattr(c, "is_failure", False) for c in granted):
+        if not granted or any(getattr(c, "is_failure", False) for c in granted):
             self.close()
             if self.client.rq_broke is not None:
                 raise self.client.rq_broke
-            if self.lost:
+            if self.lost and not granted:
                 raise SourceUnreachable(
                     f"MQTT broker at {self.where} closed the connection on the subscription to "
                     f"{self.filter!r}: {self.lost[0]}"
