@@ -74,35 +74,57 @@ def _from_environment(
 
 
 def check_s3(endpoint: str | None, bucket: str | None, explicit: bool) -> Finding:
+    """Resolves the AWS settings as rq preload does (cache.s3: botocore's rules, the active
+    profile's region/endpoint/ca_bundle), then asks the store with those exact settings."""
     import boto3
     import botocore.config
     import botocore.exceptions
 
+    from cache.errors import AuthError, BadSourceError
+    from cache.s3 import S3Settings, check_endpoint_url, redact_url, resolve_credentials
+
+    status = "fail" if explicit else "warn"
     if endpoint:
-        _validate_url(endpoint, ("http", "https"), "S3 endpoint")
-    where = endpoint or "AWS default endpoint"
+        try:
+            check_endpoint_url(endpoint)
+        except BadSourceError as exc:  # user info, another scheme, no host: exit 2 before any check
+            raise CliError(f"S3 {exc}", ExitCode.USAGE, hint="use http(s)://HOST:PORT") from None
     try:
-        session = boto3.session.Session()
-        credentials = session.get_credentials()
-    except botocore.exceptions.BotoCoreError as exc:  # a missing AWS_PROFILE, half the key pair
+        try:
+            creds = resolve_credentials(S3Settings(endpoint_url=endpoint))
+        except AuthError as exc:
+            # cache.s3 on botocore's session path turns every ValueError into "credential_process
+            # output invalid", BadSourceError (a ValueError) too: the URL is what is wrong there
+            if isinstance(exc.__context__, BadSourceError):
+                raise exc.__context__ from None
+            raise
+    except AuthError as exc:  # no keys, a missing profile, a credential_process that failed
+        where = redact_url(endpoint) if endpoint else "S3"
         return Finding(
             "s3",
-            "fail" if explicit else "warn",
+            status,
             f"{where}: credentials unusable ({exc})",
-            "check AWS_PROFILE / AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY",
+            "check AWS_PROFILE / AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / the profile's credential_process",
             int(ExitCode.AUTH),
         )
-    if credentials is None:
+    except BadSourceError as exc:  # a configured endpoint doctor cannot use: the others only warn
+        variable = next((v for v in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") if os.environ.get(v)), None)
         return Finding(
             "s3",
-            "fail" if explicit else "warn",
-            f"{where}: no credentials found in boto3's chain",
-            "set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
-            int(ExitCode.AUTH),
+            status,
+            f"S3 {exc} (from {variable or 'the AWS profile'})",
+            "use http(s)://HOST:PORT",
+            int(ExitCode.USAGE),
         )
-    client = session.client(
+    where = redact_url(creds.endpoint_url) if creds.endpoint_url else "AWS default endpoint"
+    client = boto3.session.Session().client(
         "s3",
-        endpoint_url=endpoint,
+        endpoint_url=creds.endpoint_url,
+        region_name=creds.region,
+        verify=creds.ca_bundle or None,
+        aws_access_key_id=creds.access_key,
+        aws_secret_access_key=creds.secret_key,
+        aws_session_token=creds.token,
         config=botocore.config.Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}),
     )
     try:
@@ -138,29 +160,37 @@ def check_s3(endpoint: str | None, bucket: str | None, explicit: bool) -> Findin
         )
     except botocore.exceptions.ClientError as exc:
         err = exc.response.get("Error", {})
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        code_name = str(err.get("Code", status))
+        http = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code_name = str(err.get("Code", http))
         if code_name in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403"):
             return Finding(
                 "s3",
-                "fail",
+                status,
                 f"{where}: credentials refused ({code_name})",
                 "check AWS_PROFILE / AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY",
                 int(ExitCode.AUTH),
             )
-        if code_name in ("NoSuchBucket", "404"):
+        if code_name in ("NoSuchBucket", "404") and bucket:
             return Finding(
                 "s3",
-                "fail",
+                status,
                 f"{where}: bucket {bucket} does not exist",
                 "check the bucket name",
                 int(ExitCode.NOT_FOUND),
             )
-        return Finding("s3", "fail", f"{where}: {code_name}", "", int(ExitCode.FAILURE))
+        if code_name in ("NoSuchBucket", "404"):  # listing the buckets found nothing there
+            return Finding(
+                "s3",
+                status,
+                f"{where}: listing the buckets answered {code_name}",
+                "check the endpoint URL: the S3 service's root, without a path",
+                int(ExitCode.NOT_FOUND),
+            )
+        return Finding("s3", status, f"{where}: {code_name}", "", int(ExitCode.FAILURE))
     except (botocore.exceptions.BotoCoreError, OSError) as exc:
         return Finding(
             "s3",
-            "fail" if explicit else "warn",
+            status,
             f"{where}: {exc}",
             "check --endpoint-url / AWS_ENDPOINT_URL",
             int(ExitCode.UNREACHABLE),
@@ -365,24 +395,25 @@ def _gib(n: int) -> str:
 
 
 def run_checks(
-    endpoint: str | None, bucket: str | None, nats_url: str | None, cache_dir: Path
+    endpoint: str | None,
+    bucket: str | None,
+    nats_url: str | None,
+    cache_dir: Path,
+    nats_from_env: bool = False,
 ) -> list[Finding]:
-    variable = "AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
-    env_endpoint = os.environ.get(variable)
-    bad_s3 = None
-    if not endpoint and env_endpoint:
-        bad_s3 = _from_environment("s3", env_endpoint, ("http", "https"), "S3 endpoint", variable)
-    env_nats = os.environ.get("RQ_NATS_URL")
+    """`endpoint`, `bucket`, `nats_url`: asked for (flag, RQ_DOCTOR_*, [doctor]), except a
+    `nats_url` from RQ_NATS_URL (`nats_from_env`). The S3 endpoint otherwise is cache.s3's, as
+    for rq preload (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's, AWS_IGNORE_CONFIGURED_…)."""
     bad_nats = None
-    if not nats_url and env_nats:
-        bad_nats = _from_environment("nats", env_nats, ("nats", "tls"), "NATS URL", "RQ_NATS_URL")
+    if nats_url and nats_from_env:
+        bad_nats = _from_environment("nats", nats_url, ("nats", "tls"), "NATS URL", "RQ_NATS_URL")
     findings = [
-        bad_s3 or check_s3(endpoint or env_endpoint, bucket, explicit=bool(endpoint or bucket)),
+        check_s3(endpoint, bucket, explicit=bool(endpoint or bucket)),
         bad_nats
         or check_nats(
-            nats_url or env_nats or "nats://127.0.0.1:4222",
-            explicit=bool(nats_url),
-            configured=bool(env_nats),
+            nats_url or "nats://127.0.0.1:4222",
+            explicit=bool(nats_url) and not nats_from_env,
+            configured=nats_from_env,
         ),
         check_quic_backends(),
         check_udp_buffers(),
@@ -404,9 +435,20 @@ STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
 
 
 @click.command()
-@click.option("--endpoint-url", help="S3 endpoint to check (default: AWS_ENDPOINT_URL or AWS).")
+# No envvar= for --endpoint-url: cache.s3 reads AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL / the profile's
+# by botocore's rules, as for rq preload (AWS_IGNORE_CONFIGURED_ENDPOINT_URLS drops them, not the flag).
+@click.option(
+    "--endpoint-url",
+    help="S3 endpoint to check (default as rq preload: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, "
+    "the profile's endpoint_url, else AWS).",
+)
 @click.option("--bucket", help="Also check that this bucket is readable.")
-@click.option("--nats-url", help="NATS server to check [env RQ_NATS_URL; default nats://127.0.0.1:4222].")
+@click.option(
+    "--nats-url",
+    envvar="RQ_NATS_URL",
+    cls=CommandEnvFirst,  # RQ_DOCTOR_NATS_URL, then RQ_NATS_URL, then the [doctor] table
+    help="NATS server to check [env RQ_NATS_URL; default nats://127.0.0.1:4222].",
+)
 @click.option(
     "--cache-dir",
     type=NonEmptyPath(path_type=Path),
@@ -432,8 +474,14 @@ def doctor(endpoint_url: str | None, bucket: str | None, nats_url: str | None, c
         if value == "":
             # `--nats-url "$URL"` with URL unset checked the default server as if it were not given
             raise CliError(f"{flag} is empty: name one, or drop {flag}", ExitCode.USAGE)
+    # RQ_NATS_URL is the shared default other commands read too: it beats the config file (as the
+    # environment does everywhere) but only warns; RQ_DOCTOR_NATS_URL is doctor's own, explicit
+    ctx = click.get_current_context()
+    nats_from_env = ctx.get_parameter_source(
+        "nats_url"
+    ) is click.core.ParameterSource.ENVIRONMENT and not os.environ.get(f"{ctx.auto_envvar_prefix}_NATS_URL")
     started = time.perf_counter()
-    findings = run_checks(endpoint_url, bucket, nats_url, Path(cache_dir))
+    findings = run_checks(endpoint_url, bucket, nats_url, Path(cache_dir), nats_from_env)
     if out.json:
         for f in findings:
             out.emit({"event": "finding", **asdict(f)})
