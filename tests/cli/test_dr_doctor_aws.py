@@ -43,7 +43,6 @@ def stub(port: int, status: int, body: bytes) -> Iterator[int]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    http.server.ThreadingHTTPServer.allow_reuse_address = True
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
