@@ -92,6 +92,8 @@ def resolve_credentials(settings: S3Settings) -> Credentials:
                 "no AWS credentials found (set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE)"
             )
         frozen = creds.get_frozen_credentials()
+    except CacheError:  # rq's own answers (a bad endpoint URL is a BadSourceError, also a ValueError)
+        raise
     except botocore.exceptions.ProfileNotFound as exc:
         raise AuthError(f"AWS profile not found: {exc}") from None
     except botocore.exceptions.BotoCoreError as exc:

@@ -183,3 +183,14 @@ def test_userinfo_in_endpoint_is_refused_unechoed(clean_env: pytest.MonkeyPatch,
         with pytest.raises(BadSourceError, match="user info") as info:
             resolve_credentials(S3Settings(endpoint_url=url))
         assert "Secret" not in str(info.value) and "127.0.0.1:21596" in str(info.value)
+
+
+def test_a_bad_endpoint_without_env_keys_is_a_bad_url_not_credentials(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The botocore path caught ValueError for a credential_process's bad output, and
+    BadSourceError is a ValueError: AWS_ENDPOINT_URL=garbage was 'credential_process output invalid'."""
+    credentials = "[default]\naws_access_key_id = dk\naws_secret_access_key = ds\n"
+    set_env(clean_env, aws_home(tmp_path, credentials=credentials) | {"AWS_ENDPOINT_URL": "garbage"})
+    with pytest.raises(BadSourceError, match="endpoint URL must be"):
+        resolve_credentials(S3Settings())
