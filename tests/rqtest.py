@@ -274,3 +274,58 @@ def js_call(url: str, fn: Any) -> Any:
             await nc.close()
 
     return asyncio.run(go())
+
+
+@contextmanager
+def s3_stub(status: int, body: bytes) -> Iterator[tuple[int, list[dict[str, str]]]]:
+    """An S3 'store' on a free loopback port answering every GET/HEAD with status and an XML
+    body; yields the port and the headers of the requests it got (a port of its own: xdist
+    workers run parametrized cases at once)."""
+    import http.server
+    import threading
+
+    seen: list[dict[str, str]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append({k.lower(): v for k, v in self.headers.items()})
+            self.send_response(status)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield server.server_address[1], seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        t.join()
+
+
+def home_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """Variables for an rq that reads no config file of this machine: HOME and XDG_CONFIG_HOME
+    under tmp_path (its default config file: tmp_path/xdg/rq/config.toml), RQ_CONFIG unset."""
+    (tmp_path / "home").mkdir(exist_ok=True)
+    return {
+        "HOME": str(tmp_path / "home"),
+        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
+        "RQ_CONFIG": "",
+        **extra,
+    }
+
+
+def home_config(tmp_path: Path, text: str) -> Path:
+    """Writes `text` as the default config file of an rq run with home_env(tmp_path)."""
+    path = tmp_path / "xdg" / "rq" / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path

@@ -5,18 +5,14 @@ user info (exit 2, the secret never shown)."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import run_rq
+from rqtest import run_rq, s3_stub
 
 from cache.errors import AuthError
 from cache.s3 import map_error
@@ -33,38 +29,6 @@ LISTING = (
     b'<Contents><Key>d/a</Key><LastModified>2024-01-01T00:00:00.000Z</LastModified><ETag>"0cc175b9c0f1b6a831c399e269772661"</ETag>'
     b"<Size>1</Size><StorageClass>STANDARD</StorageClass></Contents></ListBucketResult>"
 )
-
-
-@contextmanager
-def stub(status: int, body: bytes) -> Iterator[tuple[int, list[dict[str, str]]]]:
-    """An S3 'store' on a free loopback port answering every request with status/body; yields
-    the port and the headers of the requests it got (a port of its own: xdist workers run the
-    parametrized cases at once)."""
-    seen: list[dict[str, str]] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append({k.lower(): v for k, v in self.headers.items()})
-            self.send_response(status)
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_HEAD = do_GET
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield server.server_address[1], seen
-    finally:
-        server.shutdown()
-        server.server_close()
-        t.join()
 
 
 @pytest.fixture(autouse=True)
@@ -97,7 +61,7 @@ def dry_run(env: dict[str, str], *flags: str) -> tuple[int, dict[str, Any], str]
 
 
 def test_signing_region_and_endpoint_from_config(tmp_path: Path) -> None:
-    with stub(200, LISTING) as (port, seen):
+    with s3_stub(200, LISTING) as (port, seen):
         env = rq_env(tmp_path, f"[default]\nregion = eu-west-3\nendpoint_url = http://127.0.0.1:{port}\n")
         rc, summary, err = dry_run(env)
         # old: https://s3.us-east-1.amazonaws.com, signed us-east-1 (exit 6, cannot reach)
@@ -128,7 +92,7 @@ def region_error(code: str, extra: str) -> bytes:
     ids=["InvalidToken", "TokenRefreshRequired", "AuthorizationHeaderMalformed", "PermanentRedirect"],
 )
 def test_token_and_region_errors_exit_auth(tmp_path: Path, status: int, body: bytes, wanted: str) -> None:
-    with stub(status, body) as (port, _):
+    with s3_stub(status, body) as (port, _):
         rc, summary, err = dry_run(rq_env(tmp_path), "--endpoint-url", f"http://127.0.0.1:{port}")
     # old: exit 6 "the store kept failing; re-run to continue"
     assert rc == 4 and wanted in summary["error"] and err.count("\n") == 1, err

@@ -8,33 +8,18 @@ import json
 from pathlib import Path
 
 import pytest
-from rqtest import run_rq
+from rqtest import home_config, home_env, run_rq
 
 from rqcli.exitcodes import ExitCode
 
 DEST = "rq://127.0.0.1:21612"  # never reached: every run here stops before connecting
 
 
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    (tmp_path / "home").mkdir(exist_ok=True)
-    return {
-        "HOME": str(tmp_path / "home"),
-        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-        "RQ_CONFIG": "",
-        **extra,
-    }
-
-
-def _config(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "xdg" / "rq" / "config.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
-
-
 def _du(tmp_path: Path, *args: str, **env: str) -> tuple[int, str]:
     """`rq cache du` of a cache that is not there: exit 3 once the config file let it run."""
-    res = run_rq(*args, "cache", "du", "--cache-dir", str(tmp_path / "no-cache"), env=_env(tmp_path, **env))
+    res = run_rq(
+        *args, "cache", "du", "--cache-dir", str(tmp_path / "no-cache"), env=home_env(tmp_path, **env)
+    )
     return res.returncode, res.stderr.decode()
 
 
@@ -66,7 +51,7 @@ def test_a_tilde_in_the_config_path_is_the_home_directory(tmp_path: Path, how: s
 def test_dev_null_is_no_config_file(tmp_path: Path, how: str) -> None:
     """Old: 'config file /dev/null cannot be read: it is a device', exit 2. /dev/null switches the
     file off (the default one too), as for git and pip; another device is still refused."""
-    _config(tmp_path, "[cache.du]\nbogus = 1\n")
+    home_config(tmp_path, "[cache.du]\nbogus = 1\n")
     code, err = (
         _du(tmp_path, "--config", "/dev/null") if how == "flag" else _du(tmp_path, RQ_CONFIG="/dev/null")
     )
@@ -83,9 +68,9 @@ def test_send_json_prints_its_summary_when_the_config_file_is_refused(
     tmp_path: Path, text: str, said: str
 ) -> None:
     """Old: exit 2 and stdout empty (RQ_SEND_CONNECTIONS=0 and --connections 0 printed the summary)."""
-    path = _config(tmp_path, text)
+    path = home_config(tmp_path, text)
     (tmp_path / "a.txt").write_text("a")
-    res = run_rq("send", str(tmp_path / "a.txt"), DEST, "--json", env=_env(tmp_path))
+    res = run_rq("send", str(tmp_path / "a.txt"), DEST, "--json", env=home_env(tmp_path))
     assert res.returncode == ExitCode.USAGE, res.stderr
     summary = json.loads(res.stdout.decode().splitlines()[-1])
     assert summary["event"] == "summary" and summary["transfer_id"] is None, summary
@@ -129,10 +114,10 @@ def test_a_refused_value_names_where_it_came_from(
 ) -> None:
     """Old: '--chunk-size must be between …', '--nats-url is empty …', 'endpoint URL must be …'
     with neither the file's table and key nor the variable."""
-    path = _config(tmp_path, text)
+    path = home_config(tmp_path, text)
     (tmp_path / "a.txt").write_text("a")
     words = [w.format(a=tmp_path / "a.txt", t=tmp_path / "t") for w in args]
-    res = run_rq(*words, env=_env(tmp_path, AWS_SECRET_ACCESS_KEY="s", **env))
+    res = run_rq(*words, env=home_env(tmp_path, AWS_SECRET_ACCESS_KEY="s", **env))
     err = res.stderr.decode()
     assert res.returncode == ExitCode.USAGE and said in err and err.count("\n") == 1, err
     if text:

@@ -6,22 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rqtest import run_rq
+from rqtest import home_config, home_env, run_rq
 
 from rqcli.exitcodes import ExitCode
 
 DEST = "rq://127.0.0.1:21613"  # never reached: every run here stops before connecting
-
-
-def _config(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "xdg" / "rq" / "config.toml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    return path
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    return {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "xdg"), "RQ_CONFIG": ""}
 
 
 @pytest.mark.parametrize(
@@ -38,10 +27,10 @@ def test_a_config_error_spells_the_key_as_the_file_does(
     tmp_path: Path, text: str, command: str, said: str
 ) -> None:
     """Old: '[preload] cache_dir:' for `cache-dir = ""`, and a hint `from-spec = "…"` for `from`."""
-    _config(tmp_path, text)
+    home_config(tmp_path, text)
     (tmp_path / "a.txt").write_text("a")
     args = {"preload": ["s3://b/x"], "replay": ["t", "--topics-dir", str(tmp_path / "t")]}
-    res = run_rq(command, *args.get(command, [str(tmp_path / "a.txt"), DEST]), env=_env(tmp_path))
+    res = run_rq(command, *args.get(command, [str(tmp_path / "a.txt"), DEST]), env=home_env(tmp_path))
     err = res.stderr.decode()
     assert res.returncode == ExitCode.USAGE and said in err, err
     assert "from-spec" not in err

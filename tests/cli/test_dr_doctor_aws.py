@@ -4,18 +4,14 @@ unasked checks that only warn, an endpoint URL's secret never shown, RQ_NATS_URL
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import subprocess
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import rq_command
+from rqtest import rq_command, s3_stub
 
 BUCKETS = (
     b'<?xml version="1.0" encoding="UTF-8"?><ListAllMyBucketsResult>'
@@ -23,34 +19,6 @@ BUCKETS = (
 )
 DENIED = b"<Error><Code>AccessDenied</Code><Message>no</Message></Error>"
 NO_BUCKET = b"<Error><Code>NoSuchBucket</Code><Message>no</Message></Error>"
-
-
-@contextmanager
-def stub(port: int, status: int, body: bytes) -> Iterator[int]:
-    """An S3 'store' on 127.0.0.1:port (ports 21800-21899, one per test) answering every request
-    with status/body."""
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/xml")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        do_HEAD = do_GET
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield port
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def doctor(home: Path, *args: str, config: str = "", **env: str) -> tuple[int, str, str]:
@@ -92,7 +60,7 @@ def home(tmp_path: Path) -> Path:
 
 
 def test_profile_endpoint_with_env_keys_is_the_one_checked(home: Path) -> None:
-    with stub(21801, 200, BUCKETS) as port:
+    with s3_stub(200, BUCKETS) as (port, _):
         config = f"[default]\nendpoint_url = http://127.0.0.1:{port}\n"
         _rc, out, _err = doctor(home, "--json", config=config, **KEYS)
     findings, _ = events(out)
@@ -115,7 +83,7 @@ def test_credential_process_failure_is_an_s3_finding(home: Path, printed: str) -
     script = home / "creds.sh"
     script.write_text(f"#!/bin/sh\ncat <<'EOF'\n{printed}\nEOF\n")
     script.chmod(0o755)
-    with stub(21802, 200, BUCKETS) as port:
+    with s3_stub(200, BUCKETS) as (port, _):
         config = f"[default]\ncredential_process = {script}\n"
         rc, out, err = doctor(home, "--json", "--endpoint-url", f"http://127.0.0.1:{port}", config=config)
     assert "unexpected" not in err, err
@@ -127,7 +95,7 @@ def test_credential_process_failure_is_an_s3_finding(home: Path, printed: str) -
 
 
 def test_refused_credentials_from_the_environment_only_warn(home: Path) -> None:
-    with stub(21803, 403, DENIED) as port:
+    with s3_stub(403, DENIED) as (port, _):
         rc, out, err = doctor(home, "--json", AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", **KEYS)
     findings, summary = events(out)
     assert findings["s3"]["status"] == "warn", findings["s3"]
@@ -137,7 +105,7 @@ def test_refused_credentials_from_the_environment_only_warn(home: Path) -> None:
 
 
 def test_listing_at_a_path_says_no_bucket_none(home: Path) -> None:
-    with stub(21804, 404, NO_BUCKET) as port:
+    with s3_stub(404, NO_BUCKET) as (port, _):
         rc, out, err = doctor(home, "--json", AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}/sub/path", **KEYS)
     findings, summary = events(out)
     assert findings["s3"]["status"] == "warn", findings["s3"]
@@ -148,7 +116,7 @@ def test_listing_at_a_path_says_no_bucket_none(home: Path) -> None:
 
 @pytest.mark.parametrize("mode", [["--json"], ["-v"], []], ids=["json", "verbose", "table"])
 def test_endpoint_url_secret_is_never_shown(home: Path, mode: list[str]) -> None:
-    with stub(21805, 200, BUCKETS) as port:
+    with s3_stub(200, BUCKETS) as (port, _):
         url = f"http://ak:SecretInUrl@127.0.0.1:{port}"
         rc, out, err = doctor(home, *mode, "--endpoint-url", url, **KEYS)
     assert "SecretInUrl" not in out + err, out + err

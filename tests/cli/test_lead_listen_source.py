@@ -5,31 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rqtest import run_rq
+from rqtest import home_config, home_env, run_rq
 
 from rqcli.exitcodes import ExitCode
 
 
-def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    (tmp_path / "home").mkdir(exist_ok=True)
-    return {
-        "HOME": str(tmp_path / "home"),
-        "XDG_CONFIG_HOME": str(tmp_path / "xdg"),
-        "RQ_CONFIG": "",
-        **extra,
-    }
-
-
 def test_a_port_out_of_range_from_the_environment_names_its_variable(tmp_path: Path) -> None:
-    res = run_rq("recv", str(tmp_path / "d"), env=_env(tmp_path, RQ_RECV_LISTEN="127.0.0.1:99999"))
+    res = run_rq("recv", str(tmp_path / "d"), env=home_env(tmp_path, RQ_RECV_LISTEN="127.0.0.1:99999"))
     assert res.returncode == ExitCode.USAGE, res.stderr
     assert b"port 99999 out of range in '127.0.0.1:99999' (from RQ_RECV_LISTEN)" in res.stderr
 
 
 def test_a_port_out_of_range_from_the_config_file_names_its_key(tmp_path: Path) -> None:
-    cfg = tmp_path / "xdg" / "rq" / "config.toml"
-    cfg.parent.mkdir(parents=True)
-    cfg.write_text('[recv]\nlisten = "127.0.0.1:99999"\n')
-    res = run_rq("recv", str(tmp_path / "d"), env=_env(tmp_path))
+    cfg = home_config(tmp_path, '[recv]\nlisten = "127.0.0.1:99999"\n')
+    res = run_rq("recv", str(tmp_path / "d"), env=home_env(tmp_path))
     assert res.returncode == ExitCode.USAGE, res.stderr
     assert f"config file {cfg}: [recv] listen: port 99999 out of range".encode() in res.stderr
