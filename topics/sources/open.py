@@ -107,6 +107,14 @@ def _parse_url(text: str) -> TopicRef:
         raise
 
 
+def _unescape(text: str, shown: str) -> str:
+    """%-escapes decoded as UTF-8; one that is not UTF-8 is refused (it became U+FFFD silently)."""
+    try:
+        return unquote(text, errors="strict")
+    except UnicodeDecodeError:
+        raise SpecError(f"bad URL {shown!r}: a %-escape that is not UTF-8") from None
+
+
 def _split_url(text: str) -> TopicRef:
     shown = redact_url(text)
     if any(c in text for c in "\t\r\n"):  # urlsplit would silently drop them
@@ -127,7 +135,13 @@ def _split_url(text: str) -> TopicRef:
         )
     port = port or _PORTS[scheme]
     host = parts.hostname or "127.0.0.1"
-    path = parts.path.lstrip("/")
+    # the path is all the text after the host part, as typed: urlsplit would take a '?' for a
+    # query and a '#' (MQTT's wildcard) for a fragment and drop them, and an MQTT filter may start
+    # with an empty level (//a/b is the filter /a/b)
+    raw = text.partition("://")[2][len(parts.netloc) :]
+    if raw.startswith("?"):
+        raise SpecError(f"bad URL {shown!r}: a '?' right after the host (the topic goes after a '/')")
+    path = raw[1:] if raw.startswith("/") else raw  # (mqtt://h# is the filter #, as before)
     user = unquote(parts.username) if parts.username is not None else None
     password = unquote(parts.password) if parts.password is not None else None
     tls = scheme in ("tls", "mqtts")
@@ -135,7 +149,7 @@ def _split_url(text: str) -> TopicRef:
         stream, _, subject = path.partition("/")
         if not stream or not _STREAM.match(stream):
             raise SpecError(f"bad JetStream URL {shown!r}: use nats://HOST:PORT/STREAM[/SUBJECT]")
-        subject = unquote(subject)
+        subject = _unescape(subject, shown)
         check_subject(subject, shown)
         return TopicRef(
             "jetstream",
@@ -147,8 +161,7 @@ def _split_url(text: str) -> TopicRef:
             user=user,
             password=password,
         )
-    # MQTT filters use '#' which urlsplit treats as a fragment: put it back.
-    subject = unquote(path + (f"#{parts.fragment}" if "#" in text else ""))
+    subject = _unescape(path, shown)
     if not subject:
         raise SpecError(f"bad MQTT URL {shown!r}: use mqtt://HOST:PORT/TOPIC-FILTER (e.g. sensors/#)")
     return TopicRef("mqtt", host=host, port=port, subject=subject, tls=tls, user=user, password=password)
