@@ -116,10 +116,12 @@ def _shared_config(env: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     nothing read where neither file exists."""
     config_file = os.path.expanduser(env.get("AWS_CONFIG_FILE") or "~/.aws/config")
     credentials_file = os.path.expanduser(env.get("AWS_SHARED_CREDENTIALS_FILE") or "~/.aws/credentials")
-    name = env.get("AWS_DEFAULT_PROFILE") or env.get("AWS_PROFILE") or "default"  # botocore's order
+    named = env.get("AWS_DEFAULT_PROFILE") or env.get("AWS_PROFILE")  # botocore's order
+    name = named or "default"
+    # a profile named in the environment must exist, `default` too (botocore's get_scoped_config)
     missing = f"AWS profile not found: The config profile ({name}) could not be found"
     if not os.path.isfile(config_file) and not os.path.isfile(credentials_file):
-        if name != "default":
+        if named:
             raise AuthError(missing)
         return {}, {}
     import botocore.configloader
@@ -129,11 +131,11 @@ def _shared_config(env: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         full = botocore.configloader.load_config(config_file) if os.path.isfile(config_file) else {}
         full.setdefault("profiles", {})
         if os.path.isfile(credentials_file):
-            for name, values in botocore.configloader.raw_config_parse(credentials_file).items():
-                full["profiles"].setdefault(name, {}).update(values)
+            for section, values in botocore.configloader.raw_config_parse(credentials_file).items():
+                full["profiles"].setdefault(section, {}).update(values)
     except botocore.exceptions.BotoCoreError as exc:
         raise AuthError(f"could not load AWS config: {exc}") from None
-    if name != "default" and name not in full["profiles"]:
+    if named and name not in full["profiles"]:
         raise AuthError(missing)
     return full, dict(full["profiles"].get(name, {}))
 

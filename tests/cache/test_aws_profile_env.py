@@ -194,3 +194,33 @@ def test_a_bad_endpoint_without_env_keys_is_a_bad_url_not_credentials(
     set_env(clean_env, aws_home(tmp_path, credentials=credentials) | {"AWS_ENDPOINT_URL": "garbage"})
     with pytest.raises(BadSourceError, match="endpoint URL must be"):
         resolve_credentials(S3Settings())
+
+
+def test_the_active_profile_is_the_one_named_whatever_the_credentials_file_holds(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The credentials file's sections were merged in a loop that reused the active profile's
+    variable: with two or more profiles there, the last one's region and endpoint were used."""
+    config = (
+        "[default]\nregion = eu-west-1\nendpoint_url = http://127.0.0.1:21597\n"
+        "[profile other]\nregion = ap-south-1\nendpoint_url = http://127.0.0.1:21598\n"
+    )
+    credentials = "[default]\naws_access_key_id = x\naws_secret_access_key = y\n[other]\naws_access_key_id = x2\naws_secret_access_key = y2\n"
+    set_env(clean_env, aws_home(tmp_path, config=config, credentials=credentials))
+    set_env(clean_env, {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"})
+    creds = resolve_credentials(S3Settings())
+    assert (creds.region, creds.endpoint_url) == ("eu-west-1", "http://127.0.0.1:21597")
+    clean_env.setenv("AWS_PROFILE", "tpyo")  # a mistyped profile is refused, not swapped for another
+    with pytest.raises(AuthError, match=r"profile not found.*\(tpyo\)"):
+        resolve_credentials(S3Settings())
+
+
+def test_a_default_profile_named_in_the_environment_must_exist(
+    clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    set_env(clean_env, aws_home(tmp_path, config="[profile p]\nregion = eu-west-1\n"))
+    set_env(clean_env, {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"})
+    assert resolve_credentials(S3Settings()).region == "us-east-1"  # not named: none is fine
+    clean_env.setenv("AWS_PROFILE", "default")
+    with pytest.raises(AuthError, match=r"profile not found.*\(default\)"):
+        resolve_credentials(S3Settings())
