@@ -275,7 +275,7 @@ def _name_the_variable(exc: click.UsageError) -> str | None:
     return None
 
 
-def _name_the_source(exc: CliError) -> CliError:
+def name_the_source(exc: CliError) -> CliError:
     """A usage error the running command raised about an option's value (`--chunk-size must be
     between …`, `got '127.0.0.1:18333'`) names where that value came from when nobody typed it:
     the config file's table and key, or the environment variable. The option is the one whose
@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> None:
     except CliError as exc:
         if verbose:
             _print_traceback()
-        named = _name_the_source(exc)
+        named = name_the_source(exc)
         # refused before the command ran (the config file, its table checked in the group's
         # callback): under --json the summary the command promises is still the last line
         if _run.ctx is None:

@@ -546,6 +546,8 @@ class Tally:
         self, seconds: float, tier: str, root: Path, err: CliError, dry_run: bool = False
     ) -> dict[str, Any]:
         """A dry run's counts are what it planned before it stopped (the plan lines printed)."""
+        from rqcli.main import name_the_source
+
         nbytes = self.landed_bytes
         return {
             "event": "summary",
@@ -562,7 +564,7 @@ class Tally:
             "cache_dir": str(root),
             "dry_run": dry_run,
             "aborted": True,
-            "error": err.one_line(),
+            "error": name_the_source(err).one_line(),  # stderr's line: where a bad value came from
         }
 
 

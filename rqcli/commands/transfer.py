@@ -957,9 +957,11 @@ def send(**kwargs: Any) -> None:
 
 
 def _why(exc: BaseException) -> str:
-    """The summary's `error` for what stopped a send."""
+    """The summary's `error` for what stopped a send: stderr's line, the value's source named."""
     if isinstance(exc, CliError):
-        return exc.one_line()
+        from rqcli.main import name_the_source
+
+        return name_the_source(exc).one_line()
     if isinstance(exc, KeyboardInterrupt):
         return interruption(exc)
     if isinstance(exc, click.ClickException):
