@@ -329,3 +329,26 @@ def home_config(tmp_path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
+
+
+def quietly(serve: Callable[[Any], None]) -> Callable[[Any, object], None]:
+    """A fake broker's script, for rqtest.serving: rq closing its end first ends it quietly."""
+
+    def run(conn: Any, _done: object) -> None:
+        with suppress(OSError, EOFError):
+            serve(conn)
+
+    return run
+
+
+def read_packet(conn: Any) -> bytes:
+    """One MQTT packet's fixed header byte and body."""
+    first = recv_exactly(conn, 1)
+    length, mult = 0, 1
+    while True:
+        b = recv_exactly(conn, 1)[0]
+        length += (b & 0x7F) * mult
+        mult *= 128
+        if not b & 0x80:
+            break
+    return first + recv_exactly(conn, length)

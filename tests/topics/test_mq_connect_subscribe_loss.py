@@ -5,36 +5,11 @@ away mid-tail): one line, the documented exit code, the reason in words."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
-from contextlib import suppress
 
 import pytest
-from rqtest import recv_exactly, run_rq, serving
+from rqtest import quietly, read_packet, run_rq, serving
 
 pytestmark = pytest.mark.integration
-
-
-def quietly(serve: Callable[[socket.socket], None]) -> Callable[[socket.socket, object], None]:
-    """A fake broker's script, for rqtest.serving: rq closing its end first ends it quietly."""
-
-    def run(conn: socket.socket, _done: object) -> None:
-        with suppress(OSError, EOFError):
-            serve(conn)
-
-    return run
-
-
-def read_packet(conn: socket.socket) -> bytes:
-    """One MQTT packet's fixed header byte and body."""
-    first = recv_exactly(conn, 1)
-    length, mult = 0, 1
-    while True:
-        b = recv_exactly(conn, 1)[0]
-        length += (b & 0x7F) * mult
-        mult *= 128
-        if not b & 0x80:
-            break
-    return first + recv_exactly(conn, length)
 
 
 def test_a_nul_in_the_filter_is_a_bad_spec_not_a_refused_subscription(mqtt_url: str) -> None:

@@ -393,7 +393,7 @@ class MqttSink:
         self.gone: list[str] = []  # why the broker closed the connection, once it has
 
         def on_disconnect(_c: Any, _u: Any, _flags: Any, reason: Any, _props: Any) -> None:
-            self.gone.append(str(reason))
+            self.gone.append(lost_why(reason))
 
         self.client.on_disconnect = on_disconnect
 
