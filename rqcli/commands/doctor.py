@@ -90,14 +90,7 @@ def check_s3(endpoint: str | None, bucket: str | None, explicit: bool) -> Findin
         except BadSourceError as exc:  # user info, another scheme, no host: exit 2 before any check
             raise CliError(f"S3 {exc}", ExitCode.USAGE, hint="use http(s)://HOST:PORT") from None
     try:
-        try:
-            creds = resolve_credentials(S3Settings(endpoint_url=endpoint))
-        except AuthError as exc:
-            # cache.s3 on botocore's session path turns every ValueError into "credential_process
-            # output invalid", BadSourceError (a ValueError) too: the URL is what is wrong there
-            if isinstance(exc.__context__, BadSourceError):
-                raise exc.__context__ from None
-            raise
+        creds = resolve_credentials(S3Settings(endpoint_url=endpoint))
     except AuthError as exc:  # no keys, a missing profile, a credential_process that failed
         where = redact_url(endpoint) if endpoint else "S3"
         return Finding(
