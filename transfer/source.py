@@ -9,14 +9,17 @@ import mmap
 import os
 import signal
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from transfer import aligned, cachestat
 from transfer.errors import SourceChangedError, SourceUnreadableError, TransferError, UnsafeNameError
 from transfer.manifest import FileEntry, Manifest, file_ident, file_key, make_manifest
 from transfer.names import validate_name
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,26 @@ class SourceFile:
         return (self.size, self.mtime_ns, self.inode, self.ctime_ns, self.dev)
 
 
+def _at(call: Callable[..., T], path: Path, *args: Any) -> T:
+    """`call(path, *args)` (os.stat, os.open); for a path longer than PATH_MAX (ENAMETOOLONG), the
+    same relative to its directory's descriptor, as rsync reaches such files. Before, a file under
+    a directory SOURCE whose absolute path was over PATH_MAX could not be stat'ed: it was skipped
+    with a warning and `rq send` exited 0 without it. (A directory itself that deep still ends the
+    scan: `cannot list …`.)"""
+    try:
+        return call(path, *args)
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return call(path.name, *args, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
 def _identity(path: Path) -> SourceFile:
-    st = os.stat(path)
+    st = _at(os.stat, path)
     return SourceFile(path, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, st.st_dev)
 
 
@@ -176,9 +197,13 @@ def _unsendable(base: str, src: Path, path: Path) -> str | None:
 def _not_regular(path: Path) -> str | None:
     """Why `path` (a name os.walk listed as a non-directory) is not sent; None for a regular file."""
     try:
-        mode = os.stat(path).st_mode
+        mode = _at(os.stat, path).st_mode
     except FileNotFoundError:
-        return "broken symlink" if os.path.islink(path) else "disappeared while scanning"
+        try:
+            link = stat.S_ISLNK(_at(os.lstat, path).st_mode)
+        except OSError:
+            link = False
+        return "broken symlink" if link else "disappeared while scanning"
     except OSError as exc:
         return f"cannot stat: {exc.strerror or exc}"
     if stat.S_ISREG(mode):
@@ -193,7 +218,7 @@ def _add(found: dict[str, tuple[SourceFile, int]], name: str, path: Path) -> Non
     if name in found:
         raise TransferError(f"two sources would both be sent as {name!r}")
     sf = _identity(path)
-    found[name] = (sf, stat.S_IMODE(os.stat(path).st_mode))
+    found[name] = (sf, stat.S_IMODE(_at(os.stat, path).st_mode))
 
 
 def source_error(path: Path, exc: OSError) -> SourceChangedError:
@@ -299,11 +324,11 @@ class Reader:
                 self.leased.discard(old)  # closing its descriptor gives its lease back
                 _close(self._fds.pop(old))
             path = self._files[f].path
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = _at(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
             dfd = -1
             if self._direct:
                 try:
-                    dfd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | aligned.O_DIRECT)
+                    dfd = _at(os.open, path, os.O_RDONLY | os.O_CLOEXEC | aligned.O_DIRECT)
                 except OSError:
                     dfd = -1  # a file system without O_DIRECT: the page cache it is
             fds = (fd, dfd)
