@@ -1389,10 +1389,11 @@ def replay(
         if commit and not group:
             raise CliError("--commit needs --group", ExitCode.USAGE)
         _check_timeout(idle_timeout, follow)
-        # A follow whose spec is saved stops like a committing one: the spec records where it stopped.
-        stops = _Stops() if commit or (save_spec is not None and follow) else None
-        if stops is not None:
-            stops.install()
+        # Every replay holds a stop during a batch's write and its count (_Stops, as tail and
+        # produce do), so its done line counts exactly the records written out; a committing one
+        # stores that position, and a follow whose spec is saved records where it stopped.
+        stops = _Stops()
+        stops.install()
         if save_spec is not None and not save_spec.absolute().parent.is_dir():
             # Found out before replaying (and committing), not after: the spec is the point.
             raise CliError(
@@ -1499,7 +1500,7 @@ def replay(
                         if bar is not None and task is not None:
                             bar.update(task, completed=r.next_offset - start)
                         if commit and group and follow and time.monotonic() - last_commit[0] > 1.0:
-                            with stops.storing() if stops is not None else contextlib.nullcontext():
+                            with stops.storing():
                                 source.commit(group, r.next_offset)
                                 committed_to[:] = [r.next_offset]
                             last_commit[0] = time.monotonic()
@@ -1526,7 +1527,7 @@ def replay(
                     # reported it: the tally already counts that batch (digested before it was
                     # written), and all of it is out when emitted_to reaches its last record.
                     last = res.last_offset
-                    if stops is not None and last is not None and stops.emitted_to == last + 1 > reached_to:
+                    if last is not None and stops.emitted_to == last + 1 > reached_to:
                         tally, reached_to = res, last + 1
                     spec_of(tally, reached_to).save(save_spec)
                 raise
@@ -1538,19 +1539,18 @@ def replay(
             finally:
                 # Records written out before a Ctrl-C/SIGTERM count even if the read loop had not
                 # moved its position past them yet.
-                reached = max(res.next_offset, stops.emitted_to if stops is not None else 0)
+                reached = max(res.next_offset, stops.emitted_to)
                 if copied.kept_to is not None:
                     # the records of the batch before the one --to-topic refused or could not
                     # store are stored: a rerun starts there, neither skipping nor copying twice
                     reached = max(reached, copied.kept_to)
                 try:
                     if commit and group and reached > start and not reader_left:
-                        with stops.storing() if stops is not None else contextlib.nullcontext():
+                        with stops.storing():
                             source.commit(group, reached)
                             committed_to[:] = [reached]
                 finally:
-                    if stops is not None:
-                        stops.settle()
+                    stops.settle()
                 stopped_at[:] = [reached]
             if reader_left:
                 return
@@ -1596,7 +1596,7 @@ def replay(
             summary["error"] = failed.one_line() if failed is not None else interruption(why)
             with contextlib.suppress(BrokenPipeError):
                 out.emit(summary)
-            if stops is not None and stopped is not None:
+            if stopped is not None:
                 stops.done()
             raise why
         if saved is not None:
@@ -1711,9 +1711,9 @@ def _replay_done(
 
 
 class _Stops:
-    """Ctrl-C, SIGTERM and SIGHUP for `replay --commit` (and, holding only their writes, for
-    `tail`, whose done line counts what stdout got, and `produce`, whose counts what the topic
-    stored: GRACE_S and the held write below apply to them alike). Service managers (systemd, Kubernetes) stop a
+    """Ctrl-C, SIGTERM and SIGHUP for `replay --commit` (and, holding only their writes, for a
+    plain `replay` and `tail`, whose done lines count what stdout got, and `produce`, whose counts
+    what the topic stored: GRACE_S and the held write below apply to them alike). Service managers (systemd, Kubernetes) stop a
     consumer with SIGTERM: it must store its position then, as on Ctrl-C, not die with up to a
     second of reads uncommitted. A signal that lands while records are being written out is held
     until they are out (then they count as consumed, not re-read or, worse, half-shown and

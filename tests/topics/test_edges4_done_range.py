@@ -1,7 +1,7 @@
 """A replay stopped inside the write of its first batch (Ctrl-C or SIGTERM while stdout's reader
 lags) printed a done line with `"records": 0` but `first_offset`/`last_offset` naming the whole
-batch the read had tallied (1..1999): the range must describe what was written out, null when
-nothing was. rq's stdout is a 4 KiB pipe the test stops reading after one line, so the 1999-record
+batch the read had tallied (1..1999): the range must describe what was written out. Every replay
+now holds the stop until that batch is out (_Stops), so all of it is written and counted. rq's stdout is a 4 KiB pipe the test stops reading after one line, so the 1999-record
 batch (~200 KB) cannot be out when the signal comes, whatever the machine's speed."""
 
 from __future__ import annotations
@@ -59,12 +59,15 @@ def topics(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_a_replay_stopped_before_any_record_was_out_names_no_range(topics: Path, sig: signal.Signals) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_replay_stopped_mid_write_counts_the_batch_it_held_for(topics: Path, sig: signal.Signals) -> None:
+    # Every replay holds the stop until the batch is out (as tail, produce and --commit do): the
+    # done line counts exactly the records written. Before, a plain replay said 0 records here
+    # (range null, next_offset 1) though the reader went on to get the part already written.
     done = _stopped_replay(topics, sig)
-    assert done["event"] == "done" and done["records"] == 0, done
-    assert done["first_offset"] is None and done["last_offset"] is None, done  # was 1 and 1999
-    assert done["next_offset"] == 1, done
+    assert done["event"] == "done" and done["records"] == 1999, done
+    assert (done["first_offset"], done["last_offset"]) == (1, 1999), done
+    assert done["next_offset"] == 2000, done
 
 
 def test_a_committing_replay_stopped_mid_write_names_what_it_wrote(topics: Path) -> None:
