@@ -243,21 +243,34 @@ def _error_code(body: bytes | None) -> tuple[str, str]:
     return (root.findtext("Code") or ""), (root.findtext("Message") or "")
 
 
-def _bucket_region(body: bytes | None) -> str | None:
+def _bucket_region(body: bytes | None, headers: list[tuple[str, str]] | None = None) -> str | None:
     """The bucket's region from an S3 redirect or region error: <Region>, else <Endpoint>'s
-    b.s3.REGION.amazonaws.com."""
-    if not body:
-        return None
+    b.s3.REGION.amazonaws.com (or the legacy b.s3-REGION…), else the x-amz-bucket-region header,
+    which is all a body-less reply (to a HEAD) carries."""
+    region = ""
     try:
-        root = ET.fromstring(body)
+        root = ET.fromstring(body) if body else None
     except Exception:
-        return None
-    region = (root.findtext("Region") or "").strip()
-    if not region:
-        host = (root.findtext("Endpoint") or "").strip()
-        found = re.search(r"(?:^|\.)s3[.-]([a-z0-9-]+)\.amazonaws\.com", host)
-        region = found.group(1) if found and found.group(1) != "external-1" else ""
+        root = None
+    if root is not None:
+        region = (root.findtext("Region") or "").strip()
+        if not region:
+            region = _host_region((root.findtext("Endpoint") or "").strip())
+    region = region or _header_region(headers)
     return region if re.fullmatch(r"[a-z0-9-]{1,40}", region) else None
+
+
+def _host_region(host: str) -> str:
+    """REGION of an AWS S3 host name or URL (b.s3.REGION.amazonaws.com, b.s3-REGION.amazonaws.com)."""
+    found = re.search(r"(?:^|[./])s3[.-]([a-z0-9-]+)\.amazonaws\.com", host)
+    return found.group(1) if found and found.group(1) != "external-1" else ""
+
+
+def _header_region(headers: list[tuple[str, str]] | None) -> str:
+    """The bucket's region as a reply's headers give it: x-amz-bucket-region, else a redirect's
+    Location on a regional AWS host."""
+    named = {n.lower(): v for n, v in headers or ()}
+    return named.get("x-amz-bucket-region", "").strip() or _host_region(named.get("location", ""))
 
 
 # CRT error names of a connection that was up and then went away (not refused, not timed out)
@@ -272,23 +285,36 @@ AUTH_CODES = {
     "InvalidToken",
     "TokenRefreshRequired",
 }
-REGION_CODES = {"AuthorizationHeaderMalformed", "PermanentRedirect", "IllegalLocationConstraintException"}
+REGION_CODES = {
+    "AuthorizationHeaderMalformed",
+    "PermanentRedirect",
+    "TemporaryRedirect",  # (307: a bucket created moments ago in another region, until DNS catches up)
+    "IllegalLocationConstraintException",
+}
 
 THROTTLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests"}
 
 
 def map_error(
-    what: str, error: BaseException | None, status: int | None, body: bytes | None, endpoint: str
+    what: str,
+    error: BaseException | None,
+    status: int | None,
+    body: bytes | None,
+    endpoint: str,
+    headers: list[tuple[str, str]] | None = None,
+    signed_region: str | None = None,
 ) -> CacheError:
-    """One exception type per way a caller must react, with a message that names the thing."""
+    """One exception type per way a caller must react, with a message that names the thing.
+    `headers`: the reply's (a HEAD's refusal has no body, only its status and headers);
+    `signed_region`: the region the request was signed for, when known."""
     code, message = _error_code(body)
     if code in ("NoSuchBucket",):
         return NotFoundError(f"bucket not found: {what}")
     if code in ("NoSuchKey",) or status == 404:
         return NotFoundError(f"not found: {what}")
-    if code in REGION_CODES or status == 301:
+    if code in REGION_CODES or status == 301 or _redirected_by_header(code, status, headers, signed_region):
         # signed for one region, the bucket lives in another: every retry fails the same way
-        region = _bucket_region(body)
+        region = _bucket_region(body, headers)
         where = f" ({region})" if region else ""
         return AuthError(
             f"{code or f'HTTP {status}'} for {what}: the bucket is in another region{where}: "
@@ -328,6 +354,17 @@ def map_error(
         # the CRT's own retries of 5xx ran out; its text repeats its name ("X X: …")
         return OriginError(f"{what}: the store kept answering with an internal error (5xx, {name})")
     return OriginError(f"{what}: {text if text.startswith(name) else f'{name} {text}'.strip()}")
+
+
+def _redirected_by_header(
+    code: str, status: int | None, headers: list[tuple[str, str]] | None, signed_region: str | None
+) -> bool:
+    """A reply without an S3 error code (a HEAD's, which has no body) that AWS marks as a region
+    mismatch only by its headers (x-amz-bucket-region, a Location on a regional host): a 307
+    redirect, or the 400 a HEAD signed for the wrong region gets. A header naming the very region
+    signed for is no mismatch."""
+    region = _header_region(headers)
+    return not code and status in (307, 400) and bool(region) and region != signed_region
 
 
 def _content_length(headers: list[tuple[str, str]]) -> int:
@@ -374,12 +411,21 @@ def no_etag(method: str, what: str, endpoint: str, status: int, content_type: st
 
 
 def map_error_safely(
-    operation: str, what: str, error: BaseException, status: int | None, body: bytes | None, endpoint: str
+    operation: str,
+    what: str,
+    error: BaseException,
+    status: int | None,
+    done: dict[str, Any],
+    endpoint: str,
+    signed_region: str | None = None,
 ) -> CacheError:
     """map_error for a CRT callback, which must always hand an error on: an exception raised there
-    is swallowed by the CRT and whoever waits for the request would wait for ever."""
+    is swallowed by the CRT and whoever waits for the request would wait for ever. `done`: the
+    CRT's other on_done arguments (error_body, error_headers)."""
     try:
-        return map_error(what, error, status, body, endpoint)
+        return map_error(
+            what, error, status, done.get("error_body"), endpoint, done.get("error_headers"), signed_region
+        )
     except Exception:
         return OriginError(f"{what}: {operation} failed ({error})")
 
@@ -540,7 +586,7 @@ class S3:
         body = bytearray()
         got: dict[str, Any] = {}
         what = f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
-        endpoint = self.endpoint_text
+        endpoint, region = self.endpoint_text, self.creds.region
 
         tls = self.tls
         ticket = self.watchdog.watch()
@@ -563,7 +609,7 @@ class S3:
             if error is not None and ticket.timed_out:  # (an answer that beat the cancel stands)
                 mapped = _silent(what, endpoint, ticket, UnreachableError)
             elif error is not None:
-                mapped = map_error_safely(operation, what, error, status_code, kw.get("error_body"), endpoint)
+                mapped = map_error_safely(operation, what, error, status_code, kw, endpoint, region)
             on_result(int(status_code or 0), got.get("headers", []), bytes(body), mapped)
 
         try:
@@ -667,7 +713,7 @@ class S3:
             return None
         host, path = self._target(bucket, key)
         what = f"s3://{bucket}/{key}"
-        endpoint = self.endpoint_text
+        endpoint, region = self.endpoint_text, self.creds.region
         tls = self.tls
 
         ticket = self.watchdog.watch()
@@ -705,7 +751,7 @@ class S3:
                 # (a proxy's HTML error, a captive portal) and must not be cached as the object
                 on_done(no_etag("GET", what, endpoint, *answer[0]) if answer else None)
                 return
-            on_done(map_error_safely("GetObject", what, error, status_code, kw.get("error_body"), endpoint))
+            on_done(map_error_safely("GetObject", what, error, status_code, kw, endpoint, region))
 
         try:
             request = self.client.make_request(
