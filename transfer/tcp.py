@@ -376,7 +376,12 @@ class TcpListener:
             conn.settimeout(None)
             if self._ctx is not None:
                 conn.settimeout(10)
-                conn = self._ctx.wrap_socket(conn, server_side=True)
+                # wrapped first, tracked, then the handshake: close() can cut the socket that holds
+                # the descriptor now (wrap_socket empties `conn`). Before, a peer that began a
+                # handshake and went quiet kept this thread in it past close(), until its timeout.
+                conn = self._ctx.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+                self._track(conn)
+                conn.do_handshake()
                 conn.settimeout(None)
             ch = TcpChannel(conn, self.opts.max_frame, PRE_AUTH_LIMIT, release)
             self._track(ch)
