@@ -609,15 +609,22 @@ def _aged_out_reporter(out: Output, topic: str, source: Any = None) -> Callable[
     subject = safe_text(str(getattr(source, "subject", "")))
 
     def report(first: int, last: int) -> None:
+        # JetStream: "deleted" on a stream without limits, where only a client (delete_msg of its
+        # first messages, a purge) can have removed them; asked when the gap is told
+        reason = str(getattr(source, "gap_reason", "retention"))
         event: dict[str, Any] = {"event": "gap", "topic": topic, "first": first, "last": last}
-        event["reason"] = "retention"
+        event["reason"] = reason
         if known:
             span = f"offset {first}" if first == last else f"offsets {first}..{last}"
-            said = f"{span} aged out (retention) before they were read"
+            if reason == "retention":
+                said = f"{span} aged out (retention) before they were read"
+            else:
+                said = f"{span} were deleted (a client's delete or a purge; the stream has no limits) before they were read"
         else:
             span = f"stream sequence {first}" if first == last else f"stream sequences {first}..{last}"
+            how = "stream limits or a purge" if reason == "retention" else "a client's delete or a purge"
             said = (
-                f"{span} were deleted (stream limits or a purge) before they were read; how many of "
+                f"{span} were deleted ({how}) before they were read; how many of "
                 f"them were on {subject} is not known (maybe none: the stream keeps no record of a "
                 "deleted message's subject)"
             )

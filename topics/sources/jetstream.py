@@ -674,6 +674,25 @@ def _covers(pattern: str, subjects: str) -> bool:
     return len(want) == len(have)
 
 
+def _gap_reason(config: Any) -> str:
+    """What a gap below a stream's first sequence is called: "retention" where the stream itself
+    removes messages (a count, size, age or per-subject limit, a per-message TTL, or an interest /
+    work-queue policy removing what was acknowledged), "deleted" where nothing but a client can
+    have removed them (`delete_msg` of the first messages, or a purge). The server keeps no word
+    of why a sequence below the first one went: on a stream with limits a client's delete of its
+    first messages is still called retention."""
+
+    def over(value: Any) -> bool:
+        return isinstance(value, (int, float)) and value > 0
+
+    retention = getattr(config, "retention", None)
+    policy = getattr(retention, "value", retention)
+    if policy not in (None, "limits") or getattr(config, "allow_msg_ttl", None):
+        return "retention"
+    limits = (getattr(config, f, None) for f in ("max_msgs", "max_bytes", "max_age", "max_msgs_per_subject"))
+    return "retention" if any(over(v) for v in limits) else "deleted"
+
+
 def _takes_all(pattern: str, config: Any) -> bool:
     """Whether the subject filter `pattern` takes every message the stream stores, judged by its
     subjects now (a stream fed by a mirror, sources or a subject transform stores subjects its own
@@ -711,6 +730,7 @@ class JetStreamSource:
         # messages (any number of them, all of them included), and the stream keeps no word of a
         # deleted message's subject: how many of the topic's records were lost is not known.
         self.gap_counts_known = not self.subject or _takes_all(self.subject, info.config)
+        self.gap_reason = _gap_reason(info.config)
 
     def _check_subject_can_hold(self, info: Any) -> None:
         """A subject the stream neither holds nor can ever take (a typo: `EVENTS/event.cam` for
@@ -1051,8 +1071,11 @@ class JetStreamSource:
             reader.close()
 
     def _stream_first(self) -> int:
-        """The stream's first sequence now (its end when it holds none): all below it is gone."""
-        state = self.conn.stream_info().state
+        """The stream's first sequence now (its end when it holds none): all below it is gone.
+        Also what removed it as far as the stream's configuration now tells (gap_reason)."""
+        info = self.conn.stream_info()
+        self.gap_reason = _gap_reason(info.config)
+        state = info.state
         return int(state.first_seq) if state.messages else int(state.last_seq) + 1
 
     def _told_gaps(
