@@ -292,8 +292,14 @@ class MqttSource:
                     f"MQTT broker at {self.where} did not answer the subscription to {self.filter!r} "
                     f"in {connect_timeout:.0f} s"
                 )
-            raise SourceUnreachable(
-                f"MQTT broker at {self.where} refused the subscription to {self.filter!r}"
+            # SUBACK 0x80 (MQTT 3.1.1 has no other failure code): the broker will not let this
+            # client read the filter, an authorization matter (exit 4), not an unreachable broker
+            who = mqtt_access(ref.user, ref.password, ref.tls).who()
+            raise AccessDenied(
+                f"MQTT broker at {self.where} refused the subscription to {self.filter!r} "
+                f"(SUBACK failure): rq, connected {who}, may not read it",
+                credentials=False,
+                server="mqtt",
             )
 
     def first_offset(self) -> int:
