@@ -31,7 +31,7 @@ from transfer.errors import AuthError, PeerUnreachableError, ProtocolError, Tran
 from transfer.frames import HEADER, Frame, FrameType
 from transfer.rdma import conninfo
 from transfer.rdma.errors import RdmaDeviceError
-from transfer.rdma.pipe import PeerClosed, Pipe, post_receives, recv_depth
+from transfer.rdma.pipe import Interrupted, PeerClosed, Pipe, post_receives, recv_depth
 from transfer.transport import Channel, ConnectOptions, ListenOptions
 
 UPGRADE_AT = (FrameType.ACCEPT, FrameType.READY)
@@ -103,6 +103,9 @@ class RdmaChannel:
         self._last_check = 0.0
         self._live = bytearray()  # bytes of a goodbye read so far, after the switch
         self._closed = False
+        # when this side's listener, closing, shut the bootstrap's read side under the pipe (see
+        # _liveness); None until then
+        self._cut_at: float | None = None
 
     # -- the Channel protocol ----------------------------------------------------------------------
 
@@ -159,6 +162,13 @@ class RdmaChannel:
     def release_slot(self) -> None:
         """This connection stops counting as unauthenticated (idempotent)."""
         self.tcp.release_slot()
+
+    @property
+    def shutting_down(self) -> bool:
+        """Set by the listener's close() before it ends the channel (on the TCP bootstrap channel
+        it tracks): the receiver then tells an authenticated sender that it shut down, as over TCP
+        and QUIC. Before, an RDMA channel had none: its sender was told nothing."""
+        return bool(getattr(self.tcp, "shutting_down", False))
 
     def readable(self) -> bool:
         """A frame is waiting: recv would not block (receiver._Readiness: a batch of small chunks is
@@ -303,6 +313,15 @@ class RdmaChannel:
         look at most every 20 ms; a TLS record that is not application data (a late session ticket)
         reads as nothing and is ignored."""
         now = time.monotonic()
+        if self._cut_at is not None:
+            # our listener shut the read side: the peer cannot be watched there any more. What is
+            # left to send (the receiver's ERROR) gets the listener's grace, then the pipe breaks
+            # (its close() cuts the connection whole then: transfer.tcp.CLOSE_GRACE).
+            from transfer.tcp import CLOSE_GRACE
+
+            if now - self._cut_at > CLOSE_GRACE:
+                raise PeerUnreachableError("the receiver shut down")
+            return
         if now - self._last_check < 0.02:
             return
         self._last_check = now
@@ -316,11 +335,13 @@ class RdmaChannel:
         except (ssl.SSLWantReadError, BlockingIOError):
             return
         except (OSError, ssl.SSLError):
+            self._interrupted()
             raise PeerUnreachableError("the peer went away (its RDMA bootstrap connection broke)") from None
         finally:
             with contextlib.suppress(OSError):
                 sock.setblocking(True)
         if not got:
+            self._interrupted()
             raise PeerUnreachableError("the peer went away (its RDMA bootstrap connection closed)")
         self._live += got
         if len(self._live) < MSG.size:
@@ -329,6 +350,13 @@ class RdmaChannel:
         if tag == b"B":
             raise PeerClosed("the peer closed the channel")
         raise ProtocolError(f"unexpected RDMA bootstrap message {tag!r}")
+
+    def _interrupted(self) -> None:
+        """Raises Interrupted (the pipe stays whole) when the bootstrap ended because this side's
+        listener is closing, not because the peer went: once, then _liveness bounds the rest."""
+        if self.shutting_down:
+            self._cut_at = time.monotonic()
+            raise Interrupted("the receiver is shutting down")
 
 
 # -- connection, listener, transport ------------------------------------------------------------

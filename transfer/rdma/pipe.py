@@ -226,6 +226,8 @@ class Pipe:
     def _guard(self, fn: Callable[[], None]) -> None:
         try:
             fn()
+        except Interrupted:
+            raise  # the waiter is woken; the pipe stays whole for a last word
         except TransferError as exc:
             self.broken = exc
             raise
@@ -295,6 +297,12 @@ class Pipe:
             if self.broken is None:
                 self.broken = exc
             release()
+
+
+class Interrupted(PeerUnreachableError):
+    """The channel's liveness check woke its waiter because this side is shutting down (the
+    listener's close() shut the bootstrap connection's read side). Unlike the peer going away it
+    does not break the pipe: the receiver can still tell the sender why (an ERROR) before closing."""
 
 
 class PeerClosed(PeerUnreachableError):

@@ -1,0 +1,112 @@
+"""RdmaListener.close() as TcpListener.close() (d0cd086): closing the listener, then its Receiver,
+while a sender is connected mid-transfer and has gone quiet leaves no rq thread behind, and that
+sender is told the receiver shut down (an ERROR `unreachable`, retried as a lost peer).
+
+The threads were already joined (RdmaListener closes the TcpListener under it), but the RDMA
+channel had no `shutting_down` of its own (the TCP listener set it on the bootstrap channel under
+it), and the wake (the bootstrap's read side shut) broke the channel's pipe: the sender was told
+nothing, only `the peer went away (its RDMA bootstrap connection broke)`. Runs on the loopback
+queue pair of test_driver_loopback (no RDMA device); the sender's channels are driven by the
+test, so nothing depends on timing."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_driver_loopback import TOKEN, LoopbackQueuePair, loopback  # noqa: F401
+
+from transfer import codec, receiver
+from transfer.credentials import load_identity
+from transfer.errors import PeerUnreachableError
+from transfer.frames import ChunkHeader, FrameType, chunk_frame_header
+from transfer.manifest import FileEntry, file_key, make_manifest
+from transfer.rdma import driver
+from transfer.rdma.driver import Geometry, RdmaListener, RdmaSettings, RdmaTransport
+from transfer.receiver import Receiver
+from transfer.sender import handshake
+from transfer.session import Accepted, Ready, SenderChannel
+from transfer.transport import ConnectOptions, ListenOptions
+
+CHUNK = 1 << 20
+SMALL_RECEIVER = Geometry(ring_slots=4, slot_size=1 << 20, staging=2, staging_size=64 << 10)
+
+
+def _rq_threads() -> set[threading.Thread]:
+    return {
+        t
+        for t in threading.enumerate()
+        if t.is_alive() and ("_serve_one" in t.name or t.name.startswith("rq-recv-write"))
+    }
+
+
+def _wait_for(pred: Any, seconds: float = 10.0) -> bool:
+    done = threading.Event()
+    for _ in range(int(seconds / 0.02)):
+        if pred():
+            return True
+        done.wait(0.02)
+    return bool(pred())
+
+
+@pytest.fixture
+def served(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    loopback: type[LoopbackQueuePair],  # noqa: F811
+) -> Iterator[tuple[Receiver, RdmaListener, Any]]:
+    import test_driver_loopback as harness
+
+    monkeypatch.setattr(driver, "RECEIVER", SMALL_RECEIVER)
+    monkeypatch.setattr(harness, "RECEIVER", SMALL_RECEIVER)
+    monkeypatch.setattr(
+        RdmaSettings, "from_extra", classmethod(lambda cls, extra: cls(receiver=SMALL_RECEIVER))
+    )
+    rx = Receiver(tmp_path / "dst", TOKEN, keep_partial=None)
+    ident = load_identity(tmp_path / "cert")
+    transport = RdmaTransport()
+    listener = transport.listen(ListenOptions("127.0.0.1", 0, ident, tls=True), rx.handle_channel)
+    server = threading.Thread(target=listener.serve_forever, name="tf-serve", daemon=True)
+    server.start()
+    conn = transport.connect(ConnectOptions("127.0.0.1", listener.address[1], ident.fingerprint, tls=True))
+    try:
+        yield rx, listener, conn
+    finally:
+        listener.close()
+        rx.close()
+        server.join(10)
+        conn.close()
+
+
+def test_close_ends_the_handlers_of_a_paused_rdma_sender(served: tuple[Receiver, RdmaListener, Any]) -> None:
+    rx, listener, conn = served
+    before = _rq_threads()
+    data = bytes(range(256)) * (3 * CHUNK // 256)
+    entry = FileEntry(name="w.bin", size=len(data), mode=0o644, key=file_key("w.bin", len(data), 1, 7, CHUNK))
+    m = make_manifest(CHUNK, [entry])
+    ctl = conn.open_channel()
+    assert isinstance(handshake(ctl, SenderChannel(TOKEN, "control", m, os.urandom(16)), 10), Accepted)
+    dch = conn.open_channel()
+    assert isinstance(handshake(dch, SenderChannel(TOKEN, "data", m, os.urandom(16)), 10), Ready)
+    first = data[:CHUNK]
+    kind, payload = codec.encode(first, "none", 1)
+    dch.send(chunk_frame_header(ChunkHeader(0, 0, CHUNK, kind, codec.digest(first)), len(payload)), payload)
+    # both channels' handlers are up (an RDMA channel's chunks are written inline: no writer thread)
+    assert _wait_for(lambda: len(_rq_threads() - before) >= 2), _rq_threads()
+    assert _wait_for(lambda: bool(rx.in_flight()))
+    listener.close()
+    rx.close()
+    assert sorted(t.name for t in _rq_threads() - before) == []
+    # the sender, acting again, reads why its channels ended: the receiver shut down
+    for ch in (ctl, dch):
+        frame = ch.recv(10)
+        while frame is not None and frame.type is not FrameType.ERROR:
+            frame = ch.recv(10)  # (an ACK)
+        assert frame is not None, "the channel ended without a word"
+        info = frame.json()
+        assert info["code"] == PeerUnreachableError.code, info
+        assert info["message"] == receiver.SHUT_DOWN
