@@ -62,7 +62,7 @@ from topics.record import NO_HEADERS, Headers, Record, encode_bytes_field, encod
 from topics.render import Decoded, Renderer, make_renderer
 from topics.savedspec import ReplaySpec
 from topics.sources import Appended, Sink, Source, open_sink, open_source, parse_topic
-from topics.sources.base import Pending
+from topics.sources.base import ConnectionLost, Pending
 from topics.sources.open import TopicRef, check_writable
 from topics.sources.subjects import subject_matches
 from topics.spec import parse_duration_ms, parse_position, resolve
@@ -134,12 +134,13 @@ def cli_error(exc: TopicError) -> CliError:
     if isinstance(exc, TopicNotFound):
         return CliError(str(exc), ExitCode.NOT_FOUND, hint="check the name, or create it with `rq produce`")
     if isinstance(exc, SourceUnreachable):
-        # JetStream missing for the account: the line says what to change; the server is running
-        missing = isinstance(exc, NoResponders)
+        # JetStream missing for the account: the line says what to change; the server is running.
+        # A connection that was up and then lost (ConnectionLost): the server ran, it dropped it.
+        running = isinstance(exc, NoResponders | ConnectionLost)
         return CliError(
             str(exc),
             ExitCode.UNREACHABLE,
-            hint=None if missing else "is the server running and the URL right?",
+            hint=None if running else "is the server running and the URL right?",
         )
     if isinstance(exc, AccessDenied):
         return CliError(

@@ -27,7 +27,7 @@ from topics.errors import (
 )
 from topics.record import NO_HEADERS, Headers, Record
 from topics.sources.access import Access, hostport, mqtt_access, reason, tls_context, tls_hint
-from topics.sources.base import Appended, Pending
+from topics.sources.base import Appended, ConnectionLost, Pending
 
 _DRAIN = 4096
 
@@ -283,7 +283,7 @@ class MqttSource:
             if self.client.rq_broke is not None:
                 raise self.client.rq_broke
             if self.lost and not granted:
-                raise SourceUnreachable(
+                raise ConnectionLost(
                     f"MQTT broker at {self.where} closed the connection on the subscription to "
                     f"{self.filter!r}: {self.lost[0]}"
                 )
@@ -332,7 +332,7 @@ class MqttSource:
                 if self.client.rq_broke is not None:
                     raise self.client.rq_broke from None
                 if self.lost:  # only once what arrived before the loss is all out
-                    raise SourceUnreachable(
+                    raise ConnectionLost(
                         f"lost the connection to the MQTT broker at {self.where}: {self.lost[0]}"
                     ) from None
                 if self.idle_timeout is not None and time.monotonic() - idle_since > self.idle_timeout:
@@ -420,7 +420,7 @@ class MqttSink:
             while not info.is_published():
                 if self.gone or not self.client.is_connected():
                     why = self.gone[0] if self.gone else "connection lost"
-                    raise SourceUnreachable(
+                    raise ConnectionLost(
                         f"MQTT broker at {self.where} closed the connection ({why}) with "
                         f"{len(infos) - n} publish(es) to {self.topic} unacknowledged, the largest "
                         f"{max(sizes[n:])} bytes: a broker closes it on a packet over its size limit "
@@ -428,11 +428,11 @@ class MqttSink:
                         "records refused before they are sent)"
                     )
                 if time.monotonic() > deadline:
-                    raise SourceUnreachable(f"the MQTT broker did not acknowledge a publish to {self.topic}")
+                    raise ConnectionLost(f"the MQTT broker did not acknowledge a publish to {self.topic}")
                 try:
                     info.wait_for_publish(timeout=0.05)
                 except (RuntimeError, ValueError) as exc:  # paho: not connected, queue full
-                    raise SourceUnreachable(f"publishing to {self.url} failed: {reason(exc)}") from None
+                    raise ConnectionLost(f"publishing to {self.url} failed: {reason(exc)}") from None
         # A published message gets no offset (MQTT has none): stored, but nowhere to name.
         return Appended(None, None, len(records))
 
