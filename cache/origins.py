@@ -225,6 +225,8 @@ class LocalOrigin:
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise NotFoundError(f"directory not found: {self.root} (a symlink loop)") from None
+            if exc.errno == errno.ENAMETOOLONG:
+                raise BadSourceError(_too_long(self.root, exc)) from None
             raise (_unreachable(exc, self.root) or exc) from None
         # a file of the cache (its index, a blob) is refused as its directories are
         self._check_not_own(self.root)
@@ -248,11 +250,16 @@ class LocalOrigin:
                 yield self._problem(here, f"cannot read directory {here}: {exc.strerror}", "/")
                 continue
             except OSError as exc:
+                if here != self.root and exc.errno == errno.ELOOP:
+                    # replaced by a symlink loop since its parent was read: a symlink, which the
+                    # walk skips (it stopped the whole run: "cannot list SRC: Too many levels of
+                    # symbolic links", exit 1)
+                    continue
                 if here == self.root or exc.errno != errno.ENAMETOOLONG:
                     raise (_unreachable(exc, here) or exc) from None
-                # one unreadable directory, or one too deep to open by its path (a tree deeper than
-                # PATH_MAX), fails alone, like an unreadable file (cp -r goes on too)
-                yield self._problem(here, f"cannot read directory {here}: {exc.strerror}", "/")
+                # one directory too deep to open by its path (a tree deeper than PATH_MAX) fails
+                # alone, like an unreadable file (cp -r goes on too)
+                yield self._problem(here, _too_long(here, exc, "directory "), "/")
                 continue
             subdirs: list[Path] = []
             # each name's URL and key from its directory's, worked out once per directory:
@@ -281,11 +288,16 @@ class LocalOrigin:
                         yield self._problem(here, f"cannot search directory {here}: {exc.strerror}", "/")
                         subdirs = []
                         break
-                    if isinstance(exc, PermissionError) or exc.errno == errno.ENAMETOOLONG:
-                        # a symlink into a directory rq may not read, a path too long to open: this
-                        # name fails alone, the walk goes on (either stopped the whole run: "cannot
-                        # read …: Permission denied", exit 1)
+                    if isinstance(exc, PermissionError):
+                        # a symlink into a directory rq may not read: this name fails alone, the
+                        # walk goes on (it stopped the whole run: "cannot read …: Permission
+                        # denied", exit 1)
                         yield self._problem(item.path, f"cannot read {item.path}: {exc.strerror}")
+                        continue
+                    if exc.errno == errno.ENAMETOOLONG:
+                        # a path too long to open fails alone too, saying so (it read as if rq
+                        # were refused: "cannot read …: File name too long")
+                        yield self._problem(item.path, _too_long(item.path, exc))
                         continue
                     raise _unreachable(exc, item.path) or CacheError(
                         f"cannot read {item.path}: {exc.strerror}"
@@ -338,6 +350,8 @@ class LocalOrigin:
         except PermissionError as exc:
             raise DeniedError(f"cannot read {url}: {exc.strerror}") from None
         except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:
+                raise BadSourceError(_too_long(url, exc)) from None
             if exc.errno in _NOT_A_FILE:
                 raise NotFoundError(f"not a regular file rq can open: {url}: {exc.strerror}") from None
             raise _unreachable(exc, url) or CacheError(f"cannot stat {url}: {exc.strerror}") from None
@@ -435,6 +449,23 @@ class LocalOrigin:
 
 # open()/stat() errors that say the name is no regular file rq can read, not that the origin failed
 _NOT_A_FILE = frozenset({errno.ENXIO, errno.ENODEV, errno.ELOOP, errno.ENAMETOOLONG})
+
+
+# the longest path the kernel opens, with its terminating NUL (Linux's PATH_MAX)
+PATH_MAX = 4096
+
+
+def _too_long(path: str | os.PathLike[str], exc: OSError, what: str = "") -> str:
+    """The message of an ENAMETOOLONG: which limit the path broke, and what to do about it (rq
+    opens files by their full path)."""
+    size = len(os.fsencode(path))
+    if size >= PATH_MAX:
+        why = f"its path is {size} bytes, over the {PATH_MAX - 1} the kernel opens (PATH_MAX)"
+        fix = "move it, or rename the directories above it, to a shorter path"
+    else:  # (a name over the file system's NAME_MAX, 255 bytes on most)
+        why = "a name in its path is longer than the file system allows (NAME_MAX)"
+        fix = "rename it"
+    return f"cannot open {what}{os.fspath(path)}: {exc.strerror} ({why}); {fix} to cache it"
 
 
 def _searchable(directory: str | Path) -> bool:
