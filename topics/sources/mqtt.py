@@ -419,9 +419,9 @@ class MqttSink:
         for n, info in enumerate(infos):
             while not info.is_published():
                 if self.gone or not self.client.is_connected():
-                    why = self.gone[0] if self.gone else "connection lost"
+                    why = f" ({self.gone[0]})" if self.gone else ""
                     raise ConnectionLost(
-                        f"MQTT broker at {self.where} closed the connection ({why}) with "
+                        f"lost the connection to the MQTT broker at {self.where}{why} with "
                         f"{len(infos) - n} publish(es) to {self.topic} unacknowledged, the largest "
                         f"{max(sizes[n:])} bytes: a broker closes it on a packet over its size limit "
                         "(its max_packet_size; give rq that limit with --max-packet-size to have such "
