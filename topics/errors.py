@@ -45,6 +45,12 @@ class NoResponders(SourceUnreachable):
     enabled. The message says what to change, not to check the server is running."""
 
 
+class ConnectionLost(SourceUnreachable):
+    """A server rq was connected to (it answered) closed the connection, reset it, went silent or
+    left a request unanswered: exit 6 as any unreachable server, but not with "is the server
+    running?", which only fits a server that could not be reached at all (connection refused)."""
+
+
 class CorruptRecord(TopicError):
     """A record or batch failed its CRC in the middle of the log (not a torn tail)."""
 

@@ -38,6 +38,7 @@ from topics.errors import (
     AccessDenied,
     AppendedPartly,
     AppendInterrupted,
+    ConnectionLost,
     CorruptRecord,
     DamagedGroup,
     DigestMismatch,
@@ -62,7 +63,7 @@ from topics.record import NO_HEADERS, Headers, Record, encode_bytes_field, encod
 from topics.render import Decoded, Renderer, make_renderer
 from topics.savedspec import ReplaySpec
 from topics.sources import Appended, Sink, Source, open_sink, open_source, parse_topic
-from topics.sources.base import ConnectionLost, Pending
+from topics.sources.base import Pending
 from topics.sources.open import TopicRef, check_writable
 from topics.sources.subjects import subject_matches
 from topics.spec import parse_duration_ms, parse_position, resolve

@@ -6,15 +6,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from topics.errors import SourceUnreachable
 from topics.record import Headers, Record
-
-
-class ConnectionLost(SourceUnreachable):
-    """A server rq was connected to (it answered) closed the connection, reset it, went silent or
-    left a request unanswered: exit 6 as any unreachable server, but not with "is the server
-    running?", which only fits a server that could not be reached at all (connection refused)."""
-
 
 # What a sink appends: (timestamp ms or None for "now", key, headers, value).
 Pending = tuple[int | None, bytes | None, Headers, bytes]

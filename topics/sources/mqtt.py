@@ -18,6 +18,7 @@ from typing import Any
 
 from topics.errors import (
     AccessDenied,
+    ConnectionLost,
     ProtocolViolation,
     RecordTooLarge,
     SourceUnreachable,
@@ -27,7 +28,7 @@ from topics.errors import (
 )
 from topics.record import NO_HEADERS, Headers, Record
 from topics.sources.access import Access, hostport, mqtt_access, reason, tls_context, tls_hint
-from topics.sources.base import Appended, ConnectionLost, Pending
+from topics.sources.base import Appended, Pending
 
 _DRAIN = 4096
 
