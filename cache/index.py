@@ -604,6 +604,16 @@ class Index:
         return [Hold(*r) for r in rows]
 
     @staticmethod
+    def stale_landings(db: sqlite3.Connection, url: str, blob: str) -> list[Hold]:
+        """The orphaned landing holds (kept partial downloads) of `url` under another blob than
+        `blob`: partials of another version of it, in any tier."""
+        rows = db.execute(
+            f"SELECT {HOLD_COLS} FROM holds WHERE url = ? AND kind = 'landing' AND pid = 0 AND blob != ?",
+            (url, blob),
+        ).fetchall()
+        return [Hold(*r) for r in rows]
+
+    @staticmethod
     def adopt_hold(db: sqlite3.Connection, hold_id: int, owner: tuple[int, int]) -> None:
         db.execute("UPDATE holds SET pid = ?, pid_start = ? WHERE id = ?", (owner[0], owner[1], hold_id))
 

@@ -64,6 +64,7 @@ class ObjectInfo:
     # set by a listing for what it found but cannot offer (an unreadable directory): reported as a
     # failure of its own, never fetched
     problem: str | None = None
+    problem_kind: str = "denied"  # the failure kind it is reported as (cache.errors.KINDS, "bad_name")
 
     @property
     def plain_md5(self) -> str | None:

@@ -259,7 +259,7 @@ class LocalOrigin:
                     raise (_unreachable(exc, here) or exc) from None
                 # one directory too deep to open by its path (a tree deeper than PATH_MAX) fails
                 # alone, like an unreadable file (cp -r goes on too)
-                yield self._problem(here, _too_long(here, exc, "directory "), "/")
+                yield self._problem(here, _too_long(here, exc, "directory "), "/", "bad_name")
                 continue
             subdirs: list[Path] = []
             # each name's URL and key from its directory's, worked out once per directory:
@@ -297,7 +297,7 @@ class LocalOrigin:
                     if exc.errno == errno.ENAMETOOLONG:
                         # a path too long to open fails alone too, saying so (it read as if rq
                         # were refused: "cannot read …: File name too long")
-                        yield self._problem(item.path, _too_long(item.path, exc))
+                        yield self._problem(item.path, _too_long(item.path, exc), kind="bad_name")
                         continue
                     raise _unreachable(exc, item.path) or CacheError(
                         f"cannot read {item.path}: {exc.strerror}"
@@ -307,10 +307,11 @@ class LocalOrigin:
                 )
             stack.extend(subdirs)
 
-    def _problem(self, path: str | Path, problem: str, slash: str = "") -> ObjectInfo:
-        """What the walk found and cannot offer: reported as a failure of its own, never fetched."""
+    def _problem(self, path: str | Path, problem: str, slash: str = "", kind: str = "denied") -> ObjectInfo:
+        """What the walk found and cannot offer: reported as a failure of its own (of `kind`: a
+        path too long to open is a `bad_name`, not a refusal), never fetched."""
         rel = os.path.relpath(path, self.root).replace(os.sep, "/") + slash
-        return ObjectInfo(os.path.abspath(path) + slash, rel, 0, "", problem=problem)
+        return ObjectInfo(os.path.abspath(path) + slash, rel, 0, "", problem=problem, problem_kind=kind)
 
     def _check_not_own(self, root: Path) -> None:
         """Refuses a source that is the cache's own directory or inside it: its index and blobs

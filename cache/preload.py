@@ -328,7 +328,7 @@ def run_preload(
 
         for info, origin in page:
             if info.problem is not None:
-                fail(info, "denied", info.problem)
+                fail(info, info.problem_kind, info.problem)
             elif not _utf8(info.url):  # the index keys entries by URL text: rename such a file
                 fail(info, "bad_name", "file name is not valid UTF-8; rename it to cache it")
             elif info.size > cap:  # fails alone: the rest of the set may well fit

@@ -178,7 +178,15 @@ class RangedGets:
             from cache.s3 import _error_code, map_error
 
             body = _read_bounded(resp)
-            error = map_error(what, None, resp.status, body, self.client.endpoint_text)
+            error = map_error(
+                what,
+                None,
+                resp.status,
+                body,
+                self.client.endpoint_text,
+                resp.getheaders(),
+                self.client.creds.region,
+            )
             if (
                 resp.status >= 500
                 or getattr(error, "throttled", False)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from cache import procs
+from cache.digests import is_big
 from cache.errors import BusyError, CacheError, CacheFullError, FileSystemFullError
 from cache.index import Entry, Hold, Index
 from cache.layout import Layout, blob_hash, make_private
@@ -463,7 +464,19 @@ class Store:
             Index.adopt_hold(db, row[0], self.owner)
             db.execute("UPDATE holds SET size = ? WHERE id = ?", (spec.size, row[0]))
             return int(row[0])
+        if spec.url and is_big(spec.size):
+            self._drop_stale_partials(db, spec)
         return Index.add_hold(db, tier, spec.size, "landing", spec.blob, spec.url, self.owner)
+
+    def _drop_stale_partials(self, db: sqlite3.Connection, spec: HoldSpec) -> None:
+        """Removes the kept partial downloads of an earlier version of spec's URL (inside the
+        caller's transaction): a partial's name is the hash of URL and version, so once its
+        source changed it can never be resumed, and it stayed in tmp/ at its full size until
+        space was needed."""
+        for hold in Index.stale_landings(db, str(spec.url), spec.blob):
+            if not self._blob_busy(db, hold):
+                self._remove_partial(hold)
+            Index.drop_hold(db, hold.id)
 
     def _pick_victims(
         self, db: sqlite3.Connection, tier: str, to_free: int, files: int = 0

@@ -71,11 +71,6 @@ def test_paths_too_long_fail_alone_saying_why(preloaded: Any, tree: tuple[Path, 
         assert f"over the {PATH_MAX - 1} the kernel opens (PATH_MAX)" in message, message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the kind of a listing's problem is fixed to 'denied' in cache/preload.py; needs "
-    "ObjectInfo.problem_kind (cache/landing.py) and preload.py to use it (cx's report): remove this mark with it",
-)
 def test_paths_too_long_are_not_reported_as_denied(preloaded: Any) -> None:
     # old: both `denied` (exit 4, "a file or directory rq may not read")
     assert [f.kind for f in preloaded.failed] == ["bad_name", "bad_name"]

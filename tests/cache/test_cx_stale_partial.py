@@ -51,11 +51,6 @@ def tmp_files(cache_dir: Path) -> list[str]:
     return sorted(os.listdir(cache_dir / "tmp"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs cache/store.py to drop a URL's kept partials of another version when a new one is "
-    "held (Store._add_or_adopt; cx's report has the patch): remove this mark with it",
-)
 def test_a_partial_of_a_changed_source_is_removed_when_the_new_version_lands(
     tmp_path: Path, ram_dir: Path, big_source: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
