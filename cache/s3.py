@@ -312,6 +312,15 @@ def map_error(
         return NotFoundError(f"bucket not found: {what}")
     if code in ("NoSuchKey",) or status == 404:
         return NotFoundError(f"not found: {what}")
+    if _plain_redirect(code, status, body, headers):
+        # an http endpoint that a proxy sends to https, a load balancer's move: not S3's region
+        # redirect (no S3 code, no region), and not cured by a re-run or by AWS_REGION
+        location = {n.lower(): v for n, v in headers or ()}.get("location", "")
+        moved = MisbehavingStoreError(
+            f"{what}: the endpoint answered HTTP {status}, a redirect to {redact_url(location)}, not an S3 reply"
+        )
+        moved.hint = "rq does not follow redirects: point --endpoint-url at the address it redirects to"
+        return moved
     if code in REGION_CODES or status == 301 or _redirected_by_header(code, status, headers, signed_region):
         # signed for one region, the bucket lives in another: every retry fails the same way
         region = _bucket_region(body, headers)
@@ -354,6 +363,21 @@ def map_error(
         # the CRT's own retries of 5xx ran out; its text repeats its name ("X X: …")
         return OriginError(f"{what}: the store kept answering with an internal error (5xx, {name})")
     return OriginError(f"{what}: {text if text.startswith(name) else f'{name} {text}'.strip()}")
+
+
+def _plain_redirect(
+    code: str, status: int | None, body: bytes | None, headers: list[tuple[str, str]] | None
+) -> bool:
+    """A 3xx that is not S3's: a Location to go to, and no S3 error code or region in its body or
+    headers (a bare 301 that says nothing is read as AWS's region redirect, as before)."""
+    return (
+        status is not None
+        and 300 <= status < 400
+        and status != 304
+        and not code
+        and any(n.lower() == "location" for n, _ in headers or ())
+        and not _bucket_region(body, headers)
+    )
 
 
 def _redirected_by_header(
