@@ -6,6 +6,7 @@ import contextlib
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -35,8 +36,9 @@ def check_commit_offset(group: str, offset: int) -> None:
 class GroupStore:
     """Committed offsets: the next offset the group will read (Kafka's convention)."""
 
-    def __init__(self, topic_dir: Path):
+    def __init__(self, topic_dir: Path, end: Callable[[], int] | None = None):
         self.dir = topic_dir / "groups"
+        self.end = end  # the topic's end offset, to check a stored offset against
 
     def committed(self, group: str) -> int | None:
         path = self.dir / f"{check_group_name(group)}.json"
@@ -47,11 +49,21 @@ class GroupStore:
         except orjson.JSONDecodeError:
             data = None
         value = data.get("committed") if isinstance(data, dict) else None
-        if not isinstance(value, int) or isinstance(value, bool):
+        mend = f"set it again with `rq offsets reset TOPIC --group {group} --to SPEC`"
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             # Written atomically by rq, so this is damage or a hand edit: say which file, never guess.
+            # (rq never stores a negative offset: one read back passed for records aged out.)
+            what = f" ({value})" if isinstance(value, int) and not isinstance(value, bool) else ""
+            raise DamagedGroup(f"the committed offset{what} of group {group} ({path}) is damaged: {mend}")
+        end = self.end() if self.end is not None and value else value
+        if value > end:
+            # rq commits only what a reader read, and a reset clamps to the end: an offset past it
+            # is a hand edit, or records a power cut took back after the group read them (a reader
+            # may read a batch before the writer's fdatasync). Taken as it is, records produced
+            # later at the offsets before it would be skipped for good.
             raise DamagedGroup(
-                f"the committed offset of group {group} ({path}) is damaged: "
-                f"set it again with `rq offsets reset TOPIC --group {group} --to SPEC`"
+                f"the committed offset {value} of group {group} ({path}) is past the end of the topic "
+                f"({end}): records it read are gone; {mend}"
             )
         return value
 

@@ -424,7 +424,7 @@ class TopicLog:
         if not (directory / CONFIG_NAME).is_file():
             raise TopicNotFound(f"topic {directory} does not exist (no {CONFIG_NAME})")
         _read_config(directory)  # a newer format is refused before a byte of it is read
-        self.groups = GroupStore(directory)
+        self.groups = GroupStore(directory, self.end_offset)
 
     def segments(self) -> list[int]:
         return _list_segments(self.dir)
