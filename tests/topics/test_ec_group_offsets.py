@@ -103,3 +103,23 @@ def test_a_commit_killed_at_any_point_leaves_the_old_or_the_new_offset(tmp_path:
         assert now is not None and reported <= now <= reported + 1, (reported, now)  # never behind
         acked = now
     assert TopicLog(t).groups.groups() == ["g"]
+
+
+def test_temp_files_of_killed_commits_are_swept_not_piled_up(tmp_path: Path) -> None:
+    # A commit killed between its temp file and the rename left `.g.json.PID.RAND.tmp` in
+    # groups/ for good (2 of them in the 20 kills above). The next commit of the group removes
+    # the stale ones; one of a commit still in flight (fresh) stays, and other groups' stay.
+    t = tmp_path / "t"
+    log = _topic(t, 10)
+    log.groups.commit("g", 1)
+    groups = t / "groups"
+    stale = [groups / ".g.json.4242.aaaaaaaaaaaa.tmp", groups / ".other.json.4242.bbbbbbbbbbbb.tmp"]
+    fresh = groups / ".g.json.4343.cccccccccccc.tmp"
+    for p in (*stale, fresh):
+        p.write_bytes(b'{"committed":')
+    old = os.stat(fresh).st_mtime - 2 * 3600
+    for p in stale:
+        os.utime(p, (old, old))
+    log.groups.commit("g", 2)
+    assert sorted(p.name for p in groups.iterdir()) == sorted(["g.json", fresh.name, stale[1].name])
+    assert log.groups.committed("g") == 2 and log.groups.groups() == ["g"]

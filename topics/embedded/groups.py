@@ -14,6 +14,8 @@ import orjson
 from topics.embedded.files import SHARED_DIR, fsync_dir, not_writable, write_atomic
 from topics.errors import DamagedGroup, SpecError
 
+STALE_TMP_S = 3600  # a commit's temp file older than this was left by a commit that died
+
 _GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -80,6 +82,20 @@ class GroupStore:
             write_atomic(self.dir / f"{group}.json", orjson.dumps(body))
         except OSError as exc:
             raise not_writable(f"the offset of group {group}", exc) or exc from None
+        self._sweep(group)
+
+    def _sweep(self, group: str) -> None:
+        """Removes the temp files of this group's commits killed before their rename (kill -9, a
+        power cut): one each, never removed, they piled up in groups/. Only ones untouched for
+        STALE_TMP_S: a commit in flight in another process (its temp is seconds old) keeps its own."""
+        prefix = f".{group}.json."
+        cutoff = time.time() - STALE_TMP_S
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.dir):
+                if entry.name.startswith(prefix) and entry.name.endswith(".tmp"):
+                    with contextlib.suppress(OSError):
+                        if entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                            os.unlink(entry.path)
 
     def groups(self) -> list[str]:
         if not self.dir.is_dir():
