@@ -30,6 +30,7 @@ from cache.digests import file_digest
 from cache.errors import (
     BadSourceError,
     CacheError,
+    CacheFullError,
     NotFoundError,
     OriginError,
     UnreachableError,
@@ -715,9 +716,10 @@ class Cache:
         self._last_flush = time.monotonic()
         try:
             self._proc.index.touch(touched)
-        except Exception:
-            if force:
-                raise  # LRU order is advisory; losing a batch of stamps is fine mid-run
+        except Exception as exc:
+            if force and not isinstance(exc, CacheFullError):
+                raise  # LRU order is advisory; losing a batch of stamps is fine mid-run, or when
+                # the index's file system is full (close() must not fail for a stamp)
 
     def _fetch_one(
         self, url: str, tier: str, info: ObjectInfo | None = None, keep_open: bool = False
@@ -914,14 +916,13 @@ class Cache:
         """(evicted, skipped because open or pinned)."""
         state = self._state()
         done = skipped = 0
+        full: list[Entry] = []
         for entry in self.iter_entries(pattern):
             if entry.pinned:
                 skipped += 1
-            elif state.store.remove(entry):
-                done += 1
             else:
-                skipped += 1
-        return done, skipped
+                done, skipped = _count_removal(state.store, entry, full, done, skipped)
+        return _finish_removals(state.store, full, done, skipped)
 
     def pin(self, pattern: str, pinned: bool = True) -> int:
         """How many entries match; they are (un)pinned a page at a time, one transaction each."""
@@ -936,11 +937,10 @@ class Cache:
         """Evicts everything not open (pins included); removes stale partial downloads."""
         state = self._state()
         done = skipped = 0
+        full: list[Entry] = []
         for entry in self.iter_entries():
-            if state.store.remove(entry):
-                done += 1
-            else:
-                skipped += 1
+            done, skipped = _count_removal(state.store, entry, full, done, skipped)
+        done, skipped = _finish_removals(state.store, full, done, skipped)
         with state.index.write() as db:
             for hold in Index.holds(db):
                 if hold.kind == "landing" and hold.pid == 0:
@@ -950,6 +950,27 @@ class Cache:
 
     def collect(self) -> dict[str, int]:
         return self._state().store.collect(sweep_objects=True)
+
+
+def _count_removal(store: Store, entry: Entry, full: list[Entry], done: int, skipped: int) -> tuple[int, int]:
+    """One entry of `evict`/`clear` removed, counted. On a full file system its file is unlinked
+    but its row may not be deletable yet (a RAM file frees no disk space): it is kept in `full`
+    for _finish_removals, once other files have freed some."""
+    try:
+        removed = store.remove(entry)
+    except CacheFullError:
+        full.append(entry)
+        return done, skipped
+    return (done + 1, skipped) if removed else (done, skipped + 1)
+
+
+def _finish_removals(store: Store, full: list[Entry], done: int, skipped: int) -> tuple[int, int]:
+    """Deletes the rows of the entries whose files _count_removal unlinked on a full file system
+    (CacheFullError if there is still no space: their rows name missing files, which open fetches
+    again and `rq cache verify --repair` drops)."""
+    for entry in full:
+        done, skipped = (done + 1, skipped) if store.remove(entry) else (done, skipped + 1)
+    return done, skipped
 
 
 class Prefetcher:

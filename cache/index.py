@@ -170,6 +170,26 @@ def _not_writable(path: Path) -> str | None:
     return None
 
 
+def _full(path: Path, exc: sqlite3.Error) -> str | None:
+    """Why an index that failed to open for writing (SQLITE_FULL, or the disk I/O error SQLite
+    answers when it cannot make its -shm) may be opened read-only instead: its file system has no
+    space left. Read-only there, rq serves what is cached; `rq cache clear`/`evict` free space
+    first (Store.remove unlinks before it writes the index)."""
+    text = str(exc).lower()
+    if "full" not in text and "disk i/o" not in text:
+        return None
+    try:
+        fs = os.statvfs(path.parent)
+    except OSError:
+        return None
+    if fs.f_bavail * fs.f_frsize >= 1 << 20 and (fs.f_files == 0 or fs.f_favail > 0):
+        return None  # space enough: a real I/O error, not the file system being full
+    return FULL
+
+
+FULL = "its file system is full"
+
+
 def _statements(script: str) -> Iterator[str]:
     """The statements of a script, one at a time (a trigger's body holds semicolons): run inside
     a transaction, where executescript() cannot go (it commits first)."""
@@ -211,6 +231,7 @@ class Index:
     def __init__(self, path: Path, busy_timeout_s: float = 60.0):
         self.path = path
         self._lock = threading.RLock()
+        self._busy_timeout_s = busy_timeout_s
         try:
             self._db = sqlite3.connect(
                 str(path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
@@ -234,7 +255,7 @@ class Index:
             raise
         except sqlite3.Error as exc:
             self._db.close()
-            why = _not_writable(path)
+            why = _not_writable(path) or _full(path, exc)
             if why is None or not self._open_read_only(busy_timeout_s, why):
                 if why is not None and isinstance(exc, sqlite3.OperationalError):
                     raise CacheError(f"cannot use the cache index {path}: {exc} ({why})") from exc
@@ -322,6 +343,41 @@ class Index:
             self._db, self.readonly, self._why_readonly = db, True, why
             return True
         return False
+
+    @property
+    def full(self) -> bool:
+        """Opened read-only because its file system had no space left (see _full)."""
+        return self.readonly and self._why_readonly == FULL
+
+    @property
+    def why_readonly(self) -> str:
+        return self._why_readonly
+
+    def reopen_writable(self) -> None:
+        """Opens an index read-only for want of space (`full`) for writing again, once space was
+        freed (Store.remove unlinked a file); stays read-only while it still cannot be."""
+        if not self.full:
+            return
+        with self._lock:
+            try:
+                db = sqlite3.connect(
+                    str(self.path),
+                    timeout=self._busy_timeout_s,
+                    isolation_level=None,
+                    check_same_thread=False,
+                )
+            except sqlite3.Error:
+                return
+            try:
+                old, self._db = self._db, db
+                self._use_wal(self._busy_timeout_s)
+                self._db.execute("PRAGMA synchronous=NORMAL")
+            except sqlite3.Error:
+                self._db = old
+                db.close()
+                return
+            old.close()
+            self.readonly, self._why_readonly = False, ""
 
     def check_writable(self) -> None:
         """Raises ReadOnlyCacheError when the index was opened read-only."""
@@ -503,10 +559,15 @@ class Index:
             )
 
     def mark_checked(self, urls: list[str], when: float) -> None:
+        """Best effort, like the LRU stamps: on a full file system the entry is still served, and
+        its origin asked again next time."""
         if self.readonly:
             return  # (a read-only cache asks its origin again next time: it cannot remember)
-        with self.write() as db:
-            db.executemany("UPDATE entries SET checked_at = ? WHERE url = ?", [(when, u) for u in urls])
+        try:
+            with self.write() as db:
+                db.executemany("UPDATE entries SET checked_at = ? WHERE url = ?", [(when, u) for u in urls])
+        except CacheFullError:
+            pass
 
     def set_pinned(self, urls: list[str], pinned: bool) -> int:
         with self.write() as db:

@@ -678,19 +678,43 @@ class Store:
         fd = lock_exclusive(path)
         if fd is None:
             return False
-        with self.index.write() as db:
-            current = self.index.get(entry.url, db)
-            if (
+
+        def gone(current: Entry | None) -> bool:
+            return (
                 current is None
                 or current.blob != entry.blob
                 or current.tier != entry.tier
                 or (same_landing and current.created != entry.created)
-            ):
-                if fd >= 0:
-                    os.close(fd)
-                return True  # already replaced or gone
-            Index.delete(db, entry.url)
-            hid = Index.add_hold(db, entry.tier, entry.size, "evicting", entry.blob, entry.url, self.owner)
+            )
+
+        try:
+            if self.index.full:
+                raise CacheFullError(self.index.why_readonly)
+            with self.index.write() as db:
+                current = self.index.get(entry.url, db)
+                if gone(current):
+                    if fd >= 0:
+                        os.close(fd)
+                    return True  # already replaced or gone
+                Index.delete(db, entry.url)
+                hid = Index.add_hold(
+                    db, entry.tier, entry.size, "evicting", entry.blob, entry.url, self.owner
+                )
+        except CacheFullError:
+            # The index's file system is full: SQLite needs a little space to delete a row (or to
+            # open the index for writing at all). The file goes first (no reader has it: LOCK_EX
+            # held), which frees space; the row after. A crash between leaves a row naming a
+            # missing file: open takes it as gone (fetches it again), `rq cache verify` reports it
+            # and --repair drops it.
+            if fd >= 0:
+                if not gone(self.index.get(entry.url)):
+                    unlink_quiet(path)
+                os.close(fd)
+            self.index.reopen_writable()
+            with self.index.write() as db:  # still full (a RAM file freed no disk): CacheFullError
+                if not gone(self.index.get(entry.url, db)):
+                    Index.delete(db, entry.url)
+            return True
         if fd >= 0:  # (a file missing when we looked: one there now is another landing's)
             unlink_quiet(path)
             os.close(fd)
