@@ -91,6 +91,18 @@ class NonEmptyText(_NonEmpty, click.types.StringParamType):
     """Text that may not be '' (`--listen ""`: see _NonEmpty)."""
 
 
+class OnePerLine(click.types.StringParamType):
+    """Text for a repeatable option whose environment variable holds one value per line: Click
+    splits such a variable at any white space, so RQ_PRELOAD_EXCLUDE='f g.tar' excluded `f` and
+    `g.tar`, and the object named in it was fetched. A pattern or a header may hold spaces; a
+    line break never does (and a config file's string is one value, as before)."""
+
+    name = "text"
+
+    def split_envvar_value(self, rv: str) -> list[str]:
+        return [line for line in rv.splitlines() if line]
+
+
 class CommandEnvFirst(click.Option):
     """An option with a well-known environment variable (RQ_CACHE_DIR, AWS_ENDPOINT_URL) that the
     command's own RQ_<COMMAND>_<OPTION> still overrides. Click reads the named variable first and

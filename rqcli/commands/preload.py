@@ -16,7 +16,7 @@ from rqcli import malloc, teardown
 from rqcli.errors import CliError, interruption
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
-from rqcli.params import CommandEnvFirst, NonEmptyPath
+from rqcli.params import CommandEnvFirst, NonEmptyPath, OnePerLine
 
 
 def cache_error_to_cli(exc: Exception, sources: tuple[str, ...] = ()) -> CliError:
@@ -214,9 +214,13 @@ EXIT_FOR_KIND = {
 @click.command()
 @click.argument("sources", nargs=-1, required=True)
 @click.option(
-    "--include", multiple=True, metavar="GLOB", help="Only keys (relative to the source) matching GLOB."
+    "--include",
+    type=OnePerLine(),
+    multiple=True,
+    metavar="GLOB",
+    help="Only keys (relative to the source) matching GLOB.",
 )
-@click.option("--exclude", multiple=True, metavar="GLOB", help="Skip keys matching GLOB.")
+@click.option("--exclude", type=OnePerLine(), multiple=True, metavar="GLOB", help="Skip keys matching GLOB.")
 @click.option(
     "--tier", type=click.Choice(["ram", "disk"]), default="disk", show_default=True, help="Tier to fill."
 )
@@ -513,7 +517,9 @@ def _preload(
     if result.failed:
         kinds = {f.kind for f in result.failed}
         code = EXIT_FOR_KIND.get(kinds.pop(), ExitCode.FAILURE) if len(kinds) == 1 else ExitCode.FAILURE
-        raise CliError(f"{len(result.failed)} of {len(result.failed) + result.objects} objects failed", code)
+        # (a dry run fetches nothing: its objects are those it would fetch)
+        done = result.planned_objects if dry_run else result.objects
+        raise CliError(f"{len(result.failed)} of {len(result.failed) + done} objects failed", code)
 
 
 @dataclass
