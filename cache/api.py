@@ -259,7 +259,8 @@ class Cache:
                 return ram_root
         raise UnsafeDirError(
             f"no free RAM tier directory name for {self.root} in /dev/shm (all 16 are taken, some by "
-            "other users?); give the cache a ram_dir of your own (--ram-dir)"
+            "other users?): remove those of yours no cache uses (rq cache orphans --remove), or "
+            "give the cache a RAM tier directory of your own (the library's Cache(ram_dir=...))"
         )
 
     def _hold_ram_root(self, tighten: bool) -> None:
@@ -373,6 +374,9 @@ class Cache:
         # (cap to put back or None, cap given) of each tier whose limit this Cache asked for:
         # restore_limits() puts the first back, keep_limits() (close) keeps the second
         self._replaced: dict[str, tuple[int | None, int]] = {}
+        # a limit set here takes effect at this Cache's first use (_state), evicting (RAM:
+        # demoting) down to it as `rq preload --ram-limit` does; its preload does so itself
+        self._shrink_due = False
         self._claim = f"{os.getpid()}:{procs.start_time(os.getpid()) or 0}:{os.urandom(6).hex()}"
         for tier, given in (("ram", ram_limit), ("disk", disk_limit)):
             stored = stored_size(index.setting(f"{tier}_limit"))
@@ -410,6 +414,7 @@ class Cache:
             Index.put_setting(db, f"{tier}_limit_owner", self._claim)
             Index.put_setting(db, f"{tier}_limit_prior", "" if before is None else str(before))
         self._replaced[tier] = (before, given)
+        self._shrink_due = True
         return given
 
     def restore_limits(self) -> None:
@@ -425,6 +430,8 @@ class Cache:
 
     def _release_limits(self, restore: bool) -> None:
         replaced, self._replaced = self._replaced, {}
+        if restore:
+            self._shrink_due = False  # (a cap about to be put back: nothing to evict for it)
         if not replaced:
             return
         index = self._state().index
@@ -451,6 +458,9 @@ class Cache:
                 index = Index(self.layout.index_path)
                 self._proc = _ProcState(os.getpid(), index, Store(self.layout, index, self.caps))
                 self._prefetcher = None  # threads do not survive fork
+                if self._shrink_due and not index.readonly:
+                    self._shrink_due = False
+                    self._proc.store.shrink()
             return self._proc
 
     def __getstate__(self) -> dict[str, Any]:
@@ -782,6 +792,7 @@ class Cache:
         skipping what is cached at the same version (rq preload; docs/cache.md)."""
         from cache.preload import run_preload
 
+        self._shrink_due = False  # the preload evicts down once its listing answered (preload.py)
         return run_preload(
             self,
             sources,
