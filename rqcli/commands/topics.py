@@ -1927,13 +1927,32 @@ def offsets(
             lost = find_lost() if callable(find_lost) else []
             records -= sum(b - a + 1 for a, b, _ in lost)
             names = [check_group_name(group)] if group else source.groups()
-            rows = []
+            rows: list[dict[str, object]] = []
+            damaged: list[str] = []
+            server_lag = getattr(source, "group_lag", None)  # JetStream: from consumer info
             for name in names:
-                committed = source.committed(name)
-                lag = end - max(committed if committed is not None else first, first)
-                server_lag = getattr(source, "group_lag", None)  # JetStream: from consumer info
-                if callable(server_lag) and committed is not None:
+                try:
+                    committed = source.committed(name)
+                except SpecError as exc:
+                    if group:
+                        raise
+                    # another application's durable consumer whose name no rq group can have
+                    # ("a$b", "é-x"): one such made the whole listing fail
+                    out.warn(f"skipped consumer {safe_text(repr(name))}: not an rq group name ({exc})")
+                    continue
+                except DamagedGroup as exc:
+                    # one bad group file hid the topic and every good group: shown, marked, exit 5
+                    damaged.append(str(exc))
+                    rows.append({"group": name, "committed": None, "lag": None, "damaged": str(exc)})
+                    continue
+                if committed is None:
+                    # a group at the start: every record of the topic (on JetStream `end - first`
+                    # counted other subjects' messages and deleted sequences)
+                    lag = records if callable(server_lag) else end - first
+                elif callable(server_lag):
                     lag = server_lag(name)
+                else:
+                    lag = end - max(committed, first)
                 rows.append({"group": name, "committed": committed, "lag": max(lag, 0)})
         finally:
             source.close()
@@ -1948,6 +1967,7 @@ def offsets(
             info["lost"] = [[a, b] for a, b, _ in lost]
         if out.json:
             out.emit({**info, "groups": rows})
+            _say_damaged(out, damaged, lost)
             _say_lost(out, lost)
             return
         from rich.table import Table
@@ -1963,9 +1983,25 @@ def offsets(
                 table.add_column(col)
             for row in rows:
                 shown = "-" if row["committed"] is None else str(row["committed"])  # nothing committed yet
-                table.add_row(Text(safe_text(str(row["group"]))), shown, str(row["lag"]))
+                lag_shown = str(row["lag"])
+                if "damaged" in row:
+                    shown, lag_shown = "damaged", "-"
+                table.add_row(Text(safe_text(str(row["group"]))), shown, lag_shown)
             out.table(table)  # rich on a terminal, tab-separated lines into a pipe
+        _say_damaged(out, damaged, lost)
         _say_lost(out, lost)
+
+
+def _say_damaged(out: Output, damaged: list[str], lost: list[tuple[int, int, str]]) -> None:
+    """Groups whose committed offset is damaged: shown in the listing, then exit 5 (after `lost`
+    when the log has lost ranges too)."""
+    if not damaged:
+        return
+    for why in damaged if lost else damaged[:-1]:
+        out.warn(why)
+    if not lost:
+        more = f" ({len(damaged)} groups damaged in all)" if len(damaged) > 1 else ""
+        raise CliError(f"{damaged[-1]}{more}", ExitCode.VERIFY)
 
 
 def _say_lost(out: Output, lost: list[tuple[int, int, str]]) -> None:

@@ -527,10 +527,13 @@ def _total(info: Any) -> int:
     return int(info.num_pending or 0) + int(delivered or 0)
 
 
-_DURABLE = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+# fullmatch: `$` would also match before a final newline ("g\n" passed, then nats-py refused it)
+_DURABLE = re.compile(r"[A-Za-z0-9_-]{1,128}")
 # how long a seek by time waits for the first record of a stream its consumer says holds some
 SEEK_WAIT_S = 10.0
-_LAST_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z: the last instant datetime can hold
+# 2262-04-11T23:47:16.854Z: the last millisecond nanoseconds since 1970 fit in an int64 (the
+# server's time); a later start time wrapped round there and found sequence 1
+_LAST_MS = (2**63 - 1) // 1_000_000
 
 
 _COMMIT_TRIES = 8
@@ -553,8 +556,11 @@ def _crash_point(where: str) -> None:
 
 def _durable(group: str) -> str:
     """A group is a durable consumer name; NATS refuses '.', '*', '>' and spaces in those."""
-    if not _DURABLE.match(group):
+    if not _DURABLE.fullmatch(group):
         raise SpecError(f"bad group name {group!r} for JetStream: use letters, digits, '_' or '-' (no dots)")
+    if group.startswith(_MARKER_PREFIX):
+        # rq's own marker consumers (a group being moved) have it: such a group would never be listed
+        raise SpecError(f"bad group name {group!r} for JetStream: the prefix {_MARKER_PREFIX!r} is rq's own")
     return group
 
 
@@ -872,8 +878,8 @@ class JetStreamSource:
         """First sequence stamped at or after ts_ms: an ordered consumer started by time tells us."""
         from nats.js.api import ConsumerConfig, DeliverPolicy
 
-        # Every stamp lies within 1970..9999; beyond them (`@-9000000w`, a zone past year 9999)
-        # the answer is known, and datetime could not hold the time anyway.
+        # Every stamp lies within 1970..2262-04-11 (the server's int64 nanoseconds); beyond them
+        # (`@-9000000w`, `@3000-01-01`) the answer is known: the start, or past every record.
         if ts_ms <= 0:
             return self.first_offset()
         if ts_ms > _LAST_MS:
