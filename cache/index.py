@@ -380,9 +380,12 @@ class Index:
             self.readonly, self._why_readonly = False, ""
 
     def check_writable(self) -> None:
-        """Raises ReadOnlyCacheError when the index was opened read-only."""
+        """Raises ReadOnlyCacheError when the index was opened read-only (CacheFullError when for
+        want of space)."""
         if not self.readonly:
             return
+        if self.full:  # (no space to open it for writing: exit 7, free space there)
+            raise CacheFullError(f"no space left on the file system of the cache index {self.path}")
         raise ReadOnlyCacheError(
             f"the cache {self.path.parent} is read-only ({self._why_readonly}): rq can read it "
             "(rq cache ls, du, stat, verify, cat, path) but not change it"

@@ -93,6 +93,14 @@ c.preload([str(src / "f2"), str(src / "f3")], tier="disk")
 c.close()
 fill()
 out["closed_reopen"] = reopen_and_read()
+(src / "new").write_bytes(b"N" * 1000)
+c = Cache(cd)
+try:
+    c.read_bytes(str(src / "new"))
+    out["closed_miss"] = "served"
+except Exception as exc:
+    out["closed_miss"] = type(exc).__name__
+c.close()
 for name in ("du", "ls"):
     run = subprocess.run([*rq, name, "--cache-dir", str(cd)], capture_output=True)
     out[name + "_full"] = [run.returncode, run.stderr.decode()[-300:]]
@@ -130,6 +138,7 @@ def test_full_disk_serves_and_clears(tmp_path: Path) -> None:
     assert out["verify"][0] == 0, out
     assert out["ls"].strip() == "", out
     assert out["closed_reopen"] == everything, out
+    assert out["closed_miss"] == "CacheFullError", out  # exit 7, not "read-only" (exit 2)
     assert out["du_full"][0] == 0, out
     assert out["ls_full"][0] == 0, out
     assert out["evict_full"][0] == 0, out
