@@ -498,8 +498,7 @@ def _preload(
     if result.demoted_full:
         out.warn(
             f"{result.demoted_full} of the objects asked for in the RAM tier are in the disk tier: "
-            f"the RAM tier's file system under {c.layout.ram_root} is full (space or inodes taken "
-            "by files that are not rq's); free some there"
+            f"the RAM tier's file system under {c.layout.ram_root} is full ({_ram_fs_why(c, caps)})"
         )
     if result.not_resident:
         from cache.sizes import format_size
@@ -588,4 +587,30 @@ def report(out: Output, summary: dict[str, Any], dry_run: bool) -> None:
     out.info(
         f"{verb} {objects} objects ({mib:.1f} MiB) in {summary['seconds']:.2f} s "
         f"({summary['mb_per_s']:.0f} MB/s); {skipped} already cached; {summary['failed']} failed"
+    )
+
+
+def _ram_fs_why(c: Any, caps: dict[str, int]) -> str:
+    """Why the RAM tier's file system was full, from what the index says the tier holds against
+    the file system's size: rq's own entries (the cap is above what it holds), or others' files."""
+    import os
+
+    from cache import CacheError
+    from cache.sizes import format_size
+
+    try:
+        held = int(c.usage()["ram"]["bytes"])
+        fs = os.statvfs(c.layout.ram_root)
+    except (OSError, CacheError):
+        return "free some there"
+    size = fs.f_blocks * fs.f_frsize
+    if held * 2 >= size:
+        return (
+            f"rq's RAM tier holds {format_size(held)} of its {format_size(size)}: the RAM tier's cap of "
+            f"{format_size(caps['ram'])} is more than it can hold; lower --ram-limit below "
+            f"{format_size(size)}, or preload less"
+        )
+    return (
+        f"rq's RAM tier holds {format_size(held)} of its {format_size(size)}; the rest is taken by "
+        "files that are not rq's: free some there"
     )

@@ -20,10 +20,6 @@ pytestmark = [
         os.geteuid() != 0 or shutil.which("unshare") is None,
         reason="needs root and unshare(1) for a mount namespace",
     ),
-    pytest.mark.xfail(
-        strict=True,
-        reason="the warning is rqcli/commands/preload.py's (not fl's file): patch in fl's report",
-    ),
 ]
 
 SCRIPT = r"""
