@@ -1503,18 +1503,35 @@ def replay(
                         bar.add_task("replay", total=max(stop - start, 0) if stop else None) if bar else None
                     )
 
+                    def commit_read(r: Result) -> None:
+                        """A follow's commit, at most one a second: after a batch, and while it
+                        waits for more (a backlog read then a quiet topic stayed uncommitted
+                        until the next record or the end: a kill -9 re-read all of it)."""
+                        if not (commit and group and follow) or time.monotonic() - last_commit[0] <= 1.0:
+                            return
+                        if r.next_offset <= (committed_to[0] if committed_to else start):
+                            return  # nothing read since
+                        with stops.storing():
+                            source.commit(group, r.next_offset)
+                            committed_to[:] = [r.next_offset]
+                        last_commit[0] = time.monotonic()
+
                     def progress(r: Result) -> None:
                         if keep_pinned:
                             pinned[0] = r.snapshot()
                         if bar is not None and task is not None:
                             bar.update(task, completed=r.next_offset - start)
-                        if commit and group and follow and time.monotonic() - last_commit[0] > 1.0:
-                            with stops.storing():
-                                source.commit(group, r.next_offset)
-                                committed_to[:] = [r.next_offset]
-                            last_commit[0] = time.monotonic()
+                        commit_read(r)
 
-                    watch = _reader_watch() if writer is not None else None
+                    reader_watch = _reader_watch() if writer is not None else None
+
+                    def watch() -> None:
+                        # idle: the follow waits for records (or the pacer sleeps between parts
+                        # of a batch: res is still the batch before, all of it written out)
+                        if reader_watch is not None:
+                            reader_watch()
+                        commit_read(res)
+
                     gaps = _aged_out_reporter(out, ref.url, source)
 
                     def count_shown(records: Sequence[Record]) -> None:
