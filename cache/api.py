@@ -1348,7 +1348,14 @@ def _match(url: str, pattern: str) -> bool:
         return True
     if pattern.endswith("/") and url.startswith(pattern):
         return True
+    if not _GLOB.search(pattern) and url.startswith(pattern + "/"):
+        # a prefix without its slash, as `rq preload s3://b/train` takes it: what is under it
+        # (`rq cache ls /data/set` after `rq preload /data/set` listed nothing, exit 3)
+        return True
     return fnmatch.fnmatchcase(url, pattern)
+
+
+_GLOB = re.compile(r"[*?\[]")
 
 
 __all__ = ["Cache", "Prefetcher", "ev"]
