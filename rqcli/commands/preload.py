@@ -29,6 +29,11 @@ def cache_error_to_cli(exc: Exception, sources: tuple[str, ...] = ()) -> CliErro
         hint = _glob_hint(sources, str(exc))
         if hint is not None:
             return CliError(safe_text(str(exc)), ExitCode.NOT_FOUND, hint=hint)
+        if "matches --include/--exclude" in str(exc):
+            # the listing found objects: the filters left none, so "check the bucket" points away
+            # from the cause, often aws s3's idiom (`--exclude '*' --include '*.tar'`), where
+            # the later filter wins; here any --exclude beats every --include
+            return CliError(safe_text(str(exc)), ExitCode.NOT_FOUND, hint=_FILTER_HINT)
 
     table: list[tuple[type[Exception], ExitCode, str | None]] = [
         (e.BadSourceError, ExitCode.USAGE, None),
@@ -90,6 +95,13 @@ def _glob_hint(sources: tuple[str, ...], message: str) -> str | None:
         example = f"rq preload {shlex.quote(base or '.')} --include {shlex.quote(glob)}"
         return f"SOURCE is a prefix or directory, not a pattern: use --include, e.g. `{example}`"
     return None
+
+
+_FILTER_HINT = (
+    "patterns are matched against keys relative to the SOURCE; an --exclude wins over every --include, "
+    "whatever their order (as s5cmd; not aws s3's \"last filter wins\"): for `--exclude '*' --include '*.tar'` "
+    "give `--include '*.tar'` alone"
+)
 
 
 _DESCRIPTORS_HINT = (

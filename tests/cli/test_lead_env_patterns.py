@@ -52,3 +52,16 @@ def test_a_dry_runs_failure_line_counts_what_it_would_fetch(tmp_path: Path) -> N
     )
     # old: "1 of 1 objects failed"
     assert r.returncode == 1 and b"rq: error: 1 of 3 objects failed" in r.stderr, r.stderr
+
+
+def test_filters_that_leave_nothing_say_an_exclude_wins(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.tar").write_bytes(b"x")
+    r = run_rq(
+        "preload", str(src), "--dry-run", "--exclude", "*", "--include", "*.tar",
+        "--cache-dir", str(tmp_path / "c"), env={"RQ_CONFIG": "/dev/null"},
+    )  # fmt: skip
+    # old hint: "check the bucket, prefix or path" (the listing had found the object)
+    assert r.returncode == 3, r.stderr
+    assert b"an --exclude wins over every --include" in r.stderr and b"check the bucket" not in r.stderr
