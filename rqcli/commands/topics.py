@@ -2057,18 +2057,33 @@ def _reset(
                 + ("reset would replace it" if dry_run else "replacing it")
             )
             before = None
-        target = min(resolve(pos, source), source.end_offset())
+        asked, end = resolve(pos, source), source.end_offset()
+        target = min(asked, end)
+        # an offset outside the topic is moved inside it: said, not done silently
+        clamped = "end" if asked > end else None
+        if pos.kind == "offset" and pos.value < target:
+            clamped = "start"
         if not dry_run:
             source.commit(group, target)
     finally:
         source.close()
-    out.emit({"topic": ref.url, "group": group, "before": before, "after": target, "dry_run": dry_run})
+    out.emit(
+        {
+            "topic": ref.url,
+            "group": group,
+            "before": before,
+            "after": target,
+            "dry_run": dry_run,
+            "clamped": clamped,
+        }
+    )
     verb = "would move" if dry_run else "moved"
     shown = "-" if before is None else before  # a new group: as `rq offsets` shows it
+    note = f" (clamped to the {clamped} {target})" if clamped else ""
     # a dry run's line is its whole answer (-q keeps it); after a real move it is a report, like
     # the counts -q drops elsewhere
     say = out.result if dry_run else out.info
-    say(f"{verb} group {safe_text(group)} on {safe_text(ref.url)} from {shown} to {target}")
+    say(f"{verb} group {safe_text(group)} on {safe_text(ref.url)} from {shown} to {target}{note}")
 
 
 for _command, _name in ((produce, "produce"), (tail, "tail"), (replay, "replay"), (offsets, "offsets")):

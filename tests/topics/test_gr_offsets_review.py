@@ -139,3 +139,35 @@ def test_bad_jetstream_group_names_are_usage_errors(stream: tuple[str, str], gro
         assert "bad group name" in r.stderr.decode()
     listed = _json(run_rq("offsets", topic, "--json"))
     assert listed["groups"] == []
+
+
+# -- 8. reset clamps past the end / before the start, and says so --------------------------------
+
+
+def test_reset_says_when_it_clamped(stream: tuple[str, str], tmp_path: Path) -> None:
+    url, name = stream
+    publish(url, f"{name}.a", [b"1", b"2", b"3", b"4"])
+
+    async def purge(js: Any) -> None:
+        await js.purge_stream(name, keep=2)
+
+    js_call(url, purge)
+    topic = f"{url}/{name}/{name}.a"
+    for to, after, clamped in (("100", 5, "end"), ("1", 3, "start"), ("4", 4, None)):
+        got = _json(run_rq("offsets", "reset", topic, "--group", "g", "--to", to, "--dry-run", "--json"))
+        assert (got["after"], got["clamped"]) == (after, clamped)  # was: no "clamped" key
+        line = run_rq("offsets", "reset", topic, "--group", "g", "--to", to, "--dry-run").stdout.decode()
+        assert line.rstrip().endswith(
+            f"to {after}" + (f" (clamped to the {clamped} {after})" if clamped else "")
+        )
+    env = {"RQ_TOPICS_DIR": str(tmp_path)}
+    assert run_rq("produce", "T", input=b"1\n2\n", env=env).returncode == 0
+    got = _json(run_rq("offsets", "reset", "T", "--group", "g", "--to", "9", "--json", env=env))
+    assert got == {
+        "topic": str(tmp_path / "T"),
+        "group": "g",
+        "before": None,
+        "after": 2,
+        "dry_run": False,
+        "clamped": "end",
+    }
