@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import struct
 from pathlib import Path
 
 import orjson
 import pytest
 from rqtest import run_rq
+from test_ec_crash_consistency import kill_9_after
 
 from rqcli.exitcodes import ExitCode
 from topics.embedded.log import LogWriter, TopicLog
@@ -76,28 +76,13 @@ def test_a_commit_killed_at_any_point_leaves_the_old_or_the_new_offset(tmp_path:
     rnd = random.Random(7)
     acked = 0
     for _ in range(20):
-        rfd, wfd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child never returns
-            os.close(rfd)
-            try:
-                for k in range(acked + 1, 100_000):
-                    log.groups.commit("g", k)
-                    os.write(wfd, struct.pack("<q", k))
-            finally:
-                os._exit(0)
-        os.close(wfd)
-        got = b""
-        while len(got) < 8 * rnd.randint(1, 30):  # let it commit a few, then kill it mid-way
-            chunk = os.read(rfd, 8)
-            if not chunk:
-                break
-            got += chunk
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        while chunk := os.read(rfd, 4096):
-            got += chunk
-        os.close(rfd)
+
+        def commits(wfd: int, start: int = acked + 1) -> None:
+            for k in range(start, 100_000):
+                log.groups.commit("g", k)
+                os.write(wfd, struct.pack("<q", k))
+
+        got = kill_9_after(commits, 8 * rnd.randint(1, 30))  # a few commits, then SIGKILL mid-way
         reported = max(struct.unpack(f"<{len(got) // 8}q", got[: len(got) // 8 * 8]), default=acked)
         now = TopicLog(t).groups.committed("g")
         assert now is not None and reported <= now <= reported + 1, (reported, now)  # never behind

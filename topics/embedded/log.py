@@ -10,7 +10,8 @@ Durability: a batch is written and fdatasync'ed before `append` returns, and onl
 so an acknowledged batch survives kill -9 and power loss. The writer's open checks the last batches of
 the newest segment and truncates a torn tail (a batch cut short: all a crash can leave); readers
 verify every batch's CRC and never return a record that fails it. A full-length batch that fails its
-CRC, even the newest, is corruption, never truncated. Corruption is raised as CorruptRecord with its offset, or skipped
+CRC, even the newest, is corruption, never truncated, unless nothing but zeros follows its header to
+the end of the file (its header reached the disk and its records did not: a torn write). Corruption is raised as CorruptRecord with its offset, or skipped
 (and reported through `on_corrupt`) when the reader is asked to.
 """
 
@@ -164,12 +165,29 @@ class _View:
         extent = pos + fmt.BATCH_SIZE + hdr.payload_len
         if extent <= self.stable:
             return extent
-        if extent > os.fstat(self.fd).st_size:
+        if extent > os.fstat(self.fd).st_size or self.zeros_from(pos + fmt.BATCH_SIZE):
             return -1
         if extent > self.size:
             self.refresh()
         self.stable = extent
         return extent
+
+    def zeros_from(self, pos: int) -> bool:
+        """True when the bytes from pos to the end of the file are all zeros (read with pread:
+        they are not stable). After a valid batch header, that is a header that reached the disk
+        while its records did not (a power cut, the file's size already extended): a real
+        record's length field is never 0, so only such a torn write makes the first 4 zeros."""
+        if os.pread(self.fd, 4, pos) != b"\0\0\0\0":
+            return False
+        end = os.fstat(self.fd).st_size
+        while pos < end:
+            part = os.pread(self.fd, min(end - pos, 1 << 20), pos)
+            if not part:
+                break  # cut shorter meanwhile
+            if part.count(0) != len(part):
+                return False
+            pos += len(part)
+        return True
 
     def copy(self, pos: int, end: int) -> bytes:
         """Bytes pos..end (fewer if the file is shorter now): a private copy to search unstable
@@ -321,10 +339,12 @@ def _walk(view: _View, size: int, pos: int, end: int, last_ts: int) -> tuple[int
         hdr = view.header(pos)
         if hdr is not None:
             extent = pos + fmt.BATCH_SIZE + hdr.payload_len
-            if extent > size:
+            if extent > size or view.zeros_from(pos + fmt.BATCH_SIZE):
                 # A valid header whose batch runs past the end of the file: a write cut short.
                 # Nothing inside its declared length is searched for headers: a record value may
                 # hold bytes laid out like a batch (an rq segment produced with --format raw).
+                # Or one followed by nothing but zeros to the end of the file, however long:
+                # its records never reached the disk (see _View.zeros_from).
                 return pos, end, last_ts, "torn"
         else:
             gap = _read_gap(view.copy(pos, size))
