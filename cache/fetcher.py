@@ -24,7 +24,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -96,6 +95,30 @@ def out_of_files(exc: BaseException) -> bool:
     return False
 
 
+THREAD_LIMIT = "cannot start a thread (memory or thread limit: ulimit -u / -v)"
+
+
+class ThreadLimitError(CacheError):
+    """A thread the cache needs could not start (RuntimeError "can't start new thread": the
+    address-space limit, ulimit -v, leaves no room for its stack, or ulimit -u / the cgroup's pids
+    limit is reached) and the work cannot go on without it."""
+
+
+def cannot_start_thread(exc: BaseException) -> bool:
+    """Whether an error is Thread.start's "can't start new thread"."""
+    return isinstance(exc, RuntimeError) and "can't start new thread" in str(exc)
+
+
+def start_thread(thread: threading.Thread) -> None:
+    """thread.start(), with "can't start new thread" raised as a ThreadLimitError (one clear line)."""
+    try:
+        thread.start()
+    except RuntimeError as exc:
+        if not cannot_start_thread(exc):
+            raise
+        raise ThreadLimitError(f"{THREAD_LIMIT}: {thread.name}") from exc
+
+
 class Workers:
     """Up to `count` threads running calls from one queue.
 
@@ -111,14 +134,30 @@ class Workers:
         self._stopped = False
 
     def submit(self, fn: Callable[..., object], *args: Any) -> None:
-        self._q.put(functools.partial(fn, *args))
+        task = functools.partial(fn, *args)
         if len(self._threads) < self._count:  # (callers are CRT threads too: start under the lock)
             with self._lock:
                 if len(self._threads) < self._count and not self._stopped:
                     name = f"{self._name}_{len(self._threads)}"
                     thread = threading.Thread(target=self._run, name=name, daemon=True)
-                    self._threads.append(thread)
-                    thread.start()
+                    try:
+                        thread.start()
+                    except RuntimeError as exc:
+                        if not cannot_start_thread(exc):
+                            raise
+                        # the memory or thread limit (ulimit -v / -u): go on with the threads that
+                        # exist, as a run out of descriptors goes on with fewer requests. (The
+                        # thread was listed before it started: a task queued for it waited forever
+                        # for a thread that never ran, and Cache.open with it)
+                        self._count = len(self._threads)
+                    else:
+                        self._threads.append(thread)
+        if not self._threads:
+            # no thread could start at all: the caller's thread runs it, as _run would
+            with contextlib.suppress(Exception):  # (tasks report their own errors)
+                task()
+            return
+        self._q.put(task)
 
     def _run(self) -> None:
         while (task := self._q.get()) is not None:
@@ -275,7 +314,9 @@ class Fetcher:
         self._inline = self.batch_sync or not durable  # whole objects finish on the callback thread
         # syncfs, link, syncfs for a batch: mostly waiting on the disk, so it runs beside the loop,
         # which meanwhile keeps requests flowing (it was blocked ~1/3 of a 2,000-object run)
-        self._publisher = ThreadPoolExecutor(1, thread_name_prefix="rq-publish")
+        # (Workers, not a ThreadPoolExecutor: its thread failing to start raised out of the run as
+        # "unexpected RuntimeError: can't start new thread"; this one publishes on the loop's thread)
+        self._publisher = Workers(1, "rq-publish")
         self._bytes = 0
         self._bytes_lock = threading.Lock()
         self._seq = itertools.count()
@@ -484,7 +525,7 @@ class Fetcher:
                     continue
                 inflight -= self._wind_down(message, to_land, result)
             # a batch being published must finish, and be booked, before anything is abandoned
-            self._publisher.shutdown(wait=True)
+            self._publisher.shutdown()
             while True:
                 try:
                     message = self._q.get_nowait()
@@ -500,7 +541,7 @@ class Fetcher:
             if feed is not None:
                 feed.stop()
             self._finisher.shutdown()
-            self._publisher.shutdown(wait=True)
+            self._publisher.shutdown()
         if to_land:
             try:
                 self._land(to_land, result)
@@ -591,6 +632,22 @@ class Fetcher:
                 self.starved = False  # (what was put back waited for it: nothing of it will land)
                 new = []
                 holds = []
+            except OSError as exc:
+                # reserve() reads the RAM file system's room (a listdir of its tmp/): EMFILE there
+                # left the library as a bare OSError (Cache.open under a low ulimit -n with a
+                # prefetch running). Our own work in flight holds the descriptors: admit again
+                # once some of it landed, fewer at a time, as a landing that met EMFILE does
+                if out_of_files(exc) and self._held_bytes:
+                    self.window.throttled()
+                    for job in reversed(new):
+                        batch.remove(job)
+                        heapq.heappush(delayed, (time.monotonic() + 0.1, next(self._seq), job))
+                    new = []
+                    holds = []
+                else:
+                    raise CacheError(
+                        f"could not reserve space in the {tier} tier under {self.layout.tier_root(tier)}: {exc}"
+                    ) from exc
             except CacheFullError as exc:
                 if self._held_bytes == 0 and new[0].demoted:
                     raise self._nowhere(new[0], exc) from exc
@@ -673,15 +730,39 @@ class Fetcher:
         if piece == -1:
             self._finisher.submit(self._finish_big, job)
             return
+        # One report per request, whoever is first: a fetch that raised may still have queued its
+        # copy (a ThreadPoolExecutor's submit queues the call, then raises "can't start new
+        # thread"; a thread it already has runs the call later). That copy's report came on top of
+        # the error below: in flight was counted down twice, went below 0, and the run, which
+        # ends when it reaches 0, waited forever.
+        report = [piece]
+
+        def done(err: BaseException | None) -> None:
+            try:
+                report.pop()
+            except IndexError:
+                return  # fetch raised: its error was the report
+            self._request_done(job, piece, err)
+
         try:
-            req = job.origin.fetch(
-                job.info, job.landing, lambda err: self._request_done(job, piece, err), rng
-            )
+            req = job.origin.fetch(job.info, job.landing, done, rng)
         except Exception as exc:
+            try:
+                report.pop()
+            except IndexError:
+                return  # the copy ran and reported before fetch raised
+            if cannot_start_thread(exc):
+                # the origin's copy thread could not start (ulimit -v / -u): every object would
+                # fail so, one warning each, so the run stops with one line
+                err = ThreadLimitError(THREAD_LIMIT)
+                err.__cause__ = exc
+                exc = err
             self._q.put(("error", job, piece, exc))
             return
         except BaseException as exc:  # Ctrl-C: the run stops (exit 130), it is not this object's failure
-            self._q.put(("error", job, piece, exc))  # (it was counted in flight: the wind-down books it)
+            with contextlib.suppress(IndexError):
+                report.pop()
+                self._q.put(("error", job, piece, exc))  # (counted in flight: the wind-down books it)
             raise
         if req is not None:
             job.requests.append(req)
@@ -766,7 +847,10 @@ class Fetcher:
         if isinstance(err, CacheFullError) and job.demoted and fatal is None:
             cause, err = err, self._nowhere(job, err)
             err.__cause__ = cause
-        if isinstance(err, UnreachableError | CacheFullError | AuthError) or fatal is not None:
+        if (
+            isinstance(err, UnreachableError | CacheFullError | AuthError | ThreadLimitError)
+            or fatal is not None
+        ):
             self._release(job, keep=resumable)
             return fatal or err
         if isinstance(err, NotFoundError | DeniedError | UncacheableError) or not isinstance(err, CacheError):

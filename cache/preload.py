@@ -16,7 +16,7 @@ from typing import Any
 
 from cache import events as ev
 from cache.errors import BadSourceError, CacheError, NotFoundError
-from cache.fetcher import Fetcher, FetchResult, Job
+from cache.fetcher import Fetcher, FetchResult, Job, start_thread
 from cache.landing import ObjectInfo, clean_version
 from cache.origins import LocalOrigin, Origin, S3Origin, parse_source
 from cache.s3 import S3Settings, split_s3_url
@@ -251,7 +251,9 @@ class ListingFeed:
             else:
                 deliver(None)
 
-        threading.Thread(target=run, name="rq-list", daemon=True).start()
+        # (a listing thread that cannot start: ThreadLimitError, exit 1 with one line, not
+        # "unexpected RuntimeError")
+        start_thread(threading.Thread(target=run, name="rq-list", daemon=True))
 
     def jobs(self, page: object) -> list[Job]:
         self._credit.release()

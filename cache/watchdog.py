@@ -81,10 +81,17 @@ class Watchdog:
             # first use, or a forked child (threads do not survive fork): _forked resets _started
             # there, so no getpid per request
             if not self._started:
-                self._started = True
                 self._pid = os.getpid()
                 self._tickets.clear()
-                threading.Thread(target=self._run, name="rq-s3-watchdog", daemon=True).start()
+                try:
+                    threading.Thread(target=self._run, name="rq-s3-watchdog", daemon=True).start()
+                except RuntimeError as exc:
+                    # "can't start new thread" (ulimit -v / -u): requests go on unwatched (a stall is
+                    # then the client's own read timeout) and the next one tries again
+                    if "can't start new thread" not in str(exc):
+                        raise
+                else:
+                    self._started = True
             ticket = Ticket(self, next(self._ids), self.silence)
             self._tickets[ticket.id] = ticket
             return ticket
