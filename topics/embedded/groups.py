@@ -16,12 +16,13 @@ from topics.errors import DamagedGroup, SpecError
 
 STALE_TMP_S = 3600  # a commit's temp file older than this was left by a commit that died
 
-_GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# (fullmatch: `$` also matches before a final newline, which let "nl\n" through as a file name)
+_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def check_group_name(name: str) -> str:
     """Group names become file names, so they are checked, never used as paths."""
-    if not _GROUP.match(name):
+    if not _GROUP.fullmatch(name):
         raise SpecError(
             f"bad group name {name!r}: use letters, digits, '.', '_' or '-', starting with a letter or "
             "digit (at most 128)"
@@ -72,6 +73,11 @@ class GroupStore:
     def commit(self, group: str, offset: int) -> None:
         check_group_name(group)
         check_commit_offset(group, offset)
+        if self.end is not None and offset > (end := self.end()):
+            # stored, it would read back as damaged (committed() above); JetStream refuses it too
+            raise SpecError(
+                f"cannot commit offset {offset} for group {group}: past the end of the topic ({end})"
+            )
         body = {"group": group, "committed": offset, "updated_ms": int(time.time() * 1000)}
         try:
             created = not self.dir.exists()
@@ -100,4 +106,4 @@ class GroupStore:
     def groups(self) -> list[str]:
         if not self.dir.is_dir():
             return []
-        return sorted(p.stem for p in self.dir.glob("*.json") if _GROUP.match(p.stem))
+        return sorted(p.stem for p in self.dir.glob("*.json") if _GROUP.fullmatch(p.stem))
