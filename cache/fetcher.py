@@ -555,6 +555,12 @@ class Fetcher:
         self.on_event(ev.Progress(self._bytes))
         if fatal is not None:
             self._abandon(jobs, keep_partials=True)
+            if isinstance(fatal, OSError):
+                # the library's boundary: a landing step's own I/O (fsync_dir of objects/xx/ meeting
+                # EMFILE under a low ulimit -n) reached Cache.open's caller as a bare OSError
+                raise CacheError(
+                    f"could not land objects in the {self.tier} tier under {self.layout.tier_root(self.tier)}: {fatal}"
+                ) from fatal
             raise fatal
         return result
 

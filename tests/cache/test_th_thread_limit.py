@@ -152,3 +152,25 @@ def test_emfile_while_reserving_space_is_a_cache_error(
     with Cache(tmp_path / "c") as c, pytest.raises(CacheError, match="Too many open files") as caught:
         c.open(src / "0")
     assert isinstance(caught.value.__cause__, OSError)
+
+
+def test_emfile_while_landing_is_a_cache_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The landing's fsync of objects/xx/ meeting EMFILE (Cache.open under ulimit -n 24 with a
+    prefetch running) was raised as a bare OSError."""
+    import errno
+
+    import cache.fetcher
+    from cache import Cache, CacheError
+
+    src = random_files(tmp_path / "src", 1, 4096)
+
+    def fsync_dir(path: object) -> None:
+        raise OSError(errno.EMFILE, "Too many open files", str(path))
+
+    monkeypatch.setattr(cache.fetcher, "fsync_dir", fsync_dir)
+    with (
+        Cache(tmp_path / "c", durable=True) as c,
+        pytest.raises(CacheError, match="Too many open files") as caught,
+    ):
+        c.open(src / "0")
+    assert isinstance(caught.value.__cause__, OSError)
