@@ -674,6 +674,10 @@ class Cache:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             except FileNotFoundError:
                 raise _Gone from None
+            except OSError as exc:  # EMFILE under a low `ulimit -n`: the library raises CacheErrors
+                raise CacheError(
+                    f"cannot open the cached copy of {entry.url}: {exc.strerror or exc}"
+                ) from exc
         try:
             if locked_fd < 0:
                 try:

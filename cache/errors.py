@@ -58,6 +58,12 @@ class MisbehavingStoreError(OriginError):
     hint = "the store (or a proxy in front of it) is misbehaving; a re-run would meet the same reply"
 
 
+class ThreadLimitError(CacheError):
+    """A thread the cache needs could not start (RuntimeError "can't start new thread": the
+    address-space limit, ulimit -v, leaves no room for its stack, or ulimit -u / the cgroup's pids
+    limit is reached) and the work cannot go on without it."""
+
+
 class VerifyError(CacheError):
     """Data did not match its size, checksum or recorded digest."""
 

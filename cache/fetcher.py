@@ -38,6 +38,7 @@ from cache.errors import (
     DeniedError,
     FileSystemFullError,
     NotFoundError,
+    ThreadLimitError,
     UncacheableError,
     UnreachableError,
     VerifyError,
@@ -96,12 +97,6 @@ def out_of_files(exc: BaseException) -> bool:
 
 
 THREAD_LIMIT = "cannot start a thread (memory or thread limit: ulimit -u / -v)"
-
-
-class ThreadLimitError(CacheError):
-    """A thread the cache needs could not start (RuntimeError "can't start new thread": the
-    address-space limit, ulimit -v, leaves no room for its stack, or ulimit -u / the cgroup's pids
-    limit is reached) and the work cannot go on without it."""
 
 
 def cannot_start_thread(exc: BaseException) -> bool:
