@@ -316,6 +316,9 @@ def map_error(
         # an http endpoint that a proxy sends to https, a load balancer's move: not S3's region
         # redirect (no S3 code, no region), and not cured by a re-run or by AWS_REGION
         location = {n.lower(): v for n, v in headers or ()}.get("location", "")
+        # without its query: of no use to the hint, and an '@' in it (a token) made redact_url,
+        # which cuts through the last '@' to be safe, show the wrong host
+        location = location.split("?", 1)[0].split("#", 1)[0]
         moved = MisbehavingStoreError(
             f"{what}: the endpoint answered HTTP {status}, a redirect to {redact_url(location)}, not an S3 reply"
         )
