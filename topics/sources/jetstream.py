@@ -280,8 +280,16 @@ class _Conn:
             # errors surface through the calls that fail; a refused permission only here (the
             # request it refused would just time out), so the request in flight is ended now
             if "permissions violation" in str(exc).lower():
-                self.denied = self._real_case(str(exc).strip())
-                self.trouble.set()
+                said = self._real_case(str(exc).strip())
+                if "_INBOX." not in said:
+                    self.denied = said
+                    self.trouble.set()
+                elif self.denied is None:
+                    # the reply inbox refused: the request's own refusal (naming the stream or
+                    # consumer asked for) is on its way, as the server answers the SUB and then
+                    # the PUB; it says more, so it is waited for a moment before the request ends
+                    self.denied = said
+                    asyncio.get_running_loop().call_later(0.5, self.trouble.set)
 
         async def on_closed() -> None:
             # nats-py leaves a request in flight waiting for its whole timeout when the
