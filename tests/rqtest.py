@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -352,3 +353,26 @@ def read_packet(conn: Any) -> bytes:
         if not b & 0x80:
             break
     return first + recv_exactly(conn, length)
+
+
+@contextmanager
+def serving_receiver(rx: Any, transport: Any, cert_dir: Path, tls: bool) -> Iterator[tuple[Any, Any]]:
+    """A transfer Receiver's listener on 127.0.0.1, served on a thread of this process, and a
+    sender's connection to it: (listener, connection). Afterwards the listener, the receiver, the
+    serving thread (bounded) and the connection are closed, in that order."""
+    from transfer.credentials import load_identity
+    from transfer.transport import ConnectOptions, ListenOptions
+
+    ident = load_identity(cert_dir)
+    listener = transport.listen(ListenOptions("127.0.0.1", 0, ident, tls=tls), rx.handle_channel)
+    server = threading.Thread(target=listener.serve_forever, name="test-serve", daemon=True)
+    server.start()
+    fingerprint = ident.fingerprint if tls else None
+    conn = transport.connect(ConnectOptions("127.0.0.1", listener.address[1], fingerprint, tls=tls))
+    try:
+        yield listener, conn
+    finally:
+        listener.close()
+        rx.close()
+        server.join(10)
+        conn.close()

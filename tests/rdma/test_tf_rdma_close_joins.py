@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rqtest import serving_receiver
 from test_driver_loopback import TOKEN, LoopbackQueuePair, loopback  # noqa: F401
 
 from transfer import codec, receiver
-from transfer.credentials import load_identity
 from transfer.errors import PeerUnreachableError
 from transfer.frames import ChunkHeader, FrameType, chunk_frame_header
 from transfer.manifest import FileEntry, file_key, make_manifest
@@ -30,7 +30,6 @@ from transfer.rdma.driver import Geometry, RdmaListener, RdmaSettings, RdmaTrans
 from transfer.receiver import Receiver
 from transfer.sender import handshake
 from transfer.session import Accepted, Ready, SenderChannel
-from transfer.transport import ConnectOptions, ListenOptions
 
 CHUNK = 1 << 20
 SMALL_RECEIVER = Geometry(ring_slots=4, slot_size=1 << 20, staging=2, staging_size=64 << 10)
@@ -67,19 +66,8 @@ def served(
         RdmaSettings, "from_extra", classmethod(lambda cls, extra: cls(receiver=SMALL_RECEIVER))
     )
     rx = Receiver(tmp_path / "dst", TOKEN, keep_partial=None)
-    ident = load_identity(tmp_path / "cert")
-    transport = RdmaTransport()
-    listener = transport.listen(ListenOptions("127.0.0.1", 0, ident, tls=True), rx.handle_channel)
-    server = threading.Thread(target=listener.serve_forever, name="tf-serve", daemon=True)
-    server.start()
-    conn = transport.connect(ConnectOptions("127.0.0.1", listener.address[1], ident.fingerprint, tls=True))
-    try:
+    with serving_receiver(rx, RdmaTransport(), tmp_path / "cert", tls=True) as (listener, conn):
         yield rx, listener, conn
-    finally:
-        listener.close()
-        rx.close()
-        server.join(10)
-        conn.close()
 
 
 def test_close_ends_the_handlers_of_a_paused_rdma_sender(served: tuple[Receiver, RdmaListener, Any]) -> None:

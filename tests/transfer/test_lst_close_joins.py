@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rqtest import serving_receiver
 from xfer_kit import TOKEN, wait_for
 
 from transfer import codec, receiver
-from transfer.credentials import load_identity
 from transfer.errors import PeerUnreachableError
 from transfer.frames import (
     HEADER,
@@ -35,7 +35,7 @@ from transfer.receiver import Receiver
 from transfer.sender import handshake
 from transfer.session import Accepted, Ready, ReceiverChannel, SenderChannel
 from transfer.tcp import TcpListener
-from transfer.transport import ConnectOptions, ListenOptions, get_transport
+from transfer.transport import get_transport
 
 CHUNK = 1 << 20  # past receiver.INLINE_BELOW: written by the channel's writer thread
 
@@ -54,22 +54,9 @@ def _rq_threads() -> set[threading.Thread]:
 def served(request: Any, tmp_path: Path) -> Iterator[tuple[Receiver, Any, Any]]:
     """A receiver and its listener in this process, and how a sender connects to it."""
     rx = Receiver(tmp_path / "dst", TOKEN.encode(), keep_partial=None)
-    ident = load_identity(tmp_path / "cert")
     transport = get_transport(request.param)
-    tls = request.param == "quic"
-    listener = transport.listen(ListenOptions("127.0.0.1", 0, ident, tls=tls), rx.handle_channel)
-    server = threading.Thread(target=listener.serve_forever, name="test-serve", daemon=True)
-    server.start()
-    conn = transport.connect(
-        ConnectOptions("127.0.0.1", listener.address[1], ident.fingerprint if tls else None, tls=tls)
-    )
-    try:
+    with serving_receiver(rx, transport, tmp_path / "cert", tls=request.param == "quic") as (listener, conn):
         yield rx, listener, conn
-    finally:
-        listener.close()
-        rx.close()
-        server.join(10)
-        conn.close()
 
 
 def _planned(conn: Any) -> tuple[Any, Any]:
