@@ -66,11 +66,11 @@ def test_workers_run_every_task_when_threads_cannot_start(refuse: dict[str, int]
     assert sorted(ran) == list(range(20))
 
 
-def _open_script(src: Path, cache: Path) -> str:
+def _open_script(src: Path, cache: Path, ram_dir: Path) -> str:
     return (
         "import os\n"
         "from cache import Cache\n"
-        f"c = Cache({str(cache)!r}, durable=True)\n"
+        f"c = Cache({str(cache)!r}, ram_dir={str(ram_dir)!r}, durable=True)\n"
         f"urls = sorted(os.path.join({str(src)!r}, n) for n in os.listdir({str(src)!r}))\n"
         "c.prefetch(urls, ahead=8)\n"
         "total = 0\n"
@@ -82,11 +82,13 @@ def _open_script(src: Path, cache: Path) -> str:
     )
 
 
-def test_cache_open_with_a_prefetch_does_not_hang_when_fetch_threads_cannot_start(tmp_path: Path) -> None:
+def test_cache_open_with_a_prefetch_does_not_hang_when_fetch_threads_cannot_start(
+    tmp_path: Path, ram_dir: Path
+) -> None:
     import subprocess
 
     src = random_files(tmp_path / "src", 30, 4096)
-    code = refusing("rq-finish", "rq-publish") + _open_script(src, tmp_path / "c")
+    code = refusing("rq-finish", "rq-publish") + _open_script(src, tmp_path / "c", ram_dir)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     wait_or_fail(proc, 60, "Cache.open still waiting for a thread that never started")
     out, err = proc.communicate()
@@ -134,7 +136,7 @@ def test_preload_stops_with_one_line_when_its_listing_thread_cannot_start(tmp_pa
 
 
 def test_emfile_while_reserving_space_is_a_cache_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, ram_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """reserve() reads the RAM file system's room (a listdir): EMFILE there reached Cache.open's
     caller as a bare OSError, against 'every error the library raises is a CacheError'."""
@@ -149,12 +151,17 @@ def test_emfile_while_reserving_space_is_a_cache_error(
         raise OSError(errno.EMFILE, "Too many open files")
 
     monkeypatch.setattr(Store, "reserve", reserve)
-    with Cache(tmp_path / "c") as c, pytest.raises(CacheError, match="Too many open files") as caught:
+    with (
+        Cache(tmp_path / "c", ram_dir=ram_dir) as c,
+        pytest.raises(CacheError, match="Too many open files") as caught,
+    ):
         c.open(src / "0")
     assert isinstance(caught.value.__cause__, OSError)
 
 
-def test_emfile_while_landing_is_a_cache_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_emfile_while_landing_is_a_cache_error(
+    tmp_path: Path, ram_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The landing's fsync of objects/xx/ meeting EMFILE (Cache.open under ulimit -n 24 with a
     prefetch running) was raised as a bare OSError."""
     import errno
@@ -169,7 +176,7 @@ def test_emfile_while_landing_is_a_cache_error(tmp_path: Path, monkeypatch: pyte
 
     monkeypatch.setattr(cache.fetcher, "fsync_dir", fsync_dir)
     with (
-        Cache(tmp_path / "c", durable=True) as c,
+        Cache(tmp_path / "c", ram_dir=ram_dir, durable=True) as c,
         pytest.raises(CacheError, match="Too many open files") as caught,
     ):
         c.open(src / "0")
