@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -376,3 +377,47 @@ def serving_receiver(rx: Any, transport: Any, cert_dir: Path, tls: bool) -> Iter
         rx.close()
         server.join(10)
         conn.close()
+
+
+def receiver_threads() -> set[threading.Thread]:
+    """Live threads of a receiving side in this process: channel handlers and their chunk writers
+    (a QUIC client's own loop thread is the sender's)."""
+    return {
+        t
+        for t in threading.enumerate()
+        if t.is_alive() and ("_serve_one" in t.name or t.name.startswith("rq-recv-write"))
+    }
+
+
+def assert_told_shut_down(channels: Any, lost_ok: bool = False) -> None:
+    """Each sender channel, read on past ACK/READY frames, ends with the receiver's ERROR
+    `unreachable` saying it shut down (a lost peer to retry, not a refusal). `lost_ok` (QUIC): the
+    listener's UDP socket may close before that ERROR's datagram leaves, and the sender then
+    reads the ICMP answer as PeerUnreachableError, which it retries the same way."""
+    from transfer import receiver
+    from transfer.errors import PeerUnreachableError
+    from transfer.frames import FrameType
+
+    for ch in channels:
+        try:
+            frame = ch.recv(10)
+            while frame is not None and frame.type is not FrameType.ERROR:
+                frame = ch.recv(10)
+        except PeerUnreachableError:
+            if not lost_ok:
+                raise
+            continue
+        assert frame is not None, "the channel ended without a word"
+        info = frame.json()
+        assert info["code"] == PeerUnreachableError.code, info
+        assert info["message"] == receiver.SHUT_DOWN
+
+
+def wait_until(pred: Callable[[], object], timeout: float = 10.0, step: float = 0.02) -> bool:
+    """Whether `pred()` came true within `timeout` seconds (polled every `step`)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return bool(pred())

@@ -147,3 +147,20 @@ def fake_s3() -> Iterator[FakeS3]:
         fake.stop.set()
         fake.server.shutdown()
         fake.server.server_close()
+
+
+def dry_run_against(
+    store: FakeS3, cache_dir: Any, source: str = "s3://b/p/"
+) -> tuple[int, str, dict[str, Any]]:
+    """`rq preload SOURCE --dry-run --json` against the fake store: (exit code, stderr, the final
+    summary line)."""
+    import json
+
+    from rqtest import run_rq
+
+    proc = run_rq(
+        "preload", source, "--endpoint-url", store.endpoint, "--cache-dir", str(cache_dir),
+        "--dry-run", "--json", env=ENV, timeout=60,
+    )  # fmt: skip
+    summary = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    return proc.returncode, proc.stderr.decode(), summary

@@ -6,12 +6,10 @@ the region only in its x-amz-bucket-region header or its Location. Each is exit 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from rqtest import run_rq
-from s3fake import ENV, FakeS3
+from s3fake import FakeS3, dry_run_against
 
 from cache import Cache
 from cache.errors import AuthError, OriginError
@@ -41,14 +39,9 @@ def test_a_listing_redirected_with_307_is_exit_4_naming_the_region(
     store: FakeS3, tmp_path: Path, headers: dict[str, str], body: bytes
 ) -> None:
     store.pages = {None: (307, headers, body)}
-    proc = run_rq(
-        "preload", "s3://b/p/", "--endpoint-url", store.endpoint, "--cache-dir", str(tmp_path / "c"),
-        "--dry-run", "--json", env=ENV, timeout=60,
-    )  # fmt: skip
-    err = proc.stderr.decode()
-    summary = json.loads(proc.stdout.decode().strip().splitlines()[-1])
+    rc, err, summary = dry_run_against(store, tmp_path / "c")
     # old: exit 6, "s3://b: HTTP 307 TemporaryRedirect Please re-send this request …"
-    assert proc.returncode == 4, err
+    assert rc == 4, err
     assert "another region (eu-west-2): set AWS_REGION=eu-west-2" in summary["error"]
     assert err.count("\n") == 1, err
 

@@ -6,24 +6,17 @@ cures."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from rqtest import run_rq
-from s3fake import ENV, FakeS3
+from s3fake import FakeS3, dry_run_against
 
 
 @pytest.mark.parametrize("status", [301, 302, 307, 308])
 def test_a_redirect_that_is_not_s3s_names_its_location(store: FakeS3, tmp_path: Path, status: int) -> None:
     store.pages = {None: (status, {"Location": "https://u:secret@s3.example.com/b?list-type=2&t=a@b"}, b"")}
-    proc = run_rq(
-        "preload", "s3://b/p/", "--endpoint-url", store.endpoint, "--cache-dir", str(tmp_path / "c"),
-        "--dry-run", "--json", env=ENV, timeout=60,
-    )  # fmt: skip
-    err = proc.stderr.decode()
-    summary = json.loads(proc.stdout.decode().strip().splitlines()[-1])
-    assert proc.returncode == 6, err
+    rc, err, summary = dry_run_against(store, tmp_path / "c")
+    assert rc == 6, err
     assert f"the endpoint answered HTTP {status}, a redirect to https://s3.example.com/b," in summary["error"]
     assert "secret" not in err and "AWS_REGION" not in err and "re-run" not in err, err
     assert "point --endpoint-url at the address it redirects to" in err, err

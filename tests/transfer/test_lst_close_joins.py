@@ -11,13 +11,12 @@ depends on timing."""
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import serving_receiver
+from rqtest import assert_told_shut_down, receiver_threads, serving_receiver
 from xfer_kit import TOKEN, wait_for
 
 from transfer import codec, receiver
@@ -26,7 +25,6 @@ from transfer.frames import (
     HEADER,
     ChunkHeader,
     Frame,
-    FrameType,
     chunk_frame_header,
     parse_header,
 )
@@ -38,16 +36,6 @@ from transfer.tcp import TcpListener
 from transfer.transport import get_transport
 
 CHUNK = 1 << 20  # past receiver.INLINE_BELOW: written by the channel's writer thread
-
-
-def _rq_threads() -> set[threading.Thread]:
-    """Threads of the receiving side: channel handlers and their chunk writers (the QUIC client's
-    own loop thread is the sender's)."""
-    return {
-        t
-        for t in threading.enumerate()
-        if t.is_alive() and ("_serve_one" in t.name or t.name.startswith("rq-recv-write"))
-    }
 
 
 @pytest.fixture(params=["tcp", "quic"])
@@ -80,25 +68,18 @@ def _planned(conn: Any) -> tuple[Any, Any]:
 
 def test_close_ends_the_handlers_of_a_paused_sender(served: tuple[Receiver, Any, Any]) -> None:
     rx, listener, conn = served
-    before = _rq_threads()
+    before = receiver_threads()
     ctl, dch = _planned(conn)
     # both channels' handlers are up, and over TCP the data channel's writer (its chunk went to it)
     up = 3 if isinstance(listener, TcpListener) else 2
-    assert wait_for(lambda: len(_rq_threads() - before) >= up, 10), _rq_threads()
+    assert wait_for(lambda: len(receiver_threads() - before) >= up, 10), receiver_threads()
     assert wait_for(lambda: bool(rx.in_flight()), 10)
     listener.close()
     rx.close()
     # close() returned: nothing of the receiving side is left running
-    assert sorted(t.name for t in _rq_threads() - before) == []
+    assert sorted(t.name for t in receiver_threads() - before) == []
     # the sender, acting again, reads why its channels ended: the receiver shut down
-    for ch in (ctl, dch):
-        frame = ch.recv(10)
-        while frame is not None and frame.type is not FrameType.ERROR:
-            frame = ch.recv(10)  # (an ACK, READY)
-        assert frame is not None, "the channel ended without a word"
-        info = frame.json()
-        assert info["code"] == PeerUnreachableError.code, info
-        assert info["message"] == receiver.SHUT_DOWN
+    assert_told_shut_down((ctl, dch), lost_ok=not isinstance(listener, TcpListener))
 
 
 def test_sender_reads_the_shut_down_as_a_lost_peer_not_a_refusal() -> None:

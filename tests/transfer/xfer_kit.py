@@ -14,13 +14,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rqtest import libc_with_mmap
+from rqtest import libc_with_mmap, wait_until
 
 from transfer import codec
 from transfer.manifest import Manifest
@@ -212,12 +211,7 @@ def journal_records(dest: Path) -> int:
 
 
 def wait_for(pred: Any, timeout: float, step: float = 0.02) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(step)
-    return False
+    return wait_until(pred, timeout, step)
 
 
 def require_o_direct(directory: Path, why: str = "") -> None:
