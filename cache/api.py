@@ -825,10 +825,20 @@ class Cache:
     def _pages(self, pattern: str | None) -> Iterator[list[Entry]]:
         if pattern is not None:
             pattern = normalise_pattern(pattern)
-        prefix = "" if pattern is None else re.split(r"[*?\[]", pattern, maxsplit=1)[0]
-        for page in self._state().index.pages(prefix):
+        index = self._state().index
+        literal = pattern is not None and (not _GLOB.search(pattern) or _names_literally(index, pattern))
+        if pattern is None:
+            prefix = ""
+        elif literal:
+            # literal first: a PATTERN that names a cached entry (or a directory of them) as it is
+            # written is that entry, even with `*`, `?` or `[` in it (`data/run[1]` listed nothing
+            # and exited 3, or matched `data/run1` instead); it is read as a glob only otherwise
+            prefix = pattern
+        else:
+            prefix = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
+        for page in index.pages(prefix):
             if pattern is not None:
-                page = [e for e in page if _match(e.url, pattern)]
+                page = [e for e in page if _match(e.url, pattern, glob=not literal)]
             if page:
                 yield page
 
@@ -1347,16 +1357,24 @@ def _check_tier(tier: str | None) -> None:
         raise BadSourceError(f"tier must be one of {', '.join(TIERS)}, not {tier!r}")
 
 
-def _match(url: str, pattern: str) -> bool:
+def _match(url: str, pattern: str, glob: bool = True) -> bool:
     if pattern == url:
         return True
     if pattern.endswith("/") and url.startswith(pattern):
         return True
-    if not _GLOB.search(pattern) and url.startswith(pattern + "/"):
+    if not glob:
         # a prefix without its slash, as `rq preload s3://b/train` takes it: what is under it
         # (`rq cache ls /data/set` after `rq preload /data/set` listed nothing, exit 3)
-        return True
+        return url.startswith(pattern + "/")
     return fnmatch.fnmatchcase(url, pattern)
+
+
+def _names_literally(index: Index, pattern: str) -> bool:
+    """Whether `pattern`, wildcards and all, is a cached URL or a directory of cached URLs."""
+    if not pattern.endswith("/") and index.get(pattern) is not None:
+        return True
+    under = pattern if pattern.endswith("/") else pattern + "/"
+    return next(iter(index.pages(under, page=1)), None) is not None
 
 
 _GLOB = re.compile(r"[*?\[]")
