@@ -66,7 +66,7 @@ from topics.sources import Appended, Sink, Source, open_sink, open_source, parse
 from topics.sources.base import Pending
 from topics.sources.open import TopicRef, check_writable
 from topics.sources.subjects import subject_matches
-from topics.spec import parse_duration_ms, parse_position, resolve
+from topics.spec import Position, parse_duration_ms, parse_position, resolve
 
 BATCH_RECORDS = 8192
 CHUNK = 1 << 20
@@ -2048,21 +2048,21 @@ def _reset(
     if ref.kind == "mqtt":
         raise Unsupported("MQTT topics have no offsets (live only)")
     source = open_source(ref)
+    damaged: str | None = None  # why the group's committed offset could not be read
     try:
         try:
             before = source.committed(group)
-        except DamagedGroup:  # what reset is for: write a good one over it
+        except DamagedGroup as exc:  # what reset is for: write a good one over it
+            damaged = str(exc)
             out.warn(
                 f"group {safe_text(group)} has a damaged committed offset; "
                 + ("reset would replace it" if dry_run else "replacing it")
             )
             before = None
-        asked, end = resolve(pos, source), source.end_offset()
+        first, end = source.first_offset(), source.end_offset()
+        asked = resolve(pos, source)
         target = min(asked, end)
-        # an offset outside the topic is moved inside it: said, not done silently
-        clamped = "end" if asked > end else None
-        if pos.kind == "offset" and pos.value < target:
-            clamped = "start"
+        clamped = _reset_clamp(pos, source, asked, first, end)
         if not dry_run:
             source.commit(group, target)
     finally:
@@ -2075,15 +2075,38 @@ def _reset(
             "after": target,
             "dry_run": dry_run,
             "clamped": clamped,
+            "damaged": damaged,
         }
     )
     verb = "would move" if dry_run else "moved"
-    shown = "-" if before is None else before  # a new group: as `rq offsets` shows it
+    # a new group shows "-" (as `rq offsets` does); a damaged one says so, never "-" (which read
+    # as a group that had never committed)
+    shown = "-" if before is None else before
+    if damaged is not None:
+        shown = "a damaged offset"
     note = f" (clamped to the {clamped} {target})" if clamped else ""
     # a dry run's line is its whole answer (-q keeps it); after a real move it is a report, like
     # the counts -q drops elsewhere
     say = out.result if dry_run else out.info
     say(f"{verb} group {safe_text(group)} on {safe_text(ref.url)} from {shown} to {target}{note}")
+
+
+def _reset_clamp(pos: Position, source: Any, asked: int, first: int, end: int) -> str | None:
+    """Whether a reset's target lay outside the topic and was moved inside it ("start", "end"),
+    said, never done silently: an absolute offset below the first one or past the end, and alike
+    a relative one (`-N` with fewer than N records there, `+N` past the end), which resolve()
+    clamps on its own."""
+    if asked > end:
+        return "end"
+    if pos.kind == "offset":
+        return "start" if pos.value < first else None
+    if pos.kind == "start+":
+        return "end" if first + pos.value > end else None
+    if pos.kind == "end-":
+        counted = getattr(source, "record_count", None)  # JetStream: on the subject, if one
+        records = int(counted()) if callable(counted) else end - first
+        return "start" if pos.value > records else None
+    return None
 
 
 for _command, _name in ((produce, "produce"), (tail, "tail"), (replay, "replay"), (offsets, "offsets")):
