@@ -62,6 +62,9 @@ class S3Origin:
     def __init__(self, bucket: str, prefix: str, settings: S3Settings):
         self.bucket, self.prefix, self.settings = bucket, prefix, settings
         self._client: S3 | None = None
+        # the key prefix asked for in ListObjectsV2: the source's own, or (cache.preload.list_prefix)
+        # longer by the literal start of every --include pattern, as s5cmd and aws narrow it
+        self.list_prefix = prefix
         # told of each key the listing gave that is not this source's object (outside the
         # prefix, or listed twice)
         self.on_ignored: Callable[[str, str], None] = lambda url, why: None
@@ -80,7 +83,7 @@ class S3Origin:
 
     def marked(self) -> Iterator[ObjectInfo | None]:
         """list(), with None where each page of the store's listing ends (Listing.marked)."""
-        return self.objects(self.client.listing(self.bucket, self.prefix).marked())
+        return self.objects(self.client.listing(self.bucket, self.list_prefix).marked())
 
     def objects(self, items: Iterable[Item | None]) -> Iterator[ObjectInfo | None]:
         """The objects that listed items of this prefix stand for. `s3://b/dir/` lists everything

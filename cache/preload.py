@@ -9,17 +9,17 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cache import events as ev
 from cache.errors import BadSourceError, CacheError, NotFoundError
 from cache.fetcher import Fetcher, FetchResult, Job, start_thread
 from cache.landing import ObjectInfo, clean_version
 from cache.origins import LocalOrigin, Origin, S3Origin, parse_source
-from cache.s3 import S3Settings, split_s3_url
+from cache.s3 import S3Settings, shared_client, split_s3_url
 from cache.sizes import format_size
 
 
@@ -104,22 +104,77 @@ def check_sources_exist(
             del infos[PAGE:]
             missing = f"no files under {source}"
         else:
-            bucket, prefix = split_s3_url(source)
-            items, error, last = origin.client.first_listing_page(bucket, prefix)
+            origin.list_prefix = list_prefix(origin.prefix, include)
+            items, error, last = origin.client.first_listing_page(origin.bucket, origin.list_prefix)
             if error is not None:
                 raise error
             infos = [info for info in origin.objects(items) if info is not None]
-            missing = f"no objects under {source}"
+            missing = ""  # (_nothing_selected tells)
         if not infos and not last:
             whole = False  # siblings of s3://b/name on the first page: the rest may hold it
             continue
         if not infos:
-            raise NotFoundError(missing)
+            raise (
+                NotFoundError(missing)
+                if isinstance(origin, LocalOrigin)
+                else _nothing_selected(source, origin)
+            )
         listed += len(infos)
         whole = whole and last
         selected = selected or any(_offered(info, include, exclude) for info in infos)
     if not selected and whole:
         raise NotFoundError(f"none of the {listed} objects listed matches --include/--exclude")
+
+
+_GLOB_CHAR = re.compile(r"[*?[]")
+
+
+def list_prefix(prefix: str, include: Iterable[str]) -> str:
+    """The key prefix to list for an S3 source's `prefix` under --include, as s5cmd and aws narrow
+    ListObjectsV2's Prefix: the source's prefix and the longest literal start (before the first
+    `*`, `?` or `[`) that every include pattern shares. A pattern matches the whole key relative to
+    the source, so a key it selects starts with that literal part: the narrowed listing holds every
+    key the filter would select. --exclude never narrows; a pattern that starts with a glob, or a
+    source that names an object (`s3://b/name`: its own key is matched by its base name), lists
+    the source's whole prefix."""
+    inc = _anchored(include)
+    if not inc or (prefix and not prefix.endswith("/")):
+        return prefix
+    # (characters, not path components: `shard-00*` narrows to `shard-00`)
+    return prefix + os.path.commonprefix([_GLOB_CHAR.split(g, 1)[0] for g in inc])  # noqa: RUF071
+
+
+def start_listings(settings: S3Settings, sources: list[str], include: Iterable[str] = ()) -> None:
+    """cache.s3.start_listings, with each s3:// source's listing narrowed by --include
+    (list_prefix): the listing `rq preload` starts early is the one pages() then takes over."""
+    inc = list(include)
+    for source in sources:
+        if not source.startswith("s3://"):
+            continue
+        try:
+            bucket, prefix = split_s3_url(source)
+            shared_client(settings).start_listing(bucket, list_prefix(prefix, inc))
+        except CacheError:
+            return
+
+
+def _nothing_selected(source: str, origin: S3Origin) -> NotFoundError:
+    """The error for an S3 source whose narrowed listing (list_prefix) gave nothing: the source is
+    empty or missing ("no objects under SRC"), or its keys are there and the filter selects none,
+    which must not read as a missing source. One page of the source's own prefix tells."""
+    if origin.list_prefix == origin.prefix:
+        return NotFoundError(f"no objects under {source}")
+    listed = cast(Generator[Any, None, None], origin.client.listing(origin.bucket, origin.prefix).marked())
+    try:
+        any_key = next(listed, None) is not None  # (an item of the first page; None where it ends)
+    finally:
+        listed.close()  # (one page is enough: ask the store for no more)
+    if not any_key:
+        return NotFoundError(f"no objects under {source}")
+    lit = origin.list_prefix[len(origin.prefix) :]
+    return NotFoundError(
+        f"none of the objects under {source} matches --include/--exclude (no key there starts with {lit!r})"
+    )
 
 
 def _anchored(globs: Iterable[str]) -> list[str]:
@@ -155,15 +210,17 @@ def pages(
         if isinstance(origin, LocalOrigin):
             origin.workers = min(workers, 32)
             origin.skip_dirs = skip_dirs
-        elif on_ignored is not None:
-            origin.on_ignored = on_ignored
+        else:
+            origin.list_prefix = list_prefix(origin.prefix, include)
+            if on_ignored is not None:
+                origin.on_ignored = on_ignored
         listed = _listed(source, origin, marked=True)
         first = next((info for info in listed if info is not None), None)
         if first is None:
             # an empty source is a typo far more often than an intent: say so, as for a pattern
-            raise NotFoundError(
-                f"no objects under {source}" if "://" in source else f"no files under {source}"
-            )
+            if isinstance(origin, S3Origin):
+                raise _nothing_selected(source, origin)
+            raise NotFoundError(f"no files under {source}")
         listings.append((origin, first, listed))
     listed_count = offered = 0
     # one source lists each object once; only several (which may overlap) need the names seen so far
