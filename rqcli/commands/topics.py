@@ -611,8 +611,8 @@ def _aged_out_reporter(out: Output, topic: str, source: Any = None) -> Callable[
     subject = safe_text(str(getattr(source, "subject", "")))
 
     def report(first: int, last: int) -> None:
-        # JetStream: "deleted" on a stream without limits, where only a client (delete_msg of its
-        # first messages, a purge) can have removed them; asked when the gap is told
+        # JetStream: "deleted" where no limit of the stream can have removed them, only a client
+        # (delete_msg of its first messages, a purge); asked when the gap is told
         reason = str(getattr(source, "gap_reason", "retention"))
         event: dict[str, Any] = {"event": "gap", "topic": topic, "first": first, "last": last}
         event["reason"] = reason
@@ -621,7 +621,7 @@ def _aged_out_reporter(out: Output, topic: str, source: Any = None) -> Callable[
             if reason == "retention":
                 said = f"{span} aged out (retention) before they were read"
             else:
-                said = f"{span} were deleted (a client's delete or a purge; the stream has no limits) before they were read"
+                said = f"{span} were deleted (a client's delete or a purge; no limit of the stream removed them) before they were read"
         else:
             span = f"stream sequence {first}" if first == last else f"stream sequences {first}..{last}"
             how = "stream limits or a purge" if reason == "retention" else "a client's delete or a purge"

@@ -688,23 +688,40 @@ def _covers(pattern: str, subjects: str) -> bool:
     return len(want) == len(have)
 
 
-def _gap_reason(config: Any) -> str:
+def _gap_reason(config: Any, gap_last: int | None = None, last_seq: int | None = None) -> str:
     """What a gap below a stream's first sequence is called: "retention" where the stream itself
-    removes messages (a count, size, age or per-subject limit, a per-message TTL, or an interest /
-    work-queue policy removing what was acknowledged), "deleted" where nothing but a client can
-    have removed them (`delete_msg` of the first messages, or a purge). The server keeps no word
-    of why a sequence below the first one went: on a stream with limits a client's delete of its
-    first messages is still called retention."""
+    may have removed messages (a count, size, age or per-subject limit, a per-message TTL, or an
+    interest / work-queue policy removing what was acknowledged), "deleted" where nothing but a
+    client can have removed them (`delete_msg` of the first messages, or a purge). The server keeps
+    no word of why a sequence below the first one went, so on a stream with limits it is worked
+    out from what the limits can do: a count limit of N (or N per subject) removes sequence s only
+    once s + N has been stored, so a gap ending at `gap_last` with `last_seq` < gap_last + N was
+    not its doing; with `discard: new` the count and size limits refuse new messages instead of
+    removing old ones. An age or size limit that may have acted is taken as retention (a stream
+    at 10 of its 1000 messages whose head was deleted was told "retention" before: the count
+    limit could not have reached it)."""
 
     def over(value: Any) -> bool:
         return isinstance(value, (int, float)) and value > 0
 
-    retention = getattr(config, "retention", None)
-    policy = getattr(retention, "value", retention)
-    if policy not in (None, "limits") or getattr(config, "allow_msg_ttl", None):
+    def known(name: str) -> Any:
+        value = getattr(config, name, None)
+        return getattr(value, "value", value)
+
+    if known("retention") not in (None, "limits") or getattr(config, "allow_msg_ttl", None):
         return "retention"
-    limits = (getattr(config, f, None) for f in ("max_msgs", "max_bytes", "max_age", "max_msgs_per_subject"))
-    return "retention" if any(over(v) for v in limits) else "deleted"
+    if over(known("max_age")):
+        return "retention"
+    discard_new = known("discard") == "new"
+    if over(known("max_bytes")) and not discard_new:
+        return "retention"
+    for name, discards in (("max_msgs", not discard_new), ("max_msgs_per_subject", True)):
+        limit = known(name)
+        if not over(limit) or not discards:
+            continue
+        if gap_last is None or last_seq is None or last_seq >= gap_last + int(limit):
+            return "retention"
+    return "deleted"
 
 
 def _takes_all(pattern: str, config: Any) -> bool:
@@ -745,6 +762,8 @@ class JetStreamSource:
         # deleted message's subject: how many of the topic's records were lost is not known.
         self.gap_counts_known = not self.subject or _takes_all(self.subject, info.config)
         self.gap_reason = _gap_reason(info.config)
+        self._gap_config: Any = info.config  # as _stream_first last saw them
+        self._gap_last_seq = int(info.state.last_seq)
 
     def _check_subject_can_hold(self, info: Any) -> None:
         """A subject the stream neither holds nor can ever take (a typo: `EVENTS/event.cam` for
@@ -1088,6 +1107,8 @@ class JetStreamSource:
         """The stream's first sequence now (its end when it holds none): all below it is gone.
         Also what removed it as far as the stream's configuration now tells (gap_reason)."""
         info = self.conn.stream_info()
+        self._gap_config = info.config
+        self._gap_last_seq = int(info.state.last_seq)
         self.gap_reason = _gap_reason(info.config)
         state = info.state
         return int(state.first_seq) if state.messages else int(state.last_seq) + 1
@@ -1122,7 +1143,11 @@ class JetStreamSource:
                 known_first = max(known_first, self._stream_first())
                 asked = True
             last = min(upto, known_first, stop if stop is not None else upto) - 1
-            return (expected, last) if last >= expected else None
+            if last < expected:
+                return None
+            # what removed them, as far as the limits tell for this gap (the reporter asks)
+            self.gap_reason = _gap_reason(self._gap_config, last, self._gap_last_seq)
+            return (expected, last)
 
         for batch in batches:
             at = 0
