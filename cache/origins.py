@@ -207,6 +207,7 @@ class LocalOrigin:
         self.root = root
         self.workers = workers
         self.skip_dirs: frozenset[tuple[int, int]] = frozenset()  # (st_dev, st_ino) not to descend into
+        self.as_dir = False  # named with a trailing `/`: a directory, never a file
         self._tls = threading.local()
 
     @classmethod
@@ -233,6 +234,10 @@ class LocalOrigin:
             raise (_unreachable(exc, self.root) or exc) from None
         # a file of the cache (its index, a blob) is refused as its directories are
         self._check_not_own(self.root)
+        if stat.S_ISREG(root_st.st_mode) and self.as_dir:
+            raise NotFoundError(
+                f"no files under {self.root}/: {self.root} is a file, not a directory (drop the trailing /)"
+            )
         if stat.S_ISREG(root_st.st_mode):
             yield ObjectInfo(str(self.root), self.root.name, root_st.st_size, local_version(root_st))
             return
@@ -544,7 +549,11 @@ def parse_source(text: str, settings: S3Settings) -> S3Origin | LocalOrigin:
         return S3Origin(bucket, prefix, settings)
     if "://" in text:
         raise BadSourceError(f"unsupported URL scheme in {text!r} (use s3://bucket/prefix/ or a directory)")
-    return LocalOrigin(Path(os.path.abspath(text)))
+    origin = LocalOrigin(Path(os.path.abspath(text)))
+    # `dir/file.bin/` names a directory, as for cp, ls and the kernel (ENOTDIR), and as
+    # `s3://b/key.bin/` names a prefix: a file there is not taken (pathlib drops the slash)
+    origin.as_dir = text.endswith(("/", os.sep))
+    return origin
 
 
 def origin_for_url(url: str, settings: S3Settings) -> S3Origin | LocalOrigin:

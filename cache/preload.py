@@ -163,18 +163,36 @@ def _nothing_selected(source: str, origin: S3Origin) -> NotFoundError:
     empty or missing ("no objects under SRC"), or its keys are there and the filter selects none,
     which must not read as a missing source. One page of the source's own prefix tells."""
     if origin.list_prefix == origin.prefix:
-        return NotFoundError(f"no objects under {source}")
+        return _no_objects(source, origin)
     listed = cast(Generator[Any, None, None], origin.client.listing(origin.bucket, origin.prefix).marked())
     try:
         any_key = next(listed, None) is not None  # (an item of the first page; None where it ends)
     finally:
         listed.close()  # (one page is enough: ask the store for no more)
     if not any_key:
-        return NotFoundError(f"no objects under {source}")
+        return _no_objects(source, origin)
     lit = origin.list_prefix[len(origin.prefix) :]
     return NotFoundError(
         f"none of the objects under {source} matches --include/--exclude (no key there starts with {lit!r})"
     )
+
+
+def _no_objects(source: str, origin: S3Origin) -> NotFoundError:
+    """An S3 source with no keys. `s3://b/key.bin/` names the prefix `key.bin/`, as for s5cmd and
+    aws (nothing there): where `key.bin` is an object, the error names it without the slash, as a
+    local `dir/file.bin/` is refused (LocalOrigin.list)."""
+    prefix = origin.prefix
+    if len(prefix) > 1 and prefix.endswith("/") and not prefix.endswith("//"):
+        try:
+            origin.client.head(origin.bucket, prefix[:-1])
+        except CacheError:
+            pass  # (not there, or not to be asked: the source is empty as it stands)
+        else:
+            url = f"s3://{origin.bucket}/{prefix[:-1]}"
+            return NotFoundError(
+                f"no objects under {source}: {url} is an object, not a prefix (drop the trailing /)"
+            )
+    return NotFoundError(f"no objects under {source}")
 
 
 def _anchored(globs: Iterable[str]) -> list[str]:
