@@ -21,6 +21,7 @@ import os
 import random
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -702,18 +703,30 @@ class Store:
                 )
         except CacheFullError:
             # The index's file system is full: SQLite needs a little space to delete a row (or to
-            # open the index for writing at all). The file goes first (no reader has it: LOCK_EX
-            # held), which frees space; the row after. A crash between leaves a row naming a
-            # missing file: open takes it as gone (fetches it again), `rq cache verify` reports it
-            # and --repair drops it.
-            if fd >= 0:
-                if not gone(self.index.get(entry.url)):
+            # open the index for writing at all). A file on that file system goes first (no reader
+            # has it: LOCK_EX held), which frees space; the row after. A crash between leaves a
+            # row naming a missing file: open takes it as gone (fetches it again), `rq cache
+            # verify` reports it and --repair drops it. A file elsewhere (the RAM tier) frees
+            # nothing there: it stays until its row is gone, and if the row cannot go both stay
+            # (CacheFullError), a whole cached entry (it was unlinked, and the row left naming a
+            # missing file, which `rq cache verify` then called corrupt).
+            # The row is tried first, the file kept: a delete that fits needs no unlink before it.
+            frees = fd >= 0 and _same_fs(fd, self.index.path)
+            try:
+                try:
+                    deleted = self._delete_row(entry.url, gone)
+                except CacheFullError:
+                    if not frees:
+                        raise
+                    if not gone(self.index.get(entry.url)):
+                        unlink_quiet(path)
+                    self._delete_row(entry.url, gone)  # still full: CacheFullError
+                    return True
+                if deleted and fd >= 0:
                     unlink_quiet(path)
-                os.close(fd)
-            self.index.reopen_writable()
-            with self.index.write() as db:  # still full (a RAM file freed no disk): CacheFullError
-                if not gone(self.index.get(entry.url, db)):
-                    Index.delete(db, entry.url)
+            finally:
+                if fd >= 0:
+                    os.close(fd)
             return True
         if fd >= 0:  # (a file missing when we looked: one there now is another landing's)
             unlink_quiet(path)
@@ -721,6 +734,16 @@ class Store:
         with self.index.write() as db:
             Index.drop_hold(db, hid)
         return True
+
+    def _delete_row(self, url: str, gone: Callable[[Entry | None], bool]) -> bool:
+        """Opens an index read-only for want of space for writing again and deletes `url`'s row
+        unless `gone`; whether it did. CacheFullError when there is still no space."""
+        self.index.reopen_writable()
+        with self.index.write() as db:
+            if gone(self.index.get(url, db)):
+                return False
+            Index.delete(db, url)
+            return True
 
     def clear_racy(self, entry: Entry, version: str) -> bool:
         """Records `version` (the racy mark dropped: cache.landing.racy_at) on this very landing
@@ -876,3 +899,11 @@ class Store:
 
 def is_no_space(exc: OSError) -> bool:
     return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def _same_fs(fd: int, index_path: Path) -> bool:
+    """Whether the open file `fd` is on the file system of the index at `index_path`."""
+    try:
+        return os.fstat(fd).st_dev == os.stat(index_path.parent).st_dev
+    except OSError:
+        return True  # (as before: the file goes first)
