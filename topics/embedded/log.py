@@ -1004,6 +1004,41 @@ def _check_unclaimed(directory: Path) -> None:
         )
 
 
+_LOCK_TRIES = 8
+
+
+def _lock_writer(directory: Path) -> int:
+    """writer.lock, opened and flocked: the fd, or WriterBusy while another writer holds it.
+
+    A creation that fails unlinks the writer.lock it made (the directory is left as it was). A
+    writer that opened that file before the unlink and locks it after holds a lock on a file no
+    longer in the directory, and the next writer makes a new writer.lock and locks that: two
+    writers at once. So, once locked, writer.lock must still be the file this fd locked; if not,
+    the lock is taken again on the one there now (bounded: each retry follows a failed creation)."""
+    path = directory / "writer.lock"
+    for _ in range(_LOCK_TRIES):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise WriterBusy(f"topic {directory} is being written by another process") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            held, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+            if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass  # unlinked by a creation that failed: make and lock a new one
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    raise WriterBusy(f"topic {directory}: writer.lock kept changing while it was taken; try again")
+
+
 class LogWriter:
     """The one writer of a topic. `append` returns once the batch is durable (fdatasync)."""
 
@@ -1021,7 +1056,7 @@ class LogWriter:
                 if parent_new:
                     fsync_dir(directory.parent)
             _read_config(directory)  # a bad or newer topic.json: refused before anything else
-            self.lock_fd = os.open(directory / "writer.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            self.lock_fd = _lock_writer(directory)
         except (FileNotFoundError, NotADirectoryError) as exc:
             # a path that cannot hold a topic (a file on the way, a parent that cannot be made)
             raise SpecError(
@@ -1030,11 +1065,6 @@ class LogWriter:
             ) from None
         except OSError as exc:
             raise not_writable(f"topic {directory}", exc) or exc from None
-        try:
-            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.lock_fd)
-            raise WriterBusy(f"topic {directory} is being written by another process") from None
         # Only the writer that holds the lock writes topic.json: a second one, refused above, has
         # changed nothing (its --retention-bytes must not reach the next writer's retention).
         new = not (directory / CONFIG_NAME).is_file()
