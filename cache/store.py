@@ -729,8 +729,20 @@ class Store:
                     os.close(fd)
             return True
         if fd >= 0:  # (a file missing when we looked: one there now is another landing's)
-            unlink_quiet(path)
-            os.close(fd)
+            try:
+                unlink_quiet(path)
+            except OSError:
+                # not removable (a read-only RAM root, a directory of another user's): the entry
+                # goes back as it was, its file still there, and the error is the caller's. (The
+                # row stayed deleted and the file and its `evicting` hold stayed behind: every later
+                # `rq cache verify`/`du` failed on that hold, "Read-only file system", exit 1.)
+                with self.index.write() as db:
+                    if self.index.get(entry.url, db) is None:
+                        Index.put(db, entry)
+                    Index.drop_hold(db, hid)
+                raise
+            finally:
+                os.close(fd)
         with self.index.write() as db:
             Index.drop_hold(db, hid)
         return True
