@@ -391,7 +391,15 @@ class LocalOrigin:
             else:
                 on_done(None)
 
-        self.pool(self.workers).submit(run)
+        try:
+            self.pool(self.workers).submit(run)
+        except BaseException:
+            # submit() queues the call before it starts a thread for it: one that cannot start
+            # ("can't start new thread") raises here, and a thread the pool already has would run
+            # the copy later, after the failure was reported, into a landing the fetcher has
+            # given up. Cancelled, it does no file work when it runs
+            req.cancelled = True
+            raise
         return req
 
     def _copy(self, info: ObjectInfo, landing: Landing, piece: tuple[int, int] | None) -> None:
