@@ -484,6 +484,8 @@ def _protocol_class(
             self.transmit_failures = 0
             self.heard = False  # a datagram came from the peer (the path carries its replies)
             self.too_big = asyncio.Event()  # a send failed with EMSGSIZE (see _dont_fragment)
+            self.refused = False  # ICMP port unreachable came (client): see _tell_refused
+            self.read_queued: Callable[[], None] | None = None  # set by _read_bursts
 
         # The QUIC library's own errors escaped these into asyncio, which printed a traceback on
         # stderr for each: qh3 raises "packet builder capacity exhausted" from transmit() during an
@@ -546,13 +548,27 @@ def _protocol_class(
                 self.too_big.set()  # the kernel learned a smaller path MTU (ICMP) than we send
                 return
             # ICMP port unreachable on our connected client socket: the receiver process is gone.
-            # Waiting for the idle timeout would stall a resume for seconds; give up on it now.
-            if isinstance(exc, ConnectionRefusedError) and self._quic.configuration.is_client:
-                self.terminated = "receiver is not listening (ICMP port unreachable)"
-                for ch in self.channels.values():
-                    ch.fail(PeerUnreachableError(self.terminated))
-                self._quic.close()
-                self.transmit()
+            # Waiting for the idle timeout would stall a resume for seconds; give up on it now,
+            # once what it sent before it went is read (next turn: a send's error comes in the
+            # middle of transmit()).
+            refused = isinstance(exc, ConnectionRefusedError) and self._quic.configuration.is_client
+            if refused and not self.refused:
+                self.refused = True
+                self._loop.call_soon(self._tell_refused)
+
+        def _tell_refused(self) -> None:
+            # Linux reports the pending ICMP error from send and recvfrom before the datagrams
+            # already queued, which came first: a receiver's last words (its ERROR "shut down",
+            # its close) were dropped unread and the sender said 'receiver is not listening'.
+            if self.read_queued is not None:
+                self.read_queued()
+            if self.terminated is not None:
+                return  # the receiver's own close was among them: it said why
+            self.terminated = "receiver is not listening (ICMP port unreachable)"
+            for ch in self.channels.values():
+                ch.fail(PeerUnreachableError(self.terminated))
+            self._quic.close()
+            self.transmit()
 
     return Proto
 
@@ -566,6 +582,7 @@ class _Burst:
 
 
 BURST = 64  # datagrams read per loop callback at most, so timers and other callbacks still run
+REFUSED_DRAIN = 4096  # datagrams read at most before an ICMP refusal is told
 
 
 def _read_bursts(loop: asyncio.AbstractEventLoop, sock: socket.socket, endpoint: Any, burst: _Burst) -> None:
@@ -576,14 +593,22 @@ def _read_bursts(loop: asyncio.AbstractEventLoop, sock: socket.socket, endpoint:
     over every packet space, measured as a third of the receiver's loop time at 16 KB datagrams,
     while what it sends (an ACK every millisecond, flow-control credit) needs no such rate."""
 
-    def _on_readable() -> None:
+    def _on_readable(limit: int = BURST) -> None:
         burst.open = True
+        refused: ConnectionRefusedError | None = None
         try:
-            for _ in range(BURST):
+            n = 0
+            while n < limit:
+                n += 1
                 try:
                     data, addr = sock.recvfrom(65536)
                 except (BlockingIOError, InterruptedError):
                     break
+                except ConnectionRefusedError as exc:
+                    # an ICMP error is reported before the datagrams queued ahead of it: they are
+                    # read first (see Proto._tell_refused)
+                    refused, limit = exc, n + REFUSED_DRAIN
+                    continue
                 except OSError as exc:
                     endpoint.error_received(exc)
                     break
@@ -593,6 +618,8 @@ def _read_bursts(loop: asyncio.AbstractEventLoop, sock: socket.socket, endpoint:
             touched, burst.touched = burst.touched, set()
             for proto in touched:
                 proto.transmit()
+        if refused is not None:
+            endpoint.error_received(refused)
 
     # The public add_reader refuses a descriptor a transport owns; the selector loop's own
     # _add_reader is what the transport itself registered with. The transport keeps sending and
@@ -601,6 +628,8 @@ def _read_bursts(loop: asyncio.AbstractEventLoop, sock: socket.socket, endpoint:
     swap = getattr(loop, "_add_reader", None), getattr(loop, "_remove_reader", None)
     if swap[0] is None or swap[1] is None:
         return
+    if hasattr(endpoint, "read_queued"):
+        endpoint.read_queued = lambda: _on_readable(REFUSED_DRAIN)
     swap[1](sock.fileno())
     swap[0](sock.fileno(), _on_readable)
 

@@ -79,7 +79,7 @@ def test_close_ends_the_handlers_of_a_paused_sender(served: tuple[Receiver, Any,
     # close() returned: nothing of the receiving side is left running
     assert sorted(t.name for t in receiver_threads() - before) == []
     # the sender, acting again, reads why its channels ended: the receiver shut down
-    assert_told_shut_down((ctl, dch), lost_ok=not isinstance(listener, TcpListener))
+    assert_told_shut_down((ctl, dch))
 
 
 def test_sender_reads_the_shut_down_as_a_lost_peer_not_a_refusal() -> None:
