@@ -2067,17 +2067,17 @@ def _reset(
             source.commit(group, target)
     finally:
         source.close()
-    out.emit(
-        {
-            "topic": ref.url,
-            "group": group,
-            "before": before,
-            "after": target,
-            "dry_run": dry_run,
-            "clamped": clamped,
-            "damaged": damaged,
-        }
-    )
+    answer: dict[str, Any] = {
+        "topic": ref.url,
+        "group": group,
+        "before": before,
+        "after": target,
+        "dry_run": dry_run,
+        "clamped": clamped,
+    }
+    if damaged is not None:
+        answer["damaged"] = damaged  # only then: the key set scripts compare stays as it was
+    out.emit(answer)
     verb = "would move" if dry_run else "moved"
     # a new group shows "-" (as `rq offsets` does); a damaged one says so, never "-" (which read
     # as a group that had never committed)

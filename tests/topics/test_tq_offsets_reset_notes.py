@@ -57,14 +57,14 @@ def test_reset_of_a_damaged_group_says_damaged(five: dict[str, str], tmp_path: P
     groups.mkdir()
     (groups / "g.json").write_text("garbage")
     got = _reset(five, "T", "--to", "2")
-    assert got["before"] is None and "damaged" in got["damaged"]  # was no damaged key at all
+    assert got["before"] is None and "is damaged" in got["damaged"]  # was no damaged key at all
     r = run_rq("offsets", "reset", "T", "--group", "g", "--to", "2", env=five)
     assert r.returncode == 0, r.stderr
     said = (r.stdout + r.stderr).decode()
     assert "from a damaged offset to 2" in said and "from -" not in said  # was "from - to 2"
     assert run_rq("offsets", "T", "--group", "g", "--json", env=five).returncode == 0  # mended
     new = _reset(five, "T", "--to", "3")
-    assert (new["before"], new["damaged"]) == (2, None)
+    assert new["before"] == 2 and "damaged" not in new
 
 
 @pytest.fixture
