@@ -550,6 +550,10 @@ _CONSUMER_EXISTS = {10012, 10013, 10148, 10105}
 _MARKER_PREFIX = "rq-moving-"
 _MARKER_GROUP = "rq.group"
 _MARKER_CONFIG = "rq.config"
+# In a group's consumer metadata: the offset rq last stored for it. A purge moves every consumer's
+# ack floor up to the stream's new first sequence, which left a group's next read no trace of
+# what it stepped over; against this note the read starts where rq left the group and tells the gap.
+_COMMITTED_META = "rq.committed"
 
 
 def _marker_name(group: str) -> str:
@@ -722,6 +726,18 @@ def _gap_reason(config: Any, gap_last: int | None = None, last_seq: int | None =
         if gap_last is None or last_seq is None or last_seq >= gap_last + int(limit):
             return "retention"
     return "deleted"
+
+
+def _noted_offset(config: Any) -> int | None:
+    """The offset rq last stored for a group, from its consumer's metadata (None: none noted)."""
+    text = (getattr(config, "metadata", None) or {}).get(_COMMITTED_META)
+    return int(text) if isinstance(text, str) and text.isdigit() else None
+
+
+def _noting(config: Any, offset: int) -> dict[str, str]:
+    """A consumer's metadata with `offset` noted (the server's own `_nats.` keys left to it)."""
+    meta = {k: v for k, v in (config.metadata or {}).items() if not k.startswith("_nats.")}
+    return {**meta, _COMMITTED_META: str(offset)}
 
 
 def _takes_all(pattern: str, config: Any) -> bool:
@@ -1200,8 +1216,15 @@ class JetStreamSource:
         floor = info.ack_floor.stream_seq if info.ack_floor else 0
         delivered = info.delivered.stream_seq if info.delivered else 0
         # Messages delivered and acked are consumed; delivered but not acked are not.
-        seq = floor if info.num_ack_pending else max(floor, delivered)
-        return int(seq) + 1
+        seq = int(floor if info.num_ack_pending else max(floor, delivered)) + 1
+        noted = _noted_offset(info.config)
+        if noted is not None and noted < seq and noted < self._stream_first():
+            # The server moved the group past where rq left it, over sequences no longer in the
+            # stream: a purge (it moves every consumer's ack floor). Read from rq's own position,
+            # so the read tells them as a gap instead of stepping over them without a word.
+            # (Moved over sequences still there: another application acked them; its position.)
+            return noted
+        return seq
 
     def commit(self, group: str, offset: int) -> None:
         """Moves the durable consumer `group` so that the next message it delivers is `offset`.
@@ -1228,6 +1251,7 @@ class JetStreamSource:
                     continue  # another commit created it first: move that one
                 outcome = self._reset(group, offset)
                 if outcome == "moved":
+                    self._note_committed(existing.config, offset)
                     return
                 if outcome == "refused":
                     self._move(group, existing.config, offset)
@@ -1254,6 +1278,23 @@ class JetStreamSource:
             f"({_COMMIT_TRIES} tries); try again"
         )
 
+    def _note_committed(self, config: Any, offset: int) -> None:
+        """Writes the offset just stored into the consumer's metadata (see _COMMITTED_META): its
+        configuration as it was, only that key changed. A hint for telling a purge's gap, not the
+        position itself (that is stored already): a failure to write it leaves the commit done."""
+        import dataclasses
+
+        import nats.errors
+
+        if _noted_offset(config) == offset:
+            return
+        meta = _noting(config, offset)
+        # (a user allowed to move the consumer but not to update it, a server lost just after)
+        with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError, AccessDenied, SourceUnreachable):
+            self.conn.run(
+                self.conn.js.add_consumer(self.conn.stream, dataclasses.replace(config, metadata=meta))
+            )
+
     def _check_commit_offset(self, group: str, offset: int) -> None:
         """A group past the end would skip records not yet written; negative is no offset."""
         check_commit_offset(group, offset)
@@ -1275,6 +1316,7 @@ class JetStreamSource:
             filter_subject=self.subject or None,
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
             opt_start_seq=offset,
+            metadata={_COMMITTED_META: str(offset)},
         )
 
     def _create(self, group: str, offset: int) -> bool:
@@ -1324,7 +1366,11 @@ class JetStreamSource:
         from nats.js.api import DeliverPolicy
 
         target = dataclasses.replace(
-            config, opt_start_time=None, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=offset
+            config,
+            opt_start_time=None,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=offset,
+            metadata=_noting(config, offset),
         )
         marker = _marker_name(group)
         self._write_marker(group, target)
