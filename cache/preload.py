@@ -141,7 +141,10 @@ def list_prefix(prefix: str, include: Iterable[str]) -> str:
     if not inc or (prefix and not prefix.endswith("/")):
         return prefix
     # (characters, not path components: `shard-00*` narrows to `shard-00`)
-    return prefix + os.path.commonprefix([_GLOB_CHAR.split(g, 1)[0] for g in inc])  # noqa: RUF071
+    narrowed = prefix + os.path.commonprefix([_GLOB_CHAR.split(g, 1)[0] for g in inc])  # noqa: RUF071
+    # (no narrowing across `//`: SeaweedFS lists `d/x` for `d//` but `d//x` for `d//x`, so the
+    # narrowed listing would name the same object by another key than the source's listing does)
+    return prefix if "//" in narrowed else narrowed
 
 
 def start_listings(settings: S3Settings, sources: list[str], include: Iterable[str] = ()) -> None:

@@ -34,6 +34,8 @@ def test_the_prefix_is_the_source_and_the_shared_literal_start() -> None:
     assert list_prefix("", ["shard*"]) == "shard"
     # s3://b/name is the object `name` (matched by its base name) and what is under name/
     assert list_prefix("p/name", ["x*"]) == "p/name"
+    # no narrowing across `//` (SeaweedFS names the object `d//x` listed for `d//x`, `d/x` for `d//`)
+    assert list_prefix("d//", ["x"]) == "d//" and list_prefix("d/", ["/x//y*"]) == "d/"
 
 
 @pytest.fixture
