@@ -25,6 +25,11 @@ class UnsafeNameError(ProtocolError):
     code = "unsafe-name"
 
 
+class NameTooLongError(UnsafeNameError):
+    """A name longer than the protocol carries (names.MAX_NAME_BYTES): refused by the receiver, and
+    by the sender's scan before anything is sent (a tree sent without it would be incomplete)."""
+
+
 class LimitError(ProtocolError):
     """The manifest asks for more than the receiver allows (--max-bytes, file or chunk caps)."""
 

@@ -7,9 +7,11 @@ this module only decides whether the text is acceptable at all.
 
 from __future__ import annotations
 
+import os
 import unicodedata
+from collections.abc import Iterable
 
-from transfer.errors import UnsafeNameError
+from transfer.errors import NameTooLongError, UnsafeNameError
 
 MAX_NAME_BYTES = 4096
 MAX_COMPONENT_BYTES = 255
@@ -22,7 +24,7 @@ def validate_name(name: str) -> tuple[str, ...]:
     if not isinstance(name, str) or not name:
         raise UnsafeNameError("empty file name")
     if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
-        raise UnsafeNameError(f"file name too long: {display_name(name)[:80]}…")
+        raise NameTooLongError(f"file name too long: {display_name(name)[:80]}…")
     if name.startswith("/"):
         raise UnsafeNameError(f"absolute path not allowed: {display_name(name)}")
     if "\\" in name:
@@ -41,6 +43,21 @@ def validate_name(name: str) -> tuple[str, ...]:
     if parts[0] == STATE_DIR_NAME:
         raise UnsafeNameError(f"name inside rq's state directory not allowed: {display_name(name)}")
     return parts
+
+
+def descend(fd: int, parts: Iterable[str], flags: int) -> int:
+    """A new descriptor of the directory reached from directory `fd` through `parts`, each opened
+    relative to the last with `flags` (O_NOFOLLOW in them: never through a link); `fd` stays open."""
+    fd = os.dup(fd)
+    try:
+        for part in parts:
+            nfd = os.open(part, flags, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def display_name(name: str) -> str:

@@ -15,9 +15,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from transfer import aligned, cachestat
-from transfer.errors import SourceChangedError, SourceUnreadableError, TransferError, UnsafeNameError
+from transfer.errors import (
+    NameTooLongError,
+    SourceChangedError,
+    SourceUnreadableError,
+    TransferError,
+    UnsafeNameError,
+)
 from transfer.manifest import FileEntry, Manifest, file_ident, file_key, make_manifest
-from transfer.names import validate_name
+from transfer.names import MAX_NAME_BYTES, descend, display_name, validate_name
 
 T = TypeVar("T")
 
@@ -38,22 +44,57 @@ class SourceFile:
         return (self.size, self.mtime_ns, self.inode, self.ctime_ns, self.dev)
 
 
-def _at(call: Callable[..., T], path: Path, *args: Any) -> T:
-    """`call(path, *args)` (os.stat, os.open); for a path longer than PATH_MAX (ENAMETOOLONG), the
-    same relative to its directory's descriptor, as rsync reaches such files. Before, a file under
-    a directory SOURCE whose absolute path was over PATH_MAX could not be stat'ed: it was skipped
-    with a warning and `rq send` exited 0 without it. (A directory itself that deep still ends the
-    scan: `cannot list …`.)"""
+def _at(call: Callable[..., T], path: Path | str, *args: Any) -> T:
+    """`call(path, *args)` (os.stat, os.lstat, os.open); for a path longer than PATH_MAX
+    (ENAMETOOLONG), the same relative to its directory's descriptor (see _open_dir), as rsync
+    reaches such files. Before, a file under a directory SOURCE whose absolute path was over
+    PATH_MAX could not be stat'ed: it was skipped with a warning and `rq send` exited 0 without it."""
     try:
         return call(path, *args)
     except OSError as exc:
         if exc.errno != errno.ENAMETOOLONG:
             raise
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    head, name = os.path.split(os.fspath(path))
+    dfd = _open_dir(head)
     try:
-        return call(path.name, *args, dir_fd=dfd)
+        return call(name, *args, dir_fd=dfd)
     finally:
         os.close(dfd)
+
+
+PIECE = 3072  # bytes of a long path opened at a time (PATH_MAX is 4096; a component at most 255)
+
+
+def _open_dir(path: str) -> int:
+    """A descriptor of directory `path`, however long: opened a piece of at most PIECE bytes at
+    a time, each relative to the last (a directory whose absolute path is over PATH_MAX, deep in a
+    SOURCE, could not be listed: `cannot list …: File name too long`, exit 3)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+    if len(os.fsencode(path)) < PIECE:
+        return os.open(path or ".", flags)
+    pieces: list[str] = []
+    rest = path
+    while len(os.fsencode(rest)) >= PIECE:
+        cut = rest.rfind("/", 0, PIECE)
+        while cut > 0 and len(os.fsencode(rest[:cut])) >= PIECE:
+            cut = rest.rfind("/", 0, cut)
+        if cut <= 0:
+            break  # no '/' early enough: one component past PIECE, let the kernel say so
+        pieces.append(rest[:cut])
+        rest = rest[cut + 1 :]
+    pieces.append(rest)
+    fd = os.open(pieces[0], flags)
+    try:
+        return descend(fd, [p for p in pieces[1:] if p], flags)
+    finally:
+        os.close(fd)
+
+
+def _islink(path: str | Path) -> bool:
+    try:
+        return stat.S_ISLNK(_at(os.lstat, path).st_mode)
+    except OSError:
+        return False
 
 
 def _identity(path: Path) -> SourceFile:
@@ -128,7 +169,7 @@ def _walk(
         walked.append(Path(root))
         for dname in list(dirs):
             full = Path(root) / dname
-            if os.path.islink(full):  # os.walk does not descend into these
+            if _islink(full):  # os.walk does not descend into these
                 skipped.append(Skipped(full, "symlink to a directory"))
             elif (reason := _unsendable(base, src, full)) is not None:
                 skipped.append(Skipped(full, reason))
@@ -149,7 +190,7 @@ def _walk(
             validate_name(name)
             empty_dirs.append(name)
         with contextlib.suppress(OSError):  # gone since it was listed: it keeps the time it gets
-            st = os.stat(d)
+            st = _at(os.stat, d)
             dir_meta[0][name] = st.st_mtime_ns
             dir_meta[1][name] = stat.S_IMODE(st.st_mode)
 
@@ -165,33 +206,62 @@ def _tree(top: Path) -> Iterator[tuple[str, list[str], list[str]]]:
         dirs: list[str] = []
         files: list[str] = []
         try:
-            with os.scandir(root) as entries:
-                for entry in entries:
-                    try:
-                        is_dir = entry.is_dir()
-                    except OSError:
-                        is_dir = False
-                    (dirs if is_dir else files).append(entry.name)
+            for name, is_dir in _listing(root):
+                (dirs if is_dir else files).append(name)
         except OSError as exc:
             raise SourceUnreadableError(
                 f"cannot list {root}: {exc.strerror or exc}; nothing was sent",
                 denied=isinstance(exc, PermissionError),
             ) from None
         yield root, dirs, files  # the caller sorts and prunes dirs, as with os.walk
-        stack.extend(
-            os.path.join(root, d) for d in reversed(dirs) if not os.path.islink(os.path.join(root, d))
-        )
+        stack.extend(os.path.join(root, d) for d in reversed(dirs) if not _islink(os.path.join(root, d)))
+
+
+def _listing(root: str) -> list[tuple[str, bool]]:
+    """(name, is a directory, symlinks followed) of each entry of `root`, however long its path."""
+    try:
+        it = os.scandir(root)
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            raise
+        fd = _open_dir(root)
+        try:
+            it = os.scandir(fd)  # works on a duplicate of fd
+        finally:
+            os.close(fd)
+    out: list[tuple[str, bool]] = []
+    with it as entries:
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir()
+            except OSError:
+                is_dir = False
+            out.append((entry.name, is_dir))
+    return out
 
 
 def _unsendable(base: str, src: Path, path: Path) -> str | None:
     """Why the protocol cannot carry `path`'s name (a backslash, a control character, bytes that
     are not UTF-8: names are data on the receiver, never paths); None when it can. Such an entry
     is skipped with a warning like a FIFO, instead of refusing the whole tree for one name."""
+    name = (Path(base) / path.relative_to(src)).as_posix()
     try:
-        validate_name((Path(base) / path.relative_to(src)).as_posix())
+        validate_name(name)
+    except NameTooLongError:
+        # skipped, the tree would arrive incomplete with exit 0: refused before anything is sent
+        raise NameTooLongError(
+            f"cannot send {display_name(str(src))}: the name {_shortened(name)} in it is "
+            f"{len(os.fsencode(name))} bytes, over the {MAX_NAME_BYTES} the protocol carries; "
+            "nothing was sent"
+        ) from None
     except UnsafeNameError as exc:
         return f"name cannot be sent ({exc})"
     return None
+
+
+def _shortened(text: str, keep: int = 40) -> str:
+    text = display_name(text)
+    return text if len(text) <= 2 * keep + 1 else f"{text[:keep]}…{text[-keep:]}"
 
 
 def _not_regular(path: Path) -> str | None:

@@ -51,7 +51,7 @@ from transfer.errors import (
 )
 from transfer.journal import Journal, KnownDigests, recorded
 from transfer.manifest import MAX_CHUNK, MIN_CHUNK, FileEntry, Limits, Manifest, parse_manifest
-from transfer.names import STATE_DIR_NAME, display_name, validate_name
+from transfer.names import STATE_DIR_NAME, descend, display_name, validate_name
 from transfer.private import dir_problem
 from transfer.reserve import RESERVE_MIN, Reservation, in_memory, reserve, sealing
 
@@ -897,16 +897,7 @@ class Store:
 
     def _open_dir(self, name: str, flags: int = _DIR_FLAGS) -> int:
         """The directory `name` under DEST, reached component by component without following links."""
-        fd = os.dup(self.fd)
-        try:
-            for comp in _components(name):
-                nfd = os.open(comp, flags, dir_fd=fd)
-                os.close(fd)
-                fd = nfd
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        return descend(self.fd, _components(name), flags)
 
     def _set_dir_times(self, manifest: Manifest) -> None:
         """Gives the transfer's directories the sender's mtimes (like rsync -a), deepest first,
