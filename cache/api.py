@@ -43,8 +43,10 @@ from cache.index import Entry, Index
 from cache.landing import Checksums, ObjectInfo, clean_version, is_racy, racy_at
 from cache.layout import (
     INDEX_NAME,
+    NO_RAM_ERRNOS,
     TIERS,
     Layout,
+    RamTierUnavailableError,
     check_cache_dir,
     check_private_dir,
     default_ram_root,
@@ -138,10 +140,10 @@ def _squatted(ram_root: Path) -> bool:
     sequence is used then, rather than refusing the cache (exit 2) until someone removes it."""
     try:
         st = os.lstat(ram_root)
-    except FileNotFoundError:
-        return False
-    except OSError:
-        return True
+    except OSError as exc:
+        # no /dev/shm (ENOENT, ENOTDIR) or none we may look in (EACCES): nobody's name either,
+        # and making it tells the machine has no usable RAM tier (Cache.ram_unavailable)
+        return exc.errno not in NO_RAM_ERRNOS
     return not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid()
 
 
@@ -158,6 +160,17 @@ def _make_ram_dir(path: Path, tighten: bool) -> bool:
             _unmake_ram_dir(path)
         raise dir_error(path, "RAM tier directory", exc) from None
     return not existed
+
+
+def _unmake_cache_dir(root: Path) -> None:
+    """Removes a cache directory this process made moments ago and failed to set up: what rq
+    put in it and the directory, and only that (rmdir: a file someone else put there stays)."""
+    for name in (INDEX_NAME, INDEX_NAME + "-wal", INDEX_NAME + "-shm", INDEX_NAME + "-journal", "ram"):
+        with contextlib.suppress(OSError):
+            (root / name).unlink()
+    for sub in ("objects", "tmp", ""):
+        with contextlib.suppress(OSError):
+            (root / sub).rmdir()
 
 
 def _unmake_ram_dir(path: Path) -> None:
@@ -212,7 +225,7 @@ class Cache:
                 check_cache_dir(ram_given, "RAM tier directory")
                 made_ram = _make_ram_dir(ram_given, self._tighten)
         try:
-            make_private(self.root)  # 0700 whatever the umask: the cache is one user's
+            made_root = make_private(self.root)  # 0700 whatever the umask: the cache is one user's
         except (OSError, CacheError) as exc:
             if made_ram and ram_given is not None:
                 _unmake_ram_dir(ram_given)
@@ -230,6 +243,24 @@ class Cache:
         self._flush_pending_pid = 0  # the process whose deferred flush is scheduled
         self._verified: set[tuple[str, int, int]] = set()
         self._prefetcher: Prefetcher | None = None
+        # why this machine has no usable RAM tier (rq's own root in /dev/shm cannot be made: no
+        # /dev/shm, read-only, not ours to write), or None: the disk tier works without it, RAM's
+        # cap is 0 and asking for the RAM tier raises RamTierUnavailableError (rq: exit 10)
+        self.ram_unavailable: str | None = None
+        try:
+            self._open_index(ram_given, ram_checked, ram_limit, disk_limit)
+        except BaseException:
+            if made_root:
+                _unmake_cache_dir(self.root)  # a failed create leaves no half-made cache behind
+            raise
+
+    def _open_index(
+        self,
+        ram_given: Path | None,
+        ram_checked: bool,
+        ram_limit: int | float | str | None,
+        disk_limit: int | float | str | None,
+    ) -> None:
         index = Index(self.root / INDEX_NAME)
         try:
             known = index.setting("ram_root")
@@ -239,11 +270,15 @@ class Cache:
             self.layout = Layout(self.root, ram_root)
             wiped = known == str(ram_root) and not ram_root.exists()
             self._hold_ram_root(tighten=self._tighten)
-            if known != str(ram_root):
+            if self.ram_unavailable is not None:
+                if wiped:
+                    self._forget_ram_tier(index)  # its files went with /dev/shm
+            elif known != str(ram_root):
                 self._adopt_ram_root(index, ram_root)
             elif wiped:
                 self._forget_ram_tier(index)
-            self._claim_ram_root()
+            if self.ram_unavailable is None:
+                self._claim_ram_root()
             self.caps = self._caps(index, ram_limit, disk_limit)
         finally:
             index.close()
@@ -268,7 +303,8 @@ class Cache:
         descriptor per process: cache.orphans). A root nobody holds, whose cache directory is
         gone, may be removed by `rq cache orphans --remove`."""
         for _ in range(5):
-            self._make_tiers(tighten)
+            if not self._make_tiers(tighten):
+                return  # no usable RAM tier: nothing to hold
             if orphans.acquire(self.layout.ram_root):
                 self._ram_pid = os.getpid()
                 return
@@ -277,11 +313,30 @@ class Cache:
             f"RAM tier directory {self.layout.ram_root} keeps disappearing; is something deleting it?"
         )
 
-    def _make_tiers(self, tighten: bool) -> None:
+    def _make_tiers(self, tighten: bool) -> bool:
+        """Makes the disk tier's directories, then the RAM root's; False (and `ram_unavailable`
+        set) when rq's own RAM root cannot be made on this machine at all. A RAM directory given
+        to the cache (`ram_dir`) that cannot be made stays an error, as does one that is there but
+        unsafe (another user's, a symlink, writable by others: check_private_dir)."""
+        try:
+            self.layout.create(ram=False)
+        except OSError as exc:
+            raise dir_error(self.root, "cache directory", exc) from None
         try:
             self.layout.create(tighten=tighten)
         except OSError as exc:
+            if self._tighten and exc.errno in NO_RAM_ERRNOS:
+                self.ram_unavailable = f"cannot make {self.layout.ram_root}: {exc.strerror or exc}"
+                return False
             raise dir_error(self.layout.ram_root, "RAM tier directory", exc) from None
+        return True
+
+    def _need_ram(self, tier: str | None) -> None:
+        """Refuses the RAM tier on a machine without a usable one (exit 10 in rq)."""
+        if tier == "ram" and self.ram_unavailable is not None:
+            raise RamTierUnavailableError(
+                f"no RAM tier on this machine ({self.ram_unavailable}); use the disk tier (--tier disk)"
+            )
 
     def _claim_ram_root(self) -> None:
         """Writes this cache's directory into its RAM root's `owner` (a moved cache claims it back)."""
@@ -344,7 +399,7 @@ class Cache:
         the cache was opened, and without it every RAM landing failed on the missing tmp/. The
         same checks as there (a real directory of ours, 0700), the lock held on the new directory,
         and the RAM entries whose files went with it dropped. True when it was made again."""
-        if not self._ram_root_lost():
+        if self.ram_unavailable is not None or not self._ram_root_lost():
             return False
         with self._lock:
             if not self._ram_root_lost():
@@ -379,6 +434,9 @@ class Cache:
         self._shrink_due = False
         self._claim = f"{os.getpid()}:{procs.start_time(os.getpid()) or 0}:{os.urandom(6).hex()}"
         for tier, given in (("ram", ram_limit), ("disk", disk_limit)):
+            if tier == "ram" and self.ram_unavailable is not None:
+                caps[tier] = 0  # (a limit stored or given is kept for a machine that has one)
+                continue
             stored = stored_size(index.setting(f"{tier}_limit"))
             if stored is None:
                 fs = os.statvfs(self.layout.tier_root(tier))
@@ -456,7 +514,8 @@ class Cache:
             if self._proc is None or self._proc.pid != os.getpid():
                 self._keep_ram_root()
                 index = Index(self.layout.index_path)
-                self._proc = _ProcState(os.getpid(), index, Store(self.layout, index, self.caps))
+                store = Store(self.layout, index, self.caps, ram=self.ram_unavailable is None)
+                self._proc = _ProcState(os.getpid(), index, store)
                 self._prefetcher = None  # threads do not survive fork
                 if self._shrink_due and not index.readonly:
                     self._shrink_due = False
@@ -489,7 +548,7 @@ class Cache:
     def _keep_ram_root(self) -> None:
         """Holds the RAM root in this process if this object does not yet (a spawned or forked
         worker, a cache used again after close())."""
-        if self._ram_pid != os.getpid():
+        if self._ram_pid != os.getpid() and self.ram_unavailable is None:
             try:
                 if orphans.acquire(self.layout.ram_root):
                     self._ram_pid = os.getpid()
@@ -525,6 +584,7 @@ class Cache:
         dropped and fetched again, never served."""
         url = normalise_url(url)
         _check_tier(tier)
+        self._need_ram(tier)
         if url.endswith("/"):
             raise BadSourceError(f"{url} names a prefix or directory, not one object")
         if url.startswith("s3://") and "/" not in url[5:]:
@@ -651,6 +711,7 @@ class Cache:
         self.on_event(ev.ServedStale(entry.url, max(0.0, time.time() - entry.checked_at), why))
 
     def _open_fetched(self, url: str, tier: str, info: ObjectInfo | None = None) -> IO[bytes]:
+        self._need_ram(tier)
         """A miss: fetch it, landing it already under this reader's shared lock, then serve it.
         A landed copy found damaged as it is opened is dropped and fetched once more, as a hit's
         is (the landing verified it: something changed it since); damaged again, VerifyError."""
@@ -771,6 +832,7 @@ class Cache:
         if isinstance(urls, str | bytes):
             raise BadSourceError("prefetch takes the URLs in the order they will be read, not one URL")
         _check_tier(tier)
+        self._need_ram(tier)
         self._state()
         if self._prefetcher is not None:
             self._prefetcher.stop()
@@ -796,6 +858,8 @@ class Cache:
         skipping what is cached at the same version (rq preload; docs/cache.md)."""
         from cache.preload import run_preload
 
+        _check_tier(tier)
+        self._need_ram(tier)
         self._shrink_due = False  # the preload evicts down once its listing answered (preload.py)
         return run_preload(
             self,

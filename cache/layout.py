@@ -20,6 +20,7 @@ from pathlib import Path
 import xxhash
 
 from cache.errors import BadSourceError, CacheError, FileSystemFullError, UnsafeDirError
+from cache.index import IndexVersionError
 
 TIERS = ("ram", "disk")
 INDEX_NAME = "index.sqlite3"
@@ -66,17 +67,33 @@ class Layout:
         in the same file system as objects/ so the final rename is atomic."""
         return self.tier_root(tier) / "tmp" / (blob_hash(blob) + suffix)
 
-    def create(self, tighten: bool = False) -> None:
+    def create(self, tighten: bool = False, ram: bool = True) -> None:
+        """Makes the tiers' directories: the disk tier's first, so a RAM root that cannot be made
+        (raising OSError) leaves a usable disk tier; `ram` False: the disk tier only."""
+        for sub in ("objects", "tmp"):
+            make_private(self.root / sub)
+        if not ram:
+            return
         check_private_dir(self.ram_root, tighten)
-        for tier in TIERS:
-            for sub in ("objects", "tmp"):
-                make_private(self.tier_root(tier) / sub)
+        for sub in ("objects", "tmp"):
+            make_private(self.ram_root / sub)
         link = self.root / "ram"
         if not link.is_symlink() and not link.exists():
             try:
                 os.symlink(self.ram_root, link)
             except OSError:
                 pass  # informational only; a read-only or odd file system is fine without it
+
+
+# Errors of a RAM root that cannot be made at all (a read-only or missing /dev/shm, one we may
+# not write in): the machine has no usable RAM tier; the disk tier works without it.
+NO_RAM_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR})
+
+
+class RamTierUnavailableError(IndexVersionError):
+    """The RAM tier was asked for where this machine has none usable (/dev/shm missing, read-only
+    or not ours to write). rq: exit 10, "needs something this machine lacks" (it maps the index
+    error it derives from so)."""
 
 
 def check_cache_dir(root: Path, what: str = "") -> None:

@@ -227,10 +227,11 @@ def fsync_dir(path: Path) -> None:
 
 
 class Store:
-    def __init__(self, layout: Layout, index: Index, caps: dict[str, int]):
+    def __init__(self, layout: Layout, index: Index, caps: dict[str, int], ram: bool = True):
         self.layout = layout
         self.index = index
         self.caps = caps
+        self.ram = ram  # False: this machine has no usable RAM tier (Cache.ram_unavailable); its cap is 0
         self.owner = procs.me()
         # looks that found the RAM file system's missing room held by other processes' landings
         # in flight, and waited a moment for them (reserve, make_room): what a test can count
@@ -390,6 +391,8 @@ class Store:
         """The tier's cap as last set by any process (a lower limit given to a later rq must bind
         every process using this cache, not only the one that set it)."""
         stored = stored_size(self.index.setting(f"{tier}_limit"))
+        if tier == "ram" and not self.ram:
+            stored = 0
         if stored is not None:
             self.caps[tier] = stored
         return self.caps[tier]
@@ -397,6 +400,8 @@ class Store:
     def _cap_in(self, db: sqlite3.Connection, tier: str) -> int:
         """cap(), read inside the caller's transaction."""
         stored = stored_size(Index.setting_in(db, f"{tier}_limit"))
+        if tier == "ram" and not self.ram:
+            stored = 0
         if stored is not None:
             self.caps[tier] = stored
         return self.caps[tier]
