@@ -9,17 +9,17 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from cache import events as ev
 from cache.errors import BadSourceError, CacheError, NotFoundError
 from cache.fetcher import Fetcher, FetchResult, Job, start_thread
 from cache.landing import ObjectInfo, clean_version
 from cache.origins import LocalOrigin, Origin, S3Origin, parse_source
-from cache.s3 import S3Settings, shared_client, split_s3_url
+from cache.s3 import Listing, S3Settings, shared_client, split_s3_url
 from cache.sizes import format_size
 
 
@@ -161,17 +161,20 @@ def start_listings(settings: S3Settings, sources: list[str], include: Iterable[s
             return
 
 
+class _OnePage(Listing):
+    ahead = 1
+
+
 def _nothing_selected(source: str, origin: S3Origin) -> NotFoundError:
     """The error for an S3 source whose narrowed listing (list_prefix) gave nothing: the source is
     empty or missing ("no objects under SRC"), or its keys are there and the filter selects none,
     which must not read as a missing source. One page of the source's own prefix tells."""
     if origin.list_prefix == origin.prefix:
         return _no_objects(source, origin)
-    listed = cast(Generator[Any, None, None], origin.client.listing(origin.bucket, origin.prefix).marked())
-    try:
-        any_key = next(listed, None) is not None  # (an item of the first page; None where it ends)
-    finally:
-        listed.close()  # (one page is enough: ask the store for no more)
+    # one page of the source's own prefix, and no more asked for (ahead=1: the next is asked for
+    # only when this one is read through marked(), which first_page() does not)
+    items, error, _ = _OnePage(origin.client, origin.bucket, origin.prefix).first_page()
+    any_key = error is None and any(not (key.endswith("/") and size == 0) for key, size, *_ in items)
     if not any_key:
         return _no_objects(source, origin)
     lit = origin.list_prefix[len(origin.prefix) :]
