@@ -24,6 +24,7 @@ import itertools
 import mmap
 import os
 import re
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -69,6 +70,19 @@ class TopicConfig:
     retention_bytes: int | None = None  # total size above which the oldest segments are deleted
     retention_ms: int | None = None  # segments whose newest record is older than this are deleted
 
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """The checks `load` makes, for a config given in code: one a later writer would refuse
+        (segment_bytes 0, a float) or that deletes what was acknowledged (retention_ms 0 or
+        negative) is refused (SpecError) before anything is written."""
+        for name in ("segment_bytes", "retention_bytes", "retention_ms"):
+            value = getattr(self, name)
+            optional = name != "segment_bytes"
+            if not ((value is None and optional) or (type(value) is int and value > 0)):
+                raise SpecError(f"TopicConfig: {name} must be a positive integer, not {value!r}")
+
     @classmethod
     def load(cls, directory: Path) -> TopicConfig:
         data = _read_config(directory)
@@ -84,6 +98,7 @@ class TopicConfig:
         return cls(**known)
 
     def save(self, directory: Path) -> None:
+        self.check()  # (changed since it was made?)
         write_atomic(directory / CONFIG_NAME, orjson.dumps({"format": TOPIC_FORMAT, **asdict(self)}))
 
 
@@ -1040,9 +1055,18 @@ def _lock_writer(directory: Path) -> int:
 
 
 class LogWriter:
-    """The one writer of a topic. `append` returns once the batch is durable (fdatasync)."""
+    """The one writer of a topic. `append` returns once the batch is durable (fdatasync).
+
+    Thread-safe: appends from several threads through one writer are taken one at a time (each
+    gets its own offsets), and close waits for an append under way."""
 
     def __init__(self, directory: Path, config: TopicConfig | None = None, create: bool = True):
+        # Reentrant: a signal handler that closes the writer runs in the thread it interrupted.
+        self._lock = threading.RLock()
+        if config is not None and not isinstance(config, TopicConfig):
+            raise SpecError(f"LogWriter: config must be a TopicConfig, not {type(config).__name__}")
+        if config is not None:
+            config.check()  # before anything is made or written
         self.dir = directory
         exists = (directory / CONFIG_NAME).is_file()
         if not exists and not create:
@@ -1218,6 +1242,10 @@ class LogWriter:
         AppendedPartly, or AppendInterrupted for the interrupt, with what it stored. The file then
         holds exactly what is counted: a part cut short is truncated away, not left for the next
         open to find, and one written whole is synced and counted, as a rerun would find it."""
+        with self._lock:
+            return self._append_locked(records)
+
+    def _append_locked(self, records: Sequence[fmt.Pending]) -> tuple[int, int]:
         if not records:
             raise ValueError("append needs at least one record")
         if self.fd < 0:
@@ -1348,6 +1376,10 @@ class LogWriter:
             fsync_dir(self.dir)
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         for attr in ("fd", "idx_fd"):
             fd = getattr(self, attr, -1)
             if fd >= 0:
