@@ -264,7 +264,16 @@ class Cache:
         index = Index(self.root / INDEX_NAME)
         try:
             known = index.setting("ram_root")
-            ram_root = ram_given or Path(known or self._new_ram_root())
+            # the root the index names, gone (a reboot) and its name then taken by another user or
+            # by something that is not a directory: its entries' files are gone anyway, so the
+            # cache passes over it to a fresh name as a new cache does, rather than being refused
+            # until someone (not the CLI user) removes it
+            squatted = ram_given is None and known is not None and _squatted(Path(known))
+            if squatted:
+                known_path = Path(known or "")
+                ram_root = self._new_ram_root(avoid=known_path)
+            else:
+                ram_root = ram_given or Path(known or self._new_ram_root())
             if known != str(ram_root) and ram_given is not None and not ram_checked:
                 check_cache_dir(ram_root, "RAM tier directory")  # a directory given to us: empty
             self.layout = Layout(self.root, ram_root)
@@ -275,6 +284,8 @@ class Cache:
                     self._forget_ram_tier(index)  # its files went with /dev/shm
             elif known != str(ram_root):
                 self._adopt_ram_root(index, ram_root)
+                if squatted:
+                    self._forget_ram_tier(index)  # their files were under the lost root
             elif wiped:
                 self._forget_ram_tier(index)
             if self.ram_unavailable is None:
@@ -283,14 +294,14 @@ class Cache:
         finally:
             index.close()
 
-    def _new_ram_root(self) -> Path:
+    def _new_ram_root(self, avoid: Path | None = None) -> Path:
         """rq's root for a new cache: named after its path, unless a cache moved away from this
         path still uses that name (its root is not ours to sweep); then the next name in a
         sequence every process opening this new cache computes alike."""
         me = self.root.resolve()
         for n in range(16):
             ram_root = default_ram_root(self.root, n)
-            if not _squatted(ram_root) and not orphans.claimed_by_another(ram_root, me):
+            if ram_root != avoid and not _squatted(ram_root) and not orphans.claimed_by_another(ram_root, me):
                 return ram_root
         raise UnsafeDirError(
             f"no free RAM tier directory name for {self.root} in /dev/shm (all 16 are taken, some by "

@@ -78,11 +78,18 @@ class Layout:
         for sub in ("objects", "tmp"):
             make_private(self.ram_root / sub)
         link = self.root / "ram"
-        if not link.is_symlink() and not link.exists():
-            try:
+        try:
+            if not link.is_symlink() and not link.exists():
                 os.symlink(self.ram_root, link)
-            except OSError:
-                pass  # informational only; a read-only or odd file system is fine without it
+            elif link.is_symlink() and os.readlink(link) != str(self.ram_root):
+                # the cache moved to another root (its old name was taken): point there instead
+                new = self.root / f".ram.{os.getpid()}"
+                with contextlib.suppress(FileNotFoundError):
+                    new.unlink()
+                os.symlink(self.ram_root, new)
+                os.replace(new, link)
+        except OSError:
+            pass  # informational only; a read-only or odd file system is fine without it
 
 
 # Errors of a RAM root that cannot be made at all (a read-only or missing /dev/shm, one we may
