@@ -19,7 +19,7 @@ from cache.errors import BadSourceError, CacheError, NotFoundError
 from cache.fetcher import Fetcher, FetchResult, Job, start_thread
 from cache.landing import ObjectInfo, clean_version
 from cache.origins import LocalOrigin, Origin, S3Origin, parse_source
-from cache.s3 import Listing, S3Settings, shared_client, split_s3_url
+from cache.s3 import Listing, S3Settings, list_prefix, split_s3_url
 from cache.sizes import format_size
 
 
@@ -124,41 +124,6 @@ def check_sources_exist(
         selected = selected or any(_offered(info, include, exclude) for info in infos)
     if not selected and whole:
         raise NotFoundError(f"none of the {listed} objects listed matches --include/--exclude")
-
-
-_GLOB_CHAR = re.compile(r"[*?[]")
-
-
-def list_prefix(prefix: str, include: Iterable[str]) -> str:
-    """The key prefix to list for an S3 source's `prefix` under --include, as s5cmd and aws narrow
-    ListObjectsV2's Prefix: the source's prefix and the longest literal start (before the first
-    `*`, `?` or `[`) that every include pattern shares. A pattern matches the whole key relative to
-    the source, so a key it selects starts with that literal part: the narrowed listing holds every
-    key the filter would select. --exclude never narrows; a pattern that starts with a glob, or a
-    source that names an object (`s3://b/name`: its own key is matched by its base name), lists
-    the source's whole prefix."""
-    inc = _anchored(include)
-    if not inc or (prefix and not prefix.endswith("/")):
-        return prefix
-    # (characters, not path components: `shard-00*` narrows to `shard-00`)
-    narrowed = prefix + os.path.commonprefix([_GLOB_CHAR.split(g, 1)[0] for g in inc])  # noqa: RUF071
-    # (no narrowing across `//`: SeaweedFS lists `d/x` for `d//` but `d//x` for `d//x`, so the
-    # narrowed listing would name the same object by another key than the source's listing does)
-    return prefix if "//" in narrowed else narrowed
-
-
-def start_listings(settings: S3Settings, sources: list[str], include: Iterable[str] = ()) -> None:
-    """cache.s3.start_listings, with each s3:// source's listing narrowed by --include
-    (list_prefix): the listing `rq preload` starts early is the one pages() then takes over."""
-    inc = list(include)
-    for source in sources:
-        if not source.startswith("s3://"):
-            continue
-        try:
-            bucket, prefix = split_s3_url(source)
-            shared_client(settings).start_listing(bucket, list_prefix(prefix, inc))
-        except CacheError:
-            return
 
 
 class _OnePage(Listing):

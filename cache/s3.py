@@ -20,7 +20,7 @@ import threading
 import urllib.parse
 import weakref
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -958,14 +958,39 @@ def split_s3_url(url: str) -> tuple[str, str]:
     return bucket, key
 
 
-def start_listings(settings: S3Settings, sources: list[str]) -> None:
-    """Starts listing every s3:// source on the shared client, for the planner to take over; any
-    error is left for the planner's own listing to raise, with its usual message."""
+_GLOB_CHAR = re.compile(r"[*?[]")
+
+
+def list_prefix(prefix: str, include: Iterable[str]) -> str:
+    """The key prefix to list for an S3 source's `prefix` under --include, as s5cmd and aws narrow
+    ListObjectsV2's Prefix: the source's prefix and the longest literal start (before the first
+    `*`, `?` or `[`) that every include pattern shares. A pattern matches the whole key relative to
+    the source, so a key it selects starts with that literal part: the narrowed listing holds every
+    key the filter would select. --exclude never narrows; a pattern that starts with a glob, or a
+    source that names an object (`s3://b/name`: its own key is matched by its base name), lists
+    the source's whole prefix."""
+    inc = [g.lstrip("/") for g in include]  # (a leading `/` anchors at the source: keys already are)
+    if not inc or (prefix and not prefix.endswith("/")):
+        return prefix
+    # (characters, not path components: `shard-00*` narrows to `shard-00`)
+    narrowed = prefix + os.path.commonprefix([_GLOB_CHAR.split(g, 1)[0] for g in inc])  # noqa: RUF071
+    # (no narrowing across `//`: SeaweedFS lists `d/x` for `d//` but `d//x` for `d//x`, so the
+    # narrowed listing would name the same object by another key than the source's listing does)
+    return prefix if "//" in narrowed else narrowed
+
+
+def start_listings(settings: S3Settings, sources: list[str], include: Iterable[str] = ()) -> None:
+    """Starts listing every s3:// source on the shared client (narrowed by --include: list_prefix),
+    for the planner to take over; any error is left for the planner's own listing to raise, with
+    its usual message. (Here, not in cache.preload: `rq preload` calls it before it pays for
+    importing the rest of the cache.)"""
+    inc = list(include)
     for source in sources:
         if not source.startswith("s3://"):
             continue
         try:
-            shared_client(settings).start_listing(*split_s3_url(source))
+            bucket, prefix = split_s3_url(source)
+            shared_client(settings).start_listing(bucket, list_prefix(prefix, inc))
         except CacheError:
             return
 

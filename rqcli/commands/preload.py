@@ -363,7 +363,7 @@ def _preload(
     try:
         check_sources(list(sources), settings)  # a bad argument creates nothing
         # the listing runs on the CRT's threads while the rest of the cache is imported and opened
-        start_listings(settings, list(sources))
+        start_listings(settings, list(sources), include)  # (narrowed by --include as pages() lists)
         if not dry_run and not _cache_exists(cache_dir):
             # nor does a source that is not there (a missing bucket or directory, an empty
             # prefix): a new cache is made only once each source has listed something. The S3
