@@ -62,7 +62,7 @@ from cache.origins import (
     origin_for_url,
 )
 from cache.s3 import S3Settings
-from cache.sizes import parse_size, stored_size
+from cache.sizes import cgroup_memory_limit, parse_size, stored_size
 from cache.store import Store
 
 if TYPE_CHECKING:
@@ -160,6 +160,15 @@ def _make_ram_dir(path: Path, tighten: bool) -> bool:
             _unmake_ram_dir(path)
         raise dir_error(path, "RAM tier directory", exc) from None
     return not existed
+
+
+def default_ram_cap(fs_size: int) -> int:
+    """A new cache's RAM cap: a quarter of the RAM file system, and no more than half the memory
+    limit of the process's cgroup where one is set (a container's): tmpfs pages count against
+    that limit, and a RAM tier filled up to a quarter of the node's /dev/shm got the run OOM-killed."""
+    cap = fs_size // 4
+    limit = cgroup_memory_limit()
+    return cap if limit is None else min(cap, limit // 2)
 
 
 def _unmake_cache_dir(root: Path) -> None:
@@ -453,7 +462,9 @@ class Cache:
                 fs = os.statvfs(self.layout.tier_root(tier))
                 # defaults: a quarter of the RAM file system; 80% of what the disk has free now
                 stored = (
-                    fs.f_blocks * fs.f_frsize // 4 if tier == "ram" else int(fs.f_bavail * fs.f_frsize * 0.8)
+                    default_ram_cap(fs.f_blocks * fs.f_frsize)
+                    if tier == "ram"
+                    else int(fs.f_bavail * fs.f_frsize * 0.8)
                 )
                 if not index.readonly:
                     index.set_setting(f"{tier}_limit", str(stored))

@@ -55,3 +55,53 @@ def format_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TiB"
+
+
+# a cgroup limit at or above this is "unlimited" (v1 writes 2**63 - 4096 rounded to pages)
+_UNLIMITED = 1 << 60
+
+
+def cgroup_memory_limit(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """The memory limit of this process's cgroup in bytes, the lowest of its group and the groups
+    above it (cgroup v2 `memory.max`, v1 `memory/…/memory.limit_in_bytes`), or None when none is set
+    or it cannot be read. tmpfs pages (the RAM tier) count against it: past it the kernel kills."""
+    try:
+        with open(proc_cgroup, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found: list[int] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            base, name = root, "memory.max"  # v2 (the unified hierarchy)
+        elif "memory" in controllers.split(","):
+            base, name = f"{root}/memory", "memory.limit_in_bytes"
+        else:
+            continue
+        rel = path.strip("/")
+        while True:
+            # (in a container the group's host path may not exist under its own mount: the walk
+            # up reaches the container's group at the mount's root)
+            limit = _read_limit(f"{base}/{rel}/{name}" if rel else f"{base}/{name}")
+            if limit is not None:
+                found.append(limit)
+            if not rel:
+                break
+            rel = rel.rpartition("/")[0]
+    return min(found) if found else None
+
+
+def _read_limit(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    if not text.isdigit():
+        return None  # "max", or something this version does not know
+    value = int(text)
+    return value if 0 < value < _UNLIMITED else None

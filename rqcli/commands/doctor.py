@@ -413,15 +413,28 @@ def run_checks(
         check_rdma(),
         _space(cache_dir, "cache-disk", "pass --cache-dir on a larger local disk (NVMe)"),
     ]
-    shm = Path("/dev/shm")
-    if shm.is_dir():
-        findings.append(
-            _space(default_ram_root(cache_dir), "cache-ram", "enlarge /dev/shm (mount -o remount,size=...)")
-        )
-        findings.append(check_orphans())
-    else:
-        findings.append(Finding("cache-ram", "skip", "/dev/shm absent: no RAM tier", "use --tier disk"))
+    findings.extend(check_ram_tier(cache_dir))
     return findings
+
+
+def check_ram_tier(cache_dir: Path, shm: Path = Path("/dev/shm")) -> list[Finding]:
+    """cache-ram: the RAM tier's file system (none usable: skip, the disk tier works without it,
+    docs/cache.md), with the cgroup memory limit that bounds its default cap; and its orphans."""
+    from cache.sizes import cgroup_memory_limit, format_size
+
+    if not shm.is_dir():
+        return [Finding("cache-ram", "skip", f"{shm} absent: no RAM tier", "use --tier disk")]
+    if not os.access(shm, os.W_OK | os.X_OK):
+        why = "read-only" if os.statvfs(shm).f_flag & os.ST_RDONLY else "not writable by you"
+        return [Finding("cache-ram", "skip", f"{shm} is {why}: no RAM tier", "use --tier disk")]
+    ram = _space(default_ram_root(cache_dir), "cache-ram", "enlarge /dev/shm (mount -o remount,size=...)")
+    limit = cgroup_memory_limit()
+    if limit is not None:
+        ram.detail += (
+            f"; cgroup memory limit {format_size(limit)} (RAM-tier files count against it): "
+            f"a new cache's RAM cap is at most {format_size(limit // 2)}"
+        )
+    return [ram, check_orphans()]
 
 
 STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
