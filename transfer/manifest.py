@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import re
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any, TypeGuard, cast
 
 import orjson
 import xxhash
 
 from transfer.errors import LimitError, ProtocolError, UnsafeNameError
-from transfer.names import display_name, validate_name
+from transfer.names import all_plain_and_valid, display_name, validate_name
 
 PROTOCOL_VERSION = 1
 # A manifest that lists directories (empty ones: the others arrive as parents of their files) says
@@ -189,7 +190,13 @@ def parse_manifest(body: bytes | memoryview, limits: Limits) -> Manifest:
             f"manifest lists {len(items) + len(dir_items)} files and directories, "
             f"more than the {limits.max_files} allowed"
         )
-    files = [_parse_entry(item) for item in items]
+    # names and keys checked in bulk where they are all plain; each entry on its own otherwise
+    # (which says which is wrong and how)
+    dicts = all(type(item) is dict for item in items)
+    names_ok = dicts and all_plain_and_valid([item.get("name") for item in items])
+    keys_ok = dicts and _all_hex32([item.get("key") for item in items])
+    idents_ok = dicts and _all_hex32([i for item in items if (i := item.get("ident", "")) != ""])
+    files = [_parse_entry(item, names_ok, keys_ok, idents_ok) for item in items]
     _check_tree(files)
     dirs = _parse_dirs(dir_items, files)
     manifest = Manifest(
@@ -214,28 +221,33 @@ def parse_manifest(body: bytes | memoryview, limits: Limits) -> Manifest:
     return manifest
 
 
-def _parse_entry(item: Any) -> FileEntry:
+def _parse_entry(item: Any, name_ok: bool = False, key_ok: bool = False, ident_ok: bool = False) -> FileEntry:
+    """One file entry; `name_ok`, `key_ok`, `ident_ok`: its name, key, ident were checked already."""
     if not isinstance(item, dict):
         raise ProtocolError("manifest file entry must be an object")
-    name, size, mode, key, elem = (item.get(k) for k in ("name", "size", "mode", "key", "elem"))
-    ident = item.get("ident", "")
-    mtime_ns = item.get("mtime_ns")
+    get = item.get
+    name, size, mode, key, elem = get("name"), get("size"), get("mode"), get("key"), get("elem")
+    ident = get("ident", "")
+    mtime_ns = get("mtime_ns")
     if not isinstance(name, str):
         raise ProtocolError("manifest file name must be a string")
-    validate_name(name)
+    if not name_ok:
+        validate_name(name)
     if not isinstance(size, int) or size < 0 or size > 1 << 50:
         raise ProtocolError(f"bad size {size!r} for a file")
     if not isinstance(mode, int) or not 0 <= mode <= 0o7777:
         raise ProtocolError(f"bad mode {mode!r} for a file")
-    if not _is_hex32(key):
+    if not key_ok and not _is_hex32(key):
         raise ProtocolError("bad file key in manifest")
-    if ident != "" and not _is_hex32(ident):
+    if ident != "" and not ident_ok and not _is_hex32(ident):
         raise ProtocolError("bad file identity in manifest")
     if elem not in (1, 2, 4):
         raise ProtocolError(f"bad element size {elem!r}")
     if mtime_ns is not None and not _is_ns(mtime_ns):
         raise ProtocolError(f"bad mtime {mtime_ns!r} for a file")
-    return FileEntry(name=name, size=size, mode=mode, key=key, elem=elem, ident=ident, mtime_ns=mtime_ns)
+    return FileEntry(
+        name=name, size=size, mode=mode, key=cast(str, key), elem=elem, ident=ident, mtime_ns=mtime_ns
+    )
 
 
 def _is_ns(value: Any) -> TypeGuard[int]:
@@ -243,8 +255,21 @@ def _is_ns(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and -(1 << 62) <= value < 1 << 62
 
 
+_HEX32 = re.compile(r"[0-9a-f]{32}")
+_HEX = re.compile(r"[0-9a-f]*")
+
+
+def _all_hex32(values: list[Any]) -> bool:
+    """Whether every value is a string of 32 lowercase hex digits (see _is_hex32), in bulk."""
+    if not values:
+        return True
+    if set(map(type, values)) != {str} or set(map(len, values)) != {32}:
+        return False
+    return _HEX.fullmatch("".join(values)) is not None
+
+
 def _is_hex32(value: Any) -> TypeGuard[str]:
-    return isinstance(value, str) and len(value) == 32 and all(c in "0123456789abcdef" for c in value)
+    return isinstance(value, str) and _HEX32.fullmatch(value) is not None
 
 
 def _tree_key(name: str) -> str:
@@ -282,8 +307,9 @@ def _parse_dirs(items: list[str], files: list[FileEntry]) -> tuple[str, ...]:
     """Directory names pass the same checks as file names (no absolute path, no `..`, no control
     characters, nothing inside .rq-partial), appear once, in order, and are neither a file of the
     manifest nor under one."""
-    for name in items:
-        validate_name(name)
+    if not all_plain_and_valid(items):
+        for name in items:
+            validate_name(name)
     if len(set(items)) != len(items) or items != sorted(items):
         raise ProtocolError("manifest directories must be sorted and listed once")
     names = {f.name for f in files}

@@ -97,8 +97,8 @@ def _islink(path: str | Path) -> bool:
         return False
 
 
-def _identity(path: Path) -> SourceFile:
-    st = _at(os.stat, path)
+def _identity(path: Path, st: os.stat_result | None = None) -> SourceFile:
+    st = st or _at(os.stat, path)
     return SourceFile(path, st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, st.st_dev)
 
 
@@ -174,15 +174,25 @@ def _walk(
             elif (reason := _unsendable(base, src, full)) is not None:
                 skipped.append(Skipped(full, reason))
                 dirs.remove(dname)  # not walked: each file under it would be refused alike
+        # per directory, not per file: the path arithmetic was most of a 100,000-file scan
+        here = Path(root)
+        rel = here.relative_to(src)
+        prefix = (Path(base) / rel).as_posix()
+        sent_here = False
         for fname in sorted(files):
-            full = Path(root) / fname
-            reason = _not_regular(full) or _unsendable(base, src, full)
+            full = here / fname
+            name = f"{prefix}/{fname}"
+            st, reason = _regular(full)
+            reason = reason or _unsendable_name(name, src)
             if reason is not None:
                 skipped.append(Skipped(full, reason))
                 continue
-            _add(found, (Path(base) / Path(root).relative_to(src) / fname).as_posix(), full)
-            sent_under.update(Path(root).relative_to(src).parents)
-            sent_under.add(Path(root).relative_to(src))
+            assert st is not None
+            _add(found, name, full, st)
+            sent_here = True
+        if sent_here:
+            sent_under.update(rel.parents)
+            sent_under.add(rel)
     for d in walked:
         name = os.path.normpath((Path(base) / d.relative_to(src)).as_posix())
         if d.relative_to(src) not in sent_under:
@@ -244,7 +254,11 @@ def _unsendable(base: str, src: Path, path: Path) -> str | None:
     """Why the protocol cannot carry `path`'s name (a backslash, a control character, bytes that
     are not UTF-8: names are data on the receiver, never paths); None when it can. Such an entry
     is skipped with a warning like a FIFO, instead of refusing the whole tree for one name."""
-    name = (Path(base) / path.relative_to(src)).as_posix()
+    return _unsendable_name((Path(base) / path.relative_to(src)).as_posix(), src)
+
+
+def _unsendable_name(name: str, src: Path) -> str | None:
+    """_unsendable of the entry sent as `name` from directory SOURCE `src`."""
     try:
         validate_name(name)
     except NameTooLongError:
@@ -266,29 +280,37 @@ def _shortened(text: str, keep: int = 40) -> str:
 
 def _not_regular(path: Path) -> str | None:
     """Why `path` (a name os.walk listed as a non-directory) is not sent; None for a regular file."""
+    return _regular(path)[1]
+
+
+def _regular(path: Path) -> tuple[os.stat_result | None, str | None]:
+    """`path`'s stat for a regular file (one stat serves the check and the entry), else why not."""
     try:
-        mode = _at(os.stat, path).st_mode
+        st = _at(os.stat, path)
     except FileNotFoundError:
         try:
             link = stat.S_ISLNK(_at(os.lstat, path).st_mode)
         except OSError:
             link = False
-        return "broken symlink" if link else "disappeared while scanning"
+        return None, "broken symlink" if link else "disappeared while scanning"
     except OSError as exc:
-        return f"cannot stat: {exc.strerror or exc}"
+        return None, f"cannot stat: {exc.strerror or exc}"
+    mode = st.st_mode
     if stat.S_ISREG(mode):
-        return None
+        return st, None
     kind = "FIFO" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode) else "device or special file"
-    return f"not a regular file ({kind})"
+    return None, f"not a regular file ({kind})"
 
 
-def _add(found: dict[str, tuple[SourceFile, int]], name: str, path: Path) -> None:
+def _add(
+    found: dict[str, tuple[SourceFile, int]], name: str, path: Path, st: os.stat_result | None = None
+) -> None:
     name = os.path.normpath(name).replace(os.sep, "/")
     validate_name(name)  # we would refuse our own manifest otherwise; say so here
     if name in found:
         raise TransferError(f"two sources would both be sent as {name!r}")
-    sf = _identity(path)
-    found[name] = (sf, stat.S_IMODE(_at(os.stat, path).st_mode))
+    st = st or _at(os.stat, path)
+    found[name] = (_identity(path, st), stat.S_IMODE(st.st_mode))
 
 
 def source_error(path: Path, exc: OSError) -> SourceChangedError:
