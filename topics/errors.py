@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -234,3 +235,21 @@ class PublishedElsewhere(PublishRefused):
             f"removes nothing from another stream){refused}; {stored_before} record(s) before "
             f"{name(self.index)} are stored in {self.stream}{kept}; nothing later was sent"
         )
+
+
+def as_int(value: object) -> int | None:
+    """`value` as a plain int if it is an integer (an int, or anything with __index__: numpy's
+    int64), else None: a bool, a float, a string."""
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
+        return None
+    return operator.index(value)  # type: ignore[arg-type]
+
+
+def offset_arg(what: str, value: object) -> int:
+    """An offset given to the library (a start, a stop): an integer (as_int) of 0 or more,
+    returned as a plain int. Anything else raises SpecError naming `what`, before anything is
+    read or written."""
+    number = as_int(value)
+    if number is None or number < 0:
+        raise SpecError(f"{what} must be an offset (an integer: offsets start at 0), not {value!r}")
+    return number

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import xxhash
 
 from topics.embedded.format import encode_headers
-from topics.errors import SpecError
+from topics.errors import SpecError, offset_arg
 from topics.expr import Context, Filter
 from topics.record import Record
 from topics.render import Decoded, decode, headers_json
@@ -61,6 +61,13 @@ class Request:
     skip_corrupt: bool = False
     decode_values: bool = False  # the emitter wants decoded values (json, template, fields)
     digest: bool = False
+
+    def __post_init__(self) -> None:
+        # A negative start told a phantom "aged out" gap and saved a spec its own load refuses;
+        # 1.5 read on from 2 without a word.
+        self.start = offset_arg("Request start", self.start)
+        if self.stop is not None:
+            self.stop = offset_arg("Request stop", self.stop)
 
 
 @dataclass

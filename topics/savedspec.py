@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 
 from topics.embedded.files import not_writable, write_atomic
-from topics.errors import DigestMismatch, SpecError, SpecFileNotFound, Unsupported
+from topics.errors import DigestMismatch, SpecError, SpecFileNotFound, Unsupported, as_int
 from topics.expr import compile_where
 from topics.pipeline import Emit, Rate, Request, Result, dry_run, run
 from topics.sources.base import Source
@@ -48,6 +48,14 @@ VERSION = 1
 # a newer version is refused (Unsupported, rq exit 10).
 
 LATER_FIELDS = ("time_from", "time_to", "aged_out")  # not in the first version-1 specs
+
+
+def _as_int(value: Any) -> int:
+    """An integer of another type in a spec's field (numpy's int64 offsets): stored as an int."""
+    number = as_int(value)
+    if number is None:
+        raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+    return number
 
 
 @dataclass
@@ -125,7 +133,12 @@ class ReplaySpec:
         # them, and the older rq, refusing a field it does not know, refuses it.
         body = {"rq_replay_spec": VERSION}
         body.update((k, v) for k, v in asdict(self).items() if v is not None or k not in LATER_FIELDS)
-        write_atomic(path, orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
+        try:
+            data = orjson.dumps(body, option=orjson.OPT_INDENT_2, default=_as_int)
+        except orjson.JSONEncodeError as exc:
+            # a field of a type JSON cannot hold: refused in one line before anything is written
+            raise SpecError(f"cannot save the replay spec {path}: {exc}") from None
+        write_atomic(path, data + b"\n")
 
     @staticmethod
     def check_savable(path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 
 from topics.embedded.files import SHARED_DIR, fsync_dir, not_writable, write_atomic
-from topics.errors import DamagedGroup, SpecError
+from topics.errors import DamagedGroup, SpecError, offset_arg
 
 STALE_TMP_S = 3600  # a commit's temp file older than this was left by a commit that died
 
@@ -30,14 +30,20 @@ def check_group_name(name: str) -> str:
     return name
 
 
-def check_commit_offset(group: str, offset: int) -> None:
-    """Offsets start at 0: a negative one stored would read as a group whose records aged out."""
-    if offset < 0:
-        raise SpecError(f"cannot commit offset {offset} for group {group}: offsets start at 0")
+def check_commit_offset(group: str, offset: int) -> int:
+    """The offset as a plain int. Offsets start at 0: a negative one stored would read as a group
+    whose records aged out; a float (7.5) stored read back as damaged, True was stored as `true`,
+    and numpy's int64 failed in orjson with a bare TypeError. An int, or anything with __index__
+    (not a bool), is taken; anything else is refused (SpecError)."""
+    return offset_arg(f"cannot commit offset {offset!r} for group {group}: it", offset)
 
 
 class GroupStore:
-    """Committed offsets: the next offset the group will read (Kafka's convention)."""
+    """Committed offsets: the next offset the group will read (Kafka's convention).
+
+    `end` (the topic's end offset) is what a commit and a stored offset are checked against:
+    `TopicLog(d).groups` gives it. A GroupStore made without it stores offsets only and checks
+    none against an end: it knows no log (it may be made for a directory with none yet)."""
 
     def __init__(self, topic_dir: Path, end: Callable[[], int] | None = None):
         self.dir = topic_dir / "groups"
@@ -72,7 +78,7 @@ class GroupStore:
 
     def commit(self, group: str, offset: int) -> None:
         check_group_name(group)
-        check_commit_offset(group, offset)
+        offset = check_commit_offset(group, offset)
         if self.end is not None and offset > (end := self.end()):
             # stored, it would read back as damaged (committed() above); JetStream refuses it too
             raise SpecError(

@@ -24,6 +24,7 @@ import itertools
 import mmap
 import os
 import re
+import struct
 import threading
 import time
 import zlib
@@ -47,6 +48,8 @@ from topics.errors import (
     TopicNotFound,
     Unsupported,
     WriterBusy,
+    as_int,
+    offset_arg,
 )
 from topics.record import Record
 
@@ -531,9 +534,16 @@ class TopicLog:
     def offset_for_time(self, ts_ms: int) -> int:
         """First offset whose timestamp is >= ts_ms; the end offset when there is none.
 
+        `ts_ms` is Unix time in milliseconds, an int (time.time() * 1000, rounded): a float is
+        refused (SpecError), as 1700000050.0 is likelier seconds than a time in 1970.
+
         Damage is seen through where the CRC-checked batch headers and the good records around it
         pin the timestamps (timestamps never decrease). Where damaged records could hold that
         first offset, raises CorruptRecord rather than pick one."""
+        number = as_int(ts_ms)
+        if number is None:
+            raise SpecError(f"offset_for_time takes Unix time in milliseconds (an int), not {ts_ms!r}")
+        ts_ms = number
         segs = self.segments()
         # Start in the last segment whose first record is known to be older than ts_ms.
         k = 0
@@ -666,6 +676,8 @@ class LogReader:
         idle_timeout: float | None = None,
         on_gap: Callable[[int, int], None] | None = None,
     ):
+        start = offset_arg("start", start)
+        stop = None if stop is None else offset_arg("stop", stop)
         self.log = log
         # Offsets first..last that retention deleted before this reader got to them: told, never
         # read (a reader slower than retention, or one that starts below the first segment left).
@@ -1037,7 +1049,9 @@ def _lock_writer(directory: Path) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise WriterBusy(f"topic {directory} is being written by another process") from None
+            raise WriterBusy(
+                f"topic {directory} is being written by another process (or another LogWriter in this one)"
+            ) from None
         except BaseException:
             os.close(fd)
             raise
@@ -1270,12 +1284,25 @@ class LogWriter:
         now = now_ms()
         stamps: list[int] = []
         last = self.last_ts
-        for rec in records:
-            ts = rec[0] if rec[0] is not None else now
-            last = ts if ts > last else last  # timestamps never go backwards: seeks stay exact
-            stamps.append(last)
         first = self.next_offset
-        data = fmt.encode_batch(first, records, stamps)
+        try:
+            for rec in records:
+                ts = rec[0]
+                if ts is None:
+                    ts = now
+                elif type(ts) is not int:  # numpy's int64 is taken, a float or a bool refused
+                    if (number := as_int(ts)) is None:
+                        raise TypeError(f"timestamp {ts!r} is not an int")
+                    ts = number
+                last = ts if ts > last else last  # timestamps never go backwards: seeks stay exact
+                stamps.append(last)
+            data = fmt.encode_batch(first, records, stamps)
+        except (struct.error, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            # nothing written: one line, not struct's "required argument is not an integer"
+            raise SpecError(
+                "cannot append: each record is (timestamp: Unix ms as an int of 0 to 2**63-1, or "
+                f"None; key: bytes or None; headers: ((str, bytes), ...); value: bytes): {exc}"
+            ) from None
         if len(data) - fmt.BATCH_SIZE > fmt.MAX_BATCH_PAYLOAD:
             # Readers take a header claiming more for damage: a batch this big would be acknowledged
             # and then cut off as a torn tail. Split it, or refuse a record too big on its own.

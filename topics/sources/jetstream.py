@@ -1241,8 +1241,7 @@ class JetStreamSource:
         import nats.js.errors
 
         try:
-            self._check_commit_offset(group, offset)
-            offset = max(offset, 1)
+            offset = max(self._check_commit_offset(group, offset), 1)
             for _ in range(_COMMIT_TRIES):
                 existing = self._consumer(group)
                 if existing is None:
@@ -1295,17 +1294,18 @@ class JetStreamSource:
                 self.conn.js.add_consumer(self.conn.stream, dataclasses.replace(config, metadata=meta))
             )
 
-    def _check_commit_offset(self, group: str, offset: int) -> None:
+    def _check_commit_offset(self, group: str, offset: int) -> int:
         """A group past the end would skip records not yet written; negative is no offset."""
-        check_commit_offset(group, offset)
+        offset = check_commit_offset(group, offset)
         if offset <= self._known_end:
-            return
+            return offset
         self._known_end = self.end_offset()
         if offset > self._known_end:
             raise SpecError(
                 f"cannot commit offset {offset} for group {group}: the stream ends at {self._known_end} "
                 f"(a group's offset is at most the end)"
             )
+        return offset
 
     def _group_config(self, group: str, offset: int) -> Any:
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy

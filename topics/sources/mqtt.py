@@ -398,6 +398,7 @@ class MqttSink:
         self.max_packet_size = max_packet_size
         self.client = _client(ref, connect_timeout, max_packet_size)
         self.gone: list[str] = []  # why the broker closed the connection, once it has
+        self.closed = False  # close() was called (from another thread, while an append waits)
 
         def on_disconnect(_c: Any, _u: Any, _flags: Any, reason: Any, _props: Any) -> None:
             self.gone.append(lost_why(reason))
@@ -407,6 +408,8 @@ class MqttSink:
     def append(self, records: Sequence[Pending]) -> Appended:
         # remaining length of a QoS 1 PUBLISH: topic (2-byte length + UTF-8), packet id, payload
         head = 2 + len(self.topic.encode()) + 2
+        if self.closed:
+            raise TopicError(f"the MQTT sink for {self.url} is closed")
         sizes = [head + len(value) for _, _, _, value in records]
         for i, size in enumerate(sizes):
             if size > self.max_packet_size:
@@ -419,6 +422,12 @@ class MqttSink:
         deadline = time.monotonic() + self.ACK_WAIT_S
         for n, info in enumerate(infos):
             while not info.is_published():
+                if self.closed:
+                    # not the broker: blaming a packet-size limit sent the caller the wrong way
+                    raise TopicError(
+                        f"the MQTT sink for {self.url} was closed (close() called) with "
+                        f"{len(infos) - n} publish(es) to {self.topic} unacknowledged"
+                    )
                 if self.gone or not self.client.is_connected():
                     why = f" ({self.gone[0]})" if self.gone else ""
                     raise ConnectionLost(
@@ -438,6 +447,7 @@ class MqttSink:
         return Appended(None, None, len(records))
 
     def close(self) -> None:
+        self.closed = True  # first: an append waiting for PUBACKs tells the caller why it ended
         with contextlib.suppress(Exception):
             self.client.disconnect()
         _stop(self.client)
