@@ -624,5 +624,6 @@ def _ram_fs_why(c: Any, caps: dict[str, int]) -> str:
         )
     return (
         f"rq's RAM tier holds {format_size(held)} of its {format_size(size)}; the rest is taken by "
-        "files that are not rq's: free some there"
+        "files that are not this cache's (other programs', or another rq cache's RAM tier: "
+        "`rq cache orphans` lists those left by deleted caches): free some there"
     )
