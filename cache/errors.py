@@ -58,6 +58,12 @@ class MisbehavingStoreError(OriginError):
     hint = "the store (or a proxy in front of it) is misbehaving; a re-run would meet the same reply"
 
 
+class RamTierUnavailableError(CacheError):
+    """The RAM tier was asked for where this machine has none usable (/dev/shm missing, read-only
+    or not ours to write); the disk tier works without it. rq: exit 10, "needs something this
+    machine lacks"."""
+
+
 class ThreadLimitError(CacheError):
     """A thread the cache needs could not start (RuntimeError "can't start new thread": the
     address-space limit, ulimit -v, leaves no room for its stack, or ulimit -u / the cgroup's pids

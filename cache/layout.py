@@ -20,7 +20,6 @@ from pathlib import Path
 import xxhash
 
 from cache.errors import BadSourceError, CacheError, FileSystemFullError, UnsafeDirError
-from cache.index import IndexVersionError
 
 TIERS = ("ram", "disk")
 INDEX_NAME = "index.sqlite3"
@@ -95,12 +94,6 @@ class Layout:
 # Errors of a RAM root that cannot be made at all (a read-only or missing /dev/shm, one we may
 # not write in): the machine has no usable RAM tier; the disk tier works without it.
 NO_RAM_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR})
-
-
-class RamTierUnavailableError(IndexVersionError):
-    """The RAM tier was asked for where this machine has none usable (/dev/shm missing, read-only
-    or not ours to write). rq: exit 10, "needs something this machine lacks" (it maps the index
-    error it derives from so)."""
 
 
 def check_cache_dir(root: Path, what: str = "") -> None:

@@ -42,6 +42,7 @@ def cache_error_to_cli(exc: Exception, sources: tuple[str, ...] = ()) -> CliErro
         (e.DeniedError, ExitCode.AUTH, "check the permissions of the file or directory"),
         (e.UncacheableError, ExitCode.UNSUPPORTED, "copy it to a regular file first"),
         (IndexVersionError, ExitCode.UNSUPPORTED, None),  # (its message says what to do)
+        (e.RamTierUnavailableError, ExitCode.UNSUPPORTED, None),  # (its message names --tier disk)
         (e.TlsError, ExitCode.AUTH, None),  # its own hint: what to fix depends on the refusal
         (e.AuthError, ExitCode.AUTH, "check AWS_PROFILE / AWS_ACCESS_KEY_ID and the endpoint"),
         (

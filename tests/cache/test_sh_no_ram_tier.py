@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 import cache.api
-from cache import Cache
+from cache import Cache, RamTierUnavailableError
 from cache.errors import UnsafeDirError
-from cache.layout import RamTierUnavailableError
 
 
 def _shm_under(monkeypatch: pytest.MonkeyPatch, shm: Path) -> None:
