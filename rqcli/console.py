@@ -40,15 +40,22 @@ def held_signals() -> list[int]:
 
 
 def _standard_streams_open() -> None:
-    """A closed stdin, stdout or stderr (`2>&-` in a script) becomes /dev/null before rq opens
+    """A closed stdin, stdout or stderr (`2>&-` in a script) gets a descriptor before rq opens
     anything: otherwise the next file rq opens takes that descriptor, and the interpreter has set
     the stream to None, which click.echo replaces with stdout — warnings landed in `rq cache cat`'s
-    data, and the first `.isatty()` or `.write()` was an AttributeError."""
+    data, and the first `.isatty()` or `.write()` was an AttributeError.
+
+    stdin and stderr become /dev/null (a lost warning must not stop the work). stdout becomes
+    /dev/null opened read-only: it holds descriptor 1, and every write to it still fails with
+    EBADF, as it would closed, so a command fails on its first write to stdout ("cannot write to
+    stdout: Bad file descriptor", exit 1) as `cat >&-` does, instead of dropping its output and
+    exiting 0 (`rq replay -g G --commit >&-` moved the group past records nobody got). A command
+    that writes nothing to stdout (`rq -q preload`, `rq produce` without --json) runs as before."""
     for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
         try:
             os.fstat(fd)
         except OSError:
-            got = os.open(os.devnull, os.O_RDWR)
+            got = os.open(os.devnull, os.O_RDONLY if fd == 1 else os.O_RDWR)
             if got != fd:  # a lower descriptor was closed too and took it: it is handled in turn
                 os.dup2(got, fd)
                 os.close(got)

@@ -494,4 +494,11 @@ def main(argv: list[str] | None = None) -> None:
         err = CliError(f"unexpected {type(exc).__name__}: {exc} (run with -v for the traceback)")
         click.echo(f"rq: error: {err.one_line()}", err=True)
         code = int(ExitCode.FAILURE)
+    failed = _run.out.stdout_failed if _run.out is not None else None
+    if failed is not None:
+        # a command that goes on without stdout (preload, produce, send) found it unwritable: the
+        # work is done, and the line says its output is not; exit 1 unless the run failed otherwise
+        with contextlib.suppress(OSError):
+            click.echo(f"rq: error: {failed.one_line()}", err=True)
+        code = code or int(failed.code)
     teardown.leave(code, console)

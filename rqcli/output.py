@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from rqcli.errors import CliError
+from rqcli.exitcodes import ExitCode
+
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
@@ -86,6 +89,21 @@ def _point_at_devnull(stream: Any) -> None:
         os.close(devnull)
 
 
+class StdoutError(CliError):
+    """stdout cannot be written (closed with `>&-`, a full disk, an I/O error): one line naming
+    stdout, exit 1. Not exit 7, which says the cache's disk is full, and not silence: a command whose
+    output went nowhere must not exit 0 (`rq replay -g G --commit >&-` moved the group past records
+    nobody got)."""
+
+
+def stdout_error(exc: OSError, stream: Any = None) -> StdoutError:
+    """The error for a failed write to stdout; stdout then points at /dev/null, so that nothing
+    written later (a --json summary, the interpreter's last flush) fails again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        _point_at_devnull(sys.stdout if stream is None else stream)
+    return StdoutError(f"cannot write to stdout: {exc.strerror or exc}", ExitCode.FAILURE)
+
+
 def _keeps_going() -> bool:
     ctx = click.get_current_context(silent=True)
     return ctx is not None and ctx.command_path in KEEP_GOING_WITHOUT_STDOUT
@@ -112,6 +130,8 @@ class Output:
     # whether the command goes on without stdout: set by get_output() on the main thread, because
     # click's context is per thread and rq recv emits from its channel threads
     keep_going: bool | None = None
+    # a command that goes on without stdout found it unwritable: rq main() ends the run with it
+    stdout_failed: StdoutError | None = None
 
     def _to_stdout(self, text: str) -> None:
         if self.stdout_lost:
@@ -124,6 +144,13 @@ class Output:
                 raise  # the `rq` group ends the command with exit 0
             self.stdout_lost = True
             _point_at_devnull(self.stdout)
+        except OSError as exc:  # closed (`>&-`), a full disk (`> /dev/full`), EIO
+            err = stdout_error(exc, self.stdout)
+            if not (self.keep_going if self.keep_going is not None else _keeps_going()):
+                raise err from None
+            # the work goes on (as for a reader gone) and the run ends with exit 1 and this line
+            self.stdout_lost = True
+            self.stdout_failed = err
 
     def _to_stderr(self, text: str) -> None:
         try:

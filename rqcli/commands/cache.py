@@ -14,7 +14,7 @@ import click
 from rqcli.commands.preload import cache_error_to_cli, open_cache
 from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
-from rqcli.output import get_output, output_options, safe_text
+from rqcli.output import get_output, output_options, safe_text, stdout_error
 from rqcli.params import CommandEnvFirst, NonEmptyPath, Seconds
 
 cache_dir_option = click.option(
@@ -259,9 +259,20 @@ def cat(url: str, cache_dir: Path | None, endpoint_url: str | None, profile: str
     with handle:
         sink = sys.stdout.buffer
         while chunk := handle.read(1 << 20):
-            sink.write(chunk)
-        sink.flush()
+            _to_stdout(lambda: sink.write(chunk))
+        _to_stdout(sink.flush)
     c.close()
+
+
+def _to_stdout(write: Callable[[], object]) -> None:
+    """A write of `rq cache cat`'s data: a full disk or a closed stdout is stdout's error (exit 1),
+    not the cache's (exit 7 says the cache's disk is full). The reader gone stays BrokenPipeError."""
+    try:
+        write()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise stdout_error(exc) from None
 
 
 @cache.command("verify")
@@ -282,7 +293,7 @@ def verify(pattern: str | None, repair: bool, cache_dir: Path | None) -> None:
     def found(p: Any) -> None:  # each as it is found, not all at the end
         out.emit({"event": "corrupt", "url": p.url, "problem": p.problem, "repaired": repair})
         if not out.json:
-            click.echo(f"CORRUPT {safe_text(p.url)}: {p.problem}" + (" (dropped)" if repair else ""))
+            out.result(f"CORRUPT {safe_text(p.url)}: {p.problem}" + (" (dropped)" if repair else ""))
 
     checked, problems = _guard(lambda: c.verify(pattern, repair=repair, on_problem=found))
     out.emit({"event": "summary", "checked": checked, "corrupt": len(problems), "repaired": repair})

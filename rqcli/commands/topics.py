@@ -29,7 +29,7 @@ from platformdirs import user_data_path
 
 from rqcli.errors import CliError, Terminated, interruption
 from rqcli.exitcodes import ExitCode
-from rqcli.output import Output, get_output, output_options, safe_text
+from rqcli.output import Output, StdoutError, get_output, output_options, safe_text, stdout_error
 from rqcli.params import CommandEnvFirst, NonEmptyPath, Seconds, documented_env_names
 from topics.embedded.format import MAX_BATCH_PAYLOAD, RECORD_SIZE
 from topics.embedded.groups import check_group_name
@@ -318,6 +318,8 @@ class Writer:
         except BrokenPipeError:
             _stdout_gone()
             raise ReaderLeft from None
+        except OSError as exc:  # closed (`>&-`), full (`> /dev/full`): never a commit
+            raise stdout_error(exc) from None
 
     def _write_all(self, pieces: list[bytes]) -> None:
         write = self.stream.write
@@ -362,12 +364,16 @@ class Writer:
         except BrokenPipeError:
             _stdout_gone()
             raise ReaderLeft from None
+        except OSError as exc:
+            raise stdout_error(exc) from None
 
     def close(self) -> None:
         try:
             self.stream.flush()
         except BrokenPipeError:
             _stdout_gone()
+        except OSError as exc:
+            raise stdout_error(exc) from None
 
 
 class ReaderLeft(Exception):
@@ -1497,6 +1503,7 @@ def replay(
             bar_cm = out.progress(transfer=False) if show_bar else contextlib.nullcontext(None)
 
             reader_left = False
+            stdout_failed = False
             try:
                 with bar_cm as bar:
                     task = (
@@ -1562,6 +1569,11 @@ def replay(
                 # head`). A BrokenPipeError is any other write that found it gone (never a commit).
                 _stdout_gone()
                 reader_left = True
+            except StdoutError:
+                # stdout closed or full: what was written may be cut short, so no commit either;
+                # the run ends with the stdout line and exit 1
+                stdout_failed = True
+                raise
             finally:
                 # Records written out before a Ctrl-C/SIGTERM count even if the read loop had not
                 # moved its position past them yet.
@@ -1571,7 +1583,7 @@ def replay(
                     # store are stored: a rerun starts there, neither skipping nor copying twice
                     reached = max(reached, copied.kept_to)
                 try:
-                    if commit and group and reached > start and not reader_left:
+                    if commit and group and reached > start and not (reader_left or stdout_failed):
                         with stops.storing():
                             source.commit(group, reached)
                             committed_to[:] = [reached]
