@@ -81,6 +81,7 @@ STALLED_ATTEMPTS = 3
 # even though it still accepts them: this many lost connections in a row, with no object landing
 # in between, stop the run (exit 6) instead of retrying every object of a big prefix
 LOST_IN_A_ROW = 16
+WIND_DOWN_S = 30  # a stopping run waits this long at most for the requests it handed off to report
 
 
 def out_of_files(exc: BaseException) -> bool:
@@ -315,6 +316,13 @@ class Fetcher:
         self._bytes = 0
         self._bytes_lock = threading.Lock()
         self._seq = itertools.count()
+        # requests handed off and not yet reported, by key: added by the loop as it hands one to
+        # an origin or a finisher, dropped by the thread that reports it, after its message is in
+        # the queue. A stopping run waits on this, not on its own count of messages: a Ctrl-C
+        # landing between a queue get and that count (or between the count and the hand-off) lost
+        # one, and the wind-down waited out its 30 s deadline with every worker idle.
+        self._live: set[int] = set()
+        self._keys = itertools.count()
         self.resumed_bytes = 0
         self.throttled = 0
         self._lost_in_a_row = 0  # objects failed on a dropped connection since one last landed
@@ -331,38 +339,57 @@ class Fetcher:
         with self._bytes_lock:
             self._bytes += n
 
-    def _request_done(self, job: Job, piece: int | None, err: BaseException | None) -> None:
+    def _report(self, key: int, message: tuple[str, Any, int | None, Any]) -> None:
+        """A handed-off request's one message; then it is no longer live (see _live)."""
+        try:
+            self._q.put(message)
+        finally:
+            self._live.discard(key)
+
+    def _request_done(self, job: Job, piece: int | None, err: BaseException | None, key: int) -> None:
         if piece is None and self._inline:
             # a whole object, finished here on the origin's callback thread: with batch syncs (or
             # no fsync) finishing never waits on the disk (a page-cache read-back and the hashing),
             # and handing it to a finisher thread cost a queue message, a futex wake and one more
             # GIL hand-off per object
-            self._complete(job, piece, err)
+            self._complete(job, piece, err, key)
         else:
-            self._finisher.submit(self._complete, job, piece, err)
+            self._finisher.submit(self._complete, job, piece, err, key)
 
-    def _complete(self, job: Job, piece: int | None, err: BaseException | None) -> None:
-        landing = job.landing
-        assert landing is not None
+    def _complete(self, job: Job, piece: int | None, err: BaseException | None, key: int) -> None:
         if err is not None:
-            self._q.put(("error", job, piece, err))
+            self._report(key, ("error", job, piece, err))
             return
         try:
+            landing = job.landing
+            assert landing is not None
             if piece is None:
-                self._q.put(("landed", job, None, landing.finish()))
+                message: tuple[str, Any, int | None, Any] = ("landed", job, None, landing.finish())
             else:
                 landing.piece_done(piece)
-                self._q.put(("piece", job, piece, None))
+                message = ("piece", job, piece, None)
         except BaseException as exc:
-            self._q.put(("error", job, piece, exc))
+            message = ("error", job, piece, exc)
+        self._report(key, message)
 
-    def _finish_big(self, job: Job) -> None:
-        assert job.landing is not None
+    def _finish_big(self, job: Job, key: int) -> None:
         try:
+            assert job.landing is not None
             job.landing.checksums = job.origin.checksums(job.info)
-            self._q.put(("landed", job, None, job.landing.finish()))
+            message: tuple[str, Any, int | None, Any] = ("landed", job, None, job.landing.finish())
         except BaseException as exc:
-            self._q.put(("error", job, None, exc))
+            message = ("error", job, None, exc)
+        self._report(key, message)
+
+    def _hand_to_finisher(self, job: Job) -> None:
+        """_finish_big on a finisher thread, live until it reports."""
+        key = next(self._keys)
+        self._live.add(key)
+        try:
+            self._finisher.submit(self._finish_big, job, key)
+        except BaseException:
+            self._live.discard(key)  # (never queued: nothing will report it)
+            raise
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -470,7 +497,7 @@ class Fetcher:
                                 if len(job.landing.done_pieces) == job_piece_count(job):
                                     job.outstanding += 1
                                     inflight += 1
-                                    self._finisher.submit(self._finish_big, job)
+                                    self._hand_to_finisher(job)
                             elif job.outstanding == 0:
                                 fatal = self._failed(job, job.error, ready, delayed, result, fatal)
                         elif kind == "landed":
@@ -512,10 +539,13 @@ class Fetcher:
                 self._cancel(j)
             while pending:
                 inflight -= self._wind_down(pending.popleft(), to_land, result)
-            deadline = time.monotonic() + 30
-            while inflight > 0 and time.monotonic() < deadline:
+            # every request handed off reports once (its message is queued before it stops being
+            # live): wait for those, whatever this loop's own count says (a message taken but not
+            # counted when the interruption landed)
+            deadline = time.monotonic() + WIND_DOWN_S
+            while self._live and time.monotonic() < deadline:
                 try:
-                    message = self._q.get(timeout=0.5)
+                    message = self._q.get(timeout=0.05)
                 except queue.Empty:
                     continue
                 inflight -= self._wind_down(message, to_land, result)
@@ -729,7 +759,7 @@ class Fetcher:
     def _start(self, job: Job, piece: int | None, rng: tuple[int, int] | None) -> None:
         assert job.landing is not None
         if piece == -1:
-            self._finisher.submit(self._finish_big, job)
+            self._hand_to_finisher(job)
             return
         # One report per request, whoever is first: a fetch that raised may still have queued its
         # copy (a ThreadPoolExecutor's submit queues the call, then raises "can't start new
@@ -737,15 +767,17 @@ class Fetcher:
         # the error below: in flight was counted down twice, went below 0, and the run, which
         # ends when it reaches 0, waited forever.
         report = [piece]
+        key = next(self._keys)
 
         def done(err: BaseException | None) -> None:
             try:
                 report.pop()
             except IndexError:
                 return  # fetch raised: its error was the report
-            self._request_done(job, piece, err)
+            self._request_done(job, piece, err, key)
 
         try:
+            self._live.add(key)  # (an interruption before it: the report below discards nothing)
             req = job.origin.fetch(job.info, job.landing, done, rng)
         except Exception as exc:
             try:
@@ -758,12 +790,15 @@ class Fetcher:
                 err = ThreadLimitError(THREAD_LIMIT)
                 err.__cause__ = exc
                 exc = err
-            self._q.put(("error", job, piece, exc))
+            self._report(key, ("error", job, piece, exc))
             return
         except BaseException as exc:  # Ctrl-C: the run stops (exit 130), it is not this object's failure
-            with contextlib.suppress(IndexError):
+            try:
                 report.pop()
-                self._q.put(("error", job, piece, exc))  # (counted in flight: the wind-down books it)
+            except IndexError:
+                pass  # done() has it: it reports
+            else:
+                self._report(key, ("error", job, piece, exc))  # (the wind-down books it)
             raise
         if req is not None:
             job.requests.append(req)
