@@ -534,6 +534,8 @@ class Store:
             for entry in candidates:
                 if freed >= to_free and taken >= files:
                     break
+                if entry.size == 0 and taken >= files:
+                    continue  # frees no bytes (only a file, and no files are wanted): demoting it was wasted work
                 fd = lock_exclusive(self.layout.blob_path(tier, entry.blob))
                 if fd is None:
                     continue  # a reader has it open
