@@ -275,6 +275,12 @@ def _to_stdout(write: Callable[[], object]) -> None:
         raise stdout_error(exc) from None
 
 
+# cat refuses --json (its stdout is the object's bytes): not offered in its --help either
+for _param in cat.params:
+    if _param.name == "json_" and isinstance(_param, click.Option):
+        _param.hidden = True
+
+
 @cache.command("verify")
 @click.argument("pattern", required=False)
 @click.option(

@@ -1090,6 +1090,13 @@ def _batches(
 
 # -- tail and replay ----------------------------------------------------------------------------
 
+NAMED_FORMATS = ("json", "raw", "table")
+
+
+def _complete_format(_ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """The named formats for `--format <TAB>` (a template stays free text: none is offered)."""
+    return [name for name in NAMED_FORMATS if name.startswith(incomplete)]
+
 
 def _format_options(func: Any) -> Any:
     func = click.option(
@@ -1108,6 +1115,7 @@ def _format_options(func: Any) -> Any:
     func = click.option(
         "--format",
         "fmt",
+        shell_complete=_complete_format,
         help="json (default off a terminal), raw, table (default on a terminal), or a template like '{offset} {value.id}'.",
     )(func)
     return func
@@ -1897,8 +1905,17 @@ class _Stops:
 # -- offsets ------------------------------------------------------------------------------------
 
 
+def _complete_reset(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """`rq offsets <TAB>` offers the `reset` subcommand (its first word; TOPIC is free text)."""
+    if ctx.params.get("words"):
+        return []
+    return ["reset"] if "reset".startswith(incomplete) else []
+
+
 @click.command(context_settings={"ignore_unknown_options": False})
-@click.argument("words", nargs=-1, required=True, metavar="TOPIC | reset TOPIC")
+@click.argument(
+    "words", nargs=-1, required=True, metavar="TOPIC | reset TOPIC", shell_complete=_complete_reset
+)
 @click.option("--group", "-g", help="Only this consumer group (required for reset).")
 @click.option("--to", "to_spec", help="reset: the new position (SPEC: N, +N, -N, start, end, @time).")
 @click.option("--dry-run", is_flag=True, help="reset: show what would change, change nothing.")
