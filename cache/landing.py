@@ -205,7 +205,7 @@ class Landing:
         if self.pieces == 1:
             return  # the file is created by the first write(), or by the origin (external_file)
         try:
-            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+            self.fd = self._create(os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW)
             self._lock_partial()
             if self.journal.exists():
                 self._read_journal()
@@ -267,9 +267,7 @@ class Landing:
                 self._rfd, self._anon = fd, True
                 return f"/proc/self/fd/{fd}"
         try:
-            os.close(
-                os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-            )
+            os.close(self._create(os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW))
         except OSError as exc:
             self._no_space_or_raise(exc)
             raise
@@ -277,12 +275,25 @@ class Landing:
 
     def _open_stream(self) -> None:
         try:
-            self.fd = os.open(
-                self.tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644
-            )
+            self.fd = self._create(os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError as exc:
             self._no_space_or_raise(exc)
             raise
+
+    def _create(self, flags: int) -> int:
+        """Opens (creates) the temp file. A RAM tier whose tmp/ alone was removed while this
+        process runs (a tmp cleaner sweeping /dev/shm) gets it back, private, and the open is tried
+        once more: every later RAM landing of a long preload failed on the missing directory. A
+        RAM root gone whole is Cache._ensure_ram_root's (its lock and entries go with it)."""
+        try:
+            return os.open(self.tmp, flags, 0o644)
+        except FileNotFoundError:
+            tmp_dir = self.tmp.parent
+            if self.tier != "ram" or not tmp_dir.parent.is_dir():
+                raise
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(tmp_dir, 0o700)
+            return os.open(self.tmp, flags, 0o644)
 
     def _lock_partial(self) -> None:
         """One writer per resumable partial file, across processes; the lock dies with the process."""

@@ -90,16 +90,16 @@ def test_a_big_object_into_a_removed_ram_root_lands_and_leaves_no_hold(tmp_path:
 def test_a_landing_that_cannot_start_is_a_cache_error_and_keeps_no_hold(
     tmp_path: Path, ram_dir: Path
 ) -> None:
-    """The fetcher on its own, the tier's tmp/ gone between a check and the landing: one CacheError
-    (it was a bare FileNotFoundError), and the hold it reserved released, not kept as if a
-    partial file were there to resume."""
+    """The fetcher on its own, the tier's RAM root gone between a check and the landing: one
+    CacheError (it was a bare FileNotFoundError), and the hold it reserved released, not kept as
+    if a partial file were there to resume. (A tmp/ gone alone is made again by the landing.)"""
     src = tmp_path / "src"
     src.mkdir()
     with open(src / "big", "wb") as fh:
         fh.truncate(BIG)
     url = str(src / "big")
     with Cache(tmp_path / "c", ram_dir=ram_dir) as c:
-        shutil.rmtree(c.layout.ram_root / "tmp")
+        shutil.rmtree(c.layout.ram_root)
         origin = origin_for_url(url, c.s3_settings)
         fetcher = Fetcher(c._state().store, c.layout, "ram", 4)
         with pytest.raises(CacheError, match="could not start") as raised:
