@@ -389,24 +389,17 @@ def receiver_threads() -> set[threading.Thread]:
     }
 
 
-def assert_told_shut_down(channels: Any, lost_ok: bool = False) -> None:
+def assert_told_shut_down(channels: Any) -> None:
     """Each sender channel, read on past ACK/READY frames, ends with the receiver's ERROR
-    `unreachable` saying it shut down (a lost peer to retry, not a refusal). `lost_ok` (QUIC): the
-    listener's UDP socket may close before that ERROR's datagram leaves, and the sender then
-    reads the ICMP answer as PeerUnreachableError, which it retries the same way."""
+    `unreachable` saying it shut down (a lost peer to retry, not a refusal)."""
     from transfer import receiver
     from transfer.errors import PeerUnreachableError
     from transfer.frames import FrameType
 
     for ch in channels:
-        try:
+        frame = ch.recv(10)
+        while frame is not None and frame.type is not FrameType.ERROR:
             frame = ch.recv(10)
-            while frame is not None and frame.type is not FrameType.ERROR:
-                frame = ch.recv(10)
-        except PeerUnreachableError:
-            if not lost_ok:
-                raise
-            continue
         assert frame is not None, "the channel ended without a word"
         info = frame.json()
         assert info["code"] == PeerUnreachableError.code, info
