@@ -460,6 +460,19 @@ def _preload(
                 tally.reported = True
                 report(out, summary, dry_run=dry_run)  # (a bad URL had nothing to report but itself)
             raise err from None
+        except Exception as exc:
+            # not one of the library's own (a bare OSError: a RAM tmp/ that became a file): the
+            # summary still comes last, then the error as rq reports any other (exit 1)
+            from rqcli.main import _from_os_error  # (the line rq prints for it, exit code and all)
+
+            err = (
+                _from_os_error(exc)
+                if isinstance(exc, OSError)
+                else CliError(safe_text(str(exc)) or type(exc).__name__, ExitCode.FAILURE)
+            )
+            tally.reported = True
+            report(out, tally.summary(time.monotonic() - started, tier, root, err, dry_run), dry_run=dry_run)
+            raise
         finally:
             if not succeeded:
                 # a --ram-limit/--disk-limit is remembered only by a run that ends with exit 0
