@@ -59,3 +59,25 @@ def test_a_group_moved_over_records_still_there_keeps_that_position(nats_url: st
         js_call(nats_url, moved)
         gaps, offsets, err = _group_read(url, tmp_path)
         assert (gaps, offsets) == ([], [6, 7]), err
+
+
+def test_a_stale_note_never_moves_a_group_back(nats_url: str, tmp_path: Path) -> None:
+    """The note is rq's position only while the server's is where a purge puts it (the stream's
+    first sequence). Another application moved the group past the note (to 9), then records up
+    to 7 went: the note (4) is stale, and reading from it delivered 8 again, which the group had
+    already consumed, with a gap already told (reviewer dv, with an older rq as the other client
+    and retention removing the note's offset)."""
+    with made_streams(nats_url, "TQPRG") as make:
+        name = make()
+        url = f"{nats_url}/{name}"
+        _publish(nats_url, name, 3)
+        assert _group_read(url, tmp_path)[1] == [1, 2, 3]  # noted 4
+        _publish(nats_url, name, 7)  # 4..10
+
+        async def moved_then_purged(js: Any) -> None:
+            await js.reset_consumer(name, "g", 9)  # another application consumed up to 8
+            await js.purge_stream(name, seq=8)  # keeps 8..10: 4 is gone, the server still at 9
+
+        js_call(nats_url, moved_then_purged)
+        gaps, offsets, err = _group_read(url, tmp_path)
+        assert (gaps, offsets) == ([], [9, 10]), err  # was a gap 4..7 and 8 delivered again

@@ -1218,11 +1218,14 @@ class JetStreamSource:
         # Messages delivered and acked are consumed; delivered but not acked are not.
         seq = int(floor if info.num_ack_pending else max(floor, delivered)) + 1
         noted = _noted_offset(info.config)
-        if noted is not None and noted < seq and noted < self._stream_first():
-            # The server moved the group past where rq left it, over sequences no longer in the
-            # stream: a purge (it moves every consumer's ack floor). Read from rq's own position,
-            # so the read tells them as a gap instead of stepping over them without a word.
-            # (Moved over sequences still there: another application acked them; its position.)
+        if noted is not None and noted < seq and seq == (first := self._stream_first()) and noted < first:
+            # The server moved the group past where rq left it to exactly the stream's first
+            # sequence, over sequences no longer in the stream: what a purge leaves (it moves every
+            # consumer's ack floor there). Read from rq's own position, so the read tells them as a
+            # gap instead of stepping over them without a word. Anywhere else the note is stale, not
+            # a purge: another application (or an rq without notes) acked past it, or a note failed
+            # to be written; the server's position stands, or a group would go back and deliver
+            # again records already committed once retention passed the note.
             return noted
         return seq
 
