@@ -63,13 +63,14 @@ def test_closed_stdout_and_stderr_are_no_errors_and_warnings_never_reach_stdout(
     )
     assert no_err.returncode == 1
     assert [json.loads(x)["event"] for x in no_err.stdout.splitlines()] == ["failed", "summary"]
-    # stdout closed: the work done, its exit code, no traceback
+    # stdout closed: the work done, then one line naming stdout and exit 1 (as `cat >&-`), no traceback
     (src / os.fsdecode(b"x\xffy")).unlink()
     no_out = subprocess.run(
         args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False, preexec_fn=lambda: os.close(1)
     )
-    assert no_out.returncode == 0, no_out.stderr
-    assert no_out.stderr == b""
+    assert no_out.returncode == 1, no_out.stderr
+    assert no_out.stderr == b"rq: error: cannot write to stdout: Bad file descriptor\n"
+    assert _cached(cache) == 3
 
 
 def _follower(tmp_path: Path, ignore_int: bool = False) -> subprocess.Popen[bytes]:
