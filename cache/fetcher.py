@@ -243,6 +243,27 @@ class FetchResult:
     throttled: int = 0  # objects the store throttled (SlowDown/503) beyond the client's own retries
     smallest_window: int = 0  # the fewest requests in flight the AIMD window went down to
 
+    def fail(self, failure: ev.Failed) -> None:
+        """Keeps one object's failure. Only the first keeps its error's traceback (the one a
+        one-object call raises again): a traceback holds the frames that raised and their locals,
+        ~10 KB a failure, so a run failing 60,000 objects grew by 600 MB it never gave back."""
+        if self.failed and failure.error is not None and failure.error is not self.failed[0].error:
+            _drop_tracebacks(failure.error)
+        self.failed.append(failure)
+
+
+def _drop_tracebacks(exc: BaseException) -> None:
+    """exc and the exceptions it was raised from or during, without their tracebacks."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo += [e.__cause__, e.__context__]
+
 
 Landed = tuple[int, Entry, Job]  # (hold id, index entry, job) of a verified object waiting to land
 
@@ -893,7 +914,7 @@ class Fetcher:
             self._release(job, keep=False)
             job.finish()
             failure = ev.Failed(job.info.url, error_kind(err), str(err) or type(err).__name__, err)
-            result.failed.append(failure)
+            result.fail(failure)
             self.on_event(failure)
             return fatal
         job.attempts += 1
@@ -904,7 +925,7 @@ class Fetcher:
             # this object (exit 6, re-run to continue), not an answer refusing it
             kind = "unreachable" if getattr(err, "lost_connection", False) else error_kind(err)
             failure = ev.Failed(job.info.url, kind, str(err), err if kind == error_kind(err) else None)
-            result.failed.append(failure)
+            result.fail(failure)
             self.on_event(failure)
             return fatal
         if isinstance(err, ChangedError):
@@ -926,7 +947,7 @@ class Fetcher:
     def _refuse(self, job: Job, err: CacheFullError, result: FetchResult) -> None:
         job.finish()
         failure = ev.Failed(job.info.url, error_kind(err), f"{err}; raise --{self._tier(job)}-limit")
-        result.failed.append(failure)
+        result.fail(failure)
         self.on_event(failure)
 
     def _tier(self, job: Job) -> str:
@@ -1193,7 +1214,7 @@ class Fetcher:
                 continue
             job.finish()
             failure = ev.Failed(entry.url, error_kind(exc), str(exc) or type(exc).__name__, exc)
-            result.failed.append(failure)
+            result.fail(failure)
             self.on_event(failure)
         items = outcome.durable
         if items:
