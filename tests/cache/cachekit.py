@@ -84,3 +84,53 @@ def assert_consistent(cache_env: dict[str, str]) -> None:
     assert on_disk == entry_count(cache_dir)
     leftovers = {**tree_files(cache_dir / "tmp"), **tree_files(ram_root / "tmp")}
     assert leftovers == {}, leftovers
+
+
+# Fills the file system of `path` (a small tmpfs in the tests) to the last byte, in the script of
+# a test that runs in a private mount namespace (unshared): call fill(path) there.
+FILL = r"""
+def fill(path):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    for size in (1 << 20, 4096, 512, 1):
+        try:
+            while True:
+                os.write(fd, b"\0" * size)
+        except OSError:
+            pass
+    os.close(fd)
+"""
+
+
+def unshared(script: str, tmp_path: Path) -> Any:
+    """What `script` (Python, run as root in a private mount namespace, where it may mount tmpfs
+    file systems; sys.argv[1] is tmp_path) prints last, as JSON."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", sys.executable, "-c", script, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        cwd=str(root),
+    )
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def cache_with_both_tiers(tmp_path: Path) -> tuple[Path, Path]:
+    """A cache at tmp_path/c holding src/d in its disk tier and src/r in its RAM tier (whose root
+    comes from wherever the caller pointed default_ram_root); returns (src, the RAM root)."""
+    from cache import Cache
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "d").write_bytes(b"disk")
+    (src / "r").write_bytes(b"ram")
+    with Cache(tmp_path / "c") as c:
+        c.preload([str(src / "d")], tier="disk")
+        c.preload([str(src / "r")], tier="ram")
+        assert {e.tier for e in c.entries()} == {"ram", "disk"}
+        return src, c.layout.ram_root

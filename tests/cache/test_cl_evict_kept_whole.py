@@ -17,20 +17,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from cachekit import FILL, unshared
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
     reason="needs root and unshare(1) for a mount namespace",
 )
 
-HEAD = r"""
-import json, os, subprocess, sys
+HEAD = (
+    "import json, os, subprocess, sys\n"
+    + FILL
+    + r"""
 from pathlib import Path
 from cache import Cache
 
@@ -48,21 +48,7 @@ def run(*args):
 def ram_files():
     return [p.name for p in (ram / "root").rglob("*") if p.is_file() and p.stat().st_size >= 1000]
 """
-
-
-def unshared(script: str, tmp_path: Path) -> Any:
-    """What HEAD + `script`, run in a private mount namespace, prints last, as JSON."""
-    root = Path(__file__).resolve().parents[2]
-    run = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", sys.executable, "-c", HEAD + script, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        cwd=str(root),
-    )
-    assert run.returncode == 0, run.stderr
-    return json.loads(run.stdout.strip().splitlines()[-1])
+)
 
 
 FULL_DISK = r"""
@@ -71,14 +57,7 @@ subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(cd.parent)
 c = Cache(cd, ram_dir=ram / "root")
 c.preload([str(src / "r0")], tier="ram")
 c.close()
-fd = os.open(cd.parent / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-for size in (1 << 20, 4096, 512, 1):
-    try:
-        while True:
-            os.write(fd, b"\0" * size)
-    except OSError:
-        pass
-os.close(fd)
+fill(cd.parent / "filler")
 out = {"evict_full": run("evict", str(src / "r0")), "files_full": ram_files()}
 out["verify_full"] = run("verify")
 (cd.parent / "filler").unlink()
@@ -91,7 +70,7 @@ print(json.dumps(out))
 
 
 def test_ram_entry_evicted_on_full_disk_is_kept_whole(tmp_path: Path) -> None:
-    out = unshared(FULL_DISK, tmp_path)
+    out = unshared(HEAD + FULL_DISK, tmp_path)
     assert out["evict_full"][0] == 7 and "no space left" in out["evict_full"][2], out
     assert len(out["files_full"]) == 1, out  # the data kept with its row
     assert out["verify_full"][0] == 0 and "0 corrupt" in out["verify_full"][1], out
@@ -117,7 +96,7 @@ print(json.dumps(out))
 
 
 def test_an_entry_whose_file_cannot_go_stays_whole(tmp_path: Path) -> None:
-    out = unshared(READ_ONLY_RAM, tmp_path)
+    out = unshared(HEAD + READ_ONLY_RAM, tmp_path)
     assert out["evict"][0] == 1 and "Read-only file system" in out["evict"][2], out
     assert len(out["ls"][1].splitlines()) == 2, out  # `a` still listed: its file is still there
     assert out["verify"][0] == 0 and "0 corrupt" in out["verify"][1], out

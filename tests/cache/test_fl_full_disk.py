@@ -5,22 +5,22 @@ even make the index's -shm/-wal to open it for writing."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cachekit import FILL, unshared
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
     reason="needs root and unshare(1) for a mount namespace",
 )
 
-SCRIPT = r"""
-import json, os, subprocess, sys
+SCRIPT = (
+    "import json, os, subprocess, sys\n"
+    + FILL
+    + r"""
 from pathlib import Path
 from cache import Cache
 
@@ -40,15 +40,6 @@ c = Cache(cd, ram_dir=ram / "root")
 c.preload([str(src / "f0"), str(src / "f1")], tier="ram")
 c.preload([str(src / "f2"), str(src / "f3")], tier="disk")
 
-def fill():
-    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    for size in (1 << 20, 4096, 512, 1):
-        try:
-            while True:
-                os.write(fd, b"\0" * size)
-        except OSError:
-            pass
-    os.close(fd)
 
 def read_all(cache):
     got = {}
@@ -69,7 +60,7 @@ def reopen_and_read():
     return got
 
 out = {}
-fill()
+fill(disk / "filler")
 out["live"] = read_all(c)  # a local origin is revalidated on every open: a stamp to write
 c.close()
 out["reopen"] = reopen_and_read()
@@ -91,7 +82,7 @@ c = Cache(cd)
 c.preload([str(src / "f0"), str(src / "f1")], tier="ram")
 c.preload([str(src / "f2"), str(src / "f3")], tier="disk")
 c.close()
-fill()
+fill(disk / "filler")
 out["closed_reopen"] = reopen_and_read()
 (src / "new").write_bytes(b"N" * 1000)
 c = Cache(cd)
@@ -115,21 +106,11 @@ run = subprocess.run([*rq, "verify", "--cache-dir", str(cd)], capture_output=Tru
 out["verify_after"] = [run.returncode, run.stderr.decode()[-300:]]
 print(json.dumps(out))
 """
+)
 
 
 def test_full_disk_serves_and_clears(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    run = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", sys.executable, "-c", SCRIPT, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        cwd=str(root),
-    )
-    assert run.returncode == 0, run.stderr
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    out = unshared(SCRIPT, tmp_path)
     everything = {name: True for name in ("f0", "f1", "f2", "f3")}
     assert out["live"] == everything, out
     assert out["reopen"] == everything, out

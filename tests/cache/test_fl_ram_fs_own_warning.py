@@ -6,14 +6,12 @@ a private mount namespace."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cachekit import unshared
 
 pytestmark = [
     pytest.mark.skipif(
@@ -49,17 +47,7 @@ print(json.dumps([run.returncode, run.stderr.decode()]))
 
 
 def test_warning_names_the_tiers_own_entries(tmp_path: Path) -> None:
-    root = Path(__file__).resolve().parents[2]
-    run = subprocess.run(
-        ["unshare", "-m", "--propagation", "private", sys.executable, "-c", SCRIPT, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        cwd=str(root),
-    )
-    assert run.returncode == 0, run.stderr
-    rc, stderr = json.loads(run.stdout.strip().splitlines()[-1])
+    rc, stderr = unshared(SCRIPT, tmp_path)
     assert rc == 0, stderr
     assert "in the disk tier" in stderr, stderr
     assert "not rq's" not in stderr, stderr

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cachekit import cache_with_both_tiers
 
 import cache.api
 from cache import Cache, RamTierUnavailableError
@@ -54,14 +55,7 @@ def test_existing_cache_is_read_after_the_ram_tier_went(
     shm = tmp_path / "shm"
     shm.mkdir()
     _shm_under(monkeypatch, shm)
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "d").write_bytes(b"disk")
-    (src / "r").write_bytes(b"ram")
-    with Cache(tmp_path / "c") as c:
-        c.preload([str(src / "d")], tier="disk")
-        c.preload([str(src / "r")], tier="ram")
-        assert {e.tier for e in c.entries()} == {"ram", "disk"}
+    src, _ = cache_with_both_tiers(tmp_path)
     _no_shm(shm)  # a reboot into a container without /dev/shm
     with Cache(tmp_path / "c") as c:
         assert c.ram_unavailable is not None

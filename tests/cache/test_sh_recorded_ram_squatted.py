@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from cachekit import cache_with_both_tiers
 
 import cache.api
 from cache import Cache
@@ -20,14 +21,7 @@ def _cache_with_both_tiers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> t
     shm = tmp_path / "shm"
     shm.mkdir()
     monkeypatch.setattr(cache.api, "default_ram_root", lambda root, n=0: shm / f"rq-{n}")
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "d").write_bytes(b"disk")
-    (src / "r").write_bytes(b"ram")
-    with Cache(tmp_path / "c") as c:
-        c.preload([str(src / "d")], tier="disk")
-        c.preload([str(src / "r")], tier="ram")
-        old = c.layout.ram_root
+    src, old = cache_with_both_tiers(tmp_path)
     shutil.rmtree(old)  # the reboot
     return src, old, tmp_path / "c"
 
