@@ -108,3 +108,22 @@ def test_an_mqtt_append_ended_by_close_says_so(tmp_path: Path) -> None:
     assert "was closed" in msg and "size limit" not in msg, msg
     with pytest.raises(TopicError, match="is closed"):
         sink.append([(None, None, (), b"y")])
+
+
+def test_a_close_between_the_checks_is_still_told_as_close(tmp_path: Path) -> None:
+    """close() landing between the append's two checks (closed? connected?) — the ordering the
+    suite met once on a loaded runner: the disconnect it made was told as the broker's."""
+    sink = MqttSink.__new__(MqttSink)
+    client = _Client()
+    sink.url, sink.topic, sink.where = "mqtt://h:1/tw-a", "tw-a", "h:1"
+    sink.max_packet_size, sink.client, sink.gone, sink.closed = 1 << 20, client, [], False
+    sink.ACK_WAIT_S = 3600.0
+
+    def closed_meanwhile() -> bool:
+        sink.close()  # (as another thread's close() would, just before this check)
+        return client.connected
+
+    client.is_connected = closed_meanwhile  # type: ignore[method-assign]
+    with pytest.raises(TopicError, match="was closed") as raised:
+        sink.append([(None, None, (), b"x")])
+    assert "size limit" not in str(raised.value)

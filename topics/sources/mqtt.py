@@ -422,13 +422,16 @@ class MqttSink:
         deadline = time.monotonic() + self.ACK_WAIT_S
         for n, info in enumerate(infos):
             while not info.is_published():
+                lost = bool(self.gone) or not self.client.is_connected()
+                # (read after the connection: close() sets it before it disconnects, so a
+                # disconnect seen here that close() made is always seen as close()'s)
                 if self.closed:
                     # not the broker: blaming a packet-size limit sent the caller the wrong way
                     raise TopicError(
                         f"the MQTT sink for {self.url} was closed (close() called) with "
                         f"{len(infos) - n} publish(es) to {self.topic} unacknowledged"
                     )
-                if self.gone or not self.client.is_connected():
+                if lost:
                     why = f" ({self.gone[0]})" if self.gone else ""
                     raise ConnectionLost(
                         f"lost the connection to the MQTT broker at {self.where}{why} with "
