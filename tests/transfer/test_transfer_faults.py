@@ -76,14 +76,17 @@ source.Reader.read = read
 # receiver can hold no more than that many chunks, so a test can wait for a kill point and find
 # the transfer still under way, however slow its polls.
 _GATE_READS = """
-import os, time
+import os, threading, time
 from transfer import source
 _read = source.Reader.read
 def read(self, f, k, length):
     while k >= (limit := int(open({limit!r}).read())):
-        with open({limit!r} + ".held.new", "w") as held:
+        # a temp name of this thread's own: the sender's connections read on threads of their own,
+        # and one truncating the temp file another was about to rename left `.held` empty
+        tmp = {limit!r} + f".held.{{os.getpid()}}.{{threading.get_ident()}}"
+        with open(tmp, "w") as held:
             held.write(str(limit))
-        os.replace({limit!r} + ".held.new", {limit!r} + ".held")
+        os.replace(tmp, {limit!r} + ".held")
         time.sleep(0.01)
     return _read(self, f, k, length)
 source.Reader.read = read
