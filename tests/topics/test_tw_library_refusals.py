@@ -84,12 +84,18 @@ class _Client:
     def reinitialise(self) -> None: ...
 
 
-def test_an_mqtt_append_ended_by_close_says_so(tmp_path: Path) -> None:
-    sink = MqttSink.__new__(MqttSink)  # the connection is faked: only append and close run
+def _faked_sink() -> tuple[MqttSink, _Client]:
+    """An MqttSink on a faked connection: only append and close run."""
+    sink = MqttSink.__new__(MqttSink)
     client = _Client()
     sink.url, sink.topic, sink.where = "mqtt://h:1/tw-a", "tw-a", "h:1"
     sink.max_packet_size, sink.client, sink.gone, sink.closed = 1 << 20, client, [], False
     sink.ACK_WAIT_S = 3600.0
+    return sink, client
+
+
+def test_an_mqtt_append_ended_by_close_says_so(tmp_path: Path) -> None:
+    sink, client = _faked_sink()
     err: list[BaseException] = []
 
     def append() -> None:
@@ -113,11 +119,7 @@ def test_an_mqtt_append_ended_by_close_says_so(tmp_path: Path) -> None:
 def test_a_close_between_the_checks_is_still_told_as_close(tmp_path: Path) -> None:
     """close() landing between the append's two checks (closed? connected?) — the ordering the
     suite met once on a loaded runner: the disconnect it made was told as the broker's."""
-    sink = MqttSink.__new__(MqttSink)
-    client = _Client()
-    sink.url, sink.topic, sink.where = "mqtt://h:1/tw-a", "tw-a", "h:1"
-    sink.max_packet_size, sink.client, sink.gone, sink.closed = 1 << 20, client, [], False
-    sink.ACK_WAIT_S = 3600.0
+    sink, client = _faked_sink()
 
     def closed_meanwhile() -> bool:
         sink.close()  # (as another thread's close() would, just before this check)
