@@ -1294,6 +1294,8 @@ class LogWriter:
                     if (number := as_int(ts)) is None:
                         raise TypeError(f"timestamp {ts!r} is not an int")
                     ts = number
+                if ts < 0:  # i64 on disk, but a time before 1970 was stored as the previous one's
+                    raise ValueError(f"timestamp {ts} is before 1970 (Unix ms of 0 or more)")
                 last = ts if ts > last else last  # timestamps never go backwards: seeks stay exact
                 stamps.append(last)
             data = fmt.encode_batch(first, records, stamps)
