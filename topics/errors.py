@@ -253,3 +253,16 @@ def offset_arg(what: str, value: object) -> int:
     if number is None or number < 0:
         raise SpecError(f"{what} must be an offset (an integer: offsets start at 0), not {value!r}")
     return number
+
+
+def time_arg(what: str, value: object) -> int:
+    """A time given to the library (a time bound, a time to seek to): Unix time in milliseconds as
+    an integer (as_int; before 1970 is negative), within int64, returned as a plain int. A float
+    (NaN too), a bool, a string or a datetime raises SpecError naming `what`, before anything is
+    read: a datetime is converted by the caller (`int(dt.timestamp() * 1000)`), which says which
+    time zone a naive one is in."""
+    number = as_int(value)
+    if number is None or not -(2**63) <= number < 2**63:
+        hint = " (int(dt.timestamp() * 1000))" if hasattr(value, "timestamp") else ""
+        raise SpecError(f"{what} must be Unix time in milliseconds (an int){hint}, not {value!r}")
+    return number

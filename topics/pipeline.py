@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import xxhash
 
 from topics.embedded.format import encode_headers
-from topics.errors import SpecError, offset_arg
+from topics.errors import SpecError, offset_arg, time_arg
 from topics.expr import Context, Filter
 from topics.record import Record
 from topics.render import Decoded, decode, headers_json
@@ -68,6 +68,11 @@ class Request:
         self.start = offset_arg("Request start", self.start)
         if self.stop is not None:
             self.stop = offset_arg("Request stop", self.stop)
+        # A str, a datetime or NaN failed deep in the read (or compared False everywhere: nothing).
+        if self.time_from is not None:
+            self.time_from = time_arg("Request time_from", self.time_from)
+        if self.time_to is not None:
+            self.time_to = time_arg("Request time_to", self.time_to)
 
 
 @dataclass

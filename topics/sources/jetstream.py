@@ -39,6 +39,7 @@ from topics.errors import (
     SubjectNotTaken,
     TopicError,
     TopicNotFound,
+    time_arg,
 )
 from topics.record import NO_HEADERS, Headers, Record
 from topics.sources.access import Access, hostport, nats_access, reason, tls_context
@@ -923,6 +924,7 @@ class JetStreamSource:
 
         # Every stamp lies within 1970..2262-04-11 (the server's int64 nanoseconds); beyond them
         # (`@-9000000w`, `@3000-01-01`) the answer is known: the start, or past every record.
+        ts_ms = time_arg("offset_for_time", ts_ms)
         if ts_ms <= 0:
             return self.first_offset()
         if ts_ms > _LAST_MS:
