@@ -277,6 +277,7 @@ class Receiver:
         self._lock = threading.Lock()
         self._plans: dict[str, _Shared] = {}
         self.completed = threading.Event()  # set after each committed transfer
+        self.committed = 0  # transfers committed by this process (rq recv says so when stdout failed)
         # Ports of this receiver's processes (rq recv --workers): told to senders in ACCEPT so that
         # connection i goes to process i % N, instead of trusting SO_REUSEPORT's hash to spread them.
         self.data_ports: list[int] = []
@@ -530,6 +531,8 @@ class Receiver:
             if authenticated and not committed and not told and self._shutting_down(ch):
                 self._say_shut_down(ch, core, shared)
             if committed:
+                with self._lock:
+                    self.committed += 1
                 self.completed.set()
             if shared is not None:
                 with contextlib.suppress(TransferError, OSError):

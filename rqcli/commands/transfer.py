@@ -21,7 +21,7 @@ from platformdirs import user_config_path, user_data_path
 
 from rqcli.errors import CliError, interruption
 from rqcli.exitcodes import ExitCode
-from rqcli.output import Output, get_output, output_options, safe_text
+from rqcli.output import Output, StdoutError, get_output, output_options, safe_text
 from rqcli.params import Age, CommandEnvFirst, NonEmptyPath, NonEmptyText, Seconds, documented_env_names
 
 if TYPE_CHECKING:
@@ -516,6 +516,7 @@ def recv(
     ports: dict[subprocess.Popen[bytes], int] = {}  # live workers' data ports
     relays: list[threading.Thread] = []  # each worker's JSON lines, until it exits
     cut: list[dict[str, Any]] = []  # `interrupted` lines: transfers stopped mid-way, workers' too
+    done_by_workers: list[str] = []  # transfer ids the --workers children committed (their `done`)
     if spawn:  # each worker process listens on a port of its own; ACCEPT tells senders which
         child_args = [
             "--json",
@@ -543,7 +544,7 @@ def recv(
             if value is not None:
                 child_args += [flag, str(value)]
         child_args += ["--once"] * once + ["--overwrite"] * overwrite
-        started = [_start_worker(child_args, out, relays, cut) for _ in range(workers - 1)]
+        started = [_start_worker(child_args, out, relays, cut, done_by_workers) for _ in range(workers - 1)]
         children = [proc for proc, _ in started]
         ports = dict(started)
         receiver.data_ports = [addr_port] + [port for _, port in started]
@@ -618,6 +619,24 @@ def recv(
         cut[:] = _still_cut(cut, receiver.store)
         receiver.close()
         _report_cut(out, cut, worker)
+        _say_data_arrived(out, dest_dir, receiver.committed + len(set(done_by_workers)))
+
+
+def _say_data_arrived(out: Output, dest_dir: Path, committed: int) -> None:
+    """With stdout unwritable (`>&-`, `> /dev/full`), rq recv still receives (the data is its job)
+    and ends with exit 1 and one line naming stdout (docs/cli.md). That line alone read as if the
+    transfer had failed, after it had landed whole: it now says what arrived."""
+    failed = out.stdout_failed
+    if failed is None:
+        return
+    arrived = (
+        f"{committed} transfer(s) were received and verified into {safe_text(str(dest_dir))} all the same"
+        if committed
+        else "no transfer completed"
+    )
+    out.stdout_failed = StdoutError(
+        f"{failed.message}; {arrived}, only the report was not written", failed.code
+    )
 
 
 # How `rq recv --workers` tells its worker processes it is done. Not SIGTERM: a worker cannot tell
@@ -764,7 +783,11 @@ def _report_cut(out: Output, cut: list[dict[str, Any]], worker: bool) -> None:
 
 
 def _start_worker(
-    args: list[str], out: Output, relays: list[threading.Thread], cut: list[dict[str, Any]]
+    args: list[str],
+    out: Output,
+    relays: list[threading.Thread],
+    cut: list[dict[str, Any]],
+    done: list[str],
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Starts one more receiver process, returns it and its port, and relays its JSON events (its
     `interrupted` lines go to `cut`, for the parent to report once; the thread to `relays`)."""
@@ -783,6 +806,8 @@ def _start_worker(
         for raw in stream:
             with contextlib.suppress(ValueError):
                 ev = orjson.loads(raw)
+                if ev.get("event") == "done":
+                    done.append(str(ev.get("transfer_id")))
                 if ev.get("event") == "interrupted":
                     cut.append(ev)
                 elif out.json:
