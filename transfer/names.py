@@ -100,3 +100,18 @@ def display_name(name: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+SHORT_PATH = 200  # characters of a path a one-line message shows before eliding its middle
+
+
+def short_path(path: str | os.PathLike[str], limit: int = SHORT_PATH) -> str:
+    """`path` for a one-line message: control characters escaped (display_name), and past `limit`
+    characters its middle elided (`…`), keeping the start (which SOURCE) and, longer, the end (which
+    entry). A directory 3,000 bytes deep that could not be listed printed all of it in the error."""
+    text = display_name(os.fsdecode(path))
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 5
+    tail = limit - head - 1
+    return f"{text[:head]}…{text[-tail:]}"

@@ -23,7 +23,7 @@ from transfer.errors import (
     UnsafeNameError,
 )
 from transfer.manifest import FileEntry, Manifest, file_ident, file_key, make_manifest
-from transfer.names import MAX_NAME_BYTES, descend, display_name, validate_name
+from transfer.names import MAX_NAME_BYTES, descend, display_name, short_path, validate_name
 
 T = TypeVar("T")
 
@@ -132,7 +132,9 @@ def scan(
         else:
             reason = _not_regular(src)
             if reason is not None:  # a FIFO (`<(tar c …)`) or a device would arrive as an empty file
-                raise SourceUnreadableError(f"{src} is {reason}: rq sends regular files and directories")
+                raise SourceUnreadableError(
+                    f"{short_path(src)} is {reason}: rq sends regular files and directories"
+                )
             _add(found, base, src)
     entries: list[FileEntry] = []
     for name, (sf, mode) in found.items():
@@ -220,7 +222,7 @@ def _tree(top: Path) -> Iterator[tuple[str, list[str], list[str]]]:
                 (dirs if is_dir else files).append(name)
         except OSError as exc:
             raise SourceUnreadableError(
-                f"cannot list {root}: {exc.strerror or exc}; nothing was sent",
+                f"cannot list {short_path(root)}: {exc.strerror or exc}; nothing was sent",
                 denied=isinstance(exc, PermissionError),
             ) from None
         yield root, dirs, files  # the caller sorts and prunes dirs, as with os.walk
@@ -316,10 +318,10 @@ def _add(
 def source_error(path: Path, exc: OSError) -> SourceChangedError:
     """A local OSError on a source file being sent, as the error that ends the send at once."""
     if isinstance(exc, FileNotFoundError):
-        return SourceChangedError(f"{path} disappeared while it was being sent")
+        return SourceChangedError(f"{short_path(path)} disappeared while it was being sent")
     if isinstance(exc, PermissionError):  # never readable: a re-run cannot help until it is
-        return SourceUnreadableError(f"cannot read {path}: {exc.strerror or exc}", denied=True)
-    return SourceChangedError(f"{path} cannot be read any more: {exc.strerror or exc}")
+        return SourceUnreadableError(f"cannot read {short_path(path)}: {exc.strerror or exc}", denied=True)
+    return SourceChangedError(f"{short_path(path)} cannot be read any more: {exc.strerror or exc}")
 
 
 def check_unchanged(files: list[SourceFile]) -> None:
@@ -331,7 +333,7 @@ def check_unchanged(files: list[SourceFile]) -> None:
             raise source_error(sf.path, exc) from None
         if now.stamp() != sf.stamp():
             raise SourceChangedError(
-                f"{sf.path} changed while it was being sent; re-run to send the new version"
+                f"{short_path(sf.path)} changed while it was being sent; re-run to send the new version"
             )
 
 
@@ -503,7 +505,7 @@ class Reader:
         while got < len(view):
             n = os.preadv(fd, [view[got:]], off + got)
             if n == 0:
-                raise SourceChangedError(f"{self._files[f].path} shrank while it was being sent")
+                raise SourceChangedError(f"{short_path(self._files[f].path)} shrank while it was being sent")
             got += n
         return view
 

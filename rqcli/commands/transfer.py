@@ -1215,6 +1215,7 @@ def _send_progress(out: Output, bar: Any) -> Any:
         SourceSkipped,
         TransferPlanned,
     )
+    from transfer.names import short_path
 
     state: dict[str, Any] = {"task": None, "resent": 0, "skipped": 0}
     lock = threading.Lock()
@@ -1225,7 +1226,7 @@ def _send_progress(out: Output, bar: Any) -> Any:
                 out.emit({"event": "skipped", "path": safe_text(ev.path), "reason": ev.reason})
                 state["skipped"] += 1
                 if state["skipped"] <= SKIPPED_SHOWN:
-                    out.warn(f"not sending {safe_text(ev.path)}: {ev.reason}")
+                    out.warn(f"not sending {safe_text(short_path(ev.path))}: {ev.reason}")
                 elif state["skipped"] == SKIPPED_SHOWN + 1:
                     out.warn("more entries not sent; --json lists them all")
             if isinstance(ev, ChunkSizeAdopted):
