@@ -171,13 +171,14 @@ def default_ram_cap(fs_size: int) -> int:
     return cap if limit is None else min(cap, limit // 2)
 
 
-def _unmake_cache_dir(root: Path) -> None:
+def _unmake_cache_dir(root: Path, keep_root: bool = False) -> None:
     """Removes a cache directory this process made moments ago and failed to set up: what rq
-    put in it and the directory, and only that (rmdir: a file someone else put there stays)."""
+    put in it and the directory, and only that (rmdir: a file someone else put there stays).
+    `keep_root`: the directory was there (empty) before: only what rq put in it goes."""
     for name in (INDEX_NAME, INDEX_NAME + "-wal", INDEX_NAME + "-shm", INDEX_NAME + "-journal", "ram"):
         with contextlib.suppress(OSError):
             (root / name).unlink()
-    for sub in ("objects", "tmp", ""):
+    for sub in ("objects", "tmp") if keep_root else ("objects", "tmp", ""):
         with contextlib.suppress(OSError):
             (root / sub).rmdir()
 
@@ -204,6 +205,7 @@ class Cache:
         max_age: float = DEFAULT_MAX_AGE,
         tier: str = "disk",
         durable: bool = True,
+        require_ram: bool = False,
         on_event: ev.EventSink = ev.ignore,
     ):
         # arguments first: a bad one must not leave a new cache dir and /dev/shm root behind
@@ -224,6 +226,8 @@ class Cache:
         self.root = (Path(cache_dir) if cache_dir is not None else default_cache_dir()).absolute()
         ram_given = Path(ram_dir).absolute() if ram_dir else None
         check_cache_dir(self.root)
+        # a cache this Cache makes (in a new or an empty directory): a failure removes what it made
+        new_cache = not (self.root / INDEX_NAME).exists()
         made_ram = ram_checked = False
         if ram_given is not None:
             _check_apart(ram_given, self.root)
@@ -258,9 +262,13 @@ class Cache:
         self.ram_unavailable: str | None = None
         try:
             self._open_index(ram_given, ram_checked, ram_limit, disk_limit)
+            if require_ram:
+                # (`rq preload --tier ram`): refused before a new cache directory is left behind
+                self._need_ram("ram")
         except BaseException:
-            if made_root:
-                _unmake_cache_dir(self.root)  # a failed create leaves no half-made cache behind
+            if made_root or new_cache:
+                # a failed create leaves no half-made cache behind
+                _unmake_cache_dir(self.root, keep_root=not made_root)
             raise
 
     def _open_index(

@@ -174,9 +174,20 @@ def du(cache_dir: Path | None) -> None:
     out = get_output()
     c = open_existing(cache_dir)
     usage = _guard(c.usage)
-    out.emit({"event": "summary", "cache_dir": str(c.root), "ram_dir": str(c.layout.ram_root), **usage})
+    # a machine without a usable RAM tier: no RAM path to name (its cap is 0), but why there is none
+    ram_dir = None if c.ram_unavailable is not None else str(c.layout.ram_root)
+    out.emit(
+        {
+            "event": "summary",
+            "cache_dir": str(c.root),
+            "ram_dir": ram_dir,
+            "ram_unavailable": c.ram_unavailable,
+            **usage,
+        }
+    )
     if not out.json:
-        out.result(f"cache {c.root} (RAM tier {c.layout.ram_root})")
+        ram = f"RAM tier {c.layout.ram_root}" if ram_dir is not None else "no RAM tier on this machine"
+        out.result(f"cache {c.root} ({ram})")
         for tier, u in usage.items():
             out.result(
                 f"{tier:<4} {u['objects']:>8} objects  {_size(u['bytes']):>11} of {_size(u['limit']):>11}"

@@ -384,6 +384,8 @@ def _preload(
             endpoint_url=endpoint_url,
             profile=profile,
             durable=not no_fsync,
+            # no RAM tier on this machine: refused (exit 10) before a new cache dir is made
+            require_ram=tier == "ram",
         )
     except CliError as exc:  # not a cache (and not empty), unwritable, a cap too small, …
         raise refused(exc) from None
