@@ -62,7 +62,7 @@ from cache.origins import (
     origin_for_url,
 )
 from cache.s3 import S3Settings
-from cache.sizes import cgroup_memory_limit, parse_size, stored_size
+from cache.sizes import cgroup_memory_limit, format_size, parse_size, stored_size
 from cache.store import Store
 
 if TYPE_CHECKING:
@@ -454,6 +454,11 @@ class Cache:
         self, index: Index, ram_limit: int | float | str | None, disk_limit: int | float | str | None
     ) -> dict[str, int]:
         caps: dict[str, int] = {}
+        # half this process's cgroup memory limit, the most RAM it caches whatever cap is recorded
+        # (None: no limit, or a ram_limit given to this Cache, which is the user's own choice);
+        # `ram_cap_note` says so in one line when it lowers the recorded cap (rq cache du, doctor)
+        self.ram_bound: int | None = None
+        self.ram_cap_note: str | None = None
         # (cap to put back or None, cap given) of each tier whose limit this Cache asked for:
         # restore_limits() puts the first back, keep_limits() (close) keeps the second
         self._replaced: dict[str, tuple[int | None, int]] = {}
@@ -477,6 +482,17 @@ class Cache:
                 if not index.readonly:
                     index.set_setting(f"{tier}_limit", str(stored))
             caps[tier] = stored
+            if tier == "ram" and given is None:
+                # a cap recorded where more memory was allowed (a cache made on the host, opened in
+                # a container with a memory limit): this process keeps under its cgroup's bound
+                bound = cgroup_memory_limit()
+                self.ram_bound = None if bound is None else bound // 2
+                if self.ram_bound is not None and stored > self.ram_bound:
+                    caps[tier] = self.ram_bound
+                    self.ram_cap_note = (
+                        f"RAM cap {format_size(stored)} recorded, {format_size(self.ram_bound)} used by this "
+                        "process: half its cgroup's memory limit (--ram-limit sets a cap of your own)"
+                    )
             if given is not None and not (index.readonly and parse_size(given) == stored):
                 caps[tier] = self._claim_limit(index, tier, parse_size(given))
         return caps
@@ -545,6 +561,7 @@ class Cache:
                 self._keep_ram_root()
                 index = Index(self.layout.index_path)
                 store = Store(self.layout, index, self.caps, ram=self.ram_unavailable is None)
+                store.ram_bound = self.ram_bound
                 self._proc = _ProcState(os.getpid(), index, store)
                 self._prefetcher = None  # threads do not survive fork
                 if self._shrink_due and not index.readonly:

@@ -232,6 +232,9 @@ class Store:
         self.index = index
         self.caps = caps
         self.ram = ram  # False: this machine has no usable RAM tier (Cache.ram_unavailable); its cap is 0
+        # the most RAM this process may cache whatever cap the index records (half its cgroup's
+        # memory limit: Cache.ram_bound), or None: a recorded cap above it is lowered to it here
+        self.ram_bound: int | None = None
         self.owner = procs.me()
         # looks that found the RAM file system's missing room held by other processes' landings
         # in flight, and waited a moment for them (reserve, make_room): what a test can count
@@ -393,6 +396,8 @@ class Store:
         stored = stored_size(self.index.setting(f"{tier}_limit"))
         if tier == "ram" and not self.ram:
             stored = 0
+        elif tier == "ram" and stored is not None and self.ram_bound is not None:
+            stored = min(stored, self.ram_bound)
         if stored is not None:
             self.caps[tier] = stored
         return self.caps[tier]
@@ -402,6 +407,8 @@ class Store:
         stored = stored_size(Index.setting_in(db, f"{tier}_limit"))
         if tier == "ram" and not self.ram:
             stored = 0
+        elif tier == "ram" and stored is not None and self.ram_bound is not None:
+            stored = min(stored, self.ram_bound)
         if stored is not None:
             self.caps[tier] = stored
         return self.caps[tier]

@@ -182,12 +182,16 @@ def du(cache_dir: Path | None) -> None:
             "cache_dir": str(c.root),
             "ram_dir": ram_dir,
             "ram_unavailable": c.ram_unavailable,
+            # a recorded RAM cap above half this process's cgroup memory limit: the cap used here
+            "ram_cap_note": c.ram_cap_note,
             **usage,
         }
     )
     if not out.json:
         ram = f"RAM tier {c.layout.ram_root}" if ram_dir is not None else "no RAM tier on this machine"
         out.result(f"cache {c.root} ({ram})")
+        if c.ram_cap_note is not None:
+            out.result(c.ram_cap_note)
         for tier, u in usage.items():
             out.result(
                 f"{tier:<4} {u['objects']:>8} objects  {_size(u['bytes']):>11} of {_size(u['limit']):>11}"
