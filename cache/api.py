@@ -1002,9 +1002,13 @@ class Cache:
         pattern: str | None = None,
         repair: bool = False,
         on_problem: Callable[[Problem], None] | None = None,
+        on_dropped: Callable[[str], None] | None = None,
     ) -> tuple[int, list[Problem]]:
         """Re-hashes every entry against its recorded xxh3; returns (checked, problems).
-        `on_problem` is called with each problem as it is found (and after its repair)."""
+        `on_problem` is called with each problem as it is found (and after its repair).
+        A RAM entry whose file is gone (half-evicted by an older rq, or removed from /dev/shm) is
+        no problem: nothing wrong can be read from it. Its row is dropped as an eviction (the
+        next read fetches the object again) and `on_dropped` is called with its URL."""
         state = self._state()
         if repair:
             state.index.check_writable()  # (before hours of hashing)
@@ -1016,6 +1020,11 @@ class Cache:
             if found is None:
                 continue
             entry, problem = found
+            if entry.tier == "ram" and problem == "missing file" and not state.index.readonly:
+                removed = state.store.remove(entry, same_landing=True)  # never a landing made since
+                if removed and on_dropped is not None:
+                    on_dropped(entry.url)
+                continue
             problems.append(Problem(entry.url, problem))
             if repair:
                 state.store.remove(entry, same_landing=True)  # never a landing made since

@@ -316,10 +316,25 @@ def verify(pattern: str | None, repair: bool, cache_dir: Path | None) -> None:
         if not out.json:
             out.result(f"CORRUPT {safe_text(p.url)}: {p.problem}" + (" (dropped)" if repair else ""))
 
-    checked, problems = _guard(lambda: c.verify(pattern, repair=repair, on_problem=found))
-    out.emit({"event": "summary", "checked": checked, "corrupt": len(problems), "repaired": repair})
+    dropped: list[str] = []
+
+    def gone(url: str) -> None:  # a RAM entry whose file was gone: evicted, not corrupt
+        dropped.append(url)
+        out.emit({"event": "dropped", "url": url, "reason": "RAM file gone (evicted)"})
+
+    checked, problems = _guard(lambda: c.verify(pattern, repair=repair, on_problem=found, on_dropped=gone))
+    out.emit(
+        {
+            "event": "summary",
+            "checked": checked,
+            "corrupt": len(problems),
+            "repaired": repair,
+            "dropped": len(dropped),
+        }
+    )
     if not out.json:
-        out.info(f"checked {checked} entries: {len(problems)} corrupt")
+        also = f" ({len(dropped)} RAM entries whose file was gone dropped as evicted)" if dropped else ""
+        out.info(f"checked {checked} entries: {len(problems)} corrupt{also}")
     if pattern is not None and checked == 0:
         raise _nothing_matched(pattern)
     if problems and not repair:
