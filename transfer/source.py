@@ -166,7 +166,8 @@ def _walk(
     `dir_meta` (mtimes, modes)."""
     sent_under: set[Path] = set()  # directories that get a file (they arrive as its parents)
     walked: list[Path] = []
-    for root, dirs, files in _tree(src):
+    inside = _real_dir(src)
+    for root, dirs, files, links in _tree(src):
         dirs.sort()
         walked.append(Path(root))
         for dname in list(dirs):
@@ -185,6 +186,8 @@ def _walk(
             full = here / fname
             name = f"{prefix}/{fname}"
             st, reason = _regular(full)
+            if reason is None and fname in links:
+                reason = _outside(full, inside)
             reason = reason or _unsendable_name(name, src)
             if reason is not None:
                 skipped.append(Skipped(full, reason))
@@ -207,8 +210,8 @@ def _walk(
             dir_meta[1][name] = stat.S_IMODE(st.st_mode)
 
 
-def _tree(top: Path) -> Iterator[tuple[str, list[str], list[str]]]:
-    """os.walk's top-down (root, dirs, files), without following directory symlinks, except that
+def _tree(top: Path) -> Iterator[tuple[str, list[str], list[str], set[str]]]:
+    """os.walk's top-down (root, dirs, files), plus the names in `files` that are symlinks, without following directory symlinks, except that
     a directory that cannot be listed ends the scan (os.walk drops it without a word, and its
     files with it: a checkpoint sent without them and called verified); and without recursion
     (Python 3.11's os.walk recurses: a tree ~1000 levels deep raised RecursionError)."""
@@ -217,20 +220,24 @@ def _tree(top: Path) -> Iterator[tuple[str, list[str], list[str]]]:
         root = stack.pop()
         dirs: list[str] = []
         files: list[str] = []
+        links: set[str] = set()
         try:
-            for name, is_dir in _listing(root):
+            for name, is_dir, is_link in _listing(root):
                 (dirs if is_dir else files).append(name)
+                if is_link and not is_dir:
+                    links.add(name)
         except OSError as exc:
             raise SourceUnreadableError(
                 f"cannot list {short_path(root)}: {exc.strerror or exc}; nothing was sent",
                 denied=isinstance(exc, PermissionError),
             ) from None
-        yield root, dirs, files  # the caller sorts and prunes dirs, as with os.walk
+        yield root, dirs, files, links  # the caller sorts and prunes dirs, as with os.walk
         stack.extend(os.path.join(root, d) for d in reversed(dirs) if not _islink(os.path.join(root, d)))
 
 
-def _listing(root: str) -> list[tuple[str, bool]]:
-    """(name, is a directory, symlinks followed) of each entry of `root`, however long its path."""
+def _listing(root: str) -> list[tuple[str, bool, bool]]:
+    """(name, is a directory (symlinks followed), is a symlink) of each entry of `root`, however
+    long its path."""
     try:
         it = os.scandir(root)
     except OSError as exc:
@@ -241,15 +248,40 @@ def _listing(root: str) -> list[tuple[str, bool]]:
             it = os.scandir(fd)  # works on a duplicate of fd
         finally:
             os.close(fd)
-    out: list[tuple[str, bool]] = []
+    out: list[tuple[str, bool, bool]] = []
     with it as entries:
         for entry in entries:
             try:
                 is_dir = entry.is_dir()
             except OSError:
                 is_dir = False
-            out.append((entry.name, is_dir))
+            try:
+                is_link = entry.is_symlink()
+            except OSError:
+                is_link = True  # unknown: checked as a link (_outside), never followed unchecked
+            out.append((entry.name, is_dir, is_link))
     return out
+
+
+def _real_dir(src: Path) -> str:
+    """Directory SOURCE `src` with every symlink resolved, ending in '/' (_outside's prefix)."""
+    return os.path.join(os.path.realpath(src), "")
+
+
+def _outside(link: Path, inside: str) -> str | None:
+    """Why symlink `link` under a directory SOURCE is not sent: its target lies outside SOURCE
+    (`inside`, _real_dir), or cannot be resolved; None for a link to a file inside SOURCE, whose
+    target's contents are sent under the link's name. Before, every link to a file was followed: a
+    link to /etc/shadow or ~/.ssh/id_ed25519 planted in a checkpoint directory sent that file's
+    contents to the receiver without a word. rsync -a sends such a link as a link (the receiver
+    gets a dangling link, never the contents); rq's manifest carries no links yet, so it skips
+    it, with a warning and the summary's count, as it skips a symlinked directory."""
+    target = os.path.realpath(link)
+    if not target.startswith(inside):
+        return f"symlink to {short_path(target, 80)}, outside SOURCE (its target is not sent)"
+    if _islink(target):  # realpath gave up (a path over PATH_MAX): not known to stay inside
+        return "symlink that cannot be resolved here (its target is not sent)"
+    return None
 
 
 def _unsendable(base: str, src: Path, path: Path) -> str | None:
@@ -419,6 +451,14 @@ class Reader:
                 _close(self._fds.pop(old))
             path = self._files[f].path
             fd = _at(os.open, path, os.O_RDONLY | os.O_CLOEXEC)
+            st = os.fstat(fd)
+            if (st.st_ino, st.st_dev) != (self._files[f].inode, self._files[f].dev):
+                # another file by now (a symlink re-pointed since the scan, perhaps outside
+                # SOURCE): never read from it
+                os.close(fd)
+                raise SourceChangedError(
+                    f"{short_path(path)} changed while it was being sent; re-run to send the new version"
+                )
             dfd = -1
             if self._direct:
                 try:
