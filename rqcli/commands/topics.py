@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import itertools
 import json
 import logging
@@ -392,13 +393,36 @@ def _reader_watch() -> Callable[[], None] | None:
     """`rq tail -f … | head -n 3`: after head exits, a follower would learn it only from its next
     write, which may be hours away. Like GNU `tail -f` (coreutils >= 8.28), poll stdout while idle
     for POLLERR/POLLHUP, which a pipe's write end reports once its reader has gone, and leave as a
-    failed write does (quietly, exit 0). Only for a pipe or FIFO: a terminal or a file never says so."""
-    poll = getattr(select, "poll", None)
+    failed write does (quietly, exit 0). Only for a pipe or FIFO: a terminal or a file never says so.
+
+    A stdout that cannot be written at all is told at the first idle check too, not at the first
+    record (which may be hours away on an idle topic): closed (`>&-`; rq's stand-in on fd 1 is
+    /dev/null opened read-only) or a device that refuses even an empty write (`> /dev/full`). That
+    raises StdoutError (exit 1, "cannot write to stdout: …"), as the first write would. A regular
+    file on a full disk is still found out by the first write only."""
     try:
         fd = sys.stdout.fileno()
-        if poll is None or not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return None
-    except (OSError, ValueError, AttributeError):  # no real stdout (closed, replaced)
+        mode = os.fstat(fd).st_mode
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    except (OSError, ValueError, AttributeError):  # no real stdout (replaced)
+        return None
+    unwritable: OSError | None = None
+    if flags & os.O_ACCMODE == os.O_RDONLY:
+        unwritable = OSError(errno.EBADF, os.strerror(errno.EBADF))
+    elif stat.S_ISCHR(mode) and not os.isatty(fd):
+        try:
+            os.write(fd, b"")  # writes nothing; /dev/full refuses it (ENOSPC)
+        except OSError as exc:
+            unwritable = exc
+    if unwritable is not None:
+        lost = unwritable
+
+        def refuse() -> None:
+            raise stdout_error(lost)
+
+        return refuse
+    poll = getattr(select, "poll", None)
+    if poll is None or not stat.S_ISFIFO(mode):
         return None
     poller = poll()
     poller.register(fd, 0)  # POLLERR and POLLHUP are reported whatever is asked for
