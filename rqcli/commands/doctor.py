@@ -432,7 +432,8 @@ def check_ram_tier(cache_dir: Path, shm: Path = Path("/dev/shm")) -> list[Findin
     if limit is not None:
         ram.detail += (
             f"; cgroup memory limit {format_size(limit)} (RAM-tier files count against it): "
-            f"a new cache's RAM cap is at most {format_size(limit // 2)}"
+            f"a new cache's RAM cap is at most {format_size(limit // 2)}, and an existing cache whose "
+            f"recorded cap is higher uses {format_size(limit // 2)} here (unless --ram-limit is given)"
         )
     return [ram, check_orphans()]
 
