@@ -83,6 +83,18 @@ def popen_rq_with(setup: str, *args: str, env: dict[str, str] | None = None) -> 
     )
 
 
+def run_rq_ram_root_at(shm: Path, *args: str) -> tuple[int, str, str]:
+    """rq run with its RAM tier's default root under `shm` (a stand-in for /dev/shm: a plain file
+    there is a machine without a usable RAM tier); returns (exit code, stdout, stderr)."""
+    setup = (
+        "import cache.api\nfrom pathlib import Path\n"
+        f"cache.api.default_ram_root = lambda root, n=0: Path({str(shm)!r}) / f'rq-{{n}}'"
+    )
+    proc = popen_rq_with(setup, *args)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out.decode(), err.decode()
+
+
 def wait_or_fail(proc: subprocess.Popen[bytes], timeout: float, still: str) -> int:
     """The process's exit status; one still running after `timeout` s is killed and the test
     fails saying `still` (what it was still doing that it should not)."""

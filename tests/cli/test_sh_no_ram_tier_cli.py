@@ -6,17 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rqtest import popen_rq_with
-
-
-def _rq(shm: Path, *args: str) -> tuple[int, str, str]:
-    setup = (
-        "import cache.api\nfrom pathlib import Path\n"
-        f"cache.api.default_ram_root = lambda root, n=0: Path({str(shm)!r}) / f'rq-{{n}}'"
-    )
-    proc = popen_rq_with(setup, *args)
-    out, err = proc.communicate(timeout=60)
-    return proc.returncode, out.decode(), err.decode()
+from rqtest import run_rq_ram_root_at as _rq
 
 
 def test_disk_tier_and_reads_work_ram_tier_exits_10(tmp_path: Path) -> None:
