@@ -20,6 +20,7 @@ from pathlib import Path
 import xxhash
 
 from cache.errors import BadSourceError, CacheError, FileSystemFullError, UnsafeDirError
+from cache.sizes import inodes_note
 
 TIERS = ("ram", "disk")
 INDEX_NAME = "index.sqlite3"
@@ -208,5 +209,7 @@ def dir_error(path: Path, what: str, exc: OSError) -> CacheError:
     """A directory rq cannot make or read (`/proc/x`, a read-only file system, a path through a
     file): a bad path given to it, one line, not a bare OSError. A full file system is that."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return FileSystemFullError(f"no space left on the file system under {path} to make the {what}")
+        return FileSystemFullError(
+            f"no space left on the file system under {path}{inodes_note(path)} to make the {what}"
+        )
     return BadSourceError(f"cannot use {path} as the {what}: {exc.strerror or exc}")

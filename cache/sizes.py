@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 from cache.errors import BadSourceError
@@ -105,3 +106,16 @@ def _read_limit(path: str) -> int | None:
         return None  # "max", or something this version does not know
     value = int(text)
     return value if 0 < value < _UNLIMITED else None
+
+
+def inodes_note(path: object) -> str:
+    """ " (out of inodes …)" when the file system under `path` has no file left to give, else "":
+    a full file system's message then says what ran out, since freeing or capping bytes does
+    nothing for inodes (a tmpfs's nr_inodes, a small ext4 of many tiny objects)."""
+    try:
+        fs = os.statvfs(str(path))
+    except OSError:
+        return ""
+    if fs.f_files == 0 or fs.f_favail > 0:  # f_files 0: no count kept (btrfs, tmpfs nr_inodes=0)
+        return ""
+    return " (it is out of inodes, not bytes: each cached object is a file; see `df -i`)"

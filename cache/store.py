@@ -31,7 +31,7 @@ from cache.digests import is_big
 from cache.errors import BusyError, CacheError, CacheFullError, FileSystemFullError
 from cache.index import Entry, Hold, Index
 from cache.layout import Layout, blob_hash, make_private
-from cache.sizes import format_size, stored_size
+from cache.sizes import format_size, inodes_note, stored_size
 
 
 @dataclass(frozen=True)
@@ -276,6 +276,7 @@ class Store:
                                 # tries again once one of them landed, as when the cap is full of them
                                 raise FileSystemFullError(
                                     f"no space left on the file system under {self.layout.tier_root(tier)}"
+                                    f"{inodes_note(self.layout.tier_root(tier))}"
                                     f" for {len(specs)} landing(s) beside those in flight"
                                 ) from None
                             # the file system's room is taken by other processes' landings in flight

@@ -67,6 +67,8 @@ def cache_error_to_cli(exc: Exception, sources: tuple[str, ...] = ()) -> CliErro
     if isinstance(exc, e.CacheFullError) and file_system_full(exc):
         # the file system ran out before the cap: a higher cap would only make it worse
         full = "free space there, lower --ram-limit/--disk-limit below its free space, or use another --cache-dir"
+        if "out of inodes" in str(exc):  # a lower cap frees no inodes
+            full = "delete files there, remount a tmpfs with a larger nr_inodes, or use another --cache-dir"
         return CliError(safe_text(str(exc)), ExitCode.NO_SPACE, hint=full)
     for cls, code, hint in table:
         if isinstance(exc, cls):
