@@ -96,6 +96,9 @@ class SendOptions:
     # Below ConnectOptions.timeout it also bounds each connect and the wait for the receiver's
     # first answer (a dead address fails within it, as curl --connect-timeout / ssh ConnectTimeout).
     ack_timeout: float = 120.0
+    # follow every symlink to a file out of a directory SOURCE, also those someone else made
+    # (transfer.source._outside; rq send --follow-symlinks)
+    follow_symlinks: bool = False
 
 
 @dataclass
@@ -444,7 +447,7 @@ def send(
     if opts.window is None:
         opts = replace(opts, window=getattr(transport, "send_window", DEFAULT_WINDOW))
     skipped: list[Skipped] = []
-    manifest, files = scan(sources, opts.chunk_size, skipped)
+    manifest, files = scan(sources, opts.chunk_size, skipped, opts.follow_symlinks)
     for sk in skipped:
         on_event(SourceSkipped(str(sk.path), sk.reason))
     run = _Run(manifest, files, opts)
@@ -598,7 +601,7 @@ def _send_retrying(
             adopted = True
             on_event(ChunkSizeAdopted(exc.chunk_size, run.opts.chunk_size))
             run.opts = replace(run.opts, chunk_size=exc.chunk_size)
-            run.manifest, run.files = scan(sources, run.opts.chunk_size, [])
+            run.manifest, run.files = scan(sources, run.opts.chunk_size, [], run.opts.follow_symlinks)
         except RETRIED as exc:
             busy = isinstance(exc, BusyError)
             if isinstance(exc, TransferError) and not isinstance(exc, PeerUnreachableError | BusyError):

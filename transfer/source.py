@@ -7,6 +7,7 @@ import errno
 import fcntl
 import mmap
 import os
+import pwd
 import signal
 import stat
 from collections.abc import Callable, Iterator
@@ -111,12 +112,16 @@ class Skipped:
 
 
 def scan(
-    sources: list[Path], chunk_size: int, skipped: list[Skipped] | None = None
+    sources: list[Path],
+    chunk_size: int,
+    skipped: list[Skipped] | None = None,
+    follow_symlinks: bool = False,
 ) -> tuple[Manifest, list[SourceFile]]:
     """A file argument is sent under its base name; a directory under its own name with its tree
-    (like `cp -r`), empty directories included (manifest dirs). Symlinks to files are followed;
-    symlinked directories, special files and broken symlinks are not: each is appended to
-    `skipped`, so the caller can say so instead of dropping them silently."""
+    (like `cp -r`), empty directories included (manifest dirs). Symlinks to files are followed,
+    except one out of SOURCE through a link someone else made (_outside; `follow_symlinks`
+    follows those too); symlinked directories, special files and broken symlinks are not: each
+    is appended to `skipped`, so the caller can say so instead of dropping them silently."""
     found: dict[str, tuple[SourceFile, int]] = {}
     dirs: list[str] = []
     dir_mtimes: dict[str, int] = {}
@@ -128,7 +133,7 @@ def scan(
         base = src.resolve().name if src.name in ("", ".", "..") else src.name
         if src.is_dir():
             validate_name(base)  # an argument the user named is refused, not skipped
-            _walk(src, base, found, out, dirs, (dir_mtimes, dir_modes))
+            _walk(src, base, found, out, dirs, (dir_mtimes, dir_modes), follow_symlinks)
         else:
             reason = _not_regular(src)
             if reason is not None:  # a FIFO (`<(tar c …)`) or a device would arrive as an empty file
@@ -160,6 +165,7 @@ def _walk(
     skipped: list[Skipped],
     empty_dirs: list[str],
     dir_meta: tuple[dict[str, int], dict[str, int]],
+    follow_symlinks: bool = False,
 ) -> None:
     """Adds the files under directory `src` to `found`, the directories with none under them to
     `empty_dirs`, and the mtime and permission bits of every directory sent (either way) to
@@ -187,7 +193,7 @@ def _walk(
             name = f"{prefix}/{fname}"
             st, reason = _regular(full)
             if reason is None and fname in links:
-                reason = _outside(full, inside)
+                reason = _outside(full, inside, follow_symlinks)
             reason = reason or _unsendable_name(name, src)
             if reason is not None:
                 skipped.append(Skipped(full, reason))
@@ -268,20 +274,93 @@ def _real_dir(src: Path) -> str:
     return os.path.join(os.path.realpath(src), "")
 
 
-def _outside(link: Path, inside: str) -> str | None:
-    """Why symlink `link` under a directory SOURCE is not sent: its target lies outside SOURCE
-    (`inside`, _real_dir), or cannot be resolved; None for a link to a file inside SOURCE, whose
-    target's contents are sent under the link's name. Before, every link to a file was followed: a
-    link to /etc/shadow or ~/.ssh/id_ed25519 planted in a checkpoint directory sent that file's
-    contents to the receiver without a word. rsync -a sends such a link as a link (the receiver
-    gets a dangling link, never the contents); rq's manifest carries no links yet, so it skips
-    it, with a warning and the summary's count, as it skips a symlinked directory."""
+def _outside(link: Path, inside: str, follow_all: bool = False) -> str | None:
+    """Why symlink `link` under a directory SOURCE is not sent; None when its target's contents
+    are sent under the link's name: a link to a file inside SOURCE (`inside`, _real_dir), and one
+    out of SOURCE when every link met on the way is yours or root's (a Hugging Face snapshot's
+    files are links to ../../blobs/…), or `follow_all` (--follow-symlinks).
+
+    A link someone else made is not followed out of SOURCE, the rule of the kernel's
+    fs.protected_symlinks: a link to ~/.ssh/id_ed25519 planted by a co-tenant in a shared
+    checkpoint directory sent that key with the checkpoint. Skipping every link out of SOURCE
+    (the first fix) sent a Hugging Face snapshot as nothing, verified, exit 0. rsync -a sends
+    links as links; rq's manifest carries no links, and a receiver never creates one."""
     target = os.path.realpath(link)
-    if not target.startswith(inside):
-        return f"symlink to {short_path(target, 80)}, outside SOURCE (its target is not sent)"
-    if _islink(target):  # realpath gave up (a path over PATH_MAX): not known to stay inside
+    if _islink(target):  # realpath gave up (a loop, a path over PATH_MAX)
         return "symlink that cannot be resolved here (its target is not sent)"
+    if target.startswith(inside) or follow_all:
+        return None
+    foreign = _foreign_link(link)
+    if foreign is None:
+        return None
+    path, uid = foreign
+    shown = short_path(target, 80)
+    if uid < 0:
+        return (
+            f"symlink to {shown}, outside SOURCE, whose links cannot be checked (--follow-symlinks sends it)"
+        )
+    via = (
+        ""
+        if path == os.path.join(os.path.realpath(link.parent), link.name)
+        else f" through {short_path(path, 60)},"
+    )
+    return (
+        f"symlink to {shown}, outside SOURCE,{via} made by {_user(uid)}, not you: "
+        "not followed (--follow-symlinks sends it)"
+    )
+
+
+# the kernel's MAXSYMLINKS: past this many links on one path, open() fails with ELOOP too
+_MAX_HOPS = 40
+
+
+def _trusted_uids() -> set[int]:
+    """Whose links are followed out of SOURCE: yours, and root's (nobody else can make them)."""
+    return {os.geteuid(), 0}
+
+
+def _foreign_link(link: Path) -> tuple[str, int] | None:
+    """The first symlink met resolving `link` (itself included, then every link in its target's
+    path) owned by someone not in _trusted_uids, with its owner; (path, -1) when one cannot be
+    checked; None when there is none. SOURCE's own path is not checked: the user named it."""
+    trusted = _trusted_uids()
+    resolved = os.path.realpath(link.parent)
+    todo = [link.name]
+    hops = 0
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            resolved = os.path.dirname(resolved)
+            continue
+        path = os.path.join(resolved, part)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return path, -1
+        if not stat.S_ISLNK(st.st_mode):
+            resolved = path
+            continue
+        if st.st_uid not in trusted:
+            return path, st.st_uid
+        hops += 1
+        try:
+            target = os.readlink(path)
+        except OSError:
+            return path, -1
+        if hops > _MAX_HOPS:
+            return path, -1
+        if target.startswith("/"):
+            resolved = "/"
+        todo[:0] = target.split("/")
     return None
+
+
+def _user(uid: int) -> str:
+    with contextlib.suppress(KeyError):
+        return f"user {pwd.getpwuid(uid).pw_name} (uid {uid})"
+    return f"uid {uid}"
 
 
 def _unsendable(base: str, src: Path, path: Path) -> str | None:
