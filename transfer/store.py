@@ -28,7 +28,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -151,31 +151,67 @@ def _read_fd(fd: int) -> bytes:
     return os.pread(fd, size, 0) if size else b""
 
 
-def no_space(fd: int, detail: str) -> NoSpaceError:
-    """ENOSPC on the file system holding `fd`, said as what ran out: its inodes (every file rq
-    creates takes one: the received files and, per file, its placed record under .rq-partial,
-    and its journal too for files of more than PLACED_DIGESTS_MAX chunks) or its space. Freeing bytes, or raising --max-bytes, does nothing for the first."""
+def out_of_inodes(fd: int) -> bool:
+    """Whether the file system holding `fd` has no inode left to give (statvfs f_favail 0): a
+    full file system that freeing or capping bytes does nothing for (a tmpfs's nr_inodes, an ext4
+    made for big files). False where it keeps no count (f_files 0: btrfs) or cannot be asked."""
     try:
         vfs = os.fstatvfs(fd)
-        inodes = vfs.f_files > 0 and vfs.f_favail == 0  # f_files 0: it keeps no count (btrfs)
     except OSError:
-        inodes = False
+        return False
+    return vfs.f_files > 0 and vfs.f_favail == 0
+
+
+def kept_text(chunks: int, nbytes: int) -> str:
+    """What a transfer stopped by a full disk keeps, for its error line: the chunks verified (and
+    durable) so far, which a re-run does not send again, or that there are none."""
+    if not chunks:
+        return "; no chunk of this transfer had been verified, so none is kept: a re-run sends it all"
+    return f"; the {chunks} chunk(s) ({nbytes} bytes) verified so far are kept: a re-run sends only the rest"
+
+
+def no_space(fd: int, detail: str, kept: str = "", inodes: bool | None = None) -> NoSpaceError:
+    """ENOSPC on the file system holding `fd`, said as what ran out: its inodes (every file rq
+    creates takes one: while a file is received its .part and its journal under .rq-partial,
+    at commit its placed record too; once placed, the file and its record, and its journal too
+    for files of more than PLACED_DIGESTS_MAX chunks) or its space. Freeing bytes, or raising
+    --max-bytes, does nothing for the first. `kept`: what the transfer keeps (kept_text), ""
+    where no transfer is concerned. `inodes`: out_of_inodes as the caller found it before it
+    cleaned up (a cleanup frees inodes: asked afterwards it would say "disk is full")."""
+    if inodes is None:
+        inodes = out_of_inodes(fd)
     if inodes:
         return NoSpaceError(
-            f"receiver file system is out of inodes{detail} (rq needs about 2 per file it receives): "
-            "delete files there (see `df -i`), or remount a tmpfs with a larger nr_inodes"
+            f"receiver file system is out of inodes{detail} (not bytes: rq needs about 3 per file "
+            "while receiving it, 2 once it is placed): delete files there (see `df -i`), "
+            f"or remount a tmpfs with a larger nr_inodes{kept}"
         )
-    return NoSpaceError(f"receiver disk is full{detail}")
+    return NoSpaceError(f"receiver disk is full{detail}{kept}")
+
+
+def is_no_space(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 @contextlib.contextmanager
-def _disk_errors(fd: int) -> Iterator[None]:
+def _disk_errors(fd: int, kept: Callable[[], str] | None = None) -> Iterator[None]:
+    """ENOSPC/EDQUOT inside as NoSpaceError; `kept()` says what the transfer keeps (kept_text)."""
     try:
         yield
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise no_space(fd, "; the chunks verified so far are kept") from None
+        if is_no_space(exc):
+            inodes = out_of_inodes(fd)
+            said = ""
+            if kept is not None:
+                with contextlib.suppress(OSError):
+                    said = kept()
+            raise no_space(fd, "", said, inodes) from None
         raise
+
+
+# A transfer whose commit ran out of space or inodes: every chunk is verified, the commit marker
+# says so, and the sender's re-run finishes placing its files (Store.completed, _redo_commit).
+_ALL_KEPT = "; every chunk of this transfer is verified and kept: a re-run places its files"
 
 
 @dataclass
@@ -212,6 +248,17 @@ class Plan:
         cs = self.manifest.chunk_size
         return sum(fs.entry.chunk_len(k, cs) for fs in self.files for k in fs.have)
 
+    def kept(self) -> str:
+        """What this transfer keeps if it stops now (kept_text): the chunks its files not placed
+        before hold, as durable and journaled."""
+        cs = self.manifest.chunk_size
+        with self.lock:
+            todo = [fs for fs in self.files if not fs.placed]
+            return kept_text(
+                sum(len(fs.have) for fs in todo),
+                sum(fs.entry.chunk_len(k, cs) for fs in todo for k in fs.have),
+            )
+
     def _check_open(self) -> None:
         if self.closed:  # a straggling channel of a transfer that already finished: its fds are gone
             raise UnknownTransferError("transfer already finished")
@@ -226,7 +273,7 @@ class Plan:
         key = self.files[f].entry.key
         view = memoryview(data).cast("B")
         off = k * self.manifest.chunk_size
-        with _disk_errors(self.store.state_fd):
+        with _disk_errors(self.store.state_fd, self.kept):
             done = self.store.write_direct(key, view, off)
             if done < len(view):
                 with self.store.part(key) as fd:
@@ -244,7 +291,7 @@ class Plan:
         by_file: dict[int, list[tuple[int, bytes]]] = {}
         for f, k, dig in done:
             by_file.setdefault(f, []).append((k, dig))
-        with _disk_errors(self.store.state_fd):
+        with _disk_errors(self.store.state_fd, self.kept):
             if len(by_file) >= SYNCFS_MIN_FILES and self.store.syncfs():
                 self._check_write_back(by_file)
                 for f, recs in by_file.items():
@@ -830,10 +877,25 @@ class Store:
         for name in manifest.dirs:
             self._check_dir_target(name)
         restarted = self._drop_stale(manifest, others)
-        with _disk_errors(self.state_fd):
+        with _disk_errors(self.state_fd, lambda: self._kept_on_disk(manifest, states)):
             self._write_state_file(f"{manifest.transfer_id}.manifest.json", manifest.to_json())
             intact = [state == INTACT for state in states]
             return self._open(manifest, restarted, intact=intact, reserve=reserve)
+
+    def _kept_on_disk(self, manifest: Manifest, states: list[str]) -> str:
+        """What a plan that ran out of space keeps (kept_text): the journaled chunks of its files
+        not in place whose .part is there (an earlier run's, which a re-run resumes)."""
+        cs = manifest.chunk_size
+        chunks = nbytes = 0
+        for entry, state in zip(manifest.files, states, strict=True):
+            if state == INTACT or not self._exists(f"{entry.key}.part"):
+                continue
+            have = recorded(
+                self.state_fd, f"{entry.key}.journal", entry.key, entry.size, cs, entry.chunks(cs)
+            )
+            chunks += len(have)
+            nbytes += sum(entry.chunk_len(k, cs) for k in have)
+        return kept_text(chunks, nbytes)
 
     def has_finished(self, transfer_id: str) -> bool:
         """True if transfer `transfer_id` was committed here (its done marker), without checking
@@ -849,7 +911,7 @@ class Store:
         A commit that a crash interrupted (marker written, files partly placed) is finished now."""
         tid = manifest.transfer_id
         name = f"{tid}.done.json"
-        with _disk_errors(self.state_fd):
+        with _disk_errors(self.state_fd, lambda: _ALL_KEPT):
             self._redo_commit(manifest)
         if not self._exists(name):
             return False
@@ -1546,12 +1608,17 @@ class Store:
         self._open_dirs_for_placing(manifest)
         try:
             placed = self._link_all(ready, overwrite, sync=not batch)
-        except (TransferError, OSError):
+        except (TransferError, OSError) as exc:
+            # out of inodes is told before the cleanup below frees some (asked after it, statvfs
+            # has inodes to give and the line said "disk is full": freeing bytes would not help)
+            full = is_no_space(exc) and no_space(self.state_fd, " placing the verified files", _ALL_KEPT)
             # a file in the way (or a disk error) stopped the links: the records of the files
             # still waiting as .part claim a placement that did not happen
             for entry in ready:
                 if self._exists(f"{entry.key}.part"):
                     unlink_quiet_at(_placed_name(entry.name), self.state_fd)
+            if full:
+                raise full from None
             raise
         for entry in todo:
             self._record_placed(entry, cs, placed.get(entry.name), not batch, known.get(entry.key))

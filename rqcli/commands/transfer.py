@@ -133,6 +133,10 @@ def _cli_error(exc: Exception) -> CliError:
     if code == ExitCode.NO_SPACE and "out of inodes" in str(exc):
         # neither freeing bytes nor --max-bytes helps a file system that has no inodes left
         hint = "free inodes on the receiver (df -i) and re-run the same command to resume"
+    if code == ExitCode.NO_SPACE and "so none is kept" in str(exc) and hint:
+        # nothing verified arrived before the disk filled (transfer.store.kept_text): a re-run
+        # sends it all, and "to resume" promised what the receiver does not have
+        hint = hint.removesuffix(" to resume")
     skew = _skew_hint(str(exc))
     if skew is not None:
         hint = skew
