@@ -1112,6 +1112,24 @@ def _send(
         f"{summary['mb_per_s']} MB/s, {summary['chunks_resent']} chunk(s) resent, verified"
         + (f"; {summary['skipped']} entries not sent (see above)" if summary.get("skipped") else "")
     )
+    _say_data_sent(out, summary, url)
+
+
+def _say_data_sent(out: Output, summary: dict[str, Any], url: str) -> None:
+    """With stdout unwritable (`>&-`, `> /dev/full`), rq send still sends (it goes on without
+    stdout) and ends with exit 1 and one line naming stdout (docs/cli.md). That line alone read as
+    a failed send after the receiver had verified every byte: it now says what was sent, as rq
+    recv's says what arrived (_say_data_arrived)."""
+    failed = out.stdout_failed
+    if failed is None:
+        return
+    where = safe_text(url.split("?", 1)[0])  # not a ?pin= the URL may carry
+    verified = " and verified by the receiver" if summary.get("verified") else ""
+    out.stdout_failed = StdoutError(
+        f"{failed.message}; the transfer completed all the same: {summary['files']} file(s), "
+        f"{summary['bytes_total']} bytes sent to {where}{verified}, only the report was not written",
+        failed.code,
+    )
 
 
 # The summary of a send that stopped before it had a manifest (a SOURCE missing or unreadable).
