@@ -248,16 +248,23 @@ class Plan:
         cs = self.manifest.chunk_size
         return sum(fs.entry.chunk_len(k, cs) for fs in self.files for k in fs.have)
 
-    def kept(self) -> str:
-        """What this transfer keeps if it stops now (kept_text): the chunks its files not placed
-        before hold, as durable and journaled."""
+    def kept(self, failed: Sequence[tuple[int, int, bytes]] = ()) -> str:
+        """What this transfer keeps as it stops on a full disk (kept_text), for its files not
+        placed before: the chunks their journals hold (every process's) and the verified chunks
+        written here and not yet journaled, which the receiver makes durable as it stops
+        (Receiver's last flush: a write that filled the disk stopped a batch that had not been
+        flushed yet, and a 10 MB tmpfs kept 2 chunks of 4 MiB after "none" was said), less
+        `failed`, the batch whose flush or journal the disk refused."""
         cs = self.manifest.chunk_size
+        refused = {(f, k) for f, k, _ in failed}
         with self.lock:
-            todo = [fs for fs in self.files if not fs.placed]
-            return kept_text(
-                sum(len(fs.have) for fs in todo),
-                sum(fs.entry.chunk_len(k, cs) for fs in todo for k in fs.have),
-            )
+            todo = [(f, fs, set(fs.dirty)) for f, fs in enumerate(self.files) if not fs.placed]
+        chunks = nbytes = 0
+        for f, fs, dirty in todo:
+            ks = {k for k in fs.journal.reload().keys() | dirty if (f, k) not in refused}
+            chunks += len(ks)
+            nbytes += sum(fs.entry.chunk_len(k, cs) for k in ks)
+        return kept_text(chunks, nbytes)
 
     def _check_open(self) -> None:
         if self.closed:  # a straggling channel of a transfer that already finished: its fds are gone
@@ -291,7 +298,7 @@ class Plan:
         by_file: dict[int, list[tuple[int, bytes]]] = {}
         for f, k, dig in done:
             by_file.setdefault(f, []).append((k, dig))
-        with _disk_errors(self.store.state_fd, self.kept):
+        with _disk_errors(self.store.state_fd, lambda: self.kept(failed=done)):
             if len(by_file) >= SYNCFS_MIN_FILES and self.store.syncfs():
                 self._check_write_back(by_file)
                 for f, recs in by_file.items():

@@ -7,13 +7,14 @@ its cleanup freed some before statvfs was asked, and the line said "disk is full
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from tmpfs_kit import own_tmpfs
-from xfer_kit import Recv, receive_chunks, send
+from xfer_kit import Recv, receive_chunks, send, wait_for
 
 from transfer.errors import NoSpaceError
 from transfer.manifest import MIN_CHUNK, FileEntry, Manifest, file_key, make_manifest
@@ -114,3 +115,56 @@ def test_a_commit_out_of_inodes_while_placing_says_inodes(few_inodes: Path) -> N
     finally:
         store.close()
     assert not (few_inodes / "dst" / "sub").exists()
+
+
+def test_a_write_that_fills_the_disk_counts_the_verified_chunks_not_yet_flushed(tmp_path: Path) -> None:
+    """A chunk written (verified) but not yet journaled when the next write fills the disk is made
+    durable as the receiver stops: the line counts it (it said "none is kept" and the journal then
+    held it)."""
+    with own_tmpfs(tmp_path / "small", "size=1m") as mnt:
+        m, datas = _manifest(["a.bin"], 4 * MIN_CHUNK)
+        store = Store(mnt / "dst")
+        plan = store.plan(m)
+        try:
+            plan.write(0, 0, datas[0][:MIN_CHUNK])
+            with open(mnt / "filler", "wb") as fh, pytest.raises(OSError):
+                while True:
+                    fh.write(b"\0" * MIN_CHUNK)
+                    fh.flush()
+            with pytest.raises(NoSpaceError) as full:
+                plan.write(0, 1, datas[0][MIN_CHUNK : 2 * MIN_CHUNK])
+            msg = str(full.value)
+            assert "disk is full" in msg, msg
+            assert f"the 1 chunk(s) ({MIN_CHUNK} bytes) verified so far are kept" in msg, msg
+        finally:
+            plan.close()
+            store.close()
+
+
+def test_the_count_a_full_disk_line_gives_is_what_the_journal_keeps(tmp_path: Path) -> None:
+    with own_tmpfs(tmp_path / "small", "size=10m") as mnt:
+        src = tmp_path / "big"
+        src.mkdir()
+        (src / "w.bin").write_bytes(os.urandom(20_000_000))
+        recv = Recv(mnt / "dst", tmp_path / "cert", "tcp").start()
+        try:
+            proc = send([src], recv, "--retry-for", "5")
+            err = proc.stderr.decode()
+            assert proc.returncode == 7, err
+            said = re.search(r"the (\d+) chunk\(s\) \((\d+) bytes\) verified so far are kept", err)
+            if said is None:
+                assert "so none is kept" in err, err
+            claimed = int(said.group(1)) if said else 0
+            if said:
+                assert int(said.group(2)) == claimed * (4 << 20), err
+            # the receiver journals them as it lets the transfer go, after the line was sent
+            assert wait_for(lambda: _records(mnt / "dst") >= claimed, 20), (err, _records(mnt / "dst"))
+        finally:
+            recv.stop()
+        assert _records(mnt / "dst") == claimed, err
+
+
+def _records(dest: Path) -> int:
+    """The chunk records of the (one) journal under dest/.rq-partial."""
+    journals = [p for p in (dest / ".rq-partial").iterdir() if p.name.endswith(".journal")]
+    return sum(max(0, p.stat().st_size - 32) // 24 for p in journals)
