@@ -8,6 +8,7 @@ import bisect
 import contextlib
 import fcntl
 import fnmatch
+import functools
 import io
 import itertools
 import os
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 import xxhash
 
@@ -76,6 +77,7 @@ GONE_BEFORE_FETCH = 20  # lookups that found the cached file gone before reading
 # without asking again for this long: each check of a store that is down costs seconds (refused:
 # ~1.6 s of retries; silent: the watchdog's 30 s), which a training step must not pay per file
 UNREACHABLE_RECHECK_S = 10.0
+_T = TypeVar("_T")
 
 
 def default_cache_dir() -> Path:
@@ -655,7 +657,9 @@ class Cache:
             if self._stale(entry):
                 info, stale_why = self._revalidate(entry)
                 if info is not None and not self._current(entry, info):
-                    return self._open_fetched(url, tier or entry.tier, info)
+                    return self._superseded(
+                        entry, functools.partial(self._open_fetched, url, tier or entry.tier, info)
+                    )
                 if info is not None:
                     state.index.mark_checked([url], time.time())
             try:
@@ -747,6 +751,17 @@ class Cache:
             return True
         self._state().store.remove(entry, same_landing=True)  # never a landing made since
         return False
+
+    def _superseded(self, entry: Entry, fetch: Callable[[], _T]) -> _T:
+        """Fetches the version the origin just named in place of `entry`'s. Should that fetch fail
+        (a corrupt body, the store failing mid-GET), the entry is dropped all the same, as it is
+        when the origin says the object is gone: the copy is known superseded, and a later read
+        while the store cannot be asked must not serve it as merely unchecked (ServedStale)."""
+        try:
+            return fetch()
+        except BaseException:
+            self._state().store.remove(entry, same_landing=True)  # never a landing made since
+            raise
 
     def _read_event(self, event: ev.Event) -> None:
         """What a read-through's fetch tells the caller: only that an object asked for in RAM
@@ -969,6 +984,7 @@ class Cache:
         if not fresh:
             return path
         info = None
+        superseded = False
         if self._stale(entry):
             info, stale_why = self._revalidate(entry)
             if info is None and stale_why is not None and path.exists():
@@ -978,9 +994,17 @@ class Cache:
                 self._state().index.mark_checked([entry.url], time.time())
                 if path.exists():
                     return path
+            else:
+                superseded = info is not None  # the origin named a newer version
         elif path.exists():
             return path
-        fetched, _ = self._fetch_one(entry.url, entry.tier, info)  # changed at the origin, or gone here
+        # changed at the origin, or gone here
+        if superseded:
+            fetched, _ = self._superseded(
+                entry, functools.partial(self._fetch_one, entry.url, entry.tier, info)
+            )
+        else:
+            fetched, _ = self._fetch_one(entry.url, entry.tier, info)
         if entry.pinned:
             self._state().index.set_pinned([entry.url], True)
         return self.layout.blob_path(fetched.tier, fetched.blob)
