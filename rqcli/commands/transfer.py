@@ -965,6 +965,13 @@ def _recv_event(out: Output, ev: Any) -> None:
     "at least 120 s. 0: wait for ever. Below 10 s it is also the connect timeout: a receiver that "
     "never answers is given up after it (with --retry-for, each try takes at most this long).",
 )
+@click.option(
+    "--follow-symlinks",
+    is_flag=True,
+    help="Also follow symlinks out of a directory SOURCE that another user made (skipped by "
+    "default, with a warning: a planted link must not send your files). Yours and root's are "
+    "followed anyway, so a Hugging Face snapshot's links to its blobs send the blobs.",
+)
 @output_options
 def send(**kwargs: Any) -> None:
     """Send files and directories to `rq recv`; re-run the same command to resume.
@@ -1017,6 +1024,7 @@ def _send(
     compress: str,
     retry_for: float,
     ack_timeout: float,
+    follow_symlinks: bool,
 ) -> None:
     from transfer.credentials import load_token, normalise_pin
     from transfer.errors import TransferError
@@ -1084,6 +1092,7 @@ def _send(
             # --retry-for given (flag, RQ_SEND_RETRY_FOR, config) also covers a receiver not up yet
             first_connect_for=None if _is_default("retry_for") else retry_for,
             ack_timeout=ack_timeout,
+            follow_symlinks=follow_symlinks,
         )
         with out.progress() as bar:
             on_event = _send_progress(out, bar)

@@ -150,13 +150,18 @@ def test_rq_send_of_a_hugging_face_snapshot_sends_its_files(tmp_path: Path) -> N
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a link owned by another user needs root")
-def test_rq_send_skips_a_link_planted_by_another_user(tmp_path: Path) -> None:
+@pytest.mark.parametrize("follow", [False, True])
+def test_rq_send_skips_a_link_planted_by_another_user_unless_told(tmp_path: Path, follow: bool) -> None:
     src = _tree(tmp_path)
     for link in (src / "sub" / "key", src / "rel"):
         os.lchown(link, NOBODY, NOBODY)
-    sent, dest = _send(tmp_path, src)
+    sent, dest = _send(tmp_path, src, *(["--follow-symlinks"] if follow else []))
     assert sent.returncode == 0, sent.stderr
     err = sent.stderr.decode()
+    assert (dest / "ckpt" / "alias").read_bytes() == b"w" * 100
+    if follow:
+        assert (dest / "ckpt" / "rel").read_bytes() == b"PRIVATE"
+        assert (dest / "ckpt" / "sub" / "key").read_bytes() == b"PRIVATE"
+        return
     assert "made by user nobody (uid 65534), not you: not followed (--follow-symlinks sends it)" in err, err
     assert not (dest / "ckpt" / "rel").exists() and not (dest / "ckpt" / "sub" / "key").exists()
-    assert (dest / "ckpt" / "alias").read_bytes() == b"w" * 100
