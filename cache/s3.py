@@ -920,9 +920,14 @@ def parse_list_page(body: bytes) -> tuple[list[Item], str | None]:
         # a proxy's or gateway's HTML error page with 200 is well-formed XML too: taken as a page,
         # it listed nothing and ended the listing (a prefix cached in part, exit 0)
         raise ValueError(f"a <{root.tag[len(ns) :][:40]}> document, not a ListBucketResult")
+    # keys are url-encoded only when the reply says so (as botocore decodes them): a store that
+    # ignores encoding-type=url sends them raw, and decoding those made `a+b` and `a b` one key,
+    # and `pct%41` a request for `pctA`
+    encoded = (root.findtext(f"{ns}EncodingType") or "").strip().lower() == "url"
+    unquote = urllib.parse.unquote_plus if encoded else str
     items: list[Item] = [
         (
-            urllib.parse.unquote_plus(item.findtext(f"{ns}Key") or ""),
+            unquote(item.findtext(f"{ns}Key") or ""),
             int(item.findtext(f"{ns}Size") or 0),
             (item.findtext(f"{ns}ETag") or "").strip('"'),
             None,
