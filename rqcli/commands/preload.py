@@ -222,8 +222,18 @@ EXIT_FOR_KIND = {
     "changed": ExitCode.VERIFY,
     "no_space": ExitCode.NO_SPACE,
     "unreachable": ExitCode.UNREACHABLE,
+    # 5xx or throttling that outlasted the retries, a store misbehaving: the code `rq cache cat`
+    # gives the same failure (cache_error_to_cli: OriginError → 6); it was 1 here
+    "origin": ExitCode.UNREACHABLE,
     "uncacheable": ExitCode.UNSUPPORTED,
 }
+
+
+def exit_for_kinds(kinds: set[str]) -> ExitCode:
+    """A run's exit code from its failures' kinds: the code they all share (`origin` and
+    `unreachable` both 6, `verify` and `changed` both 5), else 1 (docs/cache.md, "Exit codes")."""
+    codes = {EXIT_FOR_KIND.get(kind, ExitCode.FAILURE) for kind in kinds}
+    return codes.pop() if len(codes) == 1 else ExitCode.FAILURE
 
 
 @click.command()
@@ -544,8 +554,7 @@ def _preload(
             f"or listed twice); the first {IGNORED_REPORTED} are named above, none was fetched"
         )
     if result.failed:
-        kinds = {f.kind for f in result.failed}
-        code = EXIT_FOR_KIND.get(kinds.pop(), ExitCode.FAILURE) if len(kinds) == 1 else ExitCode.FAILURE
+        code = exit_for_kinds({f.kind for f in result.failed})
         # (a dry run fetches nothing: its objects are those it would fetch)
         done = result.planned_objects if dry_run else result.objects
         raise CliError(f"{len(result.failed)} of {len(result.failed) + done} objects failed", code)
