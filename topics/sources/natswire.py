@@ -430,6 +430,8 @@ MISSED_HEARTBEATS = 2
 class OrderedReader(_Wire):
     """Reads a stream from a sequence with an ordered push consumer, yielding record batches."""
 
+    idle_beats = 0  # idle heartbeats heard: the consumer had nothing to deliver for a while
+
     def __init__(
         self,
         host: str,
@@ -548,6 +550,7 @@ class OrderedReader(_Wire):
             return
         idle_since = heard = time.monotonic()
         ping: _Ping | None = None
+        beats = self.idle_beats
         while True:
             early, self._early = self._early, []
             batch, restart = self._take(early) if early else ([], False)
@@ -569,6 +572,13 @@ class OrderedReader(_Wire):
                     return
             if not follow and self.pending_left == 0:
                 return
+            if not follow and self.idle_beats != beats:
+                # The consumer idles although the last message said more were pending: the rest
+                # of the range was purged or expired (max_age) while the read was behind. The
+                # caller tells the gap up to `stop` once the read ends (as with a purge keep=N).
+                beats = self.idle_beats
+                if self._drained():
+                    return
             # A PONG is counted as _frames() parses the buffer (above), not when _fill() reads it:
             # checked here, it is seen even when nothing comes after it (a consumer gone quiet
             # sends nothing more), not only once some later frame wakes the loop.
@@ -595,6 +605,16 @@ class OrderedReader(_Wire):
                 raise self._gone(now - heard)
             if follow:
                 yield []  # nothing yet: the caller may stop on the clock (--to @t -f)
+
+    def _drained(self) -> bool:
+        """True when the consumer has nothing left to deliver and all it delivered has come."""
+        if self.consumer is None:
+            return False
+        info = self._api(f"$JS.API.CONSUMER.INFO.{self.stream}.{self.consumer}", {})
+        pending = info.get("num_pending")
+        delivered = info.get("delivered")
+        sent = delivered.get("consumer_seq") if isinstance(delivered, dict) else None
+        return pending == 0 and sent == self.next_dseq - 1 and not self._early
 
     def _gone(self, silent: float) -> SourceUnreachable:
         return SourceUnreachable(
@@ -634,6 +654,8 @@ class OrderedReader(_Wire):
         status, headers = _parse_headers(hdr) if hdr else ("", NO_HEADERS)
         if not status.startswith("100"):
             return
+        if "Idle" in status:
+            self.idle_beats += 1
         if "FlowControl" in status and reply:
             self._send(b"PUB " + reply + b" 0\r\n\r\n")
             return
