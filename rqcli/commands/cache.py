@@ -269,8 +269,22 @@ def cat(url: str, cache_dir: Path | None, endpoint_url: str | None, profile: str
             ExitCode.USAGE,
             hint="drop --json; `rq cache stat URL --json` describes the entry",
         )
+    from cache import BadSourceError, CacheError, NotFoundError, VerifyError
+
     c = open_cache(cache_dir, endpoint_url=endpoint_url, profile=profile, on_event=_warn_stale)
-    handle = _guard(lambda: c.open(url))
+    try:
+        handle = c.open(url)
+    except VerifyError as exc:
+        error = cache_error_to_cli(exc)
+        try:
+            c.stat(url)
+        except (NotFoundError, BadSourceError):
+            # nothing is cached for it (a miss, or the damaged copy dropped): there is no corrupt
+            # entry for `rq cache verify` to list
+            error.hint = "re-run to fetch again"
+        raise error from None
+    except CacheError as exc:
+        raise cache_error_to_cli(exc) from None
     with handle:
         sink = sys.stdout.buffer
         while chunk := handle.read(1 << 20):
