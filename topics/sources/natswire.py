@@ -588,7 +588,12 @@ class OrderedReader(_Wire):
                     self.create(self.last_sseq + 1)
                     heard = time.monotonic()
                 elif idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
-                    return  # a real silence on a live server: --timeout ends the follow
+                    # A live server; but a silence because the consumer (or its stream) was
+                    # deleted is no idle stream: re-created (a stream gone is TopicNotFound).
+                    if self._consumer_there():
+                        return  # a real silence on a live server: --timeout ends the follow
+                    self.create(self.last_sseq + 1)
+                    idle_since = heard = time.monotonic()
                 continue
             if restart or self._early:
                 continue
@@ -605,6 +610,15 @@ class OrderedReader(_Wire):
                 raise self._gone(now - heard)
             if follow:
                 yield []  # nothing yet: the caller may stop on the clock (--to @t -f)
+
+    def _consumer_there(self) -> bool:
+        if self.consumer is None:
+            return False
+        try:
+            self._api(f"$JS.API.CONSUMER.INFO.{self.stream}.{self.consumer}", {})
+        except TopicNotFound:  # the consumer's 404 (or its stream's)
+            return False
+        return True
 
     def _drained(self) -> bool:
         """True when the consumer has nothing left to deliver and all it delivered has come."""
