@@ -859,6 +859,21 @@ class Fetcher:
             job, _, _ = requests.popleft()
             job.outstanding -= 1
 
+    def _drop_superseded(self, job: Job) -> None:
+        """An object that failed for good drops the cached copy of an older version of it: the
+        store named a newer one (its listing or HEAD), so that copy is known superseded and a read
+        while the store is down must not serve it as merely unchecked (ServedStale). Only S3's:
+        a directory origin's entries are never served stale, and their racy marks differ from the
+        stat's version without being older. Best effort: the failure reported stays the object's."""
+        if not job.info.url.startswith("s3://"):
+            return
+        try:
+            entry = self.store.index.get(job.info.url)
+            if entry is not None and entry.version != job.info.version:
+                self.store.remove(entry, same_landing=True)  # never a landing made since
+        except CacheError:
+            pass  # (a full or read-only index: the next read's revalidation finds it superseded)
+
     def _failed(
         self,
         job: Job,
@@ -913,6 +928,7 @@ class Fetcher:
         if isinstance(err, NotFoundError | DeniedError | UncacheableError) or not isinstance(err, CacheError):
             self._release(job, keep=False)
             job.finish()
+            self._drop_superseded(job)
             failure = ev.Failed(job.info.url, error_kind(err), str(err) or type(err).__name__, err)
             result.fail(failure)
             self.on_event(failure)
@@ -921,6 +937,7 @@ class Fetcher:
         if job.attempts >= (STALLED_ATTEMPTS if getattr(err, "stalled", False) else MAX_ATTEMPTS):
             self._release(job, keep=resumable)
             job.finish()
+            self._drop_superseded(job)
             # every attempt ended with the connection lost or stalled: the store went away for
             # this object (exit 6, re-run to continue), not an answer refusing it
             kind = "unreachable" if getattr(err, "lost_connection", False) else error_kind(err)
