@@ -423,6 +423,8 @@ class _Conn:
             raise TopicNotFound(f"JetStream stream {self.stream} does not exist") from None
         except (nats.errors.ConnectionClosedError, nats.errors.NoServersError) as exc:
             raise SourceUnreachable(f"lost the NATS connection: {reason(exc)}") from None
+        except nats.errors.TimeoutError:
+            raise self.no_answer(f"$JS.API.STREAM.INFO.{self.stream}") from None
         except nats.js.errors.ServiceUnavailableError as exc:
             raise self.silent(f"$JS.API.STREAM.INFO.{self.stream}", exc) from None
         except (AttributeError, TypeError, KeyError, ValueError) as exc:
@@ -431,6 +433,14 @@ class _Conn:
         if not _stream_info_shape(info):
             raise self.unreadable("the stream info request", None)
         return info
+
+    def no_answer(self, request: str) -> SourceUnreachable:
+        """A JetStream API request that timed out on a connection that was up (nats-py's
+        TimeoutError, an OSError with no errno): the server is stalled or the link is down."""
+        return SourceUnreachable(
+            f"lost the NATS server at {self.where}: no answer to {request} within "
+            f"{self.js._timeout:g} s; the server is stalled or the network to it is down"
+        )
 
     def unreadable(self, what: str, exc: Exception | None) -> TopicError:
         said = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
@@ -1193,11 +1203,15 @@ class JetStreamSource:
         """The durable consumer `group`'s info, or None when there is none. One that reads other
         subjects than this source is another reader's: refused (SpecError), never read or moved.
         A group missing because a move was killed half-way is re-created first (see _move)."""
+        import nats.errors
         import nats.js.errors
 
         self.conn.names.add(group)
         try:
             info = self.conn.run(self.conn.js.consumer_info(self.conn.stream, _durable(group)))
+        except nats.errors.TimeoutError:
+            what = f"$JS.API.CONSUMER.INFO.{self.conn.stream}.{_durable(group)}"
+            raise self.conn.no_answer(what) from None
         except nats.js.errors.NotFoundError:
             if not (recover and self._recover(group)):
                 return None
@@ -1621,15 +1635,14 @@ class JetStreamSink:
     """
 
     def __init__(self, ref: Any, connect_timeout: float = 3.0, **_: Any):
-        import nats.js.errors
-
         self.url = ref.url
         self.subject: str = ref.subject or ref.stream
         self.conn = _Conn(ref, connect_timeout)
         try:
             try:
-                info = self.conn.run(self.conn.js.stream_info(ref.stream))
-            except nats.js.errors.NotFoundError:
+                # the translating call: no JetStream, a lost connection are rq's errors (exit 6)
+                info = self.conn.stream_info()
+            except TopicNotFound:
                 self.conn.run(self.conn.js.add_stream(name=ref.stream, subjects=[self.subject]))
             else:
                 self._check_captures(info)
