@@ -557,7 +557,11 @@ def _preload(
         code = exit_for_kinds({f.kind for f in result.failed})
         # (a dry run fetches nothing: its objects are those it would fetch)
         done = result.planned_objects if dry_run else result.objects
-        raise CliError(f"{len(result.failed)} of {len(result.failed) + done} objects failed", code)
+        # exit 6: the store failed or went away, not the objects: what landed is kept
+        hint = (
+            "the store kept failing or was lost: re-run the same command to continue" if code == 6 else None
+        )
+        raise CliError(f"{len(result.failed)} of {len(result.failed) + done} objects failed", code, hint)
 
 
 @dataclass
