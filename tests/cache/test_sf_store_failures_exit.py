@@ -39,7 +39,7 @@ def test_preload_and_cat_give_a_failing_store_the_same_exit_code(
     env = {**cache_env, "AWS_ENDPOINT_URL": sick.endpoint}
     pre_rc, pre_err = _rq(env, "preload", f"s3://{bucket}/d/")
     assert (
-        "2 of 2 objects failed — the store kept failing or was lost: re-run the same command".encode()
+        "2 of 2 objects failed — the source kept failing or was lost: re-run the same command".encode()
         in pre_err
     ), pre_err
     assert pre_rc == ExitCode.UNREACHABLE, pre_err  # old: 1
