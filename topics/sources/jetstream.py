@@ -30,6 +30,7 @@ import orjson
 from topics.embedded.groups import check_commit_offset
 from topics.errors import (
     AccessDenied,
+    ConnectionLost,
     DigestMismatch,
     PublishedElsewhere,
     PublishRefused,
@@ -162,7 +163,7 @@ def _client(access: Access, where: str) -> Any:
                 await super()._process_info(info, initial_connection)
                 return
             if access.tls and not info.get("tls_required"):
-                raise _Refusal(SourceUnreachable(refuse_plain(where)))
+                raise _Refusal(ConnectionLost(refuse_plain(where)))
             if info.get("tls_verify") and access.cert is None:
                 raise _Refusal(no_client_certificate(where))
             self.rq_client_cert_checked = bool(info.get("tls_verify"))
@@ -412,7 +413,7 @@ class _Conn:
             return AccessDenied(
                 f"NATS at {self.where} denied rq {self.access.who()}: {self.denied}", credentials=False
             )
-        return SourceUnreachable(f"lost the connection to NATS at {self.where}")
+        return ConnectionLost(f"lost the connection to NATS at {self.where}")
 
     def stream_info(self, subjects_filter: str | None = None) -> Any:
         import nats.js.errors
@@ -422,7 +423,7 @@ class _Conn:
         except nats.js.errors.NotFoundError:
             raise TopicNotFound(f"JetStream stream {self.stream} does not exist") from None
         except (nats.errors.ConnectionClosedError, nats.errors.NoServersError) as exc:
-            raise SourceUnreachable(f"lost the NATS connection: {reason(exc)}") from None
+            raise ConnectionLost(f"lost the connection to NATS at {self.where}: {reason(exc)}") from None
         except nats.errors.TimeoutError:
             raise self.no_answer(f"$JS.API.STREAM.INFO.{self.stream}") from None
         except nats.js.errors.ServiceUnavailableError as exc:
@@ -437,7 +438,7 @@ class _Conn:
     def no_answer(self, request: str) -> SourceUnreachable:
         """A JetStream API request that timed out on a connection that was up (nats-py's
         TimeoutError, an OSError with no errno): the server is stalled or the link is down."""
-        return SourceUnreachable(
+        return ConnectionLost(
             f"lost the NATS server at {self.where}: no answer to {request} within "
             f"{self.js._timeout:g} s; the server is stalled or the network to it is down"
         )
@@ -521,7 +522,7 @@ def check_server(ref: Any, connect_timeout: float = 3.0) -> None:
     except nats.js.errors.APIError as exc:
         raise TopicError(f"NATS at {conn.where}: JetStream refused the account info request: {exc}") from None
     except TimeoutError:
-        raise SourceUnreachable(f"NATS at {conn.where} did not answer a JetStream request") from None
+        raise ConnectionLost(f"NATS at {conn.where} did not answer a JetStream request") from None
     finally:
         conn.close()
 

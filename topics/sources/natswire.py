@@ -29,6 +29,7 @@ import orjson
 
 from topics.errors import (
     AccessDenied,
+    ConnectionLost,
     NoResponders,
     ProtocolViolation,
     SourceUnreachable,
@@ -254,7 +255,7 @@ class _Wire:
         try:
             self.sock.sendall(data)
         except OSError as exc:
-            raise SourceUnreachable(f"lost the NATS connection: {reason(exc)}") from None
+            raise ConnectionLost(f"lost the connection to NATS at {self.where}: {reason(exc)}") from None
 
     def _fill(self, timeout: float | None) -> bool:
         """Reads more bytes; False on timeout. Compacts the buffer so it is reused, never regrown
@@ -280,9 +281,9 @@ class _Wire:
         except TimeoutError:
             return False
         except OSError as exc:
-            raise SourceUnreachable(f"lost the NATS connection: {reason(exc)}") from None
+            raise ConnectionLost(f"lost the connection to NATS at {self.where}: {reason(exc)}") from None
         if n == 0:
-            raise SourceUnreachable("the NATS server closed the connection")
+            raise ConnectionLost(f"the NATS server at {self.where} closed the connection")
         self.end += n
         return True
 
@@ -303,7 +304,7 @@ class _Wire:
         meta = self.info = parse_info(info)
         self.limit = frame_limit(meta)
         if self.access.tls and not meta.get("tls_required"):
-            raise SourceUnreachable(refuse_plain(self.where))
+            raise ConnectionLost(refuse_plain(self.where))
         if meta.get("tls_verify") and self.access.cert is None:
             raise no_client_certificate(self.where)
         if meta.get("tls_required"):
@@ -494,7 +495,7 @@ class OrderedReader(_Wire):
                 if sid == self.sid:  # pushed before the API reply came: keep it for the reader
                     self._early.append((sid, _subj, _reply, hdr, data))
             self._fill(0.05)
-        raise SourceUnreachable(f"JetStream did not answer {subject}")
+        raise ConnectionLost(f"JetStream did not answer {subject}")
 
     def create(self, start_seq: int) -> int:
         """(Re)creates the ephemeral ordered consumer at start_seq; returns messages it will deliver."""
@@ -631,7 +632,7 @@ class OrderedReader(_Wire):
         return pending == 0 and sent == self.next_dseq - 1 and not self._early
 
     def _gone(self, silent: float) -> SourceUnreachable:
-        return SourceUnreachable(
+        return ConnectionLost(
             f"lost the NATS server at {self.where}: nothing from it for {silent:.0f} s (its consumer "
             f"heartbeat is every {HEARTBEAT_S:g} s) and no answer to a PING within {self.timeout:g} s; "
             "the server is stalled or the network to it is down"
@@ -758,7 +759,7 @@ class Publisher(_Wire):
                 if answered >= until and not (stop and answered < sent):
                     break
                 if not self._fill(answer_timeout):
-                    raise SourceUnreachable(
+                    raise ConnectionLost(
                         f"no answer from the NATS server for {sent - answered} published record(s) "
                         f"within {answer_timeout:g} s"
                     )
