@@ -594,6 +594,8 @@ class Receiver:
                 inside = shown.startswith(dest + os.sep)
                 shown = os.path.relpath(shown, dest) if inside else os.path.basename(shown)
             where = f" {shown!r}" if shown.isprintable() else f" {shown!a}"
+            if internal:  # a full disk writing a commit marker's temp name said that name
+                where = " its state files"
         reason = exc.strerror or type(exc).__name__
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             return no_space(self.store.state_fd, f" writing{where}: {reason}")
