@@ -216,8 +216,8 @@ def _bounded_parser() -> Any:
 
         @needed.setter
         def needed(self, size: int) -> None:
-            if size > frame_limit(self.info):
-                raise self._broke(too_large(self.where, size, self.info))
+            if size > frame_limit(self.info, api=True):  # only JetStream API replies come here
+                raise self._broke(too_large(self.where, size, self.info, api=True))
             self._needed = size
 
         @property

@@ -55,10 +55,18 @@ MAX_LINE = 1024 * 1024
 _MAX_PAYLOAD_CEILING = 64 * 1024 * 1024
 _DEFAULT_MAX_PAYLOAD = 1024 * 1024
 _HEADROOM = 8 * 1024 * 1024
+# A JetStream API reply (nats-py's connection: a message get among them) carries a stored message
+# base64-encoded, and a stream keeps messages stored while the server's max_payload was higher:
+# such a reply is bounded by base64 of the ceiling (4/3), plus the same headroom, not by the
+# max_payload the server declares now.
+_API_REPLY_LIMIT = _MAX_PAYLOAD_CEILING * 4 // 3 + _HEADROOM
 
 
-def frame_limit(info: dict[str, Any]) -> int:
-    """The largest MSG/HMSG payload rq takes from a server that sent this INFO."""
+def frame_limit(info: dict[str, Any], api: bool = False) -> int:
+    """The largest MSG/HMSG payload rq takes from a server that sent this INFO (on a connection
+    that carries only JetStream API replies when `api`)."""
+    if api:
+        return _API_REPLY_LIMIT
     declared = info.get("max_payload")
     payload = declared if isinstance(declared, int) and declared > 0 else _DEFAULT_MAX_PAYLOAD
     return min(payload, _MAX_PAYLOAD_CEILING) + _HEADROOM
@@ -72,11 +80,19 @@ def violation(where: str, what: str) -> ProtocolViolation:
     )
 
 
-def too_large(where: str, size: int, info: dict[str, Any]) -> ProtocolViolation:
+def too_large(where: str, size: int, info: dict[str, Any], api: bool = False) -> ProtocolViolation:
+    if api:
+        return violation(
+            where,
+            f"it sent a JetStream API reply of {size} bytes, more than rq takes from it "
+            f"({frame_limit(info, api)} bytes: base64 of the largest message a NATS server stores, "
+            f"max_payload {_MAX_PAYLOAD_CEILING} at most, plus room)",
+        )
     return violation(
         where,
         f"it sent a message of {size} bytes, more than rq takes from it ({frame_limit(info)} bytes: "
-        f"its max_payload {info.get('max_payload', 'not given')}, plus room for JetStream's replies)",
+        f"its max_payload {info.get('max_payload', 'not given')}, plus room for JetStream's replies; "
+        "a message stored while its max_payload was higher is over it too)",
     )
 
 
