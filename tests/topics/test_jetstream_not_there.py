@@ -24,7 +24,9 @@ accounts {
   LIM: { jetstream: enabled, limits: {max_subs: 1}, users: [{user: c, password: pc}] }
 }
 """
-_PORTS = range(23100, 23200)  # the range this file's servers may use
+_PORTS = range(
+    23200, 23300
+)  # the range this file's servers may use (test_nats_server_frozen has 23100-23150)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_stalled_server_is_lost_not_a_bare_timeout(tmp_path: Path) -> None:
-    with own_nats_process(tmp_path, range(19550, 19600)) as (url, proc):
+    with own_nats_process(tmp_path, range(23350, 23400)) as (url, proc):
 
         async def add(js: object) -> None:
             await js.add_stream(name="JXTO", subjects=["jxto.x"])  # type: ignore[attr-defined]

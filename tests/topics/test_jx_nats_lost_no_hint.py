@@ -20,7 +20,7 @@ HINT = "is the server running"
 
 
 def test_a_server_killed_mid_follow_is_lost_without_the_hint(tmp_path: Path) -> None:
-    with own_nats_process(tmp_path, range(19500, 19550)) as (url, proc):
+    with own_nats_process(tmp_path, range(23300, 23350)) as (url, proc):
 
         async def add(js: object) -> None:
             await js.add_stream(name="JXK", subjects=["jxk.x"])  # type: ignore[attr-defined]
@@ -40,7 +40,7 @@ def test_a_server_killed_mid_follow_is_lost_without_the_hint(tmp_path: Path) -> 
 
 
 def test_tls_to_a_plain_server_is_said_without_the_hint(tmp_path: Path) -> None:
-    with own_nats_server(tmp_path, range(19500, 19550)) as url:
+    with own_nats_server(tmp_path, range(23300, 23350)) as url:
         r = run_rq("tail", url.replace("nats://", "tls://") + "/S", "-n", "1")
         refused = run_rq("tail", "nats://127.0.0.1:1/S", "-n", "1")
     err = r.stderr.decode().strip()

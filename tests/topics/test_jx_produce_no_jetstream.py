@@ -17,7 +17,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_produce_to_a_server_without_jetstream_says_so(tmp_path: Path) -> None:
-    with own_nats_server(tmp_path, range(19500, 19550), jetstream=False) as url:
+    with own_nats_server(tmp_path, range(23450, 23500), jetstream=False) as url:
         r = run_rq("produce", f"{url}/NOJS", input=b"one\n")
         tail = run_rq("tail", f"{url}/NOJS", "-n", "1")
     err = r.stderr.decode().strip()
