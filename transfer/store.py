@@ -162,11 +162,19 @@ def out_of_inodes(fd: int) -> bool:
     return vfs.f_files > 0 and vfs.f_favail == 0
 
 
-def kept_text(chunks: int, nbytes: int) -> str:
+def kept_text(chunks: int, nbytes: int, recorded: int | None = None) -> str:
     """What a transfer stopped by a full disk keeps, for its error line: the chunks verified (and
-    durable) so far, which a re-run does not send again, or that there are none."""
+    durable) so far, which a re-run does not send again, or that there are none. `recorded`: how
+    many of them are journaled already, when the others still wait for their records (the
+    receiver's last flush, which the full disk may refuse: a journal whose next record needs a
+    new page kept 169 of 182 said)."""
     if not chunks:
         return "; no chunk of this transfer had been verified, so none is kept: a re-run sends it all"
+    if recorded is not None and recorded < chunks:
+        return (
+            f"; up to {chunks} chunk(s) ({nbytes} bytes) verified so far are kept ({recorded} recorded, "
+            "the others if the full disk still takes their records): a re-run sends only the rest"
+        )
     return f"; the {chunks} chunk(s) ({nbytes} bytes) verified so far are kept: a re-run sends only the rest"
 
 
@@ -259,12 +267,14 @@ class Plan:
         refused = {(f, k) for f, k, _ in failed}
         with self.lock:
             todo = [(f, fs, set(fs.dirty)) for f, fs in enumerate(self.files) if not fs.placed]
-        chunks = nbytes = 0
+        chunks = nbytes = recorded = 0
         for f, fs, dirty in todo:
-            ks = {k for k in fs.journal.reload().keys() | dirty if (f, k) not in refused}
+            journaled = fs.journal.reload().keys()
+            ks = {k for k in journaled | dirty if (f, k) not in refused}
             chunks += len(ks)
+            recorded += len(ks & journaled)
             nbytes += sum(fs.entry.chunk_len(k, cs) for k in ks)
-        return kept_text(chunks, nbytes)
+        return kept_text(chunks, nbytes, recorded)
 
     def _check_open(self) -> None:
         if self.closed:  # a straggling channel of a transfer that already finished: its fds are gone
