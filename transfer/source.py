@@ -192,8 +192,8 @@ def _walk(
             full = here / fname
             name = f"{prefix}/{fname}"
             st, reason = _regular(full)
-            if reason is None and fname in links:
-                reason = _outside(full, inside, follow_symlinks)
+            if st is not None and reason is None and fname in links:
+                reason = _outside(full, inside, follow_symlinks, st)
             reason = reason or _unsendable_name(name, src)
             if reason is not None:
                 skipped.append(Skipped(full, reason))
@@ -274,25 +274,30 @@ def _real_dir(src: Path) -> str:
     return os.path.join(os.path.realpath(src), "")
 
 
-def _outside(link: Path, inside: str, follow_all: bool = False) -> str | None:
+def _outside(link: Path, inside: str, follow_all: bool, scanned: os.stat_result) -> str | None:
     """Why symlink `link` under a directory SOURCE is not sent; None when its target's contents
     are sent under the link's name: a link to a file inside SOURCE (`inside`, _real_dir), and one
     out of SOURCE when every link met on the way is yours or root's (a Hugging Face snapshot's
-    files are links to ../../blobs/…), or `follow_all` (--follow-symlinks).
+    files are links to ../../blobs/…), or `follow_all` (--follow-symlinks). `scanned`: the stat
+    the entry was scanned with; the file the resolution ends at must be that one.
 
     A link someone else made is not followed out of SOURCE, the rule of the kernel's
     fs.protected_symlinks: a link to ~/.ssh/id_ed25519 planted by a co-tenant in a shared
     checkpoint directory sent that key with the checkpoint. Skipping every link out of SOURCE
     (the first fix) sent a Hugging Face snapshot as nothing, verified, exit 0. rsync -a sends
-    links as links; rq's manifest carries no links, and a receiver never creates one."""
+    links as links; rq's manifest carries no links, and a receiver never creates one.
+
+    The link can be re-pointed between the scan's stat and these checks (a co-tenant flipping it
+    between the key and a file inside SOURCE got the key sent, 18% of scans): the checks' own
+    resolution must end at the scanned file, and the Reader opens only that file."""
     target = os.path.realpath(link)
     if _islink(target):  # realpath gave up (a loop, a path over PATH_MAX)
         return "symlink that cannot be resolved here (its target is not sent)"
     if target.startswith(inside) or follow_all:
-        return None
-    foreign = _foreign_link(link)
+        return None if _same_file(target, scanned) else _REPOINTED
+    foreign, final = _foreign_link(link)
     if foreign is None:
-        return None
+        return None if final is not None and _same_file(final, scanned) else _REPOINTED
     path, uid = foreign
     shown = short_path(target, 80)
     if uid < 0:
@@ -310,6 +315,17 @@ def _outside(link: Path, inside: str, follow_all: bool = False) -> str | None:
     )
 
 
+_REPOINTED = "symlink re-pointed while it was being scanned (its target is not sent)"
+
+
+def _same_file(path: str, scanned: os.stat_result) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (scanned.st_dev, scanned.st_ino)
+
+
 # the kernel's MAXSYMLINKS: past this many links on one path, open() fails with ELOOP too
 _MAX_HOPS = 40
 
@@ -319,10 +335,11 @@ def _trusted_uids() -> set[int]:
     return {os.geteuid(), 0}
 
 
-def _foreign_link(link: Path) -> tuple[str, int] | None:
-    """The first symlink met resolving `link` (itself included, then every link in its target's
-    path) owned by someone not in _trusted_uids, with its owner; (path, -1) when one cannot be
-    checked; None when there is none. SOURCE's own path is not checked: the user named it."""
+def _foreign_link(link: Path) -> tuple[tuple[str, int] | None, str | None]:
+    """Resolves `link` component by component: the first symlink met (itself included, then every
+    link in its target's path) owned by someone not in _trusted_uids, with its owner ((path, -1)
+    when one cannot be checked), or None and the path the resolution ends at. SOURCE's own path
+    is not checked: the user named it."""
     trusted = _trusted_uids()
     resolved = os.path.realpath(link.parent)
     todo = [link.name]
@@ -338,23 +355,23 @@ def _foreign_link(link: Path) -> tuple[str, int] | None:
         try:
             st = os.lstat(path)
         except OSError:
-            return path, -1
+            return (path, -1), None
         if not stat.S_ISLNK(st.st_mode):
             resolved = path
             continue
         if st.st_uid not in trusted:
-            return path, st.st_uid
+            return (path, st.st_uid), None
         hops += 1
         try:
             target = os.readlink(path)
         except OSError:
-            return path, -1
+            return (path, -1), None
         if hops > _MAX_HOPS:
-            return path, -1
+            return (path, -1), None
         if target.startswith("/"):
             resolved = "/"
         todo[:0] = target.split("/")
-    return None
+    return None, resolved
 
 
 def _user(uid: int) -> str:

@@ -102,6 +102,37 @@ def test_a_foreign_link_further_along_the_chain_stops_it(tmp_path: Path) -> None
     assert ", through " in skipped[0].reason and "shared/x, made by user nobody" in skipped[0].reason, skipped
 
 
+def test_a_link_flipped_during_the_scan_is_not_sent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A co-tenant flips link L between your key and a file inside SOURCE: the scan's stat saw the
+    key, the inside/outside check then saw the inside file, and the Reader later opened L pointing
+    at the key again, whose inode was the one scanned: the key was sent (dv, 18% of scans)."""
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / "w.bin").write_bytes(b"w" * 100)
+    secret = tmp_path / "secret.key"
+    secret.write_bytes(b"PRIVATE")
+    link = src / "L"
+    link.symlink_to(secret)
+    real = source._regular
+
+    def flipping(path: Path) -> tuple[os.stat_result | None, str | None]:
+        out = real(path)
+        if path.name == "L":  # stat'ed through the link to the key: now point it inside
+            os.unlink(link)
+            link.symlink_to("w.bin")
+        return out
+
+    monkeypatch.setattr(source, "_regular", flipping)
+    skipped: list[Skipped] = []
+    manifest, _ = scan([src], 1 << 20, skipped)
+    os.unlink(link)
+    link.symlink_to(secret)  # and back before it is read
+    assert [f.name for f in manifest.files] == ["ckpt/w.bin"]
+    assert [s.reason for s in skipped] == [
+        "symlink re-pointed while it was being scanned (its target is not sent)"
+    ]
+
+
 def test_a_link_repointed_after_the_scan_is_not_read(tmp_path: Path) -> None:
     src = _tree(tmp_path)
     manifest, files = scan([src], 1 << 20, [])
