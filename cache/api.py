@@ -61,6 +61,7 @@ from cache.origins import (
     normalise_pattern,
     normalise_url,
     origin_for_url,
+    same_version,
 )
 from cache.s3 import S3Settings
 from cache.sizes import cgroup_memory_limit, format_size, parse_size, stored_size
@@ -740,7 +741,7 @@ class Cache:
         not trusted on its stat: the origin file is hashed again and compared with the recorded
         digest. Equal: current, and the mark is dropped once the file is old enough; different
         (rewritten in the same tick, stat unchanged): the entry is dropped, to be fetched again."""
-        if info.version == entry.version:
+        if same_version(info.version, entry.version):
             return True
         if not is_racy(entry.version) or info.version != clean_version(entry.version):
             return False

@@ -47,7 +47,7 @@ from cache.errors import (
 from cache.index import Entry
 from cache.landing import Landing, ObjectInfo, clean_version, piece_ranges
 from cache.layout import Layout, blob_name
-from cache.origins import Origin
+from cache.origins import Origin, same_version
 from cache.sizes import format_size, inodes_note
 from cache.store import (
     FILES_PER_OBJECT,
@@ -869,7 +869,7 @@ class Fetcher:
             return
         try:
             entry = self.store.index.get(job.info.url)
-            if entry is not None and entry.version != job.info.version:
+            if entry is not None and not same_version(entry.version, job.info.version):
                 self.store.remove(entry, same_landing=True)  # never a landing made since
         except CacheError:
             pass  # (a full or read-only index: the next read's revalidation finds it superseded)

@@ -56,6 +56,18 @@ def s3_version(etag: str, size: int, version_id: str | None) -> str:
     return f"etag:{etag};size:{size}" + (f";vid:{version_id}" if version_id else "")
 
 
+def same_version(a: str, b: str) -> bool:
+    """Whether two versions of one object name the same bytes: equal, or S3 versions equal but for
+    the version id, which a listing never gives and a HEAD or GET in a versioned bucket does (the
+    copy a read landed, with one, was taken for superseded by the listing's, without: fetched
+    again on every run, and dropped when that fetch failed)."""
+    if a == b:
+        return True
+    if not (a.startswith("etag:") and b.startswith("etag:")):
+        return False
+    return a.split(";vid:", 1)[0] == b.split(";vid:", 1)[0]
+
+
 class S3Origin:
     holds_bodies = True  # the CRT grows a buffer to each whole object's size before writing it
 

@@ -18,7 +18,7 @@ from cache import events as ev
 from cache.errors import BadSourceError, CacheError, NotFoundError
 from cache.fetcher import Fetcher, FetchResult, Job, start_thread
 from cache.landing import ObjectInfo, clean_version
-from cache.origins import LocalOrigin, Origin, S3Origin, parse_source
+from cache.origins import LocalOrigin, Origin, S3Origin, parse_source, same_version
 from cache.s3 import Listing, S3Settings, list_prefix, split_s3_url
 from cache.sizes import format_size
 
@@ -399,7 +399,7 @@ def run_preload(
             # read: the origin file is hashed again, Cache._current; changed, it is fetched again)
             if (
                 entry is not None
-                and clean_version(entry.version) == info.version
+                and same_version(clean_version(entry.version), info.version)
                 and os.path.exists(cache.layout.blob_path(entry.tier, entry.blob))
                 and cache._current(entry, info)
             ):
