@@ -291,12 +291,28 @@ def js_call(url: str, fn: Any) -> Any:
 
 
 @contextmanager
+def http_on_loopback(handler: type[Any]) -> Iterator[int]:
+    """An http.server with `handler` on a free 127.0.0.1 port, served from a thread; yields the
+    port and shuts the server down after."""
+    import http.server
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        t.join()
+
+
+@contextmanager
 def s3_stub(status: int, body: bytes) -> Iterator[tuple[int, list[dict[str, str]]]]:
     """An S3 'store' on a free loopback port answering every GET/HEAD with status and an XML
     body; yields the port and the headers of the requests it got (a port of its own: xdist
     workers run parametrized cases at once)."""
     import http.server
-    import threading
 
     seen: list[dict[str, str]] = []
 
@@ -314,15 +330,8 @@ def s3_stub(status: int, body: bytes) -> Iterator[tuple[int, list[dict[str, str]
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield server.server_address[1], seen
-    finally:
-        server.shutdown()
-        server.server_close()
-        t.join()
+    with http_on_loopback(Handler) as port:
+        yield port, seen
 
 
 def home_env(tmp_path: Path, **extra: str) -> dict[str, str]:

@@ -6,13 +6,12 @@ real S3 server sends these replies, and rq must still end with one clear line an
 from __future__ import annotations
 
 import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import run_rq
+from rqtest import http_on_loopback, run_rq
 
 import cache.origins as origins_mod
 from cache import Cache
@@ -63,12 +62,8 @@ class Store(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def store() -> Iterator[tuple[str, type[Store]]]:
     handler = type("Handler", (Store,), {})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    server.shutdown()
-    server.server_close()
+    with http_on_loopback(handler) as port:
+        yield f"http://127.0.0.1:{port}", handler
 
 
 @pytest.mark.parametrize("mode", ["list-denied", "get-denied"])

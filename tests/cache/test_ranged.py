@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from cachekit import payload, summary
-from rqtest import run_rq
+from rqtest import http_on_loopback, run_rq
 
 from cache.directio import ALIGN
 from cache.errors import AuthError, ChangedError, OriginError, UnreachableError
@@ -211,11 +211,8 @@ class _IgnoresRange(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def ignores_range() -> Iterator[str]:
     """Not S3: a server that answers every GET with the whole body, as a store ignoring Range would."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _IgnoresRange)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with http_on_loopback(_IgnoresRange) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def test_a_reply_for_another_span_is_refused(ignores_range: str, aws_env: Any) -> None:

@@ -9,13 +9,13 @@ from __future__ import annotations
 import http.client
 import http.server
 import re
-import threading
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rqtest import http_on_loopback
 
 from cache import Cache
 from cache.s3 import parse_list_page
@@ -84,14 +84,8 @@ def raw_keys_proxy(services: Any) -> Iterator[str]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_on_loopback(Handler) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.mark.integration
