@@ -282,6 +282,8 @@ def cat(url: str, cache_dir: Path | None, endpoint_url: str | None, profile: str
             # nothing is cached for it (a miss, or the damaged copy dropped): there is no corrupt
             # entry for `rq cache verify` to list
             error.hint = "re-run to fetch again"
+        except CacheError:
+            pass  # the index cannot say (busy, unreadable): the verification error is the news
         raise error from None
     except CacheError as exc:
         raise cache_error_to_cli(exc) from None

@@ -559,7 +559,9 @@ def _preload(
         done = result.planned_objects if dry_run else result.objects
         # exit 6: the store failed or went away, not the objects: what landed is kept
         hint = (
-            "the source kept failing or was lost: re-run the same command to continue" if code == 6 else None
+            "the source kept failing or was lost: re-run the same command to continue"
+            if code == ExitCode.UNREACHABLE
+            else None
         )
         raise CliError(f"{len(result.failed)} of {len(result.failed) + done} objects failed", code, hint)
 
