@@ -120,8 +120,8 @@ def scan(
     """A file argument is sent under its base name; a directory under its own name with its tree
     (like `cp -r`), empty directories included (manifest dirs). Symlinks to files are followed,
     except one out of SOURCE through a link someone else made (_outside; `follow_symlinks`
-    follows those too); symlinked directories, special files and broken symlinks are not: each
-    is appended to `skipped`, so the caller can say so instead of dropping them silently."""
+    follows those too); symlinked directories are walked only with `follow_symlinks`, and special
+    files and broken symlinks never: each entry not sent is appended to `skipped`, so the caller can say so instead of dropping them silently."""
     found: dict[str, tuple[SourceFile, int]] = {}
     dirs: list[str] = []
     dir_mtimes: dict[str, int] = {}
@@ -173,14 +173,15 @@ def _walk(
     sent_under: set[Path] = set()  # directories that get a file (they arrive as its parents)
     walked: list[Path] = []
     inside = _real_dir(src)
-    for root, dirs, files, links in _tree(src):
+    for root, dirs, files, links, ancestry in _tree(src):
         dirs.sort()
         walked.append(Path(root))
         for dname in list(dirs):
             full = Path(root) / dname
-            if _islink(full):  # os.walk does not descend into these
-                skipped.append(Skipped(full, "symlink to a directory"))
-            elif (reason := _unsendable(base, src, full)) is not None:
+            reason = _unsendable(base, src, full)
+            if reason is None and _islink(full):
+                reason = _dir_link(full, ancestry, follow_symlinks)
+            if reason is not None:
                 skipped.append(Skipped(full, reason))
                 dirs.remove(dname)  # not walked: each file under it would be refused alike
         # per directory, not per file: the path arithmetic was most of a 100,000-file scan
@@ -216,18 +217,24 @@ def _walk(
             dir_meta[1][name] = stat.S_IMODE(st.st_mode)
 
 
-def _tree(top: Path) -> Iterator[tuple[str, list[str], list[str], set[str]]]:
-    """os.walk's top-down (root, dirs, files), plus the names in `files` that are symlinks, without following directory symlinks, except that
-    a directory that cannot be listed ends the scan (os.walk drops it without a word, and its
-    files with it: a checkpoint sent without them and called verified); and without recursion
-    (Python 3.11's os.walk recurses: a tree ~1000 levels deep raised RecursionError)."""
-    stack = [os.fspath(top)]
+def _tree(
+    top: Path,
+) -> Iterator[tuple[str, list[str], list[str], set[str], frozenset[tuple[int, int]]]]:
+    """os.walk's top-down (root, dirs, files), plus the names in `files` that are symlinks and the
+    (device, inode) of root and of each directory above it in this walk (a followed directory
+    link must not lead back into one of them), except that a directory that cannot be listed ends
+    the scan (os.walk drops it without a word, and its files with it: a checkpoint sent without
+    them and called verified); and without recursion (Python 3.11's os.walk recurses: a tree ~1000
+    levels deep raised RecursionError). The caller prunes `dirs`, as with os.walk; what is left in
+    it is walked, symlinks to directories included."""
+    stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(os.fspath(top), frozenset())]
     while stack:
-        root = stack.pop()
+        root, above = stack.pop()
         dirs: list[str] = []
         files: list[str] = []
         links: set[str] = set()
         try:
+            st = _at(os.stat, root)
             for name, is_dir, is_link in _listing(root):
                 (dirs if is_dir else files).append(name)
                 if is_link and not is_dir:
@@ -237,8 +244,25 @@ def _tree(top: Path) -> Iterator[tuple[str, list[str], list[str], set[str]]]:
                 f"cannot list {short_path(root)}: {exc.strerror or exc}; nothing was sent",
                 denied=isinstance(exc, PermissionError),
             ) from None
-        yield root, dirs, files, links  # the caller sorts and prunes dirs, as with os.walk
-        stack.extend(os.path.join(root, d) for d in reversed(dirs) if not _islink(os.path.join(root, d)))
+        ancestry = above | {(st.st_dev, st.st_ino)}
+        yield root, dirs, files, links, ancestry
+        stack.extend((os.path.join(root, d), ancestry) for d in reversed(dirs))
+
+
+def _dir_link(link: Path, ancestry: frozenset[tuple[int, int]], follow: bool) -> str | None:
+    """Why symlink-to-directory `link` is not walked; None when it is (--follow-symlinks, as
+    `cp -rL` and `rsync -L` do: its tree is sent under the link's name). Without the flag it is
+    skipped, as `cp -r` would copy the link and not the tree: following every link to a directory
+    can pull in a home directory, or `/`, through one stray link."""
+    if not follow:
+        return "symlink to a directory (--follow-symlinks sends its tree)"
+    try:
+        st = os.stat(link)
+    except OSError as exc:
+        return f"symlink to a directory that cannot be read ({exc.strerror or exc})"
+    if (st.st_dev, st.st_ino) in ancestry:
+        return "symlink to a directory that contains it (a loop): not followed"
+    return None
 
 
 def _listing(root: str) -> list[tuple[str, bool, bool]]:

@@ -969,8 +969,10 @@ def _recv_event(out: Output, ev: Any) -> None:
     "--follow-symlinks",
     is_flag=True,
     help="Also follow symlinks out of a directory SOURCE that another user made (skipped by "
-    "default, with a warning: a planted link must not send your files). Yours and root's are "
-    "followed anyway, so a Hugging Face snapshot's links to its blobs send the blobs.",
+    "default, with a warning: a planted link must not send your files), and symlinks to "
+    "directories: their trees are sent under the links' names, as cp -rL does (a link back to a "
+    "directory above it is skipped). Yours and root's links to files are followed anyway, so a "
+    "Hugging Face snapshot's links to its blobs send the blobs.",
 )
 @output_options
 def send(**kwargs: Any) -> None:
