@@ -87,3 +87,16 @@ def test_a_tail_n_behind_a_subject_purge_ends_with_the_gap(nats_url: str, tmp_pa
 
     args = ["tail", "{url}/{name}.a", "-n", str(N - 100), "--format", "json"]
     _purged_behind(nats_url, tmp_path, ["{name}.>"], args, purge)
+
+
+def test_a_bounded_follow_behind_a_purge_of_its_range_ends_with_the_gap(
+    nats_url: str, tmp_path: Path
+) -> None:
+    """`--to N -f` with N already stored: the purged rest of its range will never come, so the
+    follow ends there (it waited for the next publish, for ever on a quiet stream)."""
+
+    async def purge(js: Any, name: str) -> None:
+        await js.purge_stream(name)
+
+    args = ["replay", "{url}", "--to", str(N + 1), "-f", "--format", "json"]
+    _purged_behind(nats_url, tmp_path, ["{name}.>"], args, purge)

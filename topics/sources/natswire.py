@@ -589,12 +589,15 @@ class OrderedReader(_Wire):
                     return
             if not follow and self.pending_left == 0:
                 return
-            if not follow and self.idle_beats != beats:
+            if (not follow or stop is not None) and self.idle_beats != beats:
                 # The consumer idles although the last message said more were pending: the rest
                 # of the range was purged or expired (max_age) while the read was behind. The
                 # caller tells the gap up to `stop` once the read ends (as with a purge keep=N).
+                # A follow bounded by `stop` ends the same way once the stream has stored past
+                # its range: what is missing from it will never come.
                 beats = self.idle_beats
-                if self._drained():
+                whole = not follow or (stop is not None and self._stored_upto() >= stop - 1)
+                if whole and self._drained():
                     return
             # A PONG is counted as _frames() parses the buffer (above), not when _fill() reads it:
             # checked here, it is seen even when nothing comes after it (a consumer gone quiet
@@ -636,6 +639,13 @@ class OrderedReader(_Wire):
         except TopicNotFound:  # the consumer's 404 (or its stream's)
             return False
         return True
+
+    def _stored_upto(self) -> int:
+        """The stream's last sequence now (0 when the reply does not say)."""
+        info = self._api(f"$JS.API.STREAM.INFO.{self.stream}", {})
+        state = info.get("state")
+        last = state.get("last_seq") if isinstance(state, dict) else None
+        return last if isinstance(last, int) else 0
 
     def _drained(self) -> bool:
         """True when the consumer has nothing left to deliver and all it delivered has come."""
