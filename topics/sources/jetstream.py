@@ -435,6 +435,16 @@ class _Conn:
             raise self.unreadable("the stream info request", None)
         return info
 
+    def ask(self, coro: Any, request: str) -> Any:
+        """run(), for a JetStream API request whose timeout means only that the server did not
+        answer: nats-py's TimeoutError becomes no_answer, naming `request`."""
+        import nats.errors
+
+        try:
+            return self.run(coro)
+        except nats.errors.TimeoutError:
+            raise self.no_answer(request) from None
+
     def no_answer(self, request: str) -> SourceUnreachable:
         """A JetStream API request that timed out on a connection that was up (nats-py's
         TimeoutError, an OSError with no errno): the server is stalled or the link is down."""
@@ -477,7 +487,7 @@ class _Conn:
         import nats.js.errors
 
         try:
-            return str(self.run(self.js.find_stream_name_by_subject(subject)))
+            return str(self.ask(self.js.find_stream_name_by_subject(subject), "$JS.API.STREAM.NAMES"))
         except nats.js.errors.NotFoundError:
             return None
 
@@ -1009,7 +1019,7 @@ class JetStreamSource:
         offset = 0
         try:
             while True:
-                page = self.conn.run(self.conn.js.streams_info(offset=offset))
+                page = self.conn.ask(self.conn.js.streams_info(offset=offset), "$JS.API.STREAM.LIST")
                 if not page:
                     return found, True
                 offset += len(page)
@@ -1039,7 +1049,7 @@ class JetStreamSource:
         import nats.js.errors
 
         try:
-            return self.conn.run(self.conn.js.stream_info(name)).config
+            return self.conn.ask(self.conn.js.stream_info(name), f"$JS.API.STREAM.INFO.{name}").config
         except (nats.js.errors.NotFoundError, AccessDenied):
             return None
 
@@ -1448,7 +1458,10 @@ class JetStreamSource:
         from nats.js.api import ConsumerConfig
 
         try:
-            info = self.conn.run(self.conn.js.consumer_info(self.conn.stream, _marker_name(group)))
+            info = self.conn.ask(
+                self.conn.js.consumer_info(self.conn.stream, _marker_name(group)),
+                f"$JS.API.CONSUMER.INFO.{self.conn.stream}.{_marker_name(group)}",
+            )
         except nats.js.errors.NotFoundError:
             return False
         meta = info.config.metadata or {}
@@ -1456,13 +1469,19 @@ class JetStreamSource:
             return False
         target = ConsumerConfig.from_response(json.loads(meta[_MARKER_CONFIG]))
         try:
-            self.conn.run(self.conn.js.add_consumer(self.conn.stream, target))
+            self.conn.ask(
+                self.conn.js.add_consumer(self.conn.stream, target),
+                f"$JS.API.CONSUMER.CREATE.{self.conn.stream}.{group}",
+            )
         except nats.js.errors.ServerError as exc:
             if exc.err_code not in _CONSUMER_EXISTS:
                 raise
             # a concurrent reader re-created it first (the same target)
         with contextlib.suppress(nats.js.errors.NotFoundError):
-            self.conn.run(self.conn.js.delete_consumer(self.conn.stream, _marker_name(group)))
+            self.conn.ask(
+                self.conn.js.delete_consumer(self.conn.stream, _marker_name(group)),
+                f"$JS.API.CONSUMER.DELETE.{self.conn.stream}.{_marker_name(group)}",
+            )
         return True
 
     def group_lag(self, group: str) -> int:
@@ -1490,7 +1509,10 @@ class JetStreamSource:
         found: dict[str, Any] = {}
         offset = 0
         while True:
-            page = self.conn.run(self.conn.js.consumers_info(self.conn.stream, offset=offset))
+            page = self.conn.ask(
+                self.conn.js.consumers_info(self.conn.stream, offset=offset),
+                f"$JS.API.CONSUMER.LIST.{self.conn.stream}",
+            )
             if not page:
                 return list(found.values())
             offset += len(page)
