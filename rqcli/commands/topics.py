@@ -65,6 +65,7 @@ from topics.render import Decoded, Renderer, make_renderer
 from topics.savedspec import ReplaySpec
 from topics.sources import Appended, Sink, Source, open_sink, open_source, parse_topic
 from topics.sources.base import Pending
+from topics.sources.mqtt import PacketTooLarge
 from topics.sources.open import TopicRef, check_writable
 from topics.sources.subjects import subject_matches
 from topics.spec import Position, parse_duration_ms, parse_position, resolve
@@ -568,6 +569,8 @@ class _Copied:
             raise TopicError(
                 exc.describe(lambda i: f"the record at offset {records[i][0]}", before)
             ) from None
+        except PacketTooLarge as exc:
+            raise RecordTooLarge(exc.describe(lambda i: f"the record at offset {records[i][0]}")) from None
         except (AppendedPartly, AppendInterrupted) as exc:
             # a batch stored in parts (or a stop after its last part was written): what the
             # target holds counts, and --commit stores the position after it
@@ -1017,12 +1020,25 @@ class _Produced(_Copied):
             self.add(exc.appended)
             self.sent += exc.sent
             raise TopicError(exc.describe(lambda i: f"record {at + i + 1} of the input", before)) from None
+        except PacketTooLarge as exc:
+            at = self.sent
+            raise RecordTooLarge(exc.describe(lambda i: f"record {at + i + 1} of the input")) from None
         except (AppendedPartly, AppendInterrupted) as exc:
             # the parts of a split batch before the one that failed (or was stopped by Ctrl-C or
             # SIGTERM) are stored: counted, so the done line and the full-disk line say what the
             # topic holds
             self.add(Appended(exc.first, exc.last, exc.stored))
             self.sent += exc.stored
+            if isinstance(exc.error, ConnectionLost):
+                # an MQTT broker lost after it acknowledged the first records of the batch: the
+                # one line says how many of the input it has (in order), as the --json done line
+                acked = (
+                    f"the first {self.sent} record(s) of the input were acknowledged, record "
+                    f"{self.sent + 1} and later ones not"
+                    if self.sent
+                    else "no record of the input was acknowledged"
+                )
+                raise ConnectionLost(f"{exc.error}; {acked}") from None
             raise exc.error from None
         self.add(done)
         self.sent += len(records)

@@ -18,6 +18,7 @@ from typing import Any
 
 from topics.errors import (
     AccessDenied,
+    AppendedPartly,
     ConnectionLost,
     ProtocolViolation,
     RecordTooLarge,
@@ -376,14 +377,53 @@ class MqttSource:
         _stop(self.client)
 
 
+class PacketTooLarge(RecordTooLarge):
+    """A record whose PUBLISH would be over the sink's `max_packet_size`, refused before any record
+    of its batch went out. `index` is its place in the append's batch (0-based); `str()` names it
+    so, `describe` with the caller's name for it (its place in the input, its offset)."""
+
+    def __init__(self, index: int, size: int, limit: int):
+        self.index, self.size, self.limit = index, size, limit
+        super().__init__(self.describe(lambda i: f"record {i + 1} of the batch"))
+
+    def describe(self, name: Callable[[int], str]) -> str:
+        return (
+            f"{name(self.index)} is an MQTT packet of {self.size} bytes (topic and value), more than rq "
+            f"sends ({self.limit} bytes): raise --max-packet-size or RQ_MQTT_MAX_PACKET_SIZE if the "
+            "broker takes packets that large"
+        )
+
+
+class AcknowledgedPartly(AppendedPartly):
+    """An append whose connection was lost (or whose broker went silent) after the broker had
+    acknowledged the batch's first `stored` records (maybe none): those are the broker's, in order,
+    and `error` (a ConnectionLost) says what stopped the rest. MQTT has no offsets: `first` and
+    `last` are None."""
+
+    def __init__(self, url: str, stored: int, error: ConnectionLost):
+        super().__init__(url, 0, 0, stored, error)
+        self.first = self.last = None  # type: ignore[assignment]  # MQTT messages have no offsets
+        self.args = (
+            f"{url}: the broker acknowledged the first {stored} record(s) of the batch, then: {error}",
+        )
+
+
+# The smallest packet the "over the broker's size limit" guess is offered for: no broker in use
+# limits packets below a few hundred bytes (mosquitto, EMQX, HiveMQ: unlimited to 1 MiB by default;
+# AWS IoT 128 KiB), while a lost connection with small publishes in flight is an outage.
+_HINT_FLOOR = 1024
+
+
 class MqttSink:
     """Publishes each record to the URL's topic (QoS 1); an append returns when all are acknowledged.
 
     A record whose PUBLISH would be over `max_packet_size` (its remaining length: topic, packet id
     and value; the bound `rq tail` takes packets up to) is refused before any record of its batch
-    goes out: MQTT 3.1.1 tells a client no limit, and a broker closes the connection on a packet
-    over its own (mosquitto's max_packet_size), which was a 30 s wait for PUBACKs that never came.
-    A connection closed while publishes await their PUBACK ends the append at once, saying so."""
+    goes out (PacketTooLarge): MQTT 3.1.1 tells a client no limit, and a broker closes the
+    connection on a packet over its own (mosquitto's max_packet_size), which was a 30 s wait for
+    PUBACKs that never came. A connection closed while publishes await their PUBACK ends the append
+    at once, saying so; that, or a broker silent for ACK_WAIT_S, raises AcknowledgedPartly with
+    the count of the batch's records acknowledged before (the first ones, in order)."""
 
     ACK_WAIT_S = 30.0
 
@@ -399,6 +439,7 @@ class MqttSink:
         self.client = _client(ref, connect_timeout, max_packet_size)
         self.gone: list[str] = []  # why the broker closed the connection, once it has
         self.closed = False  # close() was called (from another thread, while an append waits)
+        self.largest_acked = 0  # the largest PUBLISH the broker acknowledged on this connection
 
         def on_disconnect(_c: Any, _u: Any, _flags: Any, reason: Any, _props: Any) -> None:
             self.gone.append(lost_why(reason))
@@ -413,16 +454,22 @@ class MqttSink:
         sizes = [head + len(value) for _, _, _, value in records]
         for i, size in enumerate(sizes):
             if size > self.max_packet_size:
-                raise RecordTooLarge(
-                    f"record {i + 1} of the batch is an MQTT packet of {size} bytes (topic and value), "
-                    f"more than rq sends ({self.max_packet_size} bytes): raise --max-packet-size or "
-                    "RQ_MQTT_MAX_PACKET_SIZE if the broker takes packets that large"
-                )
+                raise PacketTooLarge(i, size, self.max_packet_size)
+        # paho takes a publish while it is not connected (rc NO_CONN), and its info then raises
+        # RuntimeError when asked: the wait below tells that as the lost connection it is
         infos = [self.client.publish(self.topic, value, qos=1) for _, _, _, value in records]
         deadline = time.monotonic() + self.ACK_WAIT_S
         for n, info in enumerate(infos):
-            while not info.is_published():
+            while True:
+                # read before the PUBACK: paho handles every packet before the close that follows
+                # it, so a publish seen unacknowledged after a loss seen here never was
                 lost = bool(self.gone) or not self.client.is_connected()
+                try:
+                    if info.is_published():
+                        break
+                    failed = None
+                except (RuntimeError, ValueError) as exc:  # paho: not connected, queue full
+                    failed = reason(exc)
                 # (read after the connection: close() sets it before it disconnects, so a
                 # disconnect seen here that close() made is always seen as close()'s)
                 if self.closed:
@@ -431,23 +478,40 @@ class MqttSink:
                         f"the MQTT sink for {self.url} was closed (close() called) with "
                         f"{len(infos) - n} publish(es) to {self.topic} unacknowledged"
                     )
-                if lost:
-                    why = f" ({self.gone[0]})" if self.gone else ""
-                    raise ConnectionLost(
-                        f"lost the connection to the MQTT broker at {self.where}{why} with "
-                        f"{len(infos) - n} publish(es) to {self.topic} unacknowledged, the largest "
-                        f"{max(sizes[n:])} bytes: a broker closes it on a packet over its size limit "
-                        "(its max_packet_size; give rq that limit with --max-packet-size to have such "
-                        "records refused before they are sent)"
-                    )
+                if lost or failed is not None:
+                    raise AcknowledgedPartly(self.url, n, self._lost(len(infos) - n, max(sizes[n:]), failed))
                 if time.monotonic() > deadline:
-                    raise ConnectionLost(f"the MQTT broker did not acknowledge a publish to {self.topic}")
-                try:
+                    raise AcknowledgedPartly(
+                        self.url,
+                        n,
+                        ConnectionLost(
+                            f"the MQTT broker at {self.where} did not acknowledge a publish to "
+                            f"{self.topic} within {self.ACK_WAIT_S:g} s: {len(infos) - n} publish(es) "
+                            "unacknowledged; the broker is stalled or the network to it is down"
+                        ),
+                    )
+                with contextlib.suppress(RuntimeError, ValueError):  # asked again above
                     info.wait_for_publish(timeout=0.05)
-                except (RuntimeError, ValueError) as exc:  # paho: not connected, queue full
-                    raise ConnectionLost(f"publishing to {self.url} failed: {reason(exc)}") from None
+            self.largest_acked = max(self.largest_acked, sizes[n])
         # A published message gets no offset (MQTT has none): stored, but nowhere to name.
         return Appended(None, None, len(records))
+
+    def _lost(self, unacked: int, largest: int, failed: str | None) -> ConnectionLost:
+        """The lost connection, in words; the broker's packet size limit is named only where it may
+        be why: the largest publish unacknowledged is not small and larger than any the broker took
+        on this connection (MQTT 3.1.1, which rq speaks, has no Maximum Packet Size in its CONNACK)."""
+        why = self.gone[0] if self.gone else (failed or "the connection was lost")
+        line = (
+            f"lost the connection to the MQTT broker at {self.where} ({why}) with {unacked} "
+            f"publish(es) to {self.topic} unacknowledged"
+        )
+        if largest > max(_HINT_FLOOR, self.largest_acked):
+            line += (
+                f", the largest {largest} bytes: a broker closes it on a packet over its size limit "
+                "(its max_packet_size; give rq that limit with --max-packet-size to have such "
+                "records refused before they are sent)"
+            )
+        return ConnectionLost(line)
 
     def close(self) -> None:
         self.closed = True  # first: an append waiting for PUBACKs tells the caller why it ended
