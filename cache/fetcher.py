@@ -1081,7 +1081,12 @@ class Fetcher:
         """After a fatal error: nothing half-written stays visible; big partials stay resumable."""
         for job in jobs:
             landing = job.landing
-            if landing is not None:
+            if landing is not None and landing.placed:
+                # published under its final name, not indexed (an interrupt between the two, in
+                # _book): nothing is left to resume, and dropped (or orphaned) with its hold, the
+                # file stayed on disk counted by nothing
+                self._take_back(job)
+            elif landing is not None:
                 keep = keep_partials and job.big
                 if keep:
                     landing.keep_for_resume()
@@ -1201,8 +1206,17 @@ class Fetcher:
         if landing is not None:
             landing.release_kept()  # our own shared lock would make take_back see "a reader has it"
             if landing.placed:
-                with contextlib.suppress(Exception):  # (then it waits, unindexed, for the next run)
-                    self.store.take_back(landing.tier, landing.blob)
+                landing.placed = False
+                hold, job.hold = job.hold, 0
+                if hold:
+                    self._held_bytes -= job.info.size
+                # the file goes before its hold (take_back drops it, or keeps it as garbage while
+                # a reader has the file open); an index that cannot be written keeps the hold,
+                # ours, counting the file until this process ends (then collect() removes both).
+                # (The hold was released whatever happened, and the file could stay, counted by
+                # nothing, over the cap)
+                with contextlib.suppress(Exception):
+                    self.store.take_back(landing.tier, landing.blob, hold)
             landing.abort()
         job.landing = None
         self._release(job, keep=False)

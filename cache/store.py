@@ -488,9 +488,7 @@ class Store:
         source changed it can never be resumed, and it stayed in tmp/ at its full size until
         space was needed."""
         for hold in Index.stale_landings(db, str(spec.url), spec.blob):
-            if not self._blob_busy(db, hold):
-                self._remove_partial(hold)
-            Index.drop_hold(db, hold.id)
+            self._drop_dead(db, hold)
 
     def _pick_victims(
         self, db: sqlite3.Connection, tier: str, to_free: int, files: int = 0
@@ -523,9 +521,8 @@ class Store:
             if freed >= to_free and taken >= files:
                 break
             if hold.kind == "landing" and hold.pid == 0:
-                if not self._blob_busy(db, hold):
-                    self._remove_partial(hold)
-                Index.drop_hold(db, hold.id)
+                # (its partial, and a file it may have published unindexed: _drop_dead)
+                self._drop_dead(db, hold)
                 freed += hold.size
             elif hold.kind == "garbage":
                 freed += self._take_garbage(db, hold)
@@ -589,6 +586,7 @@ class Store:
         [hid] = self.reserve("disk", [HoldSpec(entry.size, entry.blob, entry.url)])
         tmp = self.layout.tmp_path("disk", entry.blob, ".demote")
         final = self.layout.blob_path("disk", entry.blob)
+        placed = False  # our copy is under the final name (not a twin another process landed)
         try:
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
             try:
@@ -607,6 +605,7 @@ class Store:
             while True:
                 try:
                     os.link(tmp, final)  # never clobber a twin (same URL and version) a reader may hold
+                    placed = True
                     break
                 except FileExistsError:
                     # kept locked until the row names it, so no remover unlinks it from under us
@@ -625,13 +624,20 @@ class Store:
                         # would be an uncovered file, so it goes before its hold does
                         unlink_quiet(final)
                     Index.drop_hold(db, hid)
+                placed = False  # indexed (or removed): nothing is left to take back
             finally:
                 if twin >= 0:
                     os.close(twin)
         except BaseException:
             unlink_quiet(tmp)
-            with self.index.write() as db:
-                Index.drop_hold(db, hid)
+            if placed:
+                # our copy under its final name, not indexed (an error or an interrupt between the
+                # link and the commit): it goes before its hold does. (The hold was dropped and the
+                # file stayed, over the disk cap and counted by nothing, until a `rq cache clear`)
+                self.take_back("disk", entry.blob, hid)
+            else:
+                with self.index.write() as db:
+                    Index.drop_hold(db, hid)
             raise
 
     def release(self, hold_ids: list[int]) -> None:
@@ -666,23 +672,34 @@ class Store:
             with contextlib.suppress(CacheError, OSError):
                 self._collect_garbage(hold)
 
-    def take_back(self, tier: str, blob: str) -> None:
-        """Removes a blob this process published but could not index (its index write failed),
-        unless a reader has it open or an entry names it: another process may have found it as its
-        identical twin and indexed it. (Such a process indexing it after this check — its window is
-        its own syncfs and index write — finds the file gone on open and reads through; `rq cache
-        verify` names it.)"""
+    def take_back(self, tier: str, blob: str, hold: int = 0) -> None:
+        """Removes a blob this process placed under its final name but did not index (its index
+        write failed, or was interrupted), then drops `hold`, the landing hold that counts it (0:
+        none): the file goes first, so its bytes are never on disk uncounted. An entry naming it
+        (another process found it as its identical twin and indexed it, or our own commit went
+        in after all) keeps it; only the hold goes. A file another process has open (a reader of
+        an older entry of the same name, a twin being adopted) cannot go now: the hold becomes a
+        `garbage` hold, which counts it until the next eviction or collect() finds it closed and
+        removes it. (Dropped with the file left, it was over the cap, counted by nothing, until a
+        `rq cache clear`.) An index that cannot be written raises, keeping the hold: ours, it
+        counts the file until this process ends, and then collect() removes both."""
         path = self.layout.blob_path(tier, blob)
         fd = lock_exclusive(path)
-        if fd is None:
-            return
         try:
-            with self.index.read() as db:
-                live = Index.names_blob(db, tier, blob)
-            if not live:
-                unlink_quiet(path)
+            with self.index.write() as db:
+                named = Index.names_blob(db, tier, blob)
+                if fd is None and not named:
+                    if hold:
+                        db.execute(
+                            "UPDATE holds SET kind = 'garbage' WHERE id = ? AND blob = ?", (hold, blob)
+                        )
+                    return
+                if fd is not None and fd >= 0 and not named:
+                    unlink_quiet(path)
+                if hold:  # (that very hold: an id dropped already may be another's by now)
+                    db.execute("DELETE FROM holds WHERE id = ? AND blob = ?", (hold, blob))
         finally:
-            if fd >= 0:
+            if fd is not None and fd >= 0:
                 os.close(fd)
 
     def remove(self, entry: Entry, same_landing: bool = False) -> bool:
@@ -841,7 +858,10 @@ class Store:
         )
 
     def _drop_dead(self, db: sqlite3.Connection, hold: Hold) -> None:
-        """Frees what a dead process's hold kept (inside the caller's transaction). While a live
+        """Frees what a dead process's hold kept, or an orphaned landing (pid 0: a partial kept for
+        resume) given up (inside the caller's transaction): its tmp files, and the file it may have
+        published under its final name and not indexed (killed, or interrupted, between the two:
+        that file stayed, counted by nothing, once the orphaned hold was dropped). While a live
         process lands the same blob, only the dead one's own tmp files go (their names carry its
         pid): the shared names are the live one's, and its hold covers them."""
         if not self._blob_busy(db, hold):
