@@ -1312,7 +1312,9 @@ def tail(
             "records": shown[0],
             "first_offset": shown_range[0],  # null when none was written out (as replay's)
             "last_offset": shown_range[1],
-            "next_offset": res.next_offset,
+            # records written out (or captured) before a stop the read loop had not counted yet
+            # (it moves its position after emit): a rerun from the loop's own would repeat them
+            "next_offset": max(res.next_offset, stops.emitted_to, captured.kept_to or 0),
         }
         if record_to:
             done["stored"] = captured.stored
