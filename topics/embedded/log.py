@@ -18,6 +18,7 @@ the end of the file (its header reached the disk and its records did not: a torn
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import fcntl
 import itertools
@@ -28,7 +29,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ from topics.errors import (
 from topics.record import Record
 
 _SEGMENT = re.compile(r"^(\d{20})\.log$")
+MAX_OFFSET = 2**63 - 1  # (int64: what JetStream, Kafka and every reader of offsets take)
 CONFIG_NAME = "topic.json"
 TOPIC_FORMAT = 1
 """topic.json's "format": the layout of a topic directory (segments, index, groups) this rq reads
@@ -233,7 +235,9 @@ def _list_segments(directory: Path) -> list[int]:
         names = os.listdir(directory)
     except FileNotFoundError:
         raise TopicNotFound(f"topic directory {directory} is gone") from None
-    return sorted(int(m.group(1)) for n in names if (m := _SEGMENT.match(n)))
+    # A name past the offsets a log holds (20 digits reach 99999999999999999999) is not one of its
+    # segments: the writer failed on it ("argument out of range"), readers passed it over.
+    return sorted(b for n in names if (m := _SEGMENT.match(n)) and (b := int(m.group(1))) <= MAX_OFFSET)
 
 
 def _load_index(directory: Path, base: int, size: int) -> tuple[list[int], list[int], list[int]]:
@@ -454,6 +458,17 @@ class _TimeSeek:
         )
 
 
+def _first_ts(directory: Path, base: int) -> int:
+    """The first timestamp of segment `base` (_UNKNOWN_TS: gone, empty or damaged)."""
+    try:
+        with open(directory / fmt.segment_name(base), "rb") as fh:
+            head = fh.read(fmt.BATCH_SIZE)
+    except FileNotFoundError:
+        return _UNKNOWN_TS
+    hdr = fmt.read_batch_header(head, 0)
+    return hdr.first_ts if hdr is not None else _UNKNOWN_TS
+
+
 class TopicLog:
     """Read-side handle of one topic directory. Cheap; create one per command."""
 
@@ -562,13 +577,7 @@ class TopicLog:
         return seek.settle(self.end_offset())
 
     def _first_ts(self, base: int) -> int:
-        try:
-            with open(self.dir / fmt.segment_name(base), "rb") as fh:
-                head = fh.read(fmt.BATCH_SIZE)
-        except FileNotFoundError:
-            return _UNKNOWN_TS
-        hdr = fmt.read_batch_header(head, 0)
-        return hdr.first_ts if hdr is not None else _UNKNOWN_TS
+        return _first_ts(self.dir, base)
 
     def _seek_time_in(self, base: int, seek: _TimeSeek, sealed: bool) -> int | None:
         """The first offset at or after the time in this segment, or None when it is not here."""
@@ -732,19 +741,33 @@ class LogReader:
 
     def _next_segment(self, done: int) -> tuple[int, _View] | None:
         """The segment after `done`, opened (None: the read ends in a hole that is damage). One
-        deleted by retention between the listing and the open is skipped like the ones before."""
+        deleted by retention between the listing and the open is skipped like the ones before.
+
+        Segments are contiguous: the one after `done` starts at the read's next offset, so it is
+        opened by name, with no listing (a listing costs a whole directory: O(segments) per
+        segment read). Only when no file has that name is the directory listed, to find what
+        follows, and whether the hole before it is retention or damage."""
+        nxt = self.next_offset
+        if nxt > done:
+            view = self._open_segment(nxt)
+            if view is not None:
+                return nxt, view
         while True:
             segs = self.log.segments()
-            later = [s for s in segs if s > done]
+            later = segs[bisect.bisect_right(segs, done) :]
             if not later:
                 return None  # the topic was emptied under the reader
             if self._lost_before(later[0], segs, done):
                 return None
-            if segs[0] >= later[0]:
-                self._aged_out(self.next_offset, later[0])
+            if later[0] > self.next_offset:
+                # a hole _lost_before did not take for damage: retention's (one a report of this
+                # segment's damage already covers is not told again)
+                if self.reported_in != done or segs[0] >= later[0]:
+                    self._aged_out(self.next_offset, later[0])
+                # told once: a segment deleted before the open below is not told again from here
+                self.next_offset = later[0]
             view = self._open_segment(later[0])
             if view is not None:
-                self.next_offset = max(self.next_offset, later[0])
                 return later[0], view
 
     def _aged_out(self, first: int, upto: int) -> None:
@@ -837,6 +860,9 @@ class LogReader:
         return True
 
     def _is_last(self, base: int) -> bool:
+        nxt = self.next_offset
+        if nxt > base and os.path.exists(self.log.dir / fmt.segment_name(nxt)):
+            return False  # the next segment, found by name (see _next_segment)
         segs = self.log.segments()
         return not segs or segs[-1] == base
 
@@ -915,32 +941,43 @@ class LogReader:
     def _lost_before(self, nxt: int, segs: list[int], done: int) -> bool:
         """Offsets between the segment just read and the next one have no file: a segment was
         deleted by hand or lost. Reported like corruption (True: the read range ends inside the
-        hole). Retention only ever removes the oldest segments, so a hole with nothing before it
-        is records aging out under a slow reader, not damage."""
+        hole; False: reported and skipped, or not damage). Retention only ever removes the oldest
+        segments, so a hole with nothing before it is records aging out under a slow reader, not
+        damage. A listing is no snapshot: retention deleting segments while the directory is read
+        leaves an older one in it and not the newer ones it deleted after. So the hole is damage
+        only if a segment before it is there still, looked at after the listing (retention had
+        not got to it yet, so not to the hole after it either)."""
         first, stop = self.next_offset, self.stop
         if nxt <= first or segs[0] >= nxt or self.reported_in == done:
             return False
+        seg_path = self.log.dir / fmt.segment_name(done)
+        try:
+            pos = seg_path.stat().st_size
+        except FileNotFoundError:
+            pos = -1
+        if pos < 0 and (segs[0] >= done or not (self.log.dir / fmt.segment_name(segs[0])).exists()):
+            return False  # the segment just read is gone too, and any before it: retention
         last = nxt - 1 if stop is None else min(nxt, stop) - 1
-        seg, pos = fmt.segment_name(nxt), 0
+        seg = fmt.segment_name(nxt)
         lost = f"offsets {first}..{last}" if last > first else f"offset {first}"
-        if done in segs:
+        if pos >= 0:
             # The segment just read is still there and ends short of the next one: it was cut
             # at a batch boundary (the usual case: nothing else looks like this), or a whole
             # segment file after it was removed by hand. Either way damage, not retention.
             seg = fmt.segment_name(done)
-            with contextlib.suppress(OSError):
-                pos = (self.log.dir / seg).stat().st_size
             why = (
                 f"{lost} are missing: segment {seg} ends (byte {pos}) before them and the next one, "
                 f"{fmt.segment_name(nxt)}, starts at offset {nxt}; {seg} was cut short (truncated) "
                 "or a segment file after it was deleted"
             )
         else:
+            pos = 0
             why = f"{lost} are missing: their segment file, before {seg}, was deleted"
         if not self.skip_corrupt:
             raise CorruptRecord(f"{why}; pass --skip-corrupt to read past them", first, seg, pos)
         if self.on_corrupt is not None:
             self.on_corrupt(CorruptRange(first, last, seg, pos))
+        self.next_offset = max(self.next_offset, nxt)  # reported: not told again as a gap
         return stop is not None and stop <= nxt
 
     def _report(self, base: int, pos: int, last_offset: int) -> None:
@@ -1138,6 +1175,12 @@ class LogWriter:
 
     def _recover(self) -> None:
         segs = _list_segments(self.dir)
+        # The sealed segments (base, bytes), oldest first, that retention weighs on each roll: kept
+        # here, so that a roll does not list and stat the whole directory (O(segments) a roll).
+        self._sealed: collections.deque[tuple[int, int]] = collections.deque(
+            (b, _file_size(self.dir / fmt.segment_name(b))) for b in segs[:-1]
+        )
+        self._sealed_bytes = sum(size for _, size in self._sealed)
         if not segs:
             self._new_segment(0)
             self.last_ts = 0
@@ -1248,20 +1291,24 @@ class LogWriter:
 
     # -- appending ------------------------------------------------------------------------------
 
-    def append(self, records: Sequence[fmt.Pending]) -> tuple[int, int]:
-        """Appends one batch durably; returns (first offset, last offset).
+    def append(self, records: Iterable[fmt.Pending]) -> tuple[int, int]:
+        """Appends one batch durably; returns (first offset, last offset). Any iterable of records
+        is taken (a generator too); an empty one stores nothing and returns (end, end - 1).
 
         One that stops after some of its records are durable (a batch split into parts: a later
         part failed; or a KeyboardInterrupt, a signal, once a part's bytes were all written) raises
         AppendedPartly, or AppendInterrupted for the interrupt, with what it stored. The file then
         holds exactly what is counted: a part cut short is truncated away, not left for the next
         open to find, and one written whole is synced and counted, as a rerun would find it."""
+        batch = records if isinstance(records, (list, tuple)) else list(records)
         with self._lock:
-            return self._append_locked(records)
+            if not batch:
+                if self.fd < 0:
+                    raise TopicError("writer is closed")
+                return self.next_offset, self.next_offset - 1
+            return self._append_locked(batch)
 
     def _append_locked(self, records: Sequence[fmt.Pending]) -> tuple[int, int]:
-        if not records:
-            raise ValueError("append needs at least one record")
         if self.fd < 0:
             raise TopicError("writer is closed")
         base = self.next_offset
@@ -1356,9 +1403,12 @@ class LogWriter:
         sizes = [fmt.record_size(key, headers, value) for _, key, headers, value in records]
         for i, size in enumerate(sizes):
             if size > fmt.MAX_BATCH_PAYLOAD:
+                # Counted as `rq produce` counts an input line: key, headers and value, without the
+                # record's own 36-byte header (256 MiB holds it too).
+                most = fmt.MAX_BATCH_PAYLOAD - fmt.RECORD_SIZE
                 raise RecordTooLarge(
-                    f"record {i + 1} of the batch takes {size} bytes (key, headers and value); "
-                    f"the embedded log stores at most {fmt.MAX_BATCH_PAYLOAD} bytes per record"
+                    f"record {i + 1} of the batch is over {most} bytes (key, headers and value: "
+                    f"{size - fmt.RECORD_SIZE}); a record holds at most {most} bytes"
                 )
         first, last, total, start = -1, -1, 0, 0
         for i, size in enumerate([*sizes, -1]):  # -1: the end, the last part goes
@@ -1376,7 +1426,10 @@ class LogWriter:
         # file), and a roll stopped before that leaves at most an empty segment the next takes over.
         os.fsync(self.fd)
         old = self.fd, self.idx_fd
+        sealed = self.base, self.size
         self._new_segment(self.next_offset)
+        self._sealed.append(sealed)
+        self._sealed_bytes += sealed[1]
         for fd in old:
             os.close(fd)
         self._apply_retention()
@@ -1385,21 +1438,21 @@ class LogWriter:
         retention_bytes, retention_ms = self.config.retention_bytes, self.config.retention_ms
         if retention_bytes is None and retention_ms is None:
             return
-        segs = _list_segments(self.dir)
-        sizes = {b: _file_size(self.dir / fmt.segment_name(b)) for b in segs}
-        total = sum(sizes.values())
-        log = TopicLog(self.dir)
+        sealed = self._sealed
         removed = False
-        for i, base in enumerate(segs[:-1]):  # never the active segment
-            too_big = retention_bytes is not None and total > retention_bytes
+        while sealed:  # never the active segment
+            base, size = sealed[0]
+            too_big = retention_bytes is not None and self._sealed_bytes + self.size > retention_bytes
             # A sealed segment's newest record is no newer than the next segment's first one.
-            too_old = retention_ms is not None and log._first_ts(segs[i + 1]) < now_ms() - retention_ms
+            after = sealed[1][0] if len(sealed) > 1 else self.base
+            too_old = retention_ms is not None and _first_ts(self.dir, after) < now_ms() - retention_ms
             if not (too_big or too_old):
                 break
             for name in (fmt.segment_name(base), fmt.index_name(base)):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.dir / name)
-            total -= sizes[base]
+            sealed.popleft()
+            self._sealed_bytes -= size
             removed = True
         if removed:
             fsync_dir(self.dir)
