@@ -103,9 +103,10 @@ class PermissionDenied(AccessDenied):
 
 class _StoredPart(BaseException):
     """What an append that stopped partway left stored: the batch's first `stored` records
-    (offsets `first`..`last`), and `error`, what stopped it."""
+    (offsets `first`..`last`; None for a target without offsets, MQTT), and `error`, what
+    stopped it."""
 
-    def __init__(self, url: str, first: int, last: int, stored: int, error: BaseException):
+    def __init__(self, url: str, first: int | None, last: int | None, stored: int, error: BaseException):
         self.url, self.first, self.last, self.stored, self.error = url, first, last, stored, error
         super().__init__(
             f"{url}: the first {stored} record(s) of the batch are stored (offsets {first}..{last}), "

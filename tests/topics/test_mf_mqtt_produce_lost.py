@@ -18,7 +18,7 @@ from pathlib import Path
 from subprocess import PIPE
 
 import pytest
-from jskit import wait_for_port
+from mqttkit import own_mosquitto
 from rqtest import quietly, read_packet, run_rq, serving
 
 from rqcli.exitcodes import ExitCode
@@ -28,28 +28,10 @@ needs_mosquitto = pytest.mark.skipif(shutil.which("mosquitto") is None, reason="
 _ACK_WAIT = "import topics.sources.mqtt as m\nm.MqttSink.ACK_WAIT_S = 1.0"
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
-
-
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    port = next(p for p in range(19100, 19150) if _free(p))
-    conf = tmp_path / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
-    proc = subprocess.Popen(
-        [str(shutil.which("mosquitto")), "-c", str(conf)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port)
+    with own_mosquitto(tmp_path, range(19100, 19150)) as (proc, port):
         yield proc, port
-    finally:
-        proc.send_signal(signal.SIGCONT)
-        proc.kill()
-        proc.wait(10)
 
 
 def _first_batch_acked(port: int, setup: str = "") -> subprocess.Popen[bytes]:

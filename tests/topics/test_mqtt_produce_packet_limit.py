@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jskit import wait_for_port
+from mqttkit import own_mosquitto
 from rqtest import run_rq
 
 from rqcli.exitcodes import ExitCode
@@ -28,28 +26,8 @@ _BIG = b"b" * 1500  # a PUBLISH of ~1.5 KB: over the broker's 1000
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[str]:
-    import socket
-
-    def free(port: int) -> bool:
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) != 0
-
-    port = next(p for p in range(20470, 20480) if free(p))
-    conf = tmp_path / "mosquitto.conf"
-    conf.write_text(
-        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\nmax_packet_size 1000\n"
-    )
-    proc = subprocess.Popen(
-        [str(shutil.which("mosquitto")), "-c", str(conf)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for_port(port)
+    with own_mosquitto(tmp_path, range(20470, 20480), "max_packet_size 1000\n") as (_, port):
         yield f"mqtt://127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
 
 
 def test_a_record_over_max_packet_size_is_refused_before_it_is_sent(broker: str) -> None:
@@ -58,7 +36,7 @@ def test_a_record_over_max_packet_size_is_refused_before_it_is_sent(broker: str)
     )
     err = r.stderr.decode().strip()
     assert r.returncode == ExitCode.USAGE, err
-    assert len(err.splitlines()) == 1 and "record 2 of the batch is an MQTT packet of 1507 bytes" in err, err
+    assert len(err.splitlines()) == 1 and "record 2 of the input is an MQTT packet of 1507 bytes" in err, err
     assert "--max-packet-size" in err, err
     # the variable is the same bound
     r = run_rq("produce", f"{broker}/t/x", input=_BIG + b"\n", env={"RQ_MQTT_MAX_PACKET_SIZE": "1000"})

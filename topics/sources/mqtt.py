@@ -401,8 +401,7 @@ class AcknowledgedPartly(AppendedPartly):
     `last` are None."""
 
     def __init__(self, url: str, stored: int, error: ConnectionLost):
-        super().__init__(url, 0, 0, stored, error)
-        self.first = self.last = None  # type: ignore[assignment]  # MQTT messages have no offsets
+        super().__init__(url, None, None, stored, error)  # MQTT messages have no offsets
         self.args = (
             f"{url}: the broker acknowledged the first {stored} record(s) of the batch, then: {error}",
         )
