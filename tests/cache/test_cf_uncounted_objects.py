@@ -118,7 +118,7 @@ def test_an_interrupt_between_publishing_and_indexing_leaves_no_uncounted_file(
     tmp_path: Path, ram_dir: Path, monkeypatch: pytest.MonkeyPatch, big: bool
 ) -> None:
     if big:
-        monkeypatch.setattr(cache.digests, "BIG_OBJECT", 64 * KIB)  # ranged pieces, a journal
+        monkeypatch.setattr(cache.digests, "BIG_OBJECT", 64 * KIB)  # (kept for resume when stopped)
     src = local_source(tmp_path / "src", 3, 100 * KIB)
     with Cache(tmp_path / "c", ram_dir=ram_dir, disk_limit=MIB) as c:
         published: list[Path] = []
