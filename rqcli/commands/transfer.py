@@ -978,6 +978,9 @@ def _recv_event(out: Output, ev: Any) -> None:
 def send(**kwargs: Any) -> None:
     """Send files and directories to `rq recv`; re-run the same command to resume.
 
+    A directory arrives under its own name, with or without a trailing / (ckpt/ arrives as
+    DEST/ckpt/, like cp -r; not its contents only, as rsync would).
+
     \b
     Example:
       rq send ckpt/ rq://10.0.0.2:7420 --pin sha256:3f…  --connections 4
@@ -1185,6 +1188,12 @@ def _distinct_sources(args: tuple[str, ...], out: Output) -> list[Path]:
             # Path("") is ".": an unset "$CKPT" would send the working directory (cp, scp refuse it)
             raise CliError("SOURCE is an empty string (an unset variable?)", ExitCode.USAGE)
         path = Path(arg)
+        if arg.endswith("/") and not os.path.isdir(arg) and os.path.lexists(path):
+            # Path drops the slash: FILE/ was sent as FILE (cp, rsync and rq preload refuse it)
+            raise CliError(
+                f"source {safe_text(arg)} is a file, not a directory (drop the trailing /)",
+                ExitCode.NOT_FOUND,
+            )
         try:
             real = path.resolve()
         except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13)

@@ -54,6 +54,20 @@ def test_recv_refuses_an_empty_dest_as_send_refuses_an_empty_source(tmp_path: Pa
     assert list(tmp_path.iterdir()) == []
 
 
+def test_send_refuses_a_file_named_with_a_trailing_slash(tmp_path: Path) -> None:
+    """Was: `rq send model.bin/ …` sent model.bin, exit 0 (Path drops the slash); cp, rsync and
+    rq preload refuse FILE/. A directory (and a link to one) with the slash is still sent."""
+    (tmp_path / "model.bin").write_bytes(b"x")
+    proc = _rq("send", "model.bin/", URL, "--transport", "tcp", cwd=tmp_path)
+    assert proc.returncode == ExitCode.NOT_FOUND, proc.stderr
+    assert "source model.bin/ is a file, not a directory (drop the trailing /)" in _one_error_line(proc)
+    (tmp_path / "d").mkdir()
+    (tmp_path / "ld").symlink_to("d")
+    for ok in ("d/", "ld/"):  # past the check: the closed port 9 ends it (exit 6, unreachable)
+        proc = _rq("send", ok, URL, "--transport", "tcp", "--timeout", "2", cwd=tmp_path)
+        assert proc.returncode == ExitCode.UNREACHABLE, proc.stderr
+
+
 # -- 2. sizes --------------------------------------------------------------------------------------
 
 
