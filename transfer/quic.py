@@ -742,7 +742,7 @@ class QuicConnection:
         except (TimeoutError, ConnectionError, OSError) as exc:
             self._abandon()
             raise PeerUnreachableError(
-                f"cannot reach {opts.host}:{opts.port} over QUIC: {_why_unreachable(exc, opts.connect_within)}"
+                f"cannot reach {opts.where} over QUIC: {_why_unreachable(exc, opts.connect_within)}"
             ) from None
         except BaseException:
             # anything else, a KeyboardInterrupt included, goes on up; the loop thread, its executor

@@ -237,9 +237,7 @@ class TcpConnection:
         try:
             sock = socket.create_connection((o.host, o.port), timeout=timeout)
         except OSError as exc:
-            raise PeerUnreachableError(
-                f"cannot reach {o.host}:{o.port} over TCP: {exc.strerror or exc}"
-            ) from None
+            raise PeerUnreachableError(f"cannot reach {o.where} over TCP: {exc.strerror or exc}") from None
         _tune(sock)
         if o.tls:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
@@ -252,13 +250,13 @@ class TcpConnection:
                 sock.close()
                 if exc.reason == "WRONG_VERSION_NUMBER":  # plain rq frames came back: see _mismatched
                     raise TlsMismatchError(
-                        f"the receiver at {o.host}:{o.port} does not use TLS: drop --tls from rq send "
+                        f"the receiver at {o.where} does not use TLS: drop --tls from rq send "
                         "(or run rq recv with --tls)"
                     ) from None
-                raise PeerUnreachableError(f"TLS handshake with {o.host}:{o.port} failed: {exc}") from None
+                raise PeerUnreachableError(f"TLS handshake with {o.where} failed: {exc}") from None
             except OSError as exc:
                 sock.close()
-                raise PeerUnreachableError(f"TLS handshake with {o.host}:{o.port} failed: {exc}") from None
+                raise PeerUnreachableError(f"TLS handshake with {o.where} failed: {exc}") from None
             der = sock.getpeercert(binary_form=True) or b""
             if o.pin is None or fingerprint(der) != normalise_pin(o.pin):
                 sock.close()

@@ -52,6 +52,11 @@ class ConnectOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def where(self) -> str:
+        """HOST:PORT as a person writes it: an IPv6 address in brackets ([::1]:7420)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
     def connect_within(self) -> float:
         return self.timeout if self.connect_timeout is None else self.connect_timeout
 

@@ -317,3 +317,25 @@ def test_recv_shows_an_ipv6_listen_address_in_brackets(tmp_path: Path) -> None:
         proc.terminate()
         proc.communicate(timeout=10)
     assert " on [::1]:" in line, line  # was ` on ::1:PORT`
+
+
+@pytest.mark.parametrize("transport", ["tcp", "quic"])
+def test_send_names_an_ipv6_receiver_in_brackets(tmp_path: Path, transport: str) -> None:
+    """Was: 'cannot reach ::1:PORT over TCP' (the address and port run together)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+            port = s.getsockname()[1]  # closed once the test sends: nothing listens there
+    except OSError:
+        pytest.skip("no IPv6 loopback on this machine")
+    (tmp_path / "f").write_bytes(b"x")
+    extra = ("--pin", "sha256:" + "0" * 64) if transport == "quic" else ()
+    proc = _rq(
+        "send", "f", f"rq://[::1]:{port}", "--transport", transport, "--timeout", "1", *extra, cwd=tmp_path
+    )
+    assert proc.returncode == ExitCode.UNREACHABLE, proc.stderr
+    err = proc.stderr.decode()
+    assert (
+        "Traceback" not in err
+        and f"rq: error: gave up after 1s without progress: cannot reach [::1]:{port} over" in err
+    ), err
