@@ -31,6 +31,19 @@ def _batches(path: Path, segments: int, per: int = 10, config: TopicConfig | Non
             w.append([(None, None, (), b"r%d-%d" % (b, j)) for j in range(per)])
 
 
+def _count_listings(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """A list that gets the directory of each listing of segments made from here on."""
+    calls: list[Path] = []
+    real = logmod._list_segments
+
+    def counted(d: Path) -> list[int]:
+        calls.append(d)
+        return real(d)
+
+    monkeypatch.setattr(logmod, "_list_segments", counted)
+    return calls
+
+
 def _seg(path: Path, base: int) -> Path:
     return path / fmt.segment_name(base)
 
@@ -122,14 +135,7 @@ def test_a_read_across_segments_lists_the_directory_a_bounded_number_of_times(
 ) -> None:
     t = tmp_path / "t"
     _batches(t, 60)
-    calls = []
-    real = logmod._list_segments
-
-    def counted(d: Path) -> list[int]:
-        calls.append(d)
-        return real(d)
-
-    monkeypatch.setattr(logmod, "_list_segments", counted)
+    calls = _count_listings(monkeypatch)
     offsets = [r[0] for b in TopicLog(t).reader(0) for r in b]
     assert offsets == list(range(600))
     assert len(calls) <= 3  # before: 2 a segment (121)
@@ -141,9 +147,7 @@ def test_a_roll_with_retention_does_not_list_the_directory(
     t = tmp_path / "t"
     config = TopicConfig(segment_bytes=100, retention_bytes=10_000)
     _batches(t, 50, config=config)
-    calls = []
-    real = logmod._list_segments
-    monkeypatch.setattr(logmod, "_list_segments", lambda d: calls.append(d) or real(d))
+    calls = _count_listings(monkeypatch)
     with LogWriter(t, config) as w:
         opened = len(calls)
         for b in range(100):
@@ -208,3 +212,37 @@ def test_offsets_lost_is_not_fooled_by_a_listing_retention_raced(
     real = logmod._list_segments
     monkeypatch.setattr(logmod, "_list_segments", lambda d: sorted({0, *real(d)}))
     assert TopicLog(t).lost() == []  # 0, listed, is gone when looked at: retention's, not a loss
+
+
+def test_a_follower_waiting_at_the_end_does_not_list_the_directory_each_poll(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = tmp_path / "t"
+    _batches(t, 3)
+    calls = _count_listings(monkeypatch)
+    reader = TopicLog(t).reader(30, follow=True, poll_s=0.0001)
+    for polls, batch in enumerate(reader, 1):
+        assert batch == []
+        if polls == 200:
+            break
+    assert len(calls) <= 200 // logmod._TAIL_RELIST + 3  # before: one a poll (201)
+
+
+def test_a_follower_still_finds_a_newer_segment_under_another_name(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    _batches(t, 3)  # 0, 10, 20
+    aside = tmp_path / "aside"
+    aside.mkdir()
+    for base in (10, 20):
+        _seg(t, base).rename(aside / fmt.segment_name(base))
+    reader = TopicLog(t).reader(5, follow=True, poll_s=0.0001)
+    offsets: list[int] = []
+    polls = 0
+    with pytest.raises(logmod.CorruptRecord, match=r"offsets 10..19 are missing"):
+        for batch in reader:
+            offsets += [r[0] for r in batch]
+            polls += 1
+            if polls == 3:  # waiting at the end of 0: 20 comes back, 10 does not (damage)
+                (aside / fmt.segment_name(20)).rename(_seg(t, 20))
+            assert polls < 1000
+    assert offsets == list(range(5, 10))
