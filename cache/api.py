@@ -676,7 +676,7 @@ class Cache:
                     return self._open_fetched(url, tier or entry.tier)
                 continue
             except VerifyError:
-                state.store.remove(entry, same_landing=True)  # never a good landing made since
+                state.store.retire(entry)  # never a good landing made since
                 current = state.index.get(url)
                 if current is not None and not _same_landing(current, entry):
                     # another process landed it again meanwhile: read (and verify) that one
@@ -724,7 +724,7 @@ class Cache:
             info = origin_for_url(entry.url, self.s3_settings).stat(entry.url)
         except NotFoundError:
             # only this landing: one made since (the object put back meanwhile) is not ours to drop
-            self._state().store.remove(entry, same_landing=True)
+            self._state().store.retire(entry)
             raise
         except CacheError as exc:
             if not _cannot_ask(exc):
@@ -750,7 +750,7 @@ class Cache:
             if not racy_at(info.version, started) and self._state().store.clear_racy(entry, info.version):
                 entry.version = info.version
             return True
-        self._state().store.remove(entry, same_landing=True)  # never a landing made since
+        self._state().store.retire(entry)  # never a landing made since
         return False
 
     def _superseded(self, entry: Entry, fetch: Callable[[], _T]) -> _T:
@@ -761,7 +761,7 @@ class Cache:
         try:
             return fetch()
         except BaseException:
-            self._state().store.remove(entry, same_landing=True)  # never a landing made since
+            self._state().store.retire(entry)  # never a landing made since
             raise
 
     def _read_event(self, event: ev.Event) -> None:
@@ -786,7 +786,7 @@ class Cache:
             except VerifyError:
                 if not again:
                     raise
-                self._state().store.remove(entry, same_landing=True)  # never a landing made since
+                self._state().store.retire(entry)  # never a landing made since
         raise AssertionError("unreachable")
 
     def _open_entry(self, entry: Entry, locked_fd: int = -1) -> IO[bytes]:
@@ -1046,13 +1046,13 @@ class Cache:
                 continue
             entry, problem = found
             if entry.tier == "ram" and problem == "missing file" and not state.index.readonly:
-                removed = state.store.remove(entry, same_landing=True)  # never a landing made since
+                removed = state.store.retire(entry)  # never a landing made since
                 if removed and on_dropped is not None:
                     on_dropped(entry.url)
                 continue
             problems.append(Problem(entry.url, problem))
             if repair:
-                state.store.remove(entry, same_landing=True)  # never a landing made since
+                state.store.retire(entry)  # never a landing made since
             if on_problem is not None:
                 on_problem(problems[-1])
         if repair:

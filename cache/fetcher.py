@@ -870,7 +870,7 @@ class Fetcher:
         try:
             entry = self.store.index.get(job.info.url)
             if entry is not None and not same_version(entry.version, job.info.version):
-                self.store.remove(entry, same_landing=True)  # never a landing made since
+                self.store.retire(entry)  # never a landing made since
         except CacheError:
             pass  # (a full or read-only index: the next read's revalidation finds it superseded)
 

@@ -779,6 +779,29 @@ class Store:
             Index.drop_hold(db, hid)
         return True
 
+    def retire(self, entry: Entry) -> bool:
+        """Drops an entry known bad or stale (corrupt, gone from its origin, superseded there):
+        only the very landing `entry` was read from (see remove's `same_landing`). Unlike an
+        eviction it does not wait for readers: one that has the file open keeps reading what it
+        opened, but the entry leaves the index now, so no later read is served it. Its file then
+        becomes a `garbage` hold, counted until the next eviction or collect() finds it closed and
+        removes it. False only where the index cannot be written (the entry stays; the next read's
+        check finds it bad again)."""
+        if self.remove(entry, same_landing=True):
+            return True
+        if self.index.readonly or self.index.full:
+            return False
+        with self.index.write() as db:
+            current = self.index.get(entry.url, db)
+            if current is not None and (current.blob, current.tier, current.created) == (
+                entry.blob,
+                entry.tier,
+                entry.created,
+            ):
+                Index.delete(db, entry.url)
+                Index.add_hold(db, entry.tier, entry.size, "garbage", entry.blob, entry.url, self.owner)
+        return True
+
     def _delete_row(self, url: str, gone: Callable[[Entry | None], bool]) -> bool:
         """Opens an index read-only for want of space for writing again and deletes `url`'s row
         unless `gone`; whether it did. CacheFullError when there is still no space."""
