@@ -184,6 +184,13 @@ def redact_url(text: str) -> str:
     return f"{scheme}://{rest.rpartition('@')[2]}" if sep else text
 
 
+def masked_url(text: str) -> str:
+    """A URL with user info as it may be quoted in the error that refuses it: `***` in its place,
+    so the reader sees that something was there and was cut."""
+    scheme, sep, rest = text.partition("://")
+    return f"{scheme}://***@{rest.rpartition('@')[2]}" if sep and "@" in rest else text
+
+
 def check_endpoint_url(endpoint: str) -> urllib.parse.SplitResult:
     """An S3 endpoint URL's parts, or BadSourceError: http(s)://host[:port][/path], no user info
     (keys belong in the environment or a profile; one in a URL would be echoed in errors and logs)."""
@@ -193,9 +200,11 @@ def check_endpoint_url(endpoint: str) -> urllib.parse.SplitResult:
     except ValueError:  # "http://[bad", a port out of range
         parts, port_ok = urllib.parse.urlsplit(""), False
     if redact_url(endpoint) != endpoint:  # (any '@': a password may hold '/' unencoded)
+        # quoted with '***@' where the user info was: the URL without it (redact_url's) read as if
+        # the refused URL held none
         raise BadSourceError(
             f"endpoint URL must not hold user info (user:password@); put the keys in "
-            f"AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile: got {redact_url(endpoint)!r}"
+            f"AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile: got {masked_url(endpoint)!r}"
         )
     if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
         raise BadSourceError(f"endpoint URL must be http(s)://host[:port], got {redact_url(endpoint)!r}")

@@ -297,7 +297,7 @@ def name_the_source(exc: CliError) -> CliError:
         else:
             variable, raw = None, (ctx.default_map or {}).get(param.name)
         flag = next((f for f in param.opts if f.startswith("--") and _names(exc.message, f)), None)
-        quoted = isinstance(raw, str) and len(raw) > 1 and repr(raw) in exc.message
+        quoted = isinstance(raw, str) and _quotes(exc.message, raw)
         if flag is None and not quoted:
             continue
         if source is sources.DEFAULT_MAP:
@@ -320,16 +320,24 @@ def name_the_source(exc: CliError) -> CliError:
         and isinstance(value := ctx.params.get(p.name), str)
     ]
     # a value the libraries read from the environment themselves (AWS_ENDPOINT_URL: botocore's
-    # rules, not Click's), quoted by the error and typed by nobody
+    # rules, not Click's), quoted by the error and typed by nobody: a typed value quoted the same
+    # way (a flag's URL whose user info the quote cut) is the flag's, not the variable's
     for variable, raw in sorted(os.environ.items()):
         if (
             variable.startswith(_LIBRARY_VARIABLES)
-            and len(raw) > 1
-            and repr(raw) in exc.message
-            and raw not in typed
+            and _quotes(exc.message, raw)
+            and not any(_quotes(exc.message, value) for value in typed)
         ):
             return CliError(f"{exc.message} (from {variable})", exc.code, hint=exc.hint)
     return exc
+
+
+def _quotes(message: str, raw: str) -> bool:
+    """Whether the message quotes the value, as typed or with its URL's user info cut
+    (cache.s3's `got 'http://***@host'`)."""
+    from cache.s3 import masked_url
+
+    return len(raw) > 1 and (repr(raw) in message or repr(masked_url(raw)) in message)
 
 
 # the environment variables rq's libraries read themselves (cache.s3, the topic clients)

@@ -120,6 +120,9 @@ def _nothing_matched(pattern: str) -> CliError:
 def cache() -> None:
     """Inspect and manage the local cache (see docs/cache.md for the layout).
 
+    A PATTERN is a URL, a prefix ending in /, or a glob; one without a scheme is a local path
+    made absolute against the working directory ('s3://bucket/*' matches a bucket's entries).
+
     \b
     Examples:
       rq cache du
@@ -135,6 +138,9 @@ def cache() -> None:
 @output_options
 def ls(pattern: str | None, cache_dir: Path | None) -> None:
     """List cached entries (all, or those matching a URL, a prefix ending in /, or a glob).
+
+    A PATTERN without a scheme is a local path made absolute against the working directory, so
+    '*' never matches an s3:// entry: use 's3://bucket/*' for those.
 
     Example: rq cache ls 's3://bucket/train/*.tar'
     """
@@ -208,6 +214,7 @@ def stat(url: str, cache_dir: Path | None) -> None:
 
     Example: rq cache stat s3://bucket/train/000123.tar
     """
+    _one_object(url)
     out = get_output()
     c = open_existing(cache_dir)
     e = _guard(lambda: c.stat(url))
@@ -243,6 +250,7 @@ def path(
 
     Example: tar tf "$(rq cache path s3://bucket/shard-0001.tar --endpoint-url http://minio:9000)"
     """
+    _one_object(url)
     out = get_output()
     c = open_existing(cache_dir, endpoint_url=endpoint_url, profile=profile, on_event=_warn_stale)
     p = _guard(lambda: c.path(url, fresh=not no_check))
@@ -262,13 +270,20 @@ def cat(url: str, cache_dir: Path | None, endpoint_url: str | None, profile: str
 
     Example: rq cache cat s3://bucket/meta.json | jq .
     """
-    if get_output().json:
+    out = get_output()
+    if out.json:
         # stdout is the object's bytes: mixing JSON lines into them would corrupt both
-        raise CliError(
-            "rq cache cat writes the object's bytes, not JSON",
-            ExitCode.USAGE,
-            hint="drop --json; `rq cache stat URL --json` describes the entry",
-        )
+        asked = _json_for_cat(click.get_current_context())
+        if asked is not None:
+            raise CliError(
+                f"rq cache cat writes the object's bytes, not JSON: {asked}",
+                ExitCode.USAGE,
+                hint="`rq cache stat URL --json` describes the entry",
+            )
+        # a group-wide setting (RQ_JSON, RQ_CACHE_JSON, [cache] json) asks for machine output where
+        # a command has one; cat's output is the bytes, so it writes them (and no JSON line)
+        out.json = False
+    _one_object(url)
     from cache import BadSourceError, CacheError, NotFoundError, VerifyError
 
     c = open_cache(cache_dir, endpoint_url=endpoint_url, profile=profile, on_event=_warn_stale)
@@ -285,6 +300,10 @@ def cat(url: str, cache_dir: Path | None, endpoint_url: str | None, profile: str
         except CacheError:
             pass  # the index cannot say (busy, unreadable): the verification error is the news
         raise error from None
+    except NotFoundError as exc:
+        error = cache_error_to_cli(exc)
+        error.hint = _prefix_hint(c, url, endpoint_url, profile) or error.hint
+        raise error from None
     except CacheError as exc:
         raise cache_error_to_cli(exc) from None
     with handle:
@@ -293,6 +312,63 @@ def cat(url: str, cache_dir: Path | None, endpoint_url: str | None, profile: str
             _to_stdout(lambda: sink.write(chunk))
         _to_stdout(sink.flush)
     c.close()
+
+
+def _one_object(url: str) -> None:
+    """`cat`, `path` and `stat` name one object: a prefix (a trailing /) or a bucket alone is a
+    usage error for each of them alike (path and stat said "not cached", exit 3, where cat said 2)."""
+    if url.endswith("/") and url not in ("/", "file:///"):
+        raise CliError(f"{safe_text(url)} names a prefix or directory, not one object", ExitCode.USAGE)
+    if url[:5].lower() == "s3://" and "/" not in url[5:]:
+        raise CliError(f"{safe_text(url)} names a bucket, not an object (s3://bucket/key)", ExitCode.USAGE)
+
+
+def _prefix_hint(c: Any, url: str, endpoint_url: str | None, profile: str | None) -> str | None:
+    """For a URL not found at the origin: whether it is a prefix typed without its /. Asked only on
+    that path (one cached-entry lookup, then for S3 one listing request of up to a page)."""
+    from cache import CacheError
+    from cache.origins import normalise_url
+
+    try:
+        under = normalise_url(url) + "/"
+        found = next(iter(c.iter_entries(under)), None) is not None
+        if not found and under.startswith("s3://"):
+            from cache.s3 import S3Settings, shared_client, split_s3_url
+
+            bucket, key = split_s3_url(under)
+            client = shared_client(S3Settings(endpoint_url=endpoint_url, profile=profile))
+            found = next(iter(client.list_objects(bucket, key)), None) is not None
+    except (CacheError, OSError):
+        return None  # the hint is extra: the not-found line stands as it is
+    if not found:
+        return None
+    shown = safe_text(under)
+    return f"objects are under {shown}: name one of them (`rq cache ls {shown}` lists those cached)"
+
+
+def _json_for_cat(ctx: click.Context) -> str | None:
+    """Why `rq cache cat` must refuse the --json in effect, else None (cat then ignores it): typed
+    on the command line anywhere (`rq --json cache cat`, `rq cache cat --json`), or set for cat
+    itself (RQ_CACHE_CAT_JSON, [cache.cat] json; main() names which). A setting for the whole group
+    or for every command is not a request for cat's output to be JSON."""
+    sources = click.core.ParameterSource
+    level: click.Context | None = ctx
+    while level is not None:
+        source = level.get_parameter_source("json_")
+        if source is sources.COMMANDLINE:
+            return "drop --json"
+        if level is ctx and source in (sources.ENVIRONMENT, sources.DEFAULT_MAP) and _json_set(ctx):
+            return "--json is set for it"
+        level = level.parent
+    return None
+
+
+def _json_set(ctx: click.Context) -> bool:
+    """Whether cat's own --json setting (its variable or config key) is true (`RQ_CACHE_CAT_JSON=0`
+    beside a group-wide RQ_CACHE_JSON=1 is not)."""
+    param = next(p for p in ctx.command.params if p.name == "json_")
+    value, _source = param.consume_value(ctx, {})
+    return bool(param.type_cast_value(ctx, value))
 
 
 def _to_stdout(write: Callable[[], object]) -> None:
@@ -430,7 +506,10 @@ def clear(cache_dir: Path | None, yes: bool) -> None:
                 f"not cleared: {c.root}", ExitCode.USAGE, hint="pass --yes to clear without asking"
             )
         if not click.confirm(f"clear {c.root}?"):
-            raise CliError("not cleared", ExitCode.USAGE)
+            # an answer, not a usage error and not a failure: exit 0, as `rm -i` does when told no
+            out.emit({"event": "summary", "removed": 0, "kept_open": 0, "declined": True})
+            out.info("not cleared")
+            return
     done, skipped = _guard(c.clear)
     out.emit({"event": "summary", "removed": done, "kept_open": skipped})
     if not out.json:

@@ -43,18 +43,26 @@ class Finding:
 def _validate_url(url: str, schemes: tuple[str, ...], what: str) -> Any:
     try:
         parsed = urlparse(url)  # raises on an unclosed IPv6 bracket ('nats://[::1')
+    except ValueError:
+        parsed = None
+    try:
         # .port raises outside 0..65535; 0 is no port to connect to (it reached "connection
         # refused", exit 6, after the whole table, where a topic URL's :0 is exit 2)
-        port_ok = parsed.port is None or parsed.port > 0
+        port_ok = parsed is not None and (parsed.port is None or parsed.port > 0)
     except ValueError:
-        parsed, port_ok = None, False
+        port_ok = False
     if parsed is None or not port_ok or parsed.scheme not in schemes or not parsed.hostname:
         from topics.sources.access import redact_url
 
         shown = redact_url(url)
-        why = "its port must be a number from 1 to 65535" if parsed is not None and not port_ok else ""
+        # a nats:// URL whose port is out of range is one: say what is wrong with it, not that
+        # it is not one (the scheme check covers another scheme, no host, an unclosed bracket)
+        if parsed is not None and not port_ok and parsed.scheme in schemes and parsed.hostname:
+            problem = ": its port must be a number from 1 to 65535"
+        else:
+            problem = f" is not a {schemes[0]}:// URL"
         raise CliError(
-            f"{what} {shown!r} is not a {schemes[0]}:// URL" + (f": {why}" if why else ""),
+            f"{what} {shown!r}{problem}",
             ExitCode.USAGE,
             hint=f"use {schemes[0]}://HOST:PORT",
         )
@@ -502,15 +510,20 @@ def doctor(endpoint_url: str | None, bucket: str | None, nats_url: str | None, c
                 "seconds": round(time.perf_counter() - started, 3),
             }
         )
-    elif not out.quiet:
+    else:
+        # the findings are what doctor was asked for: -q keeps those that need something done
+        # (warn, fail) and drops the ok and skip rows, so `rq -q doctor` prints nothing on a
+        # machine with nothing to fix (it printed nothing at all, a failure included)
+        shown = [f for f in findings if f.status in ("warn", "fail")] if out.quiet else findings
         table = Table(title="rq doctor", show_lines=False)
         for col in ("check", "status", "finding", "what to do"):
             # fold, never cut with "…": a CI log (no terminal, 80 columns) must keep whole URLs
             table.add_column(col, overflow="fold")
-        for f in findings:
+        for f in shown:
             # findings carry text like 'rqcli[rdma]': escape it, or rich reads it as markup
             table.add_row(f.check, f"[{STYLE[f.status]}]{f.status}[/]", escape(f.detail), escape(f.fix))
-        out.table(table)  # rich on a terminal, tab-separated lines into a pipe
+        if shown:
+            out.table(table)  # rich on a terminal, tab-separated lines into a pipe
     failed = [f for f in findings if f.failed]
     if failed:
         first = failed[0]
