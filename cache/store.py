@@ -783,23 +783,41 @@ class Store:
         """Drops an entry known bad or stale (corrupt, gone from its origin, superseded there):
         only the very landing `entry` was read from (see remove's `same_landing`). Unlike an
         eviction it does not wait for readers: one that has the file open keeps reading what it
-        opened, but the entry leaves the index now, so no later read is served it. Its file then
-        becomes a `garbage` hold, counted until the next eviction or collect() finds it closed and
-        removes it. False only where the index cannot be written (the entry stays; the next read's
-        check finds it bad again)."""
+        opened, but the entry leaves the index now, so no later read is served it. Its file is
+        renamed aside (`<blob>.retired-<hex>`, same directory) under a `garbage` hold, counted until
+        the next eviction or collect() finds it closed and removes it: aside, because a corrupt
+        entry is fetched again under the very same name (same URL and version), and a garbage hold
+        on that name would then find the new file there, named by its entry, and let the old one
+        go uncounted while its reader still has it. False only where the index cannot be written
+        (the entry stays; the next read's check finds it bad again)."""
         if self.remove(entry, same_landing=True):
             return True
         if self.index.readonly or self.index.full:
             return False
-        with self.index.write() as db:
-            current = self.index.get(entry.url, db)
-            if current is not None and (current.blob, current.tier, current.created) == (
-                entry.blob,
-                entry.tier,
-                entry.created,
-            ):
+        path = self.layout.blob_path(entry.tier, entry.blob)
+        aside = f"{entry.blob}.retired-{os.urandom(4).hex()}"
+        moved = False
+        try:
+            with self.index.write() as db:
+                current = self.index.get(entry.url, db)
+                if current is None or (current.blob, current.tier, current.created) != (
+                    entry.blob,
+                    entry.tier,
+                    entry.created,
+                ):
+                    return True  # replaced or gone meanwhile: not ours to drop
                 Index.delete(db, entry.url)
-                Index.add_hold(db, entry.tier, entry.size, "garbage", entry.blob, entry.url, self.owner)
+                try:
+                    os.rename(path, self.layout.blob_path(entry.tier, aside))
+                    moved = True
+                except FileNotFoundError:
+                    return True  # gone already: nothing left to count
+                Index.add_hold(db, entry.tier, entry.size, "garbage", aside, entry.url, self.owner)
+        except BaseException:
+            if moved:  # the row is back (rolled back): so is its file's name
+                with contextlib.suppress(OSError):
+                    os.rename(self.layout.blob_path(entry.tier, aside), path)
+            raise
         return True
 
     def _delete_row(self, url: str, gone: Callable[[Entry | None], bool]) -> bool:
