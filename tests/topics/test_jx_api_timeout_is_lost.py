@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from jskit import own_nats_process
+from jskit import freeze, own_nats_process
 from rqtest import js_call
 
 from topics.errors import SourceUnreachable
@@ -36,7 +36,7 @@ def stalled(tmp_path: Path, ports: range) -> Iterator[tuple[str, JetStreamSource
         try:
             assert source.groups() == []  # answered while the server runs
             source.conn.js._timeout = 0.3
-            proc.send_signal(signal.SIGSTOP)
+            freeze(proc)
             yield url.removeprefix("nats://"), source
         finally:
             proc.send_signal(signal.SIGCONT)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 from subprocess import PIPE
 
 import pytest
+from jskit import freeze
 from mqttkit import own_mosquitto
 from rqtest import quietly, read_packet, run_rq, serving
 
@@ -94,7 +94,7 @@ def test_a_stalled_broker_is_named_with_what_it_left_unacknowledged(
     """Old: "the MQTT broker did not acknowledge a publish to mf/lost": no broker, no count."""
     mosquitto, port = broker
     proc = _first_batch_acked(port, _ACK_WAIT)
-    mosquitto.send_signal(signal.SIGSTOP)
+    freeze(mosquitto)
     rc, err, lines = _finish(proc, b"two\nthree\n")
     assert rc == ExitCode.UNREACHABLE, err
     assert f"MQTT broker at 127.0.0.1:{port} did not acknowledge" in err, err

@@ -8,13 +8,12 @@ heartbeats, or the --timeout) is checked with a PING: no PONG is exit 6 with one
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from jskit import own_nats_process, produce
+from jskit import freeze, own_nats_process, produce
 from rqtest import popen_rq, popen_rq_with, read_lines, wait_or_fail
 
 from rqcli.exitcodes import ExitCode
@@ -50,7 +49,7 @@ def test_a_follow_with_timeout_on_a_frozen_server_is_exit_6_not_a_quiet_end(
     url, server = frozen_server
     rq = popen_rq("replay", url, "--from", "start", "-f", "--timeout", "1", "--format", "raw", "--json")
     read_lines(rq, [b"1", b"2", b"3"])
-    server.send_signal(signal.SIGSTOP)
+    freeze(server)
     _ends_lost(rq, 3)
 
 
@@ -61,5 +60,5 @@ def test_a_follow_without_timeout_notices_the_missed_heartbeats(
     # heartbeats every 1 s instead of 5 (the server takes any interval): the same path, a third of the wait
     rq = popen_rq_with(_FAST_HEARTBEAT, "tail", url, "-f", "--format", "raw", "--json")
     read_lines(rq, [b"1", b"2", b"3"])
-    server.send_signal(signal.SIGSTOP)
+    freeze(server)
     _ends_lost(rq, 3)
