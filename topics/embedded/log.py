@@ -1188,9 +1188,15 @@ class LogWriter:
     # -- opening and recovery -------------------------------------------------------------------
 
     def _recover(self) -> None:
-        segs = _list_segments(self.dir)
         # The sealed segments (base, bytes), oldest first, that retention weighs on each roll: kept
         # here, so that a roll does not list and stat the whole directory (O(segments) a roll).
+        # They go out of step when a segment goes another way (deleted by hand, by an operator
+        # clearing space): the directory's mtime, taken before each listing and after each change
+        # of the writer's own, tells a change made by anyone else, and the books are then listed
+        # again (_resync). Changes made below (a new index, segment 0) count as one: the first
+        # roll lists once.
+        self._dir_seen = self._dir_mtime()
+        segs = _list_segments(self.dir)
         self._sealed: collections.deque[tuple[int, int]] = collections.deque(
             (b, _file_size(self.dir / fmt.segment_name(b))) for b in segs[:-1]
         )
@@ -1441,35 +1447,77 @@ class LogWriter:
         os.fsync(self.fd)
         old = self.fd, self.idx_fd
         sealed = self.base, self.size
+        retention = self.config.retention_bytes is not None or self.config.retention_ms is not None
+        # Changed by someone else since the writer last looked: one stat, before its own change.
+        drift = retention and self._dir_mtime() != self._dir_seen
         self._new_segment(self.next_offset)
         self._sealed.append(sealed)
         self._sealed_bytes += sealed[1]
+        if retention:
+            self._dir_seen = self._dir_mtime()
         for fd in old:
             os.close(fd)
-        self._apply_retention()
+        self._apply_retention(drift)
 
-    def _apply_retention(self) -> None:
+    def _dir_mtime(self) -> int:
+        return os.stat(self.dir).st_mtime_ns
+
+    def _resync(self) -> None:
+        """The sealed segments' books from a listing: a segment left the directory (or came into
+        it) some other way than through this writer."""
+        self._dir_seen = self._dir_mtime()  # before the listing: a change during it is seen next
+        self._sealed = collections.deque(
+            (b, _file_size(self.dir / fmt.segment_name(b))) for b in _list_segments(self.dir) if b < self.base
+        )
+        self._sealed_bytes = sum(size for _, size in self._sealed)
+
+    def _apply_retention(self, drift: bool = False) -> None:
         retention_bytes, retention_ms = self.config.retention_bytes, self.config.retention_ms
         if retention_bytes is None and retention_ms is None:
             return
-        sealed = self._sealed
+        if drift:
+            self._resync()
         removed = False
-        while sealed:  # never the active segment
-            base, size = sealed[0]
+        while self._sealed:  # never the active segment
+            base, size = self._sealed[0]
             too_big = retention_bytes is not None and self._sealed_bytes + self.size > retention_bytes
             # A sealed segment's newest record is no newer than the next segment's first one.
-            after = sealed[1][0] if len(sealed) > 1 else self.base
-            too_old = retention_ms is not None and _first_ts(self.dir, after) < now_ms() - retention_ms
+            after = self._sealed[1][0] if len(self._sealed) > 1 else self.base
+            too_old = False
+            if retention_ms is not None:
+                first_ts = _first_ts(self.dir, after)
+                if (
+                    first_ts == _UNKNOWN_TS
+                    and not drift
+                    and not (self.dir / fmt.segment_name(after)).exists()
+                ):
+                    # In the books, not in the directory: they are out of step (a change the
+                    # mtime did not tell). List, and weigh again.
+                    drift = True
+                    self._resync()
+                    continue
+                too_old = first_ts < now_ms() - retention_ms
             if not (too_big or too_old):
                 break
-            for name in (fmt.segment_name(base), fmt.index_name(base)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.dir / name)
-            sealed.popleft()
-            self._sealed_bytes -= size
+            try:
+                os.unlink(self.dir / fmt.segment_name(base))
+            except FileNotFoundError:
+                gone = True
+            else:
+                gone = False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.dir / fmt.index_name(base))
             removed = True
+            if gone and not drift:
+                # It was gone already: its bytes were not there to weigh, and others may be gone too.
+                drift = True
+                self._resync()
+                continue
+            self._sealed.popleft()
+            self._sealed_bytes -= size
         if removed:
             fsync_dir(self.dir)
+            self._dir_seen = self._dir_mtime()
 
     def close(self) -> None:
         with self._lock:
