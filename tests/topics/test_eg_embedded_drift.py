@@ -3,7 +3,8 @@
 Before: the writer kept its sealed segments in memory (90a32c2) and trusted them: with one deleted
 by hand, age retention stopped for the writer's life (the missing segment's first timestamp read as
 unknown, every pass stopped there) and byte retention deleted segments it should have kept (the
-missing segment's bytes still counted).
+missing segment's bytes still counted). With --skip-corrupt, a segment deleted after damage already
+reported in the segment before was skipped with no report and no gap (exit 0).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 import topics.embedded.log as logmod
 from topics.embedded import format as fmt
-from topics.embedded.log import LogWriter, TopicConfig, TopicLog
+from topics.embedded.log import CorruptRange, LogWriter, TopicConfig, TopicLog
 
 HOUR = 3_600_000
 
@@ -110,3 +111,52 @@ def test_byte_retention_lists_again_when_the_oldest_is_gone_already(
         assert TopicLog(t).segments() == [9, 15, 18, 21, 24]
     finally:
         w.close()
+
+
+def _three_segments(t: Path) -> None:
+    with LogWriter(t, TopicConfig(segment_bytes=1000)) as w:
+        for b in range(12):
+            w.append([(None, None, (), b"v%02d-%d" % (b, j)) for j in range(3)])
+    assert TopicLog(t).segments() == [0, 15, 30]
+
+
+def _read(t: Path, stop: int | None = None) -> tuple[list[int], list[CorruptRange], list[tuple[int, int]]]:
+    corrupt: list[CorruptRange] = []
+    gaps: list[tuple[int, int]] = []
+    got: list[int] = []
+    reader = TopicLog(t).reader(
+        0, stop=stop, skip_corrupt=True, on_corrupt=corrupt.append, on_gap=lambda a, z: gaps.append((a, z))
+    )
+    for batch in reader:
+        got += [r[0] for r in batch]
+    return got, corrupt, gaps
+
+
+def test_a_segment_deleted_after_damage_reported_before_it_is_reported(tmp_path: Path) -> None:
+    t = tmp_path / "t"
+    _three_segments(t)
+    p = t / fmt.segment_name(0)
+    data = bytearray(p.read_bytes())
+    second = data.find(fmt.MAGIC, 1)  # batch 2 (offsets 3..5): its header no longer frames
+    data[second : second + 4] = b"XXXX"
+    data[second + 60] ^= 0xFF
+    p.write_bytes(bytes(data))
+    os.unlink(t / fmt.segment_name(15))
+    got, corrupt, gaps = _read(t)
+    assert got == [*range(3), *range(6, 15), *range(30, 36)]
+    assert [(c.first, c.last) for c in corrupt] == [(3, 5), (15, 29)]
+    assert gaps == []
+
+
+def test_a_stop_inside_the_hole_after_a_cut_short_segment_reports_it_once(tmp_path: Path) -> None:
+    # segment 0 cut inside its third batch: 6..14 lost; the read stops at 10, inside the hole
+    t = tmp_path / "t"
+    _three_segments(t)
+    p = t / fmt.segment_name(0)
+    data = p.read_bytes()
+    third = data.find(fmt.MAGIC, data.find(fmt.MAGIC, 1) + 1)
+    p.write_bytes(data[: third + 10])
+    got, corrupt, gaps = _read(t, stop=10)
+    assert got == list(range(6))
+    assert [(c.first, c.last) for c in corrupt] == [(6, 9)]  # never an empty 10..9 after it
+    assert gaps == []

@@ -703,7 +703,6 @@ class LogReader:
         self.on_corrupt = on_corrupt
         self.poll_s = poll_s
         self.closed = False
-        self.reported_in = -1  # base of the segment whose damage was last reported
         self.reported_at = (-1, -1)  # (segment, position) of unframed damage at the end, reported
         self._tail_at: tuple[int, int, int] | None = None  # where the last listing found the end
         self._tail_polls = 0  # polls there since
@@ -765,10 +764,10 @@ class LogReader:
             if self._lost_before(later[0], segs, done):
                 return None
             if later[0] > self.next_offset:
-                # a hole _lost_before did not take for damage: retention's (one a report of this
-                # segment's damage already covers is not told again)
-                if self.reported_in != done or segs[0] >= later[0]:
-                    self._aged_out(self.next_offset, later[0])
+                # a hole _lost_before did not take for damage: retention's (a report that covers
+                # the hole up to the next segment, _cut_short's or _report's, moved next_offset
+                # there: it is not told again)
+                self._aged_out(self.next_offset, later[0])
                 # told once: a segment deleted before the open below is not told again from here
                 self.next_offset = later[0]
             view = self._open_segment(later[0])
@@ -937,7 +936,6 @@ class LogReader:
         CorruptRecord naming the file and the offsets, or reported (on_corrupt) and skipped."""
         seg = fmt.segment_name(base)
         first, last = self.next_offset, self._before_next(base)
-        self.reported_in = base  # the hole up to the next segment is this one, not another
         lost = f"offsets {first}..{last}" if last > first else f"offset {first}"
         if not self.skip_corrupt:
             raise CorruptRecord(
@@ -962,7 +960,10 @@ class LogReader:
         only if a segment before it is there still, looked at after the listing (retention had
         not got to it yet, so not to the hole after it either)."""
         first, stop = self.next_offset, self.stop
-        if nxt <= first or segs[0] >= nxt or self.reported_in == done:
+        # A report that covered the hole (this segment cut short, or damage up to its end) moved
+        # next_offset to the next segment, or to the stop: nothing is left to tell. Damage reported
+        # earlier in the segment just read does not cover a hole after it.
+        if nxt <= first or segs[0] >= nxt or (stop is not None and first >= stop):
             return False
         seg_path = self.log.dir / fmt.segment_name(done)
         try:
@@ -997,7 +998,6 @@ class LogReader:
     def _report(self, base: int, pos: int, last_offset: int) -> None:
         seg = fmt.segment_name(base)
         first = self.next_offset
-        self.reported_in = base  # what follows in this segment is already accounted for
         if not self.skip_corrupt:
             raise CorruptRecord(
                 f"corrupt batch at offset {first} (segment {seg}, byte {pos}): its header does not "
