@@ -635,10 +635,7 @@ class Cache:
         url = normalise_url(url)
         _check_tier(tier)
         self._need_ram(tier)
-        if url.endswith("/"):
-            raise BadSourceError(f"{url} names a prefix or directory, not one object")
-        if url.startswith("s3://") and "/" not in url[5:]:
-            raise BadSourceError(f"{url} names a bucket, not an object (s3://bucket/key)")
+        _one_object(url)
         state = self._state()
         if self._prefetcher is not None:
             self._prefetcher.advance(url)
@@ -970,7 +967,11 @@ class Cache:
                 yield page
 
     def stat(self, url: str | os.PathLike[str]) -> Entry:
-        entry = self._state().index.get(normalise_url(url))
+        """The index's entry for one cached URL (NotFoundError when not cached; BadSourceError for
+        a prefix or a bucket, as `open` refuses them)."""
+        url = normalise_url(url)
+        _one_object(url)
+        entry = self._state().index.get(url)
         if entry is None:
             raise NotFoundError(f"not cached: {url}")
         return entry
@@ -1495,6 +1496,15 @@ def _read_all(fd: int, size: int) -> bytes:
         parts.append(chunk)
         got += len(chunk)
     return b"".join(parts)
+
+
+def _one_object(url: str) -> None:
+    """`open`, `stat` and `path` name one object: a prefix or a bucket alone is refused alike
+    (stat and path said "not cached" for them, where open said what was wrong)."""
+    if url.endswith("/"):
+        raise BadSourceError(f"{url} names a prefix or directory, not one object")
+    if url.startswith("s3://") and "/" not in url[5:]:
+        raise BadSourceError(f"{url} names a bucket, not an object (s3://bucket/key)")
 
 
 def _check_tier(tier: str | None) -> None:
