@@ -2033,6 +2033,17 @@ def offsets(
                     damaged.append(str(exc))
                     rows.append({"group": name, "committed": None, "lag": None, "damaged": str(exc)})
                     continue
+                if committed is None and group:
+                    # named, and no such group: a row with committed `-` read as a group that exists
+                    # and has read nothing (a typo looked like a new consumer). Kafka's
+                    # kafka-consumer-groups says "Consumer group 'X' does not exist." Listing every
+                    # group is unchanged; `rq offsets reset` and `replay --commit` create one.
+                    raise CliError(
+                        f"consumer group {safe_text(group)} does not exist on {safe_text(ref.url)}: "
+                        "it has never committed an offset",
+                        ExitCode.NOT_FOUND,
+                        hint=f"list the groups with `rq offsets {safe_text(words[0])}`",
+                    )
                 if committed is None:
                     # a group at the start: every record of the topic (on JetStream `end - first`
                     # counted other subjects' messages and deleted sequences)
