@@ -9,7 +9,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import click
 
@@ -187,7 +187,9 @@ class Output:
             self._to_stderr(f"rq: {text}")
 
     def console(self) -> Console:
-        return _console_class()(file=self.stdout, highlight=False, soft_wrap=False)
+        return _console_class()(
+            file=self.stdout, highlight=False, soft_wrap=False, color_system=_color_system()
+        )
 
     def table(self, table: Table, header: bool = True) -> None:
         """A table on stdout: drawn by rich (box characters, colours, wrapped to the width) when
@@ -239,8 +241,18 @@ class Output:
         if transfer:
             columns += [DownloadColumn(), TransferSpeedColumn()]
         columns.append(TimeRemainingColumn())
-        with Progress(*columns, console=Console(file=self.stderr), transient=False) as bar:
+        console = Console(file=self.stderr, color_system=_color_system())
+        with Progress(*columns, console=console, transient=False) as bar:
             yield bar
+
+
+def _color_system() -> Literal["auto"] | None:
+    """ "auto", or None (no SGR code at all: no colour, no bold, no dim) when NO_COLOR is set and
+    not empty (https://no-color.org). rich's own no_color drops colours only and keeps bold and dim,
+    which many terminals draw in a bright or faint colour ("bold is bright"); cargo, ripgrep and uv
+    (termcolor, anstream) write no style at all under NO_COLOR, and so does rq. The table is still
+    drawn: box characters, columns and wrapping are layout, not colour."""
+    return None if os.environ.get("NO_COLOR", "") != "" else "auto"
 
 
 def _isatty(stream: Any) -> bool:
