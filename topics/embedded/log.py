@@ -55,6 +55,7 @@ from topics.errors import (
 from topics.record import Record
 
 _SEGMENT = re.compile(r"^(\d{20})\.log$")
+_INDEX = re.compile(r"^(\d{20})\.idx$")
 MAX_OFFSET = 2**63 - 1  # (int64: what JetStream, Kafka and every reader of offsets take)
 CONFIG_NAME = "topic.json"
 TOPIC_FORMAT = 1
@@ -231,6 +232,8 @@ class _View:
 
 
 def _list_segments(directory: Path) -> list[int]:
+    """The segments' bases, oldest first: named by their `.log` (an index is a hint of one and
+    says nothing of whether it is there)."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -1204,6 +1207,7 @@ class LogWriter:
         if not segs:
             self._new_segment(0)
             self.last_ts = 0
+            self._drop_orphan_indexes()
             return
         base = segs[-1]
         path = self.dir / fmt.segment_name(base)
@@ -1227,6 +1231,7 @@ class LogWriter:
         self.idx_fd = os.open(self.dir / fmt.index_name(base), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         _, positions, _ = _load_index(self.dir, base, good_end)
         self.last_index_pos = positions[-1] if positions else 0
+        self._drop_orphan_indexes()
         self._apply_retention()
 
     def _valid_prefix(self, base: int, view: _View) -> tuple[int, int, int]:
@@ -1470,6 +1475,29 @@ class LogWriter:
             (b, _file_size(self.dir / fmt.segment_name(b))) for b in _list_segments(self.dir) if b < self.base
         )
         self._sealed_bytes = sum(size for _, size in self._sealed)
+        self._drop_orphan_indexes()
+
+    def _drop_orphan_indexes(self) -> None:
+        """Removes each index (`NNNNN.idx`) whose segment file is not there: one left by a `.log`
+        deleted by hand, or by a retention pass stopped between its two unlinks. Retention and the
+        books know segments by their `.log`, so nothing else ever removed it. Only the writer, which
+        holds the lock, makes segments, and it makes the `.log` before its index: an index without
+        its log is no segment being made. Never the active segment's index (the writer's own), and
+        never one whose `.log` is there when looked at just before the unlink. At the writer's open
+        and when it lists again (_resync): one listing of its own, not on the common roll."""
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return  # a hint file left: nothing to fail the writer for
+        logs = set(names)
+        for name in names:
+            m = _INDEX.match(name)
+            if m is None or int(m.group(1)) == self.base or f"{m.group(1)}.log" in logs:
+                continue
+            if os.path.lexists(self.dir / f"{m.group(1)}.log"):  # came back since the listing
+                continue
+            with contextlib.suppress(OSError):  # gone already, or not ours to remove: a hint left
+                os.unlink(self.dir / name)
 
     def _apply_retention(self, drift: bool = False) -> None:
         retention_bytes, retention_ms = self.config.retention_bytes, self.config.retention_ms
