@@ -923,7 +923,15 @@ class LogReader:
             return "end", pos, None
         # Bytes that do not frame, with valid batches after them or in a sealed segment (then
         # nothing of it can be read after them: lost up to the next segment).
-        self._report(base, pos, found[1].base - 1 if found else self._before_next(base))
+        last = found[1].base - 1 if found else self._before_next(base)
+        if (base, pos) == self.reported_at:
+            # Told already, as damage up to an unknown end, while it was the end of the newest
+            # segment (a follow); a live writer has appended after it since, or rolled. Each offset
+            # is told once: it was told again from the same offset ((3, -1), then (3, 5)).
+            if last >= 0:
+                self.next_offset = max(self.next_offset, last + 1)
+        else:
+            self._report(base, pos, last)
         return ("skip", pos + found[0], None) if found else ("next", 0, None)
 
     def _before_next(self, base: int) -> int:
