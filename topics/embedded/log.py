@@ -563,15 +563,7 @@ class TopicLog:
             raise SpecError(f"offset_for_time takes Unix time in milliseconds (an int), not {ts_ms!r}")
         ts_ms = number
         segs = self.segments()
-        # Start in the last segment whose first record is known to be older than ts_ms.
-        k = 0
-        for i, base in enumerate(segs):
-            first = self._first_ts(base)
-            if first == _UNKNOWN_TS:
-                continue
-            if first >= ts_ms:
-                break
-            k = i
+        k = self._start_segment(segs, ts_ms)
         seek = _TimeSeek(ts_ms)
         for i in range(k, len(segs)):
             found = self._seek_time_in(segs[i], seek, sealed=i < len(segs) - 1)
@@ -581,6 +573,25 @@ class TopicLog:
 
     def _first_ts(self, base: int) -> int:
         return _first_ts(self.dir, base)
+
+    def _start_segment(self, segs: list[int], ts_ms: int) -> int:
+        """The index of the last segment whose first record is known to be older than ts_ms (0 if
+        none): where a time seek starts. Timestamps never decrease across the log, so the segments'
+        first timestamps are bisected: O(log segments) heads read, not one a segment up to the
+        answer. A head that cannot be read (_UNKNOWN_TS: damaged, or gone since the listing) is
+        passed over for the next readable one in the range; a run of them is walked."""
+        lo, hi = 0, len(segs)
+        # Every readable head in [hi, n) is at or after ts_ms; the one at lo - 1 (if lo) is before.
+        while lo < hi:
+            mid = (lo + hi) // 2
+            j, first = mid, _UNKNOWN_TS
+            while j < hi and (first := self._first_ts(segs[j])) == _UNKNOWN_TS:
+                j += 1
+            if j == hi or first >= ts_ms:
+                hi = mid  # nothing readable in [mid, j) and j's head is not before ts_ms
+            else:
+                lo = j + 1
+        return max(lo - 1, 0)
 
     def _seek_time_in(self, base: int, seek: _TimeSeek, sealed: bool) -> int | None:
         """The first offset at or after the time in this segment, or None when it is not here."""
