@@ -52,7 +52,13 @@ PRE_AUTH_QUEUE = 4
 # 32 MiB) and its header. Only bytes that really arrived in the moment before the verdict count.
 PRE_AUTH_HOLD = 32 * 1024 * 1024 + 1024
 # Streams that have not authenticated, at once, per listener and per address (transfer.slots); more
-# are refused (no thread each).
+# are refused (no thread each). Connections too: one whose handshake completed holds a slot of its
+# own (the same caps, a pool apart) until one of its streams authenticated, and is closed at once
+# past the caps, or once PRE_AUTH_CONNECTION seconds passed without that. Before, a connection that
+# opened no stream held no slot, and pings kept it past the idle timeout: one host held 300 (~0.1 MiB
+# and a share of the loop's time each) for as long as it liked.
+PRE_AUTH_CONNECTION = 60.0  # two pre-auth frames' worth (receiver.PRE_AUTH_TIMEOUT, 30 s each)
+CONNECTION_REFUSED = 0x2  # QUIC's transport error code (RFC 9000 section 20.1)
 STOPPED = 0x100  # application error code in STOP_SENDING: the receiver wants no more on this stream
 
 
@@ -301,6 +307,9 @@ class QuicChannel:
         callback, self._on_authenticated = self._on_authenticated, None
         if callback is not None:
             callback()
+        trusted = getattr(self._proto, "authenticated", None)
+        if callable(trusted):
+            trusted()
 
     def release_slot(self) -> None:
         """This stream stops counting as unauthenticated (idempotent)."""
@@ -469,7 +478,10 @@ class QuicChannel:
 
 
 def _protocol_class(
-    backend: _Backend, on_stream: Callable[[Any, int], QuicChannel | None], burst: _Burst
+    backend: _Backend,
+    on_stream: Callable[[Any, int], QuicChannel | None],
+    burst: _Burst,
+    on_connected: Callable[[Any], None] | None = None,
 ) -> type:
     base = backend.protocol.QuicConnectionProtocol
     ev = backend.events
@@ -486,6 +498,17 @@ def _protocol_class(
             self.too_big = asyncio.Event()  # a send failed with EMSGSIZE (see _dont_fragment)
             self.refused = False  # ICMP port unreachable came (client): see _tell_refused
             self.read_queued: Callable[[], None] | None = None  # set by _read_bursts
+            # server: gives back the connection's unauthenticated slot (QuicListener._on_connected)
+            self.release_connection: Callable[[], None] | None = None
+            self.trusted = False  # server: one of its streams authenticated
+
+        def authenticated(self) -> None:
+            """A stream of this connection authenticated (any thread): it no longer counts as a
+            connection that has not, and is never closed for that."""
+            self.trusted = True
+            release, self.release_connection = self.release_connection, None
+            if release is not None:
+                release()
 
         # The QUIC library's own errors escaped these into asyncio, which printed a traceback on
         # stderr for each: qh3 raises "packet builder capacity exhausted" from transmit() during an
@@ -531,8 +554,13 @@ def _protocol_class(
                     self.channels[event.stream_id] = ch
                 ch._deliver(event.data, event.end_stream)
                 return  # the base class would wrap the stream in a StreamWriter whose __del__ sends FIN
+            elif isinstance(event, ev.HandshakeCompleted) and on_connected is not None:
+                on_connected(self)  # the peer's address is validated now: count it against it
             elif isinstance(event, ev.ConnectionTerminated):
                 self.terminated = event.reason_phrase or f"error {event.error_code}"
+                release, self.release_connection = self.release_connection, None
+                if release is not None:
+                    release()
                 for ch in self.channels.values():
                     ch.fail(PeerUnreachableError(f"QUIC connection closed: {self.terminated}"))
             elif isinstance(event, ev.StreamReset):
@@ -946,10 +974,12 @@ class QuicListener:
         self.backend = pick_backend(str(opts.extra.get("quic_backend", "auto")))
         wanted = opts.extra.get("datagram_size")
         self.datagram = min(int(wanted), self.backend.max_datagram) if wanted else self.backend.max_datagram
-        self._slots = PreAuthSlots(
+        caps = (
             int(opts.extra.get("max_unauthenticated", MAX_UNAUTHENTICATED)),
             int(opts.extra.get("max_unauthenticated_per_peer", MAX_UNAUTHENTICATED_PER_PEER)),
         )
+        self._slots = PreAuthSlots(*caps)  # streams
+        self._conn_slots = PreAuthSlots(*caps)  # connections none of whose streams authenticated
         self._lt = _LoopThread("rq-quic-server")
         self._done = threading.Event()
         # the handler threads of streams still open, each with its channel: close() ends them
@@ -980,13 +1010,30 @@ class QuicListener:
         _big_buffers(sock)
         sock.bind(info[4])
         burst = _Burst()
-        proto_cls = _protocol_class(b, self._on_stream, burst)
+        proto_cls = _protocol_class(b, self._on_stream, burst, self._on_connected)
         _, server = await loop.create_datagram_endpoint(
             lambda: b.server.QuicServer(configuration=cfg, create_protocol=proto_cls), sock=sock
         )
         _read_bursts(loop, sock, server, burst)
         self._sock = sock
         return server, sock.getsockname()[:2]
+
+    def _on_connected(self, proto: Any) -> None:
+        """On the loop, once a connection's handshake completed (its address validated): it takes
+        an unauthenticated connection slot, or is closed at once where its address or the listener
+        has none left; one that still has no authenticated stream PRE_AUTH_CONNECTION seconds
+        later is closed (a stream's own handshake frames are bounded apart, by the receiver)."""
+        release = self._conn_slots.acquire(proto.peer)
+        if release is None:
+            _close_untrusted(proto, "too many connections that have not authenticated")
+            return
+        proto.release_connection = release
+        self._lt.loop.call_later(PRE_AUTH_CONNECTION, self._expire, proto)
+
+    @staticmethod
+    def _expire(proto: Any) -> None:
+        if not proto.trusted and proto.terminated is None:
+            _close_untrusted(proto, f"no stream authenticated within {PRE_AUTH_CONNECTION:g} s")
 
     def _on_stream(self, proto: Any, stream_id: int) -> QuicChannel:
         """On the loop, for a stream's first bytes: a channel whose handler runs in a thread of its
@@ -1064,6 +1111,16 @@ class QuicListener:
         if self._sock is not None:
             self._sock.close()
         self._done.set()
+
+
+def _close_untrusted(proto: Any, why: str) -> None:
+    """On the loop: closes a connection that has not authenticated, and gives its slot back."""
+    release, proto.release_connection = proto.release_connection, None
+    if release is not None:
+        release()
+    with contextlib.suppress(Exception):
+        proto._quic.close(error_code=CONNECTION_REFUSED, reason_phrase=why)
+        proto.transmit()
 
 
 def _join(threads: list[threading.Thread], within: float) -> None:

@@ -1,0 +1,125 @@
+"""QUIC connections that never authenticate a stream: what one host without the token can hold.
+
+A stream holds an unauthenticated slot (transfer.slots) from its first bytes, but a connection that
+opens no stream held none, and its pings kept it past the idle timeout: one host held 300 of them
+(~0.1 MiB of the receiver's memory each, and a share of its event loop) for as long as it liked.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from xfer_kit import TOKEN, wait_for
+
+from transfer import quic
+from transfer.credentials import load_identity
+from transfer.frames import FrameType, control
+from transfer.quic import QuicConnection, QuicListener
+from transfer.receiver import Receiver
+from transfer.session import auth_mac
+from transfer.transport import ConnectOptions, Identity, ListenOptions
+
+pytestmark = pytest.mark.integration
+
+
+@contextlib.contextmanager
+def _receiver(tmp_path: Path, backend: str, **caps: int) -> Iterator[tuple[QuicListener, Identity]]:
+    ident = load_identity(tmp_path / "cert")
+    rc = Receiver(tmp_path / "dst", TOKEN.encode())
+    extra: dict[str, object] = {"quic_backend": backend, **caps}
+    lst = QuicListener(ListenOptions("127.0.0.1", 0, ident, extra=extra), rc.handle_channel)
+    try:
+        yield lst, ident
+    finally:
+        lst.close()
+        rc.close()
+
+
+@contextlib.contextmanager
+def _connections(lst: QuicListener, ident: Identity, backend: str, n: int) -> Iterator[list[QuicConnection]]:
+    host, port = lst.address
+    conns: list[QuicConnection] = []
+    try:
+        for _ in range(n):
+            conns.append(
+                QuicConnection(ConnectOptions(host, port, ident.fingerprint, extra={"quic_backend": backend}))
+            )
+        yield conns
+    finally:
+        for c in conns:
+            c.close()
+
+
+def _authenticate(conn: QuicConnection) -> None:
+    """A control stream that proves the token (and then waits, as a sender planning would)."""
+    ch = conn.open_channel()
+    nonce, tid = os.urandom(16), "t" * 32
+    ch.send(
+        control(
+            FrameType.HELLO,
+            {"role": "control", "transfer_id": tid, "nonce": base64.b64encode(nonce).decode(), "auth": 2},
+        )
+    )
+    frame = ch.recv(timeout=10)
+    assert frame is not None and frame.type is FrameType.CHALLENGE
+    server_nonce = base64.b64decode(frame.json()["nonce"])
+    ch.send(control(FrameType.AUTH, {"mac": auth_mac(TOKEN.encode(), server_nonce, nonce, "control", tid)}))
+
+
+def _held(lst: QuicListener, peer: str | None = None) -> int:
+    """Connection slots held (for `peer`); where the listener has no such pool (the code before
+    this test) the count that lets the test go on to the behaviour it asserts."""
+    slots = getattr(lst, "_conn_slots", None)
+    if slots is None:
+        return {None: 0}.get(peer, 2)
+    return int(slots.held(peer))
+
+
+def _backends() -> list[str]:
+    out = ["aioquic"]
+    with contextlib.suppress(ImportError):
+        import qh3  # noqa: F401
+
+        out.append("qh3")
+    return out
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_quic_connections_without_an_authenticated_stream_are_capped(tmp_path: Path, backend: str) -> None:
+    """Past its address's share a new connection is closed as soon as its handshake completes;
+    one whose stream authenticated gives its slot back, and then another connection gets in."""
+    caps = {"max_unauthenticated": 8, "max_unauthenticated_per_peer": 2}
+    with _receiver(tmp_path, backend, **caps) as (lst, ident), _connections(lst, ident, backend, 2) as idle:
+        assert wait_for(lambda: _held(lst, "127.0.0.1") == 2, 10)
+        with _connections(lst, ident, backend, 1) as (extra,):
+            assert wait_for(lambda: extra.proto.terminated is not None, 10)
+            assert "not authenticated" in extra.proto.terminated
+        _authenticate(idle[0])
+        assert wait_for(lambda: _held(lst, "127.0.0.1") == 1, 10)
+        with _connections(lst, ident, backend, 1) as (again,):
+            assert wait_for(lambda: _held(lst, "127.0.0.1") == 2, 10)
+            assert again.proto.terminated is None
+        assert all(c.proto.terminated is None for c in idle)
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_quic_connection_that_never_authenticates_is_closed(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection kept alive by pings with no authenticated stream is closed after
+    PRE_AUTH_CONNECTION (lowered here); one whose stream authenticated before it is not."""
+    monkeypatch.setattr(quic, "PRE_AUTH_CONNECTION", 0.3, raising=False)
+    with _receiver(tmp_path, backend) as (lst, ident), _connections(lst, ident, backend, 1) as (trusted,):
+        _authenticate(trusted)
+        assert wait_for(lambda: _held(lst) == 0, 10)
+        # opened after `trusted`: by the time it is closed, trusted's deadline has passed too
+        with _connections(lst, ident, backend, 1) as (idle,):
+            assert wait_for(lambda: idle.proto.terminated is not None, 10)
+            assert "no stream authenticated" in idle.proto.terminated
+        assert trusted.proto.terminated is None
+        assert _held(lst) == 0
