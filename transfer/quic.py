@@ -59,6 +59,15 @@ PRE_AUTH_HOLD = 32 * 1024 * 1024 + 1024
 # and a share of the loop's time each) for as long as it liked.
 PRE_AUTH_CONNECTION = 60.0  # two pre-auth frames' worth (receiver.PRE_AUTH_TIMEOUT, 30 s each)
 CONNECTION_REFUSED = 0x2  # QUIC's transport error code (RFC 9000 section 20.1)
+# Connections whose handshake has not completed, past which new ones must first prove their address
+# with a Retry (RFC 9000 section 8.1.2): each Initial from an address nobody validated cost the
+# receiver a connection's state (~0.1 MiB) and a TLS handshake's CPU (~1.3 ms) until its idle
+# timeout, and its source may be forged, so no per-address cap can hold it (measured: 3,000 Initials
+# in 4 s took rq recv from 45 to 344 MiB and 3.9 CPU-s). Retry costs an honest sender one round trip,
+# so it is asked only while that many are open, and until half as many and RETRY_HOLD seconds
+# after it was last needed (a client that got a Retry comes back with its token).
+MAX_HANDSHAKING = 64
+RETRY_HOLD = 10.0
 STOPPED = 0x100  # application error code in STOP_SENDING: the receiver wants no more on this stream
 
 
@@ -477,11 +486,46 @@ class QuicChannel:
             self.frames.put(exc)
 
 
+class _Handshakes:
+    """Server: the connections whose handshake has not completed, and Retry (address validation)
+    while they are many (MAX_HANDSHAKING). Used on the loop thread only."""
+
+    def __init__(self, backend: _Backend):
+        self.backend = backend
+        self.server: Any = None  # the QuicServer, once made
+        self.count = 0
+        self.retries = 0  # times Retry was turned on
+        self._needed_at = -1e18
+
+    def started(self, now: float) -> None:
+        self.count += 1
+        if self.count >= MAX_HANDSHAKING:
+            self._needed_at = now
+            if self.server is not None and self.server._retry is None:
+                # made on first need: qh3's makes an RSA key (~70 ms)
+                self.server._retry = self.backend.server.QuicRetryTokenHandler()
+                self.retries += 1
+
+    def ended(self, now: float) -> None:
+        self.count -= 1
+        if (
+            self.count < MAX_HANDSHAKING // 2
+            and now - self._needed_at >= RETRY_HOLD
+            and self.server is not None
+        ):
+            self.server._retry = None
+
+    @property
+    def retrying(self) -> bool:
+        return self.server is not None and self.server._retry is not None
+
+
 def _protocol_class(
     backend: _Backend,
     on_stream: Callable[[Any, int], QuicChannel | None],
     burst: _Burst,
     on_connected: Callable[[Any], None] | None = None,
+    handshakes: _Handshakes | None = None,
 ) -> type:
     base = backend.protocol.QuicConnectionProtocol
     ev = backend.events
@@ -501,6 +545,14 @@ def _protocol_class(
             # server: gives back the connection's unauthenticated slot (QuicListener._on_connected)
             self.release_connection: Callable[[], None] | None = None
             self.trusted = False  # server: one of its streams authenticated
+            self._shaking = handshakes is not None  # server: counted in `handshakes` until it ends
+            if handshakes is not None:
+                handshakes.started(self._loop.time())
+
+        def _shaken(self) -> None:
+            if self._shaking and handshakes is not None:
+                self._shaking = False
+                handshakes.ended(self._loop.time())
 
         def authenticated(self) -> None:
             """A stream of this connection authenticated (any thread): it no longer counts as a
@@ -554,9 +606,12 @@ def _protocol_class(
                     self.channels[event.stream_id] = ch
                 ch._deliver(event.data, event.end_stream)
                 return  # the base class would wrap the stream in a StreamWriter whose __del__ sends FIN
-            elif isinstance(event, ev.HandshakeCompleted) and on_connected is not None:
-                on_connected(self)  # the peer's address is validated now: count it against it
+            elif isinstance(event, ev.HandshakeCompleted):
+                self._shaken()
+                if on_connected is not None:
+                    on_connected(self)  # the peer's address is validated now: count it against it
             elif isinstance(event, ev.ConnectionTerminated):
+                self._shaken()
                 self.terminated = event.reason_phrase or f"error {event.error_code}"
                 release, self.release_connection = self.release_connection, None
                 if release is not None:
@@ -980,6 +1035,7 @@ class QuicListener:
         )
         self._slots = PreAuthSlots(*caps)  # streams
         self._conn_slots = PreAuthSlots(*caps)  # connections none of whose streams authenticated
+        self._handshakes = _Handshakes(self.backend)
         self._lt = _LoopThread("rq-quic-server")
         self._done = threading.Event()
         # the handler threads of streams still open, each with its channel: close() ends them
@@ -1010,10 +1066,11 @@ class QuicListener:
         _big_buffers(sock)
         sock.bind(info[4])
         burst = _Burst()
-        proto_cls = _protocol_class(b, self._on_stream, burst, self._on_connected)
+        proto_cls = _protocol_class(b, self._on_stream, burst, self._on_connected, self._handshakes)
         _, server = await loop.create_datagram_endpoint(
             lambda: b.server.QuicServer(configuration=cfg, create_protocol=proto_cls), sock=sock
         )
+        self._handshakes.server = server
         _read_bursts(loop, sock, server, burst)
         self._sock = sock
         return server, sock.getsockname()[:2]

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import importlib
 import os
+import socket
+import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -123,3 +127,47 @@ def test_quic_connection_that_never_authenticates_is_closed(
             assert "no stream authenticated" in idle.proto.terminated
         assert trusted.proto.terminated is None
         assert _held(lst) == 0
+
+
+def _initials(port: int, backend: str, n: int) -> socket.socket:
+    """`n` QUIC Initials, each a new connection, from one UDP socket that never answers: what a
+    flood from forged addresses looks like to the receiver."""
+    conn_mod = importlib.import_module(f"{backend}.quic.connection")
+    cfg_mod = importlib.import_module(f"{backend}.quic.configuration")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    for _ in range(n):
+        cfg = cfg_mod.QuicConfiguration(is_client=True, alpn_protocols=quic.ALPN, max_datagram_size=1200)
+        cfg.verify_mode = ssl.CERT_NONE
+        c = conn_mod.QuicConnection(configuration=cfg)
+        c.connect(("127.0.0.1", port), now=time.monotonic())
+        for data, _addr in c.datagrams_to_send(now=time.monotonic()):
+            sock.sendto(data, ("127.0.0.1", port))
+    return sock
+
+
+def _is_retry(datagram: bytes) -> bool:
+    return len(datagram) > 5 and datagram[0] & 0xB0 == 0xB0  # long header, QUIC v1 type 3 (Retry)
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_quic_initial_flood_is_answered_with_retry(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_HANDSHAKING (lowered here) connections in their handshake, a new Initial gets a
+    Retry and no state: the receiver keeps at most that many half-open connections from addresses
+    nobody validated, and an honest sender still connects (through the Retry) and authenticates."""
+    monkeypatch.setattr(quic, "MAX_HANDSHAKING", 4, raising=False)
+    with _receiver(tmp_path, backend) as (lst, ident):
+        flood = _initials(lst.address[1], backend, 12)
+        with flood:
+            flood.settimeout(10)
+            retries = 0
+            deadline = time.monotonic() + 10
+            while retries < 8 and time.monotonic() < deadline:
+                with contextlib.suppress(TimeoutError):
+                    retries += _is_retry(flood.recv(65536))
+        assert retries == 8
+        with _connections(lst, ident, backend, 1) as (honest,):
+            _authenticate(honest)
+            assert wait_for(lambda: _held(lst) == 0, 10)
