@@ -42,6 +42,8 @@ from transfer.frames import (
 from transfer.manifest import Limits, Manifest, parse_manifest
 
 CONTROL = "control"
+# characters of an ERROR's text shown from a peer that has not authenticated (docs/transfer.md)
+UNAUTHENTICATED_TEXT = 200
 DATA = "data"
 MAX_REJECTS_PER_CHANNEL = 64
 
@@ -185,7 +187,13 @@ class ReceiverChannel:
     def handle(self, frame: Frame) -> list[ReceiverEvent]:
         if frame.type is FrameType.ERROR:
             info = frame.json_object()
-            raise error_from_code(str(info.get("code")), f"sender: {info.get('message')}")
+            code, text = str(info.get("code"))[:32], str(info.get("message"))
+            if self.state in ("hello", "auth"):
+                # anyone who can connect may send this: its words are not a sender's, and up to
+                # 64 KiB of them went to the receiver's log (and back to the peer) as "sender: ..."
+                cut = text[:UNAUTHENTICATED_TEXT] + ("…" if len(text) > UNAUTHENTICATED_TEXT else "")
+                raise error_from_code(code, f"a peer that had not proved the token ended with: {cut}")
+            raise error_from_code(code, f"sender: {text}")
         handler = getattr(self, f"_on_{self.state}")
         result: list[ReceiverEvent] = handler(frame)
         return result
