@@ -1497,12 +1497,13 @@ class Store:
         for entry, old in others:
             if not any(f.name in ours for f in old.files):
                 continue
-            clash = [f.name for f in old.files if f.name in ours and ours[f.name] != f.key]
-            if clash and self._is_live(old.transfer_id):
-                # not stale: another sender is writing it right now, and deleting its partial
-                # files would fail that transfer (and mix nothing but trouble into this one)
+            shared = [f.name for f in old.files if f.name in ours]
+            if self._is_live(old.transfer_id):
+                # not stale: another sender is writing it right now. Deleting its partial files (a
+                # file in another version) or its state (the same version: both would write and
+                # commit one .part, and the first to commit fails the other) fails that transfer.
                 raise BusyError(
-                    f"{display_name(clash[0])} is being written by another transfer that is still "
+                    f"{display_name(shared[0])} is being written by another transfer that is still "
                     "running here; wait for it to finish (or stop it), then re-run"
                 )
             for f in old.files:

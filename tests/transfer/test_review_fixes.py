@@ -272,6 +272,27 @@ def test_resend_after_a_file_was_deleted_on_the_receiver_says_what_to_do(tmp_pat
 # -- 6. a second transfer naming a file an in-flight one writes ------------------------------------
 
 
+def _second_send_while_first_runs(
+    tmp_path: Path, first: list[Path], second: list[Path]
+) -> tuple[BaseException | None, dict[str, Any]]:
+    """Sends `first` with a window of one chunk; at its first chunk, sends `second` to the same
+    receiver. Returns what the second send raised (None: it succeeded) and the first's result."""
+    seen: list[BaseException | None] = []
+    with receiver(tmp_path, "tcp") as (_rc, copts):
+        tcp = get_transport("tcp")
+
+        def on_event(ev: Event) -> None:
+            if isinstance(ev, ChunkMoved) and not seen:  # the first is mid-flight: the second comes in now
+                try:
+                    send(second, tcp, copts, TOKEN, SendOptions(chunk_size=1 << 20, retry_for=1))
+                    seen.append(None)
+                except Exception as exc:
+                    seen.append(exc)
+
+        result = send(first, tcp, copts, TOKEN, SendOptions(chunk_size=1 << 20, window=1), on_event)
+    return seen[0], result
+
+
 @pytest.mark.timeout(60)
 def test_a_transfer_naming_a_file_another_live_transfer_writes_is_refused(tmp_path: Path) -> None:
     """Was: the newcomer took the running transfer's manifest for a stale version and deleted its
@@ -282,24 +303,34 @@ def test_a_transfer_naming_a_file_another_live_transfer_writes_is_refused(tmp_pa
     b.mkdir(parents=True)
     (a / "c").write_bytes(os.urandom(6 << 20))
     (b / "c").write_bytes(os.urandom(2 << 20))
-    seen: list[BaseException | None] = []
-
-    with receiver(tmp_path, "tcp") as (_rc, copts):
-        tcp = get_transport("tcp")
-
-        def on_event(ev: Event) -> None:
-            if isinstance(ev, ChunkMoved) and not seen:  # A is mid-flight: B comes in now
-                try:
-                    send([b], tcp, copts, TOKEN, SendOptions(chunk_size=1 << 20, retry_for=2))
-                    seen.append(None)
-                except Exception as exc:
-                    seen.append(exc)
-
-        result = send([a], tcp, copts, TOKEN, SendOptions(chunk_size=1 << 20, window=1), on_event)
-    assert isinstance(seen[0], BusyError), seen
-    assert "ckpt/c" in str(seen[0]) and "another transfer" in str(seen[0])
+    refused, result = _second_send_while_first_runs(tmp_path, [a], [b])
+    assert isinstance(refused, BusyError), refused
+    assert "ckpt/c" in str(refused) and "another transfer" in str(refused)
     assert result["verified"]
     assert (tmp_path / "dst" / "ckpt" / "c").read_bytes() == (a / "c").read_bytes()
+
+
+@pytest.mark.timeout(60)
+def test_a_transfer_naming_the_same_version_of_a_file_a_live_transfer_writes_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Was: only a file sent in another version (another key) was refused; a second transfer of
+    the very same file (same key: here the same source file with another file beside it) took the
+    running transfer's state over as stale: it deleted the first one's .live, .owner and manifest,
+    shared its .part and committed it, and the first sender failed ('receiver cannot write
+    shared.bin'), leaving its other file orphaned. Found by a reviewer with two `rq send`s."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "shared.bin").write_bytes(os.urandom(6 << 20))
+    (src / "other.bin").write_bytes(os.urandom(1 << 20))
+    refused, result = _second_send_while_first_runs(
+        tmp_path, [src / "shared.bin", src / "other.bin"], [src / "shared.bin"]
+    )
+    assert isinstance(refused, BusyError), refused
+    assert "shared.bin" in str(refused) and "another transfer" in str(refused)
+    assert result["verified"]
+    for name in ("shared.bin", "other.bin"):
+        assert (tmp_path / "dst" / name).read_bytes() == (src / name).read_bytes()
 
 
 def test_a_stale_transfer_naming_the_same_file_is_still_dropped(tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from xfer_kit import receive_chunks, require_o_direct, resident_pages
 
 from transfer import codec
-from transfer.errors import ExistsError, TransferError, UnsafeNameError
+from transfer.errors import BusyError, ExistsError, TransferError, UnsafeNameError
 from transfer.manifest import FileEntry, Manifest, file_key, make_manifest
-from transfer.store import Store
+from transfer.store import Plan, Store
 
 CS = 64 * 1024
 
@@ -73,8 +73,15 @@ class _Killed(Exception):
 
 
 def _commit_killed_after_first_placement(
-    store: Store, m: Manifest, roots: list[str], overwrite: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    store: Store,
+    m: Manifest,
+    roots: list[str],
+    overwrite: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    live: bool = False,
+) -> Plan:
+    """`m`'s commit stops after placing its first file. Unless `live` (the commit still running,
+    its lock held), its plan is closed as a killed receiver's would be: no lock is left held."""
     link_one = Store._link_one
 
     def place_then_die(self: Store, entry: FileEntry, final: str, parent: int, overwrite: bool) -> bool:
@@ -82,9 +89,13 @@ def _commit_killed_after_first_placement(
         raise _Killed
 
     monkeypatch.setattr(Store, "_link_one", place_then_die)
+    plan = store.plan(m)
     with pytest.raises(_Killed):
-        store.plan(m).finalize(roots, overwrite)
+        plan.finalize(roots, overwrite)
+    if not live:
+        plan.close()
     monkeypatch.setattr(Store, "_link_one", link_one)
+    return plan
 
 
 def _two_files(tmp_path: Path) -> tuple[Store, Manifest, list[bytes], list[str]]:
@@ -255,9 +266,11 @@ def test_aligned_chunks_bypass_the_page_cache_and_the_tail_does_not(tmp_path: Pa
 def test_a_cut_short_commit_never_places_a_part_another_transfer_rewrote(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Found by a review of the redo log: T1 = {a, b} dies after placing a; T2 = {a, b, c} (the
-    same a, so the same .part name) starts over a's .part and is interrupted; T1 sent again must
-    not 'finish' its commit by placing T2's half-written .part over the good a."""
+    """Found by a review of the redo log: T1 = {a, b} stops after placing a; T2 = {a, b, c} (the
+    same a, so the same .part name) started over a's .part and was interrupted; T1 sent again must
+    not 'finish' its commit by placing T2's half-written .part over the good a. Since T2 is refused
+    while T1 is live (test_review_fixes: the same version of a file), T2 can only plan once T1 is
+    not running, and its plan then finishes T1's cut-short commit first (the redo log)."""
     a, b, c = os.urandom(3 * CS), os.urandom(CS + 5), os.urandom(100)
     entries = [
         FileEntry(name=n, size=len(d), mode=0o644, key=file_key(n, len(d), 1, i, CS))
@@ -270,14 +283,14 @@ def test_a_cut_short_commit_never_places_a_part_another_transfer_rewrote(
 
     store = Store(tmp_path, overwrite=True)
     roots = send(store, t1, [a, b])
-    _commit_killed_after_first_placement(store, t1, roots, True, monkeypatch)
+    t1_plan = _commit_killed_after_first_placement(store, t1, roots, True, monkeypatch, live=True)
     assert not store.completed(t2)
+    with pytest.raises(BusyError, match="another transfer that is still running"):
+        send(store, t2, [a, b, c], stop_after_first_of_a=True)
+    assert (tmp_path / "a").read_bytes() == a
+    t1_plan.close()  # T1's receiver is gone
     send(store, t2, [a, b, c], stop_after_first_of_a=True)
-    assert (tmp_path / "a").read_bytes() == a
-    assert not store.completed(t1)  # it placed T2's partial .part and answered "complete"
-    assert (tmp_path / "a").read_bytes() == a
-    roots = send(store, t1, [a, b])  # T1 then resumes like any transfer and finishes
-    store.plan(t1).finalize(roots, True)
+    assert store.completed(t1)  # finished from its own .part files before T2 touched a
     assert (tmp_path / "a").read_bytes() == a and (tmp_path / "b").read_bytes() == b
 
 
