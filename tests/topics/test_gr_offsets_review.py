@@ -114,9 +114,14 @@ def test_lag_of_a_group_with_nothing_committed_counts_only_this_subject(stream: 
         await js.delete_msg(name, seqs[0])
 
     js_call(url, delete)
-    got = _json(run_rq("offsets", f"{url}/{name}/{name}.a", "--group", "new", "--json"))
-    assert got["records"] == 3
-    assert got["groups"] == [{"group": "new", "committed": None, "lag": 3}]  # was 8: end - first
+    topic = f"{url}/{name}/{name}.a"
+    assert _json(run_rq("offsets", topic, "--json"))["records"] == 3
+    # a group named and never committed is exit 3 now (it was a row with committed null); one at
+    # the start has the lag of this subject's records only (was 8: end - first)
+    assert run_rq("offsets", topic, "--group", "new", "--json").returncode == 3
+    assert run_rq("offsets", "reset", topic, "--group", "new", "--to", "start").returncode == 0
+    got = _json(run_rq("offsets", topic, "--group", "new", "--json"))
+    assert got["groups"] == [{"group": "new", "committed": 1, "lag": 3}]
 
 
 # -- 6, 7. group names JetStream must refuse with exit 2 -------------------------------------------
