@@ -83,6 +83,33 @@ def popen_rq_with(setup: str, *args: str, env: dict[str, str] | None = None) -> 
     )
 
 
+def run_rq_on_a_pty(args: list[str], env: dict[str, str]) -> str:
+    """Runs `rq ARGS` with its stdout on a pseudo-terminal (stderr a pipe) and returns what it
+    wrote there; it must exit 0."""
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen([*rq_command(), *args], stdout=slave, stderr=subprocess.PIPE, env=env)
+        os.close(slave)
+        slave = -1
+        got = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other end is closed
+                break
+            if not chunk:
+                break
+            got += chunk
+        assert proc.wait(60) == 0
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+    return got.decode()
+
+
 def run_rq_ram_root_at(shm: Path, *args: str) -> tuple[int, str, str]:
     """rq run with its RAM tier's default root under `shm` (a stand-in for /dev/shm: a plain file
     there is a machine without a usable RAM tier); returns (exit code, stdout, stderr)."""

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import io
 import os
-import pty
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 from rich.table import Table
-from rqtest import rq_command, run_rq
+from rqtest import run_rq, run_rq_on_a_pty
 
 from rqcli.output import Output
 
@@ -69,29 +67,6 @@ def test_progress_on_a_terminal_has_no_style_under_no_color(monkeypatch: pytest.
     assert not SGR.search(text), repr(text)
 
 
-def _on_a_pty(args: list[str], env: dict[str, str]) -> str:
-    master, slave = pty.openpty()
-    try:
-        proc = subprocess.Popen([*rq_command(), *args], stdout=slave, stderr=subprocess.PIPE, env=env)
-        os.close(slave)
-        slave = -1
-        got = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the terminal's other end is closed
-                break
-            if not chunk:
-                break
-            got += chunk
-        assert proc.wait(60) == 0
-    finally:
-        os.close(master)
-        if slave >= 0:
-            os.close(slave)
-    return got.decode()
-
-
 def test_rq_offsets_and_tail_table_on_a_pty_under_no_color(tmp_path: Path) -> None:
     env = {"RQ_TOPICS_DIR": str(tmp_path)}
     assert run_rq("produce", "ev", "-q", input=b"a\nb\n", env=env).returncode == 0
@@ -99,6 +74,6 @@ def test_rq_offsets_and_tail_table_on_a_pty_under_no_color(tmp_path: Path) -> No
     full = {**os.environ, **env, "COLUMNS": "100", "TERM": "xterm-256color", "NO_COLOR": "1"}
     full.pop("FORCE_COLOR", None)
     for args in (["offsets", "ev"], ["tail", "ev", "-n", "2", "--format", "table"]):
-        text = _on_a_pty(args, full)
+        text = run_rq_on_a_pty(args, full)
         assert BOX & set(text), text  # drawn
         assert not SGR.search(text), repr(text)  # was: ESC[1m around each header

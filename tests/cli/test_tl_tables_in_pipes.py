@@ -9,11 +9,9 @@ from __future__ import annotations
 import io
 import json
 import os
-import pty
-import subprocess
 from pathlib import Path
 
-from rqtest import rq_command, run_rq
+from rqtest import run_rq, run_rq_on_a_pty
 
 from rqcli.output import Output
 
@@ -81,27 +79,6 @@ def test_doctor_into_a_pipe_is_one_line_per_check(tmp_path: Path) -> None:
 
 def test_a_terminal_keeps_the_rich_table(tmp_path: Path) -> None:
     env = {**os.environ, **_topic(tmp_path), "COLUMNS": "100"}
-    master, slave = pty.openpty()
-    try:
-        proc = subprocess.Popen(
-            [*rq_command(), "offsets", "ev"], stdout=slave, stderr=subprocess.PIPE, env=env
-        )
-        os.close(slave)
-        slave = -1
-        got = b""
-        while True:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:  # EIO: the terminal's other end is closed
-                break
-            if not chunk:
-                break
-            got += chunk
-        assert proc.wait(60) == 0
-    finally:
-        os.close(master)
-        if slave >= 0:
-            os.close(slave)
-    text = got.decode()
+    text = run_rq_on_a_pty(["offsets", "ev"], env)
     assert BOX & set(text), text  # drawn
     assert "group" in text and "committed" in text
