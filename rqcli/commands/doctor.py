@@ -421,13 +421,63 @@ def run_checks(
         check_rdma(),
         _space(cache_dir, "cache-disk", "pass --cache-dir on a larger local disk (NVMe)"),
     ]
-    findings.extend(check_ram_tier(cache_dir))
+    version, ram_root = _index_facts(cache_dir)
+    if version is not None:
+        findings.append(check_index_version(cache_dir, version))
+    findings.extend(check_ram_tier(cache_dir, ram_root=ram_root))
     return findings
 
 
-def check_ram_tier(cache_dir: Path, shm: Path = Path("/dev/shm")) -> list[Finding]:
+def _index_facts(cache_dir: Path) -> tuple[int | None, Path | None]:
+    """An existing cache index's layout version and the RAM root it records, read without writing
+    anything (None, None: no index, or none readable; each of the two None when unknown)."""
+    import sqlite3
+
+    from cache.layout import INDEX_NAME
+
+    path = cache_dir / INDEX_NAME
+    if not path.is_file():
+        return None, None
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=1.0)
+    except sqlite3.Error:
+        return None, None
+    try:
+        version = int(db.execute("PRAGMA user_version").fetchone()[0])
+        try:
+            row = db.execute("SELECT value FROM settings WHERE key = 'ram_root'").fetchone()
+        except sqlite3.Error:  # a layout this rq does not know: the version says so
+            row = None
+        return version, Path(row[0]) if row and isinstance(row[0], str) else None
+    except sqlite3.Error:
+        return None, None
+    finally:
+        db.close()
+
+
+def check_index_version(cache_dir: Path, version: int) -> Finding:
+    """cache-index: an index written by a newer rq is refused by every `rq cache` command (exit 10):
+    doctor says so rather than calling the cache ok."""
+    from cache.index import INDEX_VERSION
+
+    if version > INDEX_VERSION:
+        return Finding(
+            "cache-index",
+            "warn",  # as every check not named explicitly (docs/cli.md): the finding says what fails
+            f"{cache_dir}: index layout {version} is newer than this rq's ({INDEX_VERSION}): "
+            "rq preload and rq cache refuse it (exit 10)",
+            "upgrade rq, or use another --cache-dir",
+        )
+    return Finding("cache-index", "ok", f"{cache_dir}: index layout {version}")
+
+
+def check_ram_tier(
+    cache_dir: Path, shm: Path = Path("/dev/shm"), ram_root: Path | None = None
+) -> list[Finding]:
     """cache-ram: the RAM tier's file system (none usable: skip, the disk tier works without it,
-    docs/cache.md), with the cgroup memory limit that bounds its default cap; and its orphans."""
+    docs/cache.md), with the cgroup memory limit that bounds its default cap; and its orphans.
+    `ram_root`: the root the cache's index records (a private `ram_dir`, or the next name tried
+    when another cache held the default), else the default one for `cache_dir`."""
     from cache.sizes import cgroup_memory_limit, format_size
 
     if not shm.is_dir():
@@ -435,7 +485,9 @@ def check_ram_tier(cache_dir: Path, shm: Path = Path("/dev/shm")) -> list[Findin
     if not os.access(shm, os.W_OK | os.X_OK):
         why = "read-only" if os.statvfs(shm).f_flag & os.ST_RDONLY else "not writable by you"
         return [Finding("cache-ram", "skip", f"{shm} is {why}: no RAM tier", "use --tier disk")]
-    ram = _space(default_ram_root(cache_dir), "cache-ram", "enlarge /dev/shm (mount -o remount,size=...)")
+    ram = _space(
+        ram_root or default_ram_root(cache_dir), "cache-ram", "enlarge /dev/shm (mount -o remount,size=...)"
+    )
     limit = cgroup_memory_limit()
     if limit is not None:
         ram.detail += (
