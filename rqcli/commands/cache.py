@@ -59,6 +59,30 @@ def _guard(fn: Callable[[], Any]) -> Any:
         raise cache_error_to_cli(exc) from None
 
 
+def _guard_one(c: Any, url: str, fn: Callable[[], Any]) -> Any:
+    """_guard for `stat` and `path`, whose "not cached" says so when entries are cached under URL/
+    (a prefix typed without its slash), as `cat` does."""
+    from cache import CacheError, NotFoundError
+    from cache.origins import normalise_url
+
+    try:
+        return fn()
+    except NotFoundError as exc:
+        error = cache_error_to_cli(exc)
+        try:
+            under = normalise_url(url) + "/"
+            if next(iter(c.iter_entries(under)), None) is not None:
+                shown = safe_text(under)
+                error.hint = (
+                    f"entries are cached under {shown}: name one of them (`rq cache ls {shown}` lists them)"
+                )
+        except (CacheError, OSError):
+            pass  # the hint is extra: the not-found line stands as it is
+        raise error from None
+    except CacheError as exc:
+        raise cache_error_to_cli(exc) from None
+
+
 def _guard_iter(items: Iterator[Any]) -> Iterator[Any]:
     """_guard for what a generator raises as it is read."""
     from cache import CacheError
@@ -217,7 +241,7 @@ def stat(url: str, cache_dir: Path | None) -> None:
     _one_object(url)
     out = get_output()
     c = open_existing(cache_dir)
-    e = _guard(lambda: c.stat(url))
+    e = _guard_one(c, url, lambda: c.stat(url))
     data = {**e.__dict__, "path": str(c.layout.blob_path(e.tier, e.blob))}
     out.emit({"event": "summary", **data})
     if not out.json:
@@ -253,7 +277,7 @@ def path(
     _one_object(url)
     out = get_output()
     c = open_existing(cache_dir, endpoint_url=endpoint_url, profile=profile, on_event=_warn_stale)
-    p = _guard(lambda: c.path(url, fresh=not no_check))
+    p = _guard_one(c, url, lambda: c.path(url, fresh=not no_check))
     out.emit({"event": "summary", "url": url, "path": str(p)})
     out.result(str(p))
 
@@ -578,5 +602,8 @@ def orphans(remove: bool, min_age: float) -> None:
             out.info("no orphaned RAM tiers")
         elif remove:
             out.info(f"removed {removed}, freed {_size(freed)}")
-        elif left:
+        elif left and left == len(roots):
             out.info("remove them with: rq cache orphans --remove")
+        elif left:
+            # --remove never takes an unclaimed root (an older rq's): "remove them" promised it
+            out.info(f"remove the {left} that are not unclaimed with: rq cache orphans --remove")

@@ -369,3 +369,23 @@ def test_two_processes_making_a_new_cache_at_a_moved_caches_path_agree_on_its_ro
         assert roots == {str(recorded)} and recorded == default_ram_root(cache_dir, 1) != root
     finally:
         shutil.rmtree(default_ram_root(cache_dir, 1), ignore_errors=True)
+
+
+def test_the_remove_hint_does_not_promise_unclaimed_roots(tmp_path: Path, src: Path) -> None:
+    """`rq cache orphans` ended "remove them with: rq cache orphans --remove" with an unclaimed
+    root among those listed, which --remove never takes (found by a version-skew review)."""
+    gone, old = tmp_path / "gone", tmp_path / "old"
+    roots = [fill_ram_tier(gone, src), fill_ram_tier(old, src)]
+    try:
+        shutil.rmtree(gone)  # an orphan: its cache is deleted
+        os.unlink(roots[1] / orphans.OWNER_NAME)  # unclaimed: as an older rq left it
+        for root in roots:
+            age(root, 7200)
+        out = run_rq("cache", "orphans", "--min-age", "3600")
+        assert out.returncode == 0, out.stderr
+        text = (out.stdout + out.stderr).decode()
+        assert "remove them with" not in text, text
+        assert "that are not unclaimed with: rq cache orphans --remove" in text, text
+    finally:
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
