@@ -12,6 +12,7 @@ A signal the parent left ignored (`nohup`, a background job of a non-interactive
 is ignored) stays ignored, as it does for any well-behaved Unix program.
 """
 
+import contextlib
 import gc
 import os
 import signal
@@ -63,8 +64,38 @@ def _standard_streams_open() -> None:
             setattr(sys, name, open(fd, mode, closefd=False, encoding="utf-8", errors="backslashreplace"))  # noqa: SIM115 - lives as long as rq
 
 
+def _utf8_mode() -> None:
+    """rq runs in Python's UTF-8 mode (PEP 540) whatever the locale: file names, arguments and the
+    environment are read as UTF-8 (bytes that are not: kept as surrogates and refused or escaped
+    where a name must be UTF-8), never in the locale's encoding. Under a Latin-1 locale, or C with
+    PYTHONUTF8=0, `rq send` renamed `café` to `cafÃ©` on the receiver, a receiver crashed placing an
+    `é`, and preload indexed keys another process could not find. Python turns the mode on by itself
+    in the C and POSIX locales; elsewhere rq starts itself again with `-X utf8` (same PID, before
+    any import or signal handler; children inherit PYTHONUTF8=1)."""
+    if sys.flags.utf8_mode:
+        return
+    import codecs
+
+    if codecs.lookup(sys.getfilesystemencoding()).name == "utf-8":
+        return
+    os.environ["PYTHONUTF8"] = "1"
+    with contextlib.suppress(OSError):  # cannot: go on in the locale's encoding, as before
+        os.execv(sys.executable, [sys.executable, "-X", "utf8", *sys.orig_argv[1:]])
+
+
+def _stdout_never_fails_on_a_character() -> None:
+    """Text rq prints (names, `—`) that stdout's encoding cannot take (PYTHONIOENCODING=ascii)
+    is escaped, as stderr's already is, instead of ending the command with exit 1."""
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        with contextlib.suppress(ValueError, OSError):
+            reconfigure(errors="backslashreplace")
+
+
 def main() -> None:
+    _utf8_mode()
     _standard_streams_open()
+    _stdout_never_fails_on_a_character()
     if threading.current_thread() is threading.main_thread():  # (signal.signal's own rule)
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(signum) is not signal.SIG_IGN:

@@ -38,6 +38,45 @@ def _controls() -> dict[int, str]:
     )
 
 
+def json_line(obj: dict[str, Any]) -> bytes:
+    """`obj` as one line of JSON in UTF-8. A string holding undecodable bytes (a path or topic name
+    that is not UTF-8, kept by Python as lone surrogates) is written with those bytes as \\xNN, as
+    `rq cache` writes such paths: orjson refuses them (TypeError), which ended a command exit 1
+    after it had stored, committed or cached what it was asked to."""
+    import orjson  # --json only
+
+    try:
+        return orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:
+        return orjson.dumps(
+            _undecodable_escaped(obj), option=orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
+        )
+
+
+def _undecodable_escaped(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            raw = value.encode("utf-8", "surrogateescape")  # the bytes the name had
+        except UnicodeEncodeError:  # a surrogate no byte became
+            return value.encode("utf-8", "backslashreplace").decode()
+        return raw.decode("utf-8", "backslashreplace")
+    if isinstance(value, dict):
+        return {_undecodable_escaped(k): _undecodable_escaped(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_undecodable_escaped(v) for v in value]
+    return value
+
+
+def _write_bytes(stream: Any, data: bytes) -> None:
+    """Bytes to a text stream's binary buffer (after what the stream holds), else decoded."""
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:  # a StringIO (tests, click's runner)
+        stream.write(data.decode("utf-8", "backslashreplace"))
+        return
+    stream.flush()
+    buffer.write(data)
+
+
 def safe_text(text: str) -> str:
     """A name from the network or a bucket, made safe to print: control characters escaped."""
     return text.translate(_controls())
@@ -133,11 +172,14 @@ class Output:
     # a command that goes on without stdout found it unwritable: rq main() ends the run with it
     stdout_failed: StdoutError | None = None
 
-    def _to_stdout(self, text: str) -> None:
+    def _to_stdout(self, text: str | bytes) -> None:
         if self.stdout_lost:
             return
         try:
-            self.stdout.write(text)
+            if isinstance(text, bytes):
+                _write_bytes(self.stdout, text)
+            else:
+                self.stdout.write(text)
             self.stdout.flush()
         except BrokenPipeError:
             if not (self.keep_going if self.keep_going is not None else _keeps_going()):
@@ -159,11 +201,11 @@ class Output:
             _point_at_devnull(self.stderr)
 
     def emit(self, obj: dict[str, Any]) -> None:
-        """One JSON object on one line of stdout (only in --json mode)."""
+        """One JSON object on one line of stdout (only in --json mode), as UTF-8 bytes whatever
+        stdout's text encoding (PYTHONIOENCODING=ascii made every line with a `—` or an `é` an
+        "unexpected UnicodeEncodeError", exit 1, after the work was done)."""
         if self.json:
-            import orjson  # --json only
-
-            self._to_stdout(orjson.dumps(obj, option=orjson.OPT_NON_STR_KEYS).decode() + "\n")
+            self._to_stdout(json_line(obj))
 
     def result(self, text: str) -> None:
         """A line of what the command was asked for (a listing, a path, an entry's fields) on
