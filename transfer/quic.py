@@ -68,6 +68,10 @@ CONNECTION_REFUSED = 0x2  # QUIC's transport error code (RFC 9000 section 20.1)
 # after it was last needed (a client that got a Retry comes back with its token).
 MAX_HANDSHAKING = 64
 RETRY_HOLD = 10.0
+# A server connection whose handshake has not completed after this is closed: qh3 never times out
+# one whose client went silent mid-handshake (its state, and its place in MAX_HANDSHAKING, were
+# kept for the receiver's life, so Retry never turned off again); aioquic's idle timeout does it.
+HANDSHAKE_LIMIT = IDLE_TIMEOUT
 STOPPED = 0x100  # application error code in STOP_SENDING: the receiver wants no more on this stream
 
 
@@ -486,6 +490,22 @@ class QuicChannel:
             self.frames.put(exc)
 
 
+class _Tokens:
+    """The backend's Retry token handler, noting when it last issued a token (a client that got one
+    comes back with it about a round trip later: Retry must not be turned off meanwhile)."""
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+        self.issued_at = -1e18
+
+    def create_token(self, *args: Any, **kwargs: Any) -> Any:
+        self.issued_at = time.monotonic()  # asyncio's loop time
+        return self._inner.create_token(*args, **kwargs)
+
+    def validate_token(self, *args: Any, **kwargs: Any) -> Any:
+        return self._inner.validate_token(*args, **kwargs)
+
+
 class _Handshakes:
     """Server: the connections whose handshake has not completed, and Retry (address validation)
     while they are many (MAX_HANDSHAKING). Used on the loop thread only."""
@@ -496,21 +516,29 @@ class _Handshakes:
         self.count = 0
         self.retries = 0  # times Retry was turned on
         self._needed_at = -1e18
+        # one handler for the listener's life: a new one turned on again would refuse (INVALID_TOKEN)
+        # the tokens the last one issued to clients still on their way back
+        self._tokens: _Tokens | None = None
 
     def started(self, now: float) -> None:
         self.count += 1
         if self.count >= MAX_HANDSHAKING:
             self._needed_at = now
             if self.server is not None and self.server._retry is None:
-                # made on first need: qh3's makes an RSA key (~70 ms)
-                self.server._retry = self.backend.server.QuicRetryTokenHandler()
+                if self._tokens is None:  # made on first need: qh3's makes an RSA key (~70 ms)
+                    self._tokens = _Tokens(self.backend.server.QuicRetryTokenHandler())
+                self.server._retry = self._tokens
                 self.retries += 1
 
     def ended(self, now: float) -> None:
         self.count -= 1
+        issued_at = self._tokens.issued_at if self._tokens is not None else -1e18
         if (
             self.count < MAX_HANDSHAKING // 2
             and now - self._needed_at >= RETRY_HOLD
+            # a client given a token lately is on its way back with it: with Retry off the server
+            # ignores the token and the client's handshake fails (original_destination_connection_id)
+            and now - issued_at >= RETRY_HOLD
             and self.server is not None
         ):
             self.server._retry = None
@@ -548,6 +576,15 @@ def _protocol_class(
             self._shaking = handshakes is not None  # server: counted in `handshakes` until it ends
             if handshakes is not None:
                 handshakes.started(self._loop.time())
+                self._loop.call_later(HANDSHAKE_LIMIT, self._handshake_overdue)
+
+        def _handshake_overdue(self) -> None:
+            if not self._shaking:
+                return
+            self._shaken()
+            with contextlib.suppress(Exception):  # the library's own errors: see below
+                self._quic.close(error_code=0, reason_phrase="the handshake did not complete in time")
+                self.transmit()
 
         def _shaken(self) -> None:
             if self._shaking and handshakes is not None:

@@ -171,3 +171,70 @@ def test_quic_initial_flood_is_answered_with_retry(
         with _connections(lst, ident, backend, 1) as (honest,):
             _authenticate(honest)
             assert wait_for(lambda: _held(lst) == 0, 10)
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_half_open_handshakes_end_and_retry_turns_off_again(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """qh3 never ended a server connection whose client went silent mid-handshake: after a flood
+    its state was kept and counted for the receiver's life, so Retry never turned off (every honest
+    sender paid a round trip for good; found by a review of 22956ab). Each handshake now has
+    HANDSHAKE_LIMIT (lowered here) to complete."""
+    monkeypatch.setattr(quic, "MAX_HANDSHAKING", 4)
+    monkeypatch.setattr(quic, "RETRY_HOLD", 0.2)
+    monkeypatch.setattr(quic, "HANDSHAKE_LIMIT", 1.0, raising=False)
+    with _receiver(tmp_path, backend) as (lst, ident):
+        with _initials(lst.address[1], backend, 10):
+            assert wait_for(lambda: lst._handshakes.retrying, 10)
+            ended = wait_for(lambda: lst._handshakes.count == 0 and not lst._handshakes.retrying, 10)
+            assert ended, (lst._handshakes.count, lst._handshakes.retrying)
+        with _connections(lst, ident, backend, 1) as (honest,):
+            _authenticate(honest)
+
+
+def _token(tokens: object, backend: str, addr: tuple[str, int], odcid: bytes, scid: bytes) -> bytes:
+    if backend == "aioquic":
+        return tokens.create_token(  # type: ignore[attr-defined, no-any-return]
+            address=addr, original_destination_connection_id=odcid, retry_source_connection_id=scid, now=0.0
+        )
+    return tokens.create_token(addr, odcid, scid)  # type: ignore[attr-defined, no-any-return]
+
+
+def _valid(tokens: object, backend: str, addr: tuple[str, int], scid: bytes, token: bytes) -> None:
+    if backend == "aioquic":
+        tokens.validate_token(address=addr, destination_cid=scid, token=token, now=1.0)  # type: ignore[attr-defined]
+    else:
+        tokens.validate_token(addr, token)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_retry_stays_on_while_a_token_it_gave_may_come_back(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retry was turned off as soon as the flood's handshakes ended, even a moment after it had
+    given a client a token: that client came back with it, the server (Retry off) ignored the
+    token, and the client's handshake failed (original_destination_connection_id does not match).
+    Turned on again, it made a new token handler, which refused the old one's tokens. The
+    bookkeeping on its own: a stand-in server, the backend's real token handler."""
+    monkeypatch.setattr(quic, "MAX_HANDSHAKING", 2)
+    monkeypatch.setattr(quic, "RETRY_HOLD", 5.0)
+    hs = quic._Handshakes(quic.pick_backend(backend))
+    hs.server = type("Server", (), {"_retry": None})()
+    hs.started(time.monotonic() - 10)  # the flood, long enough ago
+    hs.started(time.monotonic() - 10)
+    assert hs.retrying
+    tokens = hs.server._retry
+    addr, odcid, scid = ("127.0.0.1", 1234), os.urandom(8), os.urandom(8)
+    token = _token(tokens, backend, addr, odcid, scid)  # a client is given one now
+    hs.ended(time.monotonic())
+    hs.ended(time.monotonic())
+    assert hs.retrying, "turned off while a client given a token a moment ago is on its way back"
+    tokens.issued_at -= 10  # much later: that client came back or gave up
+    hs.count = 1
+    hs.ended(time.monotonic())
+    assert not hs.retrying
+    hs.started(time.monotonic())
+    hs.started(time.monotonic())
+    assert hs.server._retry is tokens  # the same handler again: the tokens it gave still validate
+    _valid(tokens, backend, addr, scid, token)
