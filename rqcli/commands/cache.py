@@ -247,7 +247,8 @@ def stat(url: str, cache_dir: Path | None) -> None:
     if not out.json:
         for key, value in data.items():
             if key in ("last_access", "checked_at", "created"):
-                value = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(value)))
+                # local time with its offset: without one it was ambiguous (other zones, a DST overlap)
+                value = time.strftime("%Y-%m-%d %H:%M:%S %z", time.localtime(float(value)))
             out.result(f"{key:<12} {safe_text(str(value))}")
 
 

@@ -349,7 +349,8 @@ class Writer:
             shown = value if isinstance(value, str) and enc != "json" else orjson.dumps(value).decode()
             if enc == "base64":
                 shown = f"(base64) {shown}"
-            when = datetime.fromtimestamp(r[1] / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+            # UTC, and marked so (it read as local time: a review of time zones)
+            when = datetime.fromtimestamp(r[1] / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
             key = "" if r[2] is None else r[2].decode("utf-8", "replace")
             if ("retained", b"true") in r[3]:  # an MQTT retained message: maybe long stale
                 key += " (retained)"

@@ -53,3 +53,20 @@ def test_json_of_a_topic_whose_name_is_not_utf8_escapes_it(tmp_path: Path) -> No
     assert r.returncode == 0, r.stderr  # was exit 1 after the record was stored: orjson's TypeError
     done = json.loads(r.stdout.decode("utf-8").splitlines()[-1])
     assert done["event"] == "done" and done["records"] == 1 and done["topic"].endswith("/bad\\xff")
+
+
+def test_times_shown_say_their_zone(tmp_path: Path) -> None:
+    """`rq cache stat` printed local time without its offset (ambiguous across zones and in a DST
+    overlap) and the record table UTC without saying so."""
+    src, cache = _tree(tmp_path), str(tmp_path / "c")
+    assert run_rq("preload", f"{src}/", "--cache-dir", cache, "-q").returncode == 0
+    r = run_rq("cache", "stat", str(src / "plain.txt"), "--cache-dir", cache, env={"TZ": "Asia/Kolkata"})
+    assert r.returncode == 0, r.stderr
+    created = next(line for line in r.stdout.decode().splitlines() if line.startswith("created"))
+    assert created.endswith("+0530"), created
+    env = {"RQ_TOPICS_DIR": str(tmp_path / "t")}
+    assert run_rq("produce", "ev", "-q", input=b"a\n", env=env).returncode == 0
+    r = run_rq("replay", "ev", "--format", "table", env=env)
+    assert r.returncode == 0, r.stderr
+    row = r.stdout.decode().splitlines()[-1].split("\t")
+    assert row[1].endswith("Z"), row
