@@ -24,7 +24,7 @@ def check_group_name(name: str) -> str:
     """Group names become file names, so they are checked, never used as paths."""
     if not _GROUP.fullmatch(name):
         raise SpecError(
-            f"bad group name {name!r}: use letters, digits, '.', '_' or '-', starting with a letter or "
+            f"bad group name {name!r}: use ASCII letters, digits, '.', '_' or '-', starting with a letter or "
             "digit (at most 128)"
         )
     return name

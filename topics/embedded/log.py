@@ -1599,7 +1599,7 @@ def check_topic_name(name: str) -> str:
         if not name:
             raise SpecError("the topic name is an empty string (an unset variable?)")
         raise SpecError(
-            f"bad topic name {name!r}: use letters, digits, '.', '_' or '-', starting with a letter or "
+            f"bad topic name {name!r}: use ASCII letters, digits, '.', '_' or '-', starting with a letter or "
             "digit (at most 200), or give a path (./NAME)"
         )
     return name

@@ -591,7 +591,9 @@ def _crash_point(where: str) -> None:
 def _durable(group: str) -> str:
     """A group is a durable consumer name; NATS refuses '.', '*', '>' and spaces in those."""
     if not _DURABLE.fullmatch(group):
-        raise SpecError(f"bad group name {group!r} for JetStream: use letters, digits, '_' or '-' (no dots)")
+        raise SpecError(
+            f"bad group name {group!r} for JetStream: use ASCII letters, digits, '_' or '-' (no dots)"
+        )
     if group.startswith(_MARKER_PREFIX):
         # rq's own marker consumers (a group being moved) have it: such a group would never be listed
         raise SpecError(f"bad group name {group!r} for JetStream: the prefix {_MARKER_PREFIX!r} is rq's own")
