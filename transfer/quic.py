@@ -72,6 +72,7 @@ RETRY_HOLD = 10.0
 # one whose client went silent mid-handshake (its state, and its place in MAX_HANDSHAKING, were
 # kept for the receiver's life, so Retry never turned off again); aioquic's idle timeout does it.
 HANDSHAKE_LIMIT = IDLE_TIMEOUT
+MAX_TOKENS_KEPT = 10_000  # Retry tokens awaited back (_Tokens): ~1 MB at most under a flood
 STOPPED = 0x100  # application error code in STOP_SENDING: the receiver wants no more on this stream
 
 
@@ -491,19 +492,37 @@ class QuicChannel:
 
 
 class _Tokens:
-    """The backend's Retry token handler, noting when it last issued a token (a client that got one
-    comes back with it about a round trip later: Retry must not be turned off meanwhile)."""
+    """The backend's Retry token handler, keeping the tokens it gave that have not come back yet
+    (RETRY_HOLD at most, MAX_TOKENS_KEPT of them): a client given one returns with it about a round
+    trip later, and Retry must not be turned off meanwhile (the server would ignore the token and
+    the client's handshake fail). A token that came back, or is older, no longer holds Retry on:
+    while Retry is on every client is given one, so "a token given lately" alone kept it on for good."""
 
     def __init__(self, inner: Any):
         self._inner = inner
-        self.issued_at = -1e18
+        self._out: dict[bytes, float] = {}  # token -> when given, oldest first
 
     def create_token(self, *args: Any, **kwargs: Any) -> Any:
-        self.issued_at = time.monotonic()  # asyncio's loop time
-        return self._inner.create_token(*args, **kwargs)
+        token = self._inner.create_token(*args, **kwargs)
+        self._out[bytes(token)] = time.monotonic()  # asyncio's loop time
+        while len(self._out) > MAX_TOKENS_KEPT:  # a flood: the oldest count as never coming back
+            del self._out[next(iter(self._out))]
+        return token
 
     def validate_token(self, *args: Any, **kwargs: Any) -> Any:
-        return self._inner.validate_token(*args, **kwargs)
+        token = kwargs.get("token", args[-1] if args else b"")
+        got = self._inner.validate_token(*args, **kwargs)  # raises for a bad token
+        self._out.pop(bytes(token), None)
+        return got
+
+    def awaited(self, now: float) -> bool:
+        """Whether a token given less than RETRY_HOLD ago has not come back yet."""
+        while self._out:
+            first = next(iter(self._out))
+            if now - self._out[first] < RETRY_HOLD:
+                return True
+            del self._out[first]
+        return False
 
 
 class _Handshakes:
@@ -519,6 +538,7 @@ class _Handshakes:
         # one handler for the listener's life: a new one turned on again would refuse (INVALID_TOKEN)
         # the tokens the last one issued to clients still on their way back
         self._tokens: _Tokens | None = None
+        self._recheck: asyncio.TimerHandle | None = None
 
     def started(self, now: float) -> None:
         self.count += 1
@@ -530,18 +550,28 @@ class _Handshakes:
                 self.server._retry = self._tokens
                 self.retries += 1
 
-    def ended(self, now: float) -> None:
+    def ended(self, now: float, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.count -= 1
-        issued_at = self._tokens.issued_at if self._tokens is not None else -1e18
-        if (
-            self.count < MAX_HANDSHAKING // 2
-            and now - self._needed_at >= RETRY_HOLD
-            # a client given a token lately is on its way back with it: with Retry off the server
-            # ignores the token and the client's handshake fails (original_destination_connection_id)
-            and now - issued_at >= RETRY_HOLD
-            and self.server is not None
+        self._maybe_off(now, loop)
+
+    def _maybe_off(self, now: float, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Turns Retry off once few handshakes are open, none was refused for RETRY_HOLD and no
+        token given lately is on its way back; else, when only time stands in the way, looks again
+        later (nothing else may end to ask: the flood stopped and no client came)."""
+        if self.server is None or self.server._retry is None or self.count >= MAX_HANDSHAKING // 2:
+            return
+        if now - self._needed_at >= RETRY_HOLD and not (
+            self._tokens is not None and self._tokens.awaited(now)
         ):
             self.server._retry = None
+            return
+        if loop is not None and self._recheck is None:
+
+            def again() -> None:
+                self._recheck = None
+                self._maybe_off(loop.time(), loop)
+
+            self._recheck = loop.call_later(RETRY_HOLD / 2, again)
 
     @property
     def retrying(self) -> bool:
@@ -589,7 +619,7 @@ def _protocol_class(
         def _shaken(self) -> None:
             if self._shaking and handshakes is not None:
                 self._shaking = False
-                handshakes.ended(self._loop.time())
+                handshakes.ended(self._loop.time(), self._loop)
 
         def authenticated(self) -> None:
             """A stream of this connection authenticated (any thread): it no longer counts as a
