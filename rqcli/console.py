@@ -64,6 +64,19 @@ def _standard_streams_open() -> None:
             setattr(sys, name, open(fd, mode, closefd=False, encoding="utf-8", errors="backslashreplace"))  # noqa: SIM115 - lives as long as rq
 
 
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_BLOCKED_ENV = "RQ_UTF8_BLOCKED_SIGNALS"  # signals blocked across the re-exec, unblocked once held
+
+
+def _launched_as_rq() -> bool:
+    """Whether this process is the `rq` console script or `python -m rqcli`, which a re-exec runs
+    again as it was: a program calling main() itself, or a script read from stdin, is not."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name in ("rqcli.__main__", "rqcli"):
+        return True
+    return os.path.basename(sys.argv[0]) == "rq" and os.path.isfile(sys.argv[0])
+
+
 def _utf8_mode() -> None:
     """rq runs in Python's UTF-8 mode (PEP 540) whatever the locale: file names, arguments and the
     environment are read as UTF-8 (bytes that are not: kept as surrogates and refused or escaped
@@ -71,16 +84,35 @@ def _utf8_mode() -> None:
     PYTHONUTF8=0, `rq send` renamed `café` to `cafÃ©` on the receiver, a receiver crashed placing an
     `é`, and preload indexed keys another process could not find. Python turns the mode on by itself
     in the C and POSIX locales; elsewhere rq starts itself again with `-X utf8` (same PID, before
-    any import or signal handler; children inherit PYTHONUTF8=1)."""
+    any import; children inherit PYTHONUTF8=1). Text on stdout and stderr keeps the locale's
+    encoding (PYTHONIOENCODING, unless set): a Latin-1 terminal still shows `é`. SIGINT, SIGTERM
+    and SIGHUP are blocked across the exec (the mask survives it) and let through once the new
+    process holds them, so the re-exec adds no window in which a signal kills rq unanswered."""
     if sys.flags.utf8_mode:
         return
     import codecs
 
-    if codecs.lookup(sys.getfilesystemencoding()).name == "utf-8":
+    if codecs.lookup(sys.getfilesystemencoding()).name == "utf-8" or not _launched_as_rq():
         return
     os.environ["PYTHONUTF8"] = "1"
-    with contextlib.suppress(OSError):  # cannot: go on in the locale's encoding, as before
+    if "PYTHONIOENCODING" not in os.environ:
+        encoding = getattr(sys.stdout, "encoding", None) or sys.getfilesystemencoding()
+        os.environ["PYTHONIOENCODING"] = f"{encoding}:backslashreplace"
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    os.environ[_BLOCKED_ENV] = ",".join(str(int(s)) for s in _SIGNALS if s not in blocked)
+    try:
         os.execv(sys.executable, [sys.executable, "-X", "utf8", *sys.orig_argv[1:]])
+    except OSError:  # cannot: go on in the locale's encoding, as before
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        os.environ.pop(_BLOCKED_ENV, None)
+
+
+def _unblock_after_exec() -> None:
+    """Lets through the signals _utf8_mode blocked across its exec (now held: see main)."""
+    names = os.environ.pop(_BLOCKED_ENV, None)
+    if names:
+        with contextlib.suppress(ValueError):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.Signals(int(n)) for n in names.split(",")])
 
 
 def _stdout_never_fails_on_a_character() -> None:
@@ -97,9 +129,10 @@ def main() -> None:
     _standard_streams_open()
     _stdout_never_fails_on_a_character()
     if threading.current_thread() is threading.main_thread():  # (signal.signal's own rule)
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for signum in _SIGNALS:
             if signal.getsignal(signum) is not signal.SIG_IGN:
                 signal.signal(signum, _hold)
+    _unblock_after_exec()
     from rqcli.main import main as run
 
     run()

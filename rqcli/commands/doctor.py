@@ -424,6 +424,16 @@ def run_checks(
     version, ram_root = _index_facts(cache_dir)
     if version is not None:
         findings.append(check_index_version(cache_dir, version))
+    elif (cache_dir / "index.sqlite3").is_file():
+        findings.append(
+            Finding(
+                "cache-index",
+                "warn",
+                f"{cache_dir}: its index cannot be read (not a database, or damaged): rq cache and rq "
+                "preload refuse this cache",
+                "rq cache clear --cache-dir DIR --yes, or use another --cache-dir",
+            )
+        )
     findings.extend(check_ram_tier(cache_dir, ram_root=ram_root))
     return findings
 

@@ -9,7 +9,7 @@ import sqlite3
 from pathlib import Path
 
 from cache import Cache
-from rqcli.commands.doctor import _index_facts, check_index_version, check_ram_tier
+from rqcli.commands.doctor import _index_facts, check_index_version, check_ram_tier, run_checks
 
 
 def _cache(tmp_path: Path) -> tuple[Path, Path]:
@@ -48,3 +48,16 @@ def test_the_ram_line_names_the_root_the_index_records(tmp_path: Path) -> None:
 
 def test_no_index_no_facts(tmp_path: Path) -> None:
     assert _index_facts(tmp_path / "none") == (None, None)
+
+
+def test_an_index_that_cannot_be_read_is_warned_of(tmp_path: Path) -> None:
+    """A damaged index got no finding at all and doctor exited 0, while every rq cache command
+    refused the cache (a second diff review)."""
+    cache_dir, _ = _cache(tmp_path)
+    (cache_dir / "index.sqlite3").write_bytes(b"not a database" * 100)
+    for name in ("index.sqlite3-wal", "index.sqlite3-shm"):
+        (cache_dir / name).unlink(missing_ok=True)
+    findings = [
+        f for f in run_checks(None, None, "nats://127.0.0.1:9", cache_dir) if f.check == "cache-index"
+    ]
+    assert [f.status for f in findings] == ["warn"] and "cannot be read" in findings[0].detail

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from rqtest import run_rq
+from rqtest import popen_rq, run_rq
 
 # the C locale with Python's own UTF-8 remedies turned off: file system encoding ASCII
 NOT_UTF8 = {"LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0"}
@@ -70,3 +74,45 @@ def test_times_shown_say_their_zone(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     row = r.stdout.decode().splitlines()[-1].split("\t")
     assert row[1].endswith("Z"), row
+
+
+def test_a_script_read_from_stdin_that_calls_main_runs_once(tmp_path: Path) -> None:
+    """The re-exec ran `python -` again, whose script on stdin was used up: rq never ran, exit 0
+    (a second diff review). Only the rq script and `python -m rqcli` start again."""
+    r = subprocess.run(
+        [sys.executable, "-", "--version"],
+        input=b"from rqcli.console import main; main()\n",
+        env={**os.environ, **NOT_UTF8},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 0 and b"rq, version" in r.stdout, (r.stdout, r.stderr)
+
+
+def test_text_keeps_the_locales_encoding_and_signals_are_let_through(tmp_path: Path) -> None:
+    """After the re-exec, text on stdout is still in the locale's encoding (here ASCII: escaped),
+    not UTF-8 a Latin-1 terminal would show as mojibake; the signals blocked across the exec are
+    let through once rq holds them (a stuck mask would make rq deaf to Ctrl-C)."""
+    env = {**NOT_UTF8, "RQ_TOPICS_DIR": str(tmp_path)}
+    assert run_rq("produce", "./t", "-q", input="héllo\n".encode(), env=env, cwd=tmp_path).returncode == 0
+    r = run_rq("replay", "./t", "--format", "table", env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert b"h\\xe9llo" in r.stdout, r.stdout
+    proc = popen_rq("tail", str(tmp_path / "t"), "-f", "-q", env={**os.environ, **env})
+    try:
+        status = Path(f"/proc/{proc.pid}/status")
+
+        def held() -> bool:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            return int(fields["SigCgt"], 16) & (1 << (signal.SIGTERM - 1)) != 0
+
+        deadline = time.monotonic() + 30
+        while not held() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert held()
+        blocked = next(line for line in status.read_text().splitlines() if line.startswith("SigBlk"))
+        assert int(blocked.split()[1], 16) == 0, blocked
+    finally:
+        proc.terminate()
+        proc.wait(30)
