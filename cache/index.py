@@ -458,6 +458,21 @@ class Index:
         with self._lock:
             yield self._db
 
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[sqlite3.Connection]:
+        """Reads that must agree with each other: one read transaction, so all of them see one
+        state of the index (each statement outside one sees its own, in WAL mode)."""
+        with self._lock:
+            if self._db.in_transaction:  # a write of this thread, or one an interrupt left open
+                yield self._db
+                return
+            self._db.execute("BEGIN")
+            try:
+                yield self._db
+            finally:
+                if self._db.in_transaction:
+                    self._db.execute("COMMIT")  # a read transaction: ends it, writes nothing
+
     # --- entries -------------------------------------------------------------------------------
 
     def get(self, url: str, db: sqlite3.Connection | None = None) -> Entry | None:
@@ -617,8 +632,12 @@ class Index:
         return out
 
     def usage(self) -> dict[str, dict[str, int]]:
+        """Per tier: entries, their bytes, pinned bytes and held bytes, from one snapshot. Read
+        statement by statement, a hold that became an entry between two of them was counted twice:
+        `rq cache du` showed bytes + held over the cap when the cap held (108 of 42,904 samples
+        under four readers, by up to 54 KiB; found by a review of the three jobs together)."""
         out: dict[str, dict[str, int]] = {}
-        with self.read() as db:
+        with self.snapshot() as db:
             for tier in ("ram", "disk"):
                 n, size = db.execute(
                     "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM entries WHERE tier = ?", (tier,)
