@@ -3,7 +3,6 @@ deleted after it; and the --to-topic follow copy the self-feed guard tests drive
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import signal
 import socket
@@ -15,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rqtest import freeze as freeze
 from rqtest import js_call, run_rq
 
 MakeStream = Callable[..., str]
@@ -106,24 +106,6 @@ def wait_for_port(port: int) -> None:
 def _free(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
-
-
-def freeze(proc: subprocess.Popen[bytes]) -> None:
-    """SIGSTOPs `proc` (a server of the test's own) and returns once every thread of it is stopped:
-    kill() returns before they all are, and a nats-server thread still running on the other core
-    answered a request sent at once (under load, 17 of 30 tries)."""
-    proc.send_signal(signal.SIGSTOP)
-    tasks = Path(f"/proc/{proc.pid}/task")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        states = []
-        for task in tasks.iterdir():
-            with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
-        if states and all(state in ("T", "t") for state in states):
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"process {proc.pid} did not stop within 10 s of SIGSTOP")
 
 
 @contextmanager
