@@ -403,11 +403,23 @@ def _owed_summary(args: list[str], ctx: click.Context | None, error: str) -> Non
 
 
 def _interrupted(args: list[str], exc: BaseException) -> int:
+    if isinstance(exc, Terminated) and exc.signame in ("SIGTERM", "SIGHUP") and _a_receiver_ending(args):
+        # how a receiver ends (docs/transfer.md, exit 0 without --once), also when the signal came
+        # while rq was starting, before `rq recv` had its own handler: that was exit 130, "stopped by
+        # SIGTERM", to a service manager stopping a receiver it had just started (nothing is made yet)
+        return 0
     why = interruption(exc)
     _owed_summary(args, None, why)
     with contextlib.suppress(OSError):
         click.echo(f"rq: {why}", err=True)
     return int(ExitCode.INTERRUPTED)
+
+
+def _a_receiver_ending(args: list[str]) -> bool:
+    """Whether `args` run `rq recv` without --once (nor RQ_RECV_ONCE)."""
+    words = _words(args)
+    once = "--once" in words or os.environ.get("RQ_RECV_ONCE", "").lower() in ("1", "true", "yes", "on")
+    return not once and _invoked(args)[0] == "rq recv"
 
 
 def _terminate(signum: int, _frame: Any) -> None:

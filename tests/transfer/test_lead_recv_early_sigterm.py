@@ -1,0 +1,36 @@
+"""SIGTERM stops `rq recv` (without --once) with exit 0, the normal way a receiver ends
+(docs/transfer.md). One that came while rq was still starting, before `rq recv` had its own
+handler, was exit 130, "stopped by SIGTERM": a service manager that started a receiver and stopped
+it at once saw a failure (a review of the three jobs run together). Here SIGTERM is sent as soon
+as rq holds it (its start-up handler is in place), well before the receiver listens."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from rqtest import popen_rq
+from xfer_kit import rq_env
+
+
+def _catches_sigterm(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)) != 0
+    return False
+
+
+@pytest.mark.parametrize(("once", "code"), [(False, 0), (True, 130)])
+def test_sigterm_while_rq_recv_starts(tmp_path: Path, once: bool, code: int) -> None:
+    args = ["recv", str(tmp_path / "dst"), "--listen", "127.0.0.1:0", "--cert-dir", str(tmp_path / "cert")]
+    proc = popen_rq(*args, *(["--once"] if once else []), env=rq_env())
+    deadline = time.monotonic() + 30
+    while not _catches_sigterm(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == code, err
+    if not once:
+        assert b"stopped by SIGTERM" not in err, err
