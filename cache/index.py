@@ -466,8 +466,10 @@ class Index:
             if self._db.in_transaction:  # a write of this thread, or one an interrupt left open
                 yield self._db
                 return
-            self._db.execute("BEGIN")
+            # the try is entered before BEGIN: an interrupt landing right after BEGIN still ends
+            # the transaction (left open, every later read of this handle saw that old snapshot)
             try:
+                self._db.execute("BEGIN")
                 yield self._db
             finally:
                 if self._db.in_transaction:

@@ -21,14 +21,19 @@ def _objects(root: Path) -> list[Path]:
     return [Path(b) / f for b, _, fs in os.walk(root / "objects") for f in fs]
 
 
+def _origin_with_one_file(tmp_path: Path) -> tuple[Path, str]:
+    """A directory origin holding one 64 KiB file `a`, and that file's URL."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a").write_bytes(b"a" * 64 * KIB)
+    return src, str(src / "a")
+
+
 def test_an_entry_gone_from_its_origin_leaves_the_index_while_a_reader_has_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("cache.api.SMALL_READ", 4 * KIB)  # read from the file, its lock kept
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a").write_bytes(b"a" * 64 * KIB)
-    url = str(src / "a")
+    src, url = _origin_with_one_file(tmp_path)
     with Cache(tmp_path / "c", ram_dir=tmp_path / "ram", disk_limit=1024 * KIB) as c:
         c.preload([str(src) + "/"], tier="disk")
         assert len(_objects(tmp_path / "c")) == 1
@@ -52,10 +57,7 @@ def test_a_corrupt_entry_fetched_again_keeps_the_old_file_counted_while_it_is_op
     old one go uncounted while its reader still had it (dr: 64 KiB over a 128 KiB cap). Retired
     files are renamed aside under their hold."""
     monkeypatch.setattr("cache.api.SMALL_READ", 4 * KIB)
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a").write_bytes(b"a" * 64 * KIB)
-    url = str(src / "a")
+    src, url = _origin_with_one_file(tmp_path)
     with Cache(tmp_path / "c", ram_dir=tmp_path / "ram", disk_limit=128 * KIB) as c:
         c.preload([str(src) + "/"], tier="disk")
         [blob] = _objects(tmp_path / "c")
