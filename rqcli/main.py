@@ -416,10 +416,30 @@ def _interrupted(args: list[str], exc: BaseException) -> int:
 
 
 def _a_receiver_ending(args: list[str]) -> bool:
-    """Whether `args` run `rq recv` without --once (nor RQ_RECV_ONCE)."""
+    """Whether `args` run `rq recv` without --once (nor RQ_RECV_ONCE, nor `once` in the config
+    file's [recv] table)."""
     words = _words(args)
-    once = "--once" in words or os.environ.get("RQ_RECV_ONCE", "").lower() in ("1", "true", "yes", "on")
-    return not once and _invoked(args)[0] == "rq recv"
+    if _invoked(args)[0] != "rq recv" or "--once" in words:
+        return False
+    if os.environ.get("RQ_RECV_ONCE", "").lower() in ("1", "true", "yes", "on"):
+        return False
+    return _configured_once(words) is not True
+
+
+def _configured_once(words: list[str]) -> Any:
+    """[recv] once from the config file `words` name (or the default one); None where there is
+    none or it cannot be read (the run is ending: its own error, if any, was never reached)."""
+    path: Path | None = None
+    for i, word in enumerate(words):
+        if word == "--config" and i + 1 < len(words):
+            path = Path(words[i + 1])
+        elif word.startswith("--config="):
+            path = Path(word.split("=", 1)[1])
+    try:
+        table = load_config(path).get("recv", {})
+    except (CliError, OSError, ValueError):
+        return None
+    return table.get("once") if isinstance(table, dict) else None
 
 
 def _terminate(signum: int, _frame: Any) -> None:

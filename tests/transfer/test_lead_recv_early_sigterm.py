@@ -22,15 +22,23 @@ def _catches_sigterm(pid: int) -> bool:
     return False
 
 
-@pytest.mark.parametrize(("once", "code"), [(False, 0), (True, 130)])
-def test_sigterm_while_rq_recv_starts(tmp_path: Path, once: bool, code: int) -> None:
+@pytest.mark.parametrize(
+    ("once", "code"), [("", 0), ("--once", 130), ("config", 130), ("config false", 0), ("env", 130)]
+)
+def test_sigterm_while_rq_recv_starts(tmp_path: Path, once: str, code: int) -> None:
+    """`once` says how --once is given: the option, the config file's [recv] once (true, or
+    false), RQ_RECV_ONCE; none: a receiver that ends the normal way."""
+    config = tmp_path / "config.toml"
+    config.write_text(f"[recv]\nonce = {'false' if once == 'config false' else 'true'}\n")
+    env = rq_env(RQ_RECV_ONCE="1") if once == "env" else rq_env()
+    front = ["--config", str(config)] if once.startswith("config") else ["--config", "/dev/null"]
     args = ["recv", str(tmp_path / "dst"), "--listen", "127.0.0.1:0", "--cert-dir", str(tmp_path / "cert")]
-    proc = popen_rq(*args, *(["--once"] if once else []), env=rq_env())
+    proc = popen_rq(*front, *args, *(["--once"] if once == "--once" else []), env=env)
     deadline = time.monotonic() + 30
     while not _catches_sigterm(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.001)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == code, err
-    if not once:
+    if code == 0:
         assert b"stopped by SIGTERM" not in err, err
