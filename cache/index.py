@@ -677,6 +677,10 @@ class Index:
         return row is not None
 
     @staticmethod
+    def resize_hold(db: sqlite3.Connection, hold_id: int, size: int) -> None:
+        db.execute("UPDATE holds SET size = ? WHERE id = ?", (size, hold_id))
+
+    @staticmethod
     def drop_hold(db: sqlite3.Connection, hold_id: int) -> None:
         db.execute("DELETE FROM holds WHERE id = ?", (hold_id,))
 

@@ -796,6 +796,12 @@ class Store:
             return False
         path = self.layout.blob_path(entry.tier, entry.blob)
         aside = f"{entry.blob}.retired-{os.urandom(4).hex()}"
+        # The aside name is held (0 bytes) before the file takes it: a process killed between the
+        # rename and the commit that drops the row then leaves the file under a held name, which
+        # the next collect() removes (the row, back, names a missing file: a miss). Before, that
+        # file was counted by nothing and stayed until a repair swept objects/.
+        with self.index.write() as db:
+            hid = Index.add_hold(db, entry.tier, 0, "garbage", aside, entry.url, self.owner)
         moved = False
         try:
             with self.index.write() as db:
@@ -805,18 +811,22 @@ class Store:
                     entry.tier,
                     entry.created,
                 ):
+                    Index.drop_hold(db, hid)
                     return True  # replaced or gone meanwhile: not ours to drop
                 Index.delete(db, entry.url)
                 try:
                     os.rename(path, self.layout.blob_path(entry.tier, aside))
                     moved = True
                 except FileNotFoundError:
+                    Index.drop_hold(db, hid)
                     return True  # gone already: nothing left to count
-                Index.add_hold(db, entry.tier, entry.size, "garbage", aside, entry.url, self.owner)
+                Index.resize_hold(db, hid, entry.size)
         except BaseException:
             if moved:  # the row is back (rolled back): so is its file's name
                 with contextlib.suppress(OSError):
                     os.rename(self.layout.blob_path(entry.tier, aside), path)
+            with contextlib.suppress(Exception), self.index.write() as db:
+                Index.drop_hold(db, hid)
             raise
         return True
 
@@ -925,6 +935,8 @@ class Store:
         fd = lock_exclusive(path)
         if fd is None:
             return 0
+        if fd == -1 and hold.size == 0 and procs.alive(hold.pid, hold.pid_start):
+            return 0  # a live retire() holds the name its file is about to take
         try:
             if not Index.names_blob(db, hold.tier, hold.blob):
                 unlink_quiet(path)
