@@ -132,7 +132,11 @@ class RawRenderer:
 _FIELD = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 # Control characters in a record's fields, shown as \xNN: an ESC from a record must not drive the
 # terminal, and a line break must not split a record's line (C1 too: 0x9b is a CSI on some terminals).
-_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))}
+# Bidi overrides and isolates, shown as \uNNNN (as table output shows them): they make what follows
+# read backwards, in this record's line and on the terminal after it.
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
+    c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))
+}
 
 
 class TemplateRenderer:

@@ -862,3 +862,13 @@ def test_env_vars_follow_the_documented_option_names(env: dict[str, str], tmp_pa
     config.write_text("[tail]\nlines = 3\n")
     r = run_rq("--config", str(config), "tail", "envs", "--format", "raw", env=env)
     assert (r.returncode, r.stdout) == (0, b"19\na\nb\n"), r.stderr
+
+
+def test_template_output_escapes_bidi_overrides_as_table_does(env: dict[str, str]) -> None:
+    """U+202E (right-to-left override) in a record made the rest of its line, and what the terminal
+    showed after it, read backwards: table output escaped it, a template printed it raw."""
+    produce(env, "bidi", "evil\u202etxt.exe\n".encode())
+    for fmt in ("{value}", "table"):
+        r = run_rq("tail", "bidi", "-n", "1", "--format", fmt, env=env)
+        assert r.returncode == 0, r.stderr
+        assert "\u202e".encode() not in r.stdout and b"evil\\u202etxt.exe" in r.stdout, fmt
