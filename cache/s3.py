@@ -13,6 +13,7 @@ credentials are re-read per client).
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import queue
 import re
@@ -355,6 +356,13 @@ def map_error(
         # the CRT writes a body straight to its file: ENOSPC comes back as one of its errors.
         # A full disk stops the run (exit 7); retrying each object only fails again, slowly
         return FileSystemFullError(f"no space left on the file system writing {what} ({name})")
+    if "MAX_FDS" in name:
+        # AWS_ERROR_MAX_FDS_EXCEEDED: the CRT could not open a socket or a file for lack of
+        # descriptors. Said as the EMFILE it is, so the fetcher narrows its window and the CLI
+        # names the open-files limit, instead of failing object after object with the CRT's words
+        err = OriginError(f"{what}: the process ran out of open files ({name})")
+        err.__cause__ = OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return err
     if "SLOW_DOWN" in name or "THROTTL" in name:
         err = OriginError(f"{what}: throttled by the store ({name})")
         err.throttled = True  # type: ignore[attr-defined]
@@ -375,6 +383,24 @@ def map_error(
         # the CRT's own retries of 5xx ran out; its text repeats its name ("X X: …")
         return OriginError(f"{what}: the store kept answering with an internal error (5xx, {name})")
     return OriginError(f"{what}: {text if text.startswith(name) else f'{name} {text}'.strip()}")
+
+
+def _refused_at_start(exc: BaseException, what: str, endpoint: str) -> BaseException:
+    """What to raise for a request the CRT would not start (make_request raised): its own errors
+    (AWS_ERROR_MAX_FDS_EXCEEDED opening the file to write, …) mapped as its callbacks' are; the rest
+    (an interrupt) as they came."""
+    if getattr(exc, "name", "") and type(exc).__name__ == "AwsCrtError":
+        return map_error(what, exc, None, None, endpoint)
+    # the binding raises RuntimeError("45 (AWS_ERROR_MAX_FDS_EXCEEDED): …")
+    said = _CRT_RUNTIME.match(str(exc)) if isinstance(exc, RuntimeError) else None
+    if said is not None:
+        from awscrt.exceptions import AwsCrtError
+
+        return map_error(what, AwsCrtError(int(said[1]), said[2], said[3]), None, None, endpoint)
+    return exc
+
+
+_CRT_RUNTIME = re.compile(r"(\d+) \((AWS_\w+)\): (.*)", re.S)
 
 
 def _plain_redirect(
@@ -659,9 +685,9 @@ class S3:
                 on_body=on_body,
                 on_done=on_done,
             )
-        except BaseException:
+        except BaseException as exc:
             ticket.close()  # never started: nothing to watch
-            raise
+            raise _refused_at_start(exc, what, endpoint) from exc
         ticket.hold(request)
 
     def _call(
@@ -799,9 +825,9 @@ class S3:
                 on_done=_done,
                 on_progress=_progress if on_progress else None,
             )
-        except BaseException:
+        except BaseException as exc:
             ticket.close()  # never started: nothing to watch
-            raise
+            raise _refused_at_start(exc, what, endpoint) from exc
         ticket.hold(request)
         return request
 

@@ -142,7 +142,12 @@ def out_of_descriptors(exc: BaseException) -> bool:
     for seen in _causes(exc):
         if isinstance(seen, OSError) and seen.errno in (errno.EMFILE, errno.ENFILE):
             return True
-    return "Too many open files" in str(exc)
+    return _says_out_of_files(str(exc))
+
+
+def _says_out_of_files(message: str) -> bool:
+    """EMFILE/ENFILE in a failure's words: the OS's, or the CRT's as cache.s3 words it."""
+    return "Too many open files" in message or "ran out of open files" in message
 
 
 def _nofile() -> str:
@@ -563,6 +568,9 @@ def _preload(
             if code == ExitCode.UNREACHABLE
             else None
         )
+        if any(_says_out_of_files(f.message) for f in result.failed):
+            # the process's open-files limit, not the store: exit 6's "the source kept failing" misled
+            code, hint = ExitCode.FAILURE, _DESCRIPTORS_HINT.format(limit=_nofile())
         raise CliError(f"{len(result.failed)} of {len(result.failed) + done} objects failed", code, hint)
 
 
