@@ -329,6 +329,32 @@ def test_a_prefetch_follows_reads_made_in_dataloader_style_workers(tmp_path: Pat
     c.close()
 
 
+def test_a_prefetch_catches_up_with_workers_that_got_ahead_of_its_window(
+    tmp_path: Path, ram_dir: Path
+) -> None:
+    """Workers that read past the window (their reads of its items swallowed by its promotions,
+    or made while it was being warmed) read nothing in it any more: it looked only there and stood
+    still for the rest of the run (pt: a real DataLoader, 4 workers, 448 of 4,000). It looks past
+    the window now, and a read counts at the URL's first place from the window on: two epochs in
+    one order, the first epoch's reads must not pull it into the second."""
+    import multiprocessing as mp
+    import time
+
+    src = random_files(tmp_path / "src", 100, 1000)
+    epoch = [str(src / str(i)) for i in range(100)]
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    pre = c.prefetch(epoch * 2, ahead=4, tier="ram")
+    assert pre.wait_warm(30)
+    with mp.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_read_in_order, (c, epoch[30:60])) == 30  # none of the window's items
+    deadline = time.monotonic() + 15
+    while pre.position < 59 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pre.position == 59, pre.position  # 0 before: the window never moved again
+    assert pre.errors == []
+    c.close()
+
+
 def test_bad_arguments_are_clear_errors_that_leave_nothing_behind(tmp_path: Path, ram_dir: Path) -> None:
     for kwargs in ({"ram_limit": "abc"}, {"disk_limit": -1}, {"max_age": "60"}, {"max_age": -1}):
         with pytest.raises(BadSourceError):
