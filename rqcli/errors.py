@@ -25,6 +25,14 @@ class CliError(Exception):
         return safe_text(" ".join(text.split()))
 
 
+def open_files_limit() -> str:
+    """This process's soft limit on open files, as a hint names it."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a CI job cancelled, a pod stopped) or SIGHUP (the ssh session or terminal gone),
     raised in the main thread so that it stops a command the way Ctrl-C does: cleanups run, a

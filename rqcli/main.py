@@ -415,6 +415,16 @@ def _interrupted(args: list[str], exc: BaseException) -> int:
     return int(ExitCode.INTERRUPTED)
 
 
+def _short_of(exc: Exception) -> CliError | None:
+    """The process's limits, said as such: a thread that could not start (`rq send` under
+    `ulimit -v`: "unexpected RuntimeError: can't start new thread"), memory that ran out."""
+    if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
+        return CliError("cannot start a thread (memory or thread limit: ulimit -u / -v)")
+    if isinstance(exc, MemoryError):
+        return CliError("out of memory (memory limit: ulimit -v, or the container's)")
+    return None
+
+
 def _a_receiver_ending(args: list[str]) -> bool:
     """Whether `args` run `rq recv` without --once (nor RQ_RECV_ONCE, nor `once` in the config
     file's [recv] table)."""
@@ -536,7 +546,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if verbose:
             _print_traceback()
-        err = CliError(f"unexpected {type(exc).__name__}: {exc} (run with -v for the traceback)")
+        err = _short_of(exc) or CliError(
+            f"unexpected {type(exc).__name__}: {exc} (run with -v for the traceback)"
+        )
         click.echo(f"rq: error: {err.one_line()}", err=True)
         code = int(ExitCode.FAILURE)
     failed = _run.out.stdout_failed if _run.out is not None else None

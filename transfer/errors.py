@@ -71,6 +71,13 @@ class SourceUnreadableError(SourceChangedError):
         self.denied = denied
 
 
+class ResourceLimitError(TransferError):
+    """This process ran out of something its limits bound (open files): not the data's fault,
+    and a re-run under the same limit meets it again. Its message names the limit."""
+
+    code = "resource"
+
+
 class ExistsError(TransferError):
     """A destination file exists and overwriting was not allowed."""
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from transfer import aligned, cachestat
 from transfer.errors import (
     NameTooLongError,
+    ResourceLimitError,
     SourceChangedError,
     SourceUnreadableError,
     TransferError,
@@ -467,8 +468,12 @@ def _add(
     found[name] = (_identity(path, st), stat.S_IMODE(st.st_mode))
 
 
-def source_error(path: Path, exc: OSError) -> SourceChangedError:
+def source_error(path: Path, exc: OSError) -> TransferError:
     """A local OSError on a source file being sent, as the error that ends the send at once."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        # the process's (or the system's) open-files limit, not the file: it was exit 5, "cannot
+        # be read any more", which sent people looking for what changed the file
+        return ResourceLimitError(f"cannot open {short_path(path)}: {exc.strerror or exc}")
     if isinstance(exc, FileNotFoundError):
         return SourceChangedError(f"{short_path(path)} disappeared while it was being sent")
     if isinstance(exc, PermissionError):  # never readable: a re-run cannot help until it is

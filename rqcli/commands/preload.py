@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from rqcli import malloc, teardown
-from rqcli.errors import CliError, interruption
+from rqcli.errors import CliError, interruption, open_files_limit
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
 from rqcli.params import CommandEnvFirst, NonEmptyPath, OnePerLine
@@ -63,7 +63,9 @@ def cache_error_to_cli(exc: Exception, sources: tuple[str, ...] = ()) -> CliErro
     ]
     if isinstance(exc, e.CacheError) and out_of_descriptors(exc):
         # the process's open-files limit, not the store or the path: --endpoint-url is no help
-        return CliError(safe_text(str(exc)), ExitCode.FAILURE, hint=_DESCRIPTORS_HINT.format(limit=_nofile()))
+        return CliError(
+            safe_text(str(exc)), ExitCode.FAILURE, hint=_DESCRIPTORS_HINT.format(limit=open_files_limit())
+        )
     if isinstance(exc, e.CacheFullError) and file_system_full(exc):
         # the file system ran out before the cap: a higher cap would only make it worse
         full = "free space there, lower --ram-limit/--disk-limit below its free space, or use another --cache-dir"
@@ -148,13 +150,6 @@ def out_of_descriptors(exc: BaseException) -> bool:
 def _says_out_of_files(message: str) -> bool:
     """EMFILE/ENFILE in a failure's words: the OS's, or the CRT's as cache.s3 words it."""
     return "Too many open files" in message or "ran out of open files" in message
-
-
-def _nofile() -> str:
-    import resource
-
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
 
 
 def open_cache(cache_dir: Path | None, **kwargs: Any) -> Any:
@@ -570,7 +565,7 @@ def _preload(
         )
         if any(_says_out_of_files(f.message) for f in result.failed):
             # the process's open-files limit, not the store: exit 6's "the source kept failing" misled
-            code, hint = ExitCode.FAILURE, _DESCRIPTORS_HINT.format(limit=_nofile())
+            code, hint = ExitCode.FAILURE, _DESCRIPTORS_HINT.format(limit=open_files_limit())
         raise CliError(f"{len(result.failed)} of {len(result.failed) + done} objects failed", code, hint)
 
 

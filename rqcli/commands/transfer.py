@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 import click
 from platformdirs import user_config_path, user_data_path
 
-from rqcli.errors import CliError, interruption
+from rqcli.errors import CliError, interruption, open_files_limit
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, StdoutError, get_output, output_options, safe_text
 from rqcli.params import Age, CommandEnvFirst, NonEmptyPath, NonEmptyText, Seconds, documented_env_names
@@ -111,6 +111,7 @@ def _cli_error(exc: Exception) -> CliError:
         BusyError,
         DirectoryInTheWayError,
         LimitError,
+        ResourceLimitError,
         SourceChangedError,
         UnresolvedError,
         UnsafeSecretError,
@@ -130,6 +131,11 @@ def _cli_error(exc: Exception) -> CliError:
         hint = "one file is written by one transfer at a time: re-run when the other one has finished"
     if isinstance(exc, UnresolvedError):
         hint = "check the host name in rq://HOST:PORT, or give the receiver's IP address"
+    if isinstance(exc, ResourceLimitError):
+        hint = (
+            f"the process ran out of open files (limit {open_files_limit()}): raise it (ulimit -n) or lower "
+            "--connections, then re-run the same command to resume"
+        )
     if code == ExitCode.NO_SPACE and "out of inodes" in str(exc):
         # neither freeing bytes nor --max-bytes helps a file system that has no inodes left
         hint = "free inodes on the receiver (df -i) and re-run the same command to resume"

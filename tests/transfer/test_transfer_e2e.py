@@ -358,3 +358,31 @@ def test_recv_once_exits_only_after_done_reached_the_sender(tmp_path: Path) -> N
         finally:
             recv.stop()
         assert (tmp_path / f"dst{i}" / "model.bin").read_bytes() == src.read_bytes()
+
+
+def _twenty_four_fds() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (24, 24))
+
+
+def test_a_sender_out_of_descriptors_says_so_not_that_a_file_changed(tmp_path: Path) -> None:
+    """EMFILE opening a source file was SourceChangedError: exit 5, "<file> cannot be read any
+    more", though the file was fine and a re-run under the same limit failed the same way (pk).
+    It is the open-files limit, said as such, exit 1."""
+    src = tmp_path / "tree"
+    for d in range(6):
+        (src / str(d)).mkdir(parents=True)
+        for i in range(50):
+            (src / str(d) / f"f{i:02d}").write_bytes(os.urandom(500))
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp").start()
+    try:
+        proc = subprocess.run(
+            rq_cmd("send", str(src), recv.url, *recv.send_args(), "--connections", "8"),
+            env=rq_env(), capture_output=True, timeout=120, check=False, preexec_fn=_twenty_four_fds,
+        )  # fmt: skip
+    finally:
+        recv.stop()
+    err = proc.stderr.decode()
+    assert proc.returncode == 1, err  # 5 before
+    assert "Too many open files" in err and "ran out of open files (limit 24)" in err, err
