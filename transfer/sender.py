@@ -566,6 +566,7 @@ def _send_retrying(
     attempt = 0
     last_progress = time.monotonic()
     adopted = False
+    stall_forgiven = False
     while True:
         # Progress is what the receiver acknowledged: chunks merely sent may be lost with the
         # connection, and counting those let a send that could never finish retry forever. Nor
@@ -613,6 +614,15 @@ def _send_retrying(
             if _moved_on(stats, before):
                 last_progress = time.monotonic()
                 attempt = 0  # it was moving: retry quickly
+                stall_forgiven = False
+            elif isinstance(exc, StalledError) and not stall_forgiven:
+                # The stall detector waits --timeout (120 s), longer than --retry-for (60 s): a
+                # path that died before this connection's first ACK (a partition, the sender's
+                # address changed) was given up at once, never reconnected, though it had come
+                # back (np). One reconnect after a stall, once per stretch without progress: a
+                # receiver that accepts and then confirms nothing still ends the send.
+                last_progress = time.monotonic()
+                stall_forgiven = True
             limit = _patience(run.opts, stats.connected)
             waited = time.monotonic() - last_progress
             if waited > limit:
