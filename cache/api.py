@@ -288,7 +288,13 @@ class Cache:
             # by something that is not a directory: its entries' files are gone anyway, so the
             # cache passes over it to a fresh name as a new cache does, rather than being refused
             # until someone (not the CLI user) removes it
-            squatted = ram_given is None and known is not None and _squatted(Path(known))
+            # A relative name (a damaged or edited index) would put the RAM tier under whatever
+            # directory the process runs in: passed over the same way
+            squatted = (
+                ram_given is None
+                and known is not None
+                and (not Path(known).is_absolute() or _squatted(Path(known)))
+            )
             if squatted:
                 known_path = Path(known or "")
                 ram_root = self._new_ram_root(avoid=known_path)

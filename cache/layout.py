@@ -25,6 +25,9 @@ from cache.sizes import inodes_note
 TIERS = ("ram", "disk")
 INDEX_NAME = "index.sqlite3"
 _TAIL_OK = re.compile(r"[^A-Za-z0-9._-]+")
+# what blob_name makes (and a retired one's `.retired-<hex>` after it): one level under objects/
+_BLOB = re.compile(r"[0-9a-f]{2}/[0-9a-f]{32}-[A-Za-z0-9._-]+")
+_HEX32 = re.compile(r"[0-9a-f]{32}")
 
 
 def blob_name(url: str, version: str) -> str:
@@ -36,7 +39,12 @@ def blob_name(url: str, version: str) -> str:
 
 
 def blob_hash(blob: str) -> str:
-    return blob.split("/", 1)[-1][:32]
+    """The 32 hex characters naming a blob (and its tmp files). A name from a damaged index that
+    has none (`ab/../../x`) gets a hash of its own: never a path to put under tmp/."""
+    head = blob.split("/", 1)[-1][:32]
+    if _HEX32.fullmatch(head) is None:
+        return xxhash.xxh3_128(blob.encode("utf-8", "surrogatepass")).hexdigest()
+    return head
 
 
 def default_ram_root(cache_dir: Path, n: int = 0) -> Path:
@@ -60,6 +68,13 @@ class Layout:
         return self.ram_root if tier == "ram" else self.root
 
     def blob_path(self, tier: str, blob: str) -> Path:
+        """objects/<blob>. A blob name from a damaged or edited index that is not `ab/<hash>-<tail>`
+        (`ab/../../x`, an absolute path) maps to a name under objects/.invalid/ that nothing else
+        uses: such an entry reads as missing and is fetched again, and no remover ever unlinks a
+        file outside the tier (`rq cache cat` deleted the file such a row named, anywhere)."""
+        if _BLOB.fullmatch(blob) is None:
+            tag = xxhash.xxh3_128(blob.encode("utf-8", "surrogatepass")).hexdigest()
+            return self.tier_root(tier) / "objects" / ".invalid" / tag
         return self.tier_root(tier) / "objects" / blob
 
     def tmp_path(self, tier: str, blob: str, suffix: str) -> Path:
