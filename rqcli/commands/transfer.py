@@ -211,15 +211,26 @@ def _parse_url(url: str) -> tuple[str, int, str | None]:
         if "/" in url or not re.search(r":\d+(\?|$)", url):
             raise CliError(f"destination {shown} must look like rq://HOST:PORT", ExitCode.USAGE)
         url = "rq://" + url
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        parts.hostname  # noqa: B018 - urlsplit checks a bracketed host only when asked for it
+    except ValueError as exc:  # `rq://[]:5`, `rq://[nope]`: "unexpected ValueError" before
+        raise CliError(f"destination {shown} is not a URL: {exc}", ExitCode.USAGE) from None
     if parts.scheme.lower() != "rq":
         raise CliError(f"destination {shown} must look like rq://HOST:PORT", ExitCode.USAGE)
-    if parts.path not in ("", "/") or parts.fragment:
+    if parts.fragment:
+        raise CliError(f"destination {shown} has a #fragment: give rq://HOST:PORT only", ExitCode.USAGE)
+    if parts.path not in ("", "/"):
         # rq://host:port/some/dir: the receiver alone names where files go (its DEST_DIR)
         raise CliError(
             f"destination {shown} has a path: files go where `rq recv DEST_DIR` was started; "
             "give rq://HOST:PORT only",
             ExitCode.USAGE,
+        )
+    if not parts.hostname:
+        # `rq://$HOST:7420` with HOST unset: it sent to this machine's own receiver (127.0.0.1)
+        raise CliError(
+            f"destination {shown} names no host (an unset variable?): give rq://HOST:PORT", ExitCode.USAGE
         )
     if "@" in parts.netloc:
         raise CliError(

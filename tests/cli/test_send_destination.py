@@ -24,6 +24,12 @@ ENV = {"RQ_TOKEN": "t", "RQ_SEND_RETRY_FOR": "0"}
         ("rq://me@127.0.0.1:9", "names a user"),  # was: a DNS error, exit 6
         ("rq://127.0.0.1:9?x=1", "only thing an rq URL may carry"),  # was: ignored
         (f"rq://127.0.0.1:9?pin=sha256:{'a' * 64}", "differ"),  # --pin below says otherwise
+        ("rq://", "names no host"),  # `rq://$HOST:7420`, HOST unset: was a send to 127.0.0.1:7420
+        ("rq://:9", "names no host"),  # was: 127.0.0.1:9
+        (":9", "names no host"),
+        ("rq://[]:9", "is not a URL"),  # was: "unexpected ValueError", exit 1
+        ("rq://[::1", "is not a URL"),
+        ("rq://127.0.0.1:9#x", "#fragment"),  # was: "has a path"
     ],
 )
 def test_a_destination_that_is_no_rq_url_is_a_usage_error(
