@@ -171,13 +171,13 @@ def parse_manifest(body: bytes | memoryview, limits: Limits) -> Manifest:
     if not isinstance(raw, dict) or not isinstance(raw.get("files"), list):
         raise ProtocolError("manifest must be an object with a list of files")
     version = raw.get("version")
-    if version not in MANIFEST_VERSIONS or isinstance(version, bool):
+    if type(version) is not int or version not in MANIFEST_VERSIONS:  # (not true, not 1.0)
         raise ProtocolError(
             f"unsupported protocol version {version!r} (this rq speaks {PROTOCOL_VERSION}-{DIRS_VERSION}); "
             "upgrade rq on the older side"
         )
     chunk_size = raw.get("chunk_size")
-    if not isinstance(chunk_size, int) or not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
+    if type(chunk_size) is not int or not MIN_CHUNK <= chunk_size <= MAX_CHUNK:
         raise ProtocolError(f"chunk size {chunk_size!r} outside {MIN_CHUNK}..{MAX_CHUNK}")
     items = raw["files"]
     dir_items = raw.get("dirs", [])
@@ -233,15 +233,16 @@ def _parse_entry(item: Any, name_ok: bool = False, key_ok: bool = False, ident_o
         raise ProtocolError("manifest file name must be a string")
     if not name_ok:
         validate_name(name)
-    if not isinstance(size, int) or size < 0 or size > 1 << 50:
+    # type(...) is int: JSON true is a Python int too, and was taken for 1 (fz: a 1-byte file)
+    if type(size) is not int or size < 0 or size > 1 << 50:
         raise ProtocolError(f"bad size {size!r} for a file")
-    if not isinstance(mode, int) or not 0 <= mode <= 0o7777:
+    if type(mode) is not int or not 0 <= mode <= 0o7777:
         raise ProtocolError(f"bad mode {mode!r} for a file")
     if not key_ok and not _is_hex32(key):
         raise ProtocolError("bad file key in manifest")
     if ident != "" and not ident_ok and not _is_hex32(ident):
         raise ProtocolError("bad file identity in manifest")
-    if elem not in (1, 2, 4):
+    if type(elem) is not int or elem not in (1, 2, 4):
         raise ProtocolError(f"bad element size {elem!r}")
     if mtime_ns is not None and not _is_ns(mtime_ns):
         raise ProtocolError(f"bad mtime {mtime_ns!r} for a file")

@@ -224,6 +224,30 @@ def test_manifest_transfer_id_must_match_contents() -> None:
         parse_manifest(forged.to_json(), Limits())
 
 
+@pytest.mark.parametrize(
+    ("where", "field", "value"),
+    [
+        ("file", "size", True),  # was: a 1-byte file, done.json recording `true`
+        ("file", "mode", True),  # was: mode 0o001
+        ("file", "elem", True),
+        ("file", "size", 1.0),
+        ("top", "version", 1.0),  # was: taken as version 1
+        ("top", "chunk_size", 1048576.0),
+    ],
+)
+def test_manifest_numbers_are_json_integers_not_booleans_or_floats(
+    where: str, field: str, value: object
+) -> None:
+    """docs/protocol.md: these fields are integers. JSON true is a Python int (1), and 1.0 == 1:
+    both passed isinstance(x, int) or `in (1, 2, 4)` (fz)."""
+    import orjson
+
+    raw = orjson.loads(make_manifest(1 << 20, [_entry("a", 1)]).to_json())
+    (raw["files"][0] if where == "file" else raw)[field] = value
+    with pytest.raises(ProtocolError):
+        parse_manifest(orjson.dumps(raw), Limits())
+
+
 # -- session ----------------------------------------------------------------------------------
 
 
