@@ -10,7 +10,8 @@ from cache.errors import BadSourceError
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
 # The index, JSON readers (orjson, jq, Go) and the kernel all keep sizes in signed 64 bits.
 MAX_SIZE = 2**63 - 1
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE)
+# ASCII digits only: \d also matches other scripts' digits (`--chunk-size ٤M` was 4 MiB)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE | re.ASCII)
 
 
 def parse_size(text: str | int | float) -> int:

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from typing import Any, ClassVar
 
 import click
+
+_NUMBER = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+# what float() takes besides numbers; Seconds refuses them by value (nan, inf), with its own words
+_FLOAT_WORDS = ("nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity")
+
+
+def _plain_number(text: str) -> bool:
+    """A number in ASCII digits: float() also takes `1_0` and other scripts' digits (`٣d`)."""
+    return _NUMBER.fullmatch(text) is not None
 
 
 class Seconds(click.FloatRange):
@@ -20,6 +30,12 @@ class Seconds(click.FloatRange):
         self.positive = positive
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if (
+            isinstance(value, str)
+            and not _plain_number(value.strip())
+            and value.strip().lower() not in _FLOAT_WORDS
+        ):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
         seconds = super().convert(value, param, ctx)
         if not math.isfinite(seconds):
             kind = "a positive number" if self.positive else "a number"
@@ -51,10 +67,8 @@ class Age(click.ParamType):
         if text in ("never", "0"):
             return None
         unit = self._UNITS.get(text[-1:])
-        try:
-            seconds = float(text[:-1] if unit else text) * (unit or 1)
-        except ValueError:
-            seconds = math.nan
+        number = text[:-1] if unit else text
+        seconds = float(number) * (unit or 1) if _plain_number(number) else math.nan
         if not math.isfinite(seconds) or seconds < 0:
             self.fail(f"{value!r} is not an age (e.g. 7d, 12h, 30m, never)", param, ctx)
         return seconds or None
