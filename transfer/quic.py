@@ -126,6 +126,15 @@ def path_datagram_size(host: str, port: int, cap: int) -> int:
         return MIN_DATAGRAM
 
 
+def _quiet_waiter(proto: Any) -> None:
+    """The library fails its handshake waiter (ConnectionError) as the connection closes; with
+    nobody awaiting it any more (a wait that timed out), asyncio logged "Future exception was never
+    retrieved" and its traceback on stderr, three lines per failed reconnect."""
+    waiter = getattr(proto, "_connected_waiter", None)
+    if isinstance(waiter, asyncio.Future):
+        waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+
 def _route_datagram(sock: socket.socket, cap: int) -> int:
     """The UDP payload a connected socket's route carries unfragmented (the link MTU, or the path
     MTU the kernel learned from ICMP), within [MIN_DATAGRAM, cap]. Raises OSError."""
@@ -990,6 +999,7 @@ class QuicConnection:
                 with contextlib.suppress(OSError):
                     fits = _route_datagram(sock, self.backend.max_datagram)
                 exc.fits = fits
+            _quiet_waiter(proto)  # (a reconnect that timed out waiting: np saw it on each retry)
             # the protocol's close() only sends CONNECTION_CLOSE: the socket stayed open until the
             # garbage collector found it (a process sending many checkpoints leaked one per failure)
             proto.close()
@@ -1036,11 +1046,7 @@ class QuicConnection:
         finally:
             for task in (connected, too_big):
                 task.cancel()
-            # the library fails its waiter (ConnectionError) as the connection closes; with
-            # nobody awaiting it any more, asyncio would log "exception was never retrieved"
-            waiter = getattr(proto, "_connected_waiter", None)
-            if isinstance(waiter, asyncio.Future):
-                waiter.add_done_callback(lambda f: f.cancelled() or f.exception())
+            _quiet_waiter(proto)
 
     async def _keepalive(self, proto: Any) -> None:
         """The control connection idles while data moves elsewhere; pings keep it (and NATs) open."""
