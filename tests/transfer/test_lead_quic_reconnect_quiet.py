@@ -6,50 +6,18 @@ its first chunk is written, for longer than the idle timeout and one reconnect's
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
-from rqtest import freeze
-from xfer_kit import Recv, rq_cmd, rq_env, summary
-
-
-def _bytes_written(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-        if line.startswith("wchar:"):
-            return int(line.split()[1])
-    raise AssertionError("no wchar")
+from xfer_kit import Recv, repeated_random_file, rq_cmd, rq_env, stop_once_writing, summary
 
 
 @pytest.mark.slow
 def test_failed_quic_reconnects_print_only_rqs_own_lines(tmp_path: Path) -> None:
-    src = tmp_path / "ckpt.bin"
-    block = os.urandom(1 << 20)
-    with open(src, "wb") as fh:
-        for _ in range(256):
-            fh.write(block)
+    src = repeated_random_file(tmp_path / "ckpt.bin", 256)
     recv = Recv(tmp_path / "dst", tmp_path / "cert", "quic", "--once").start()
-    assert recv.proc is not None
-    proc = recv.proc
-
-    def stop_a_while() -> None:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # the `transfer` event
-        assert b'"transfer"' in line, line
-        start = _bytes_written(proc.pid)
-        deadline = time.monotonic() + 30
-        while _bytes_written(proc.pid) < start + (16 << 20) and time.monotonic() < deadline:
-            time.sleep(0.0005)
-        freeze(proc)
-        time.sleep(21.0)  # the idle timeout (10 s), then a reconnect that waits 10 s for an answer
-        proc.send_signal(signal.SIGCONT)
-
-    stopper = threading.Thread(target=stop_a_while)
-    stopper.start()
+    stopper = stop_once_writing(recv, 16 << 20, hold=21.0)
     try:
         done = subprocess.run(
             rq_cmd(

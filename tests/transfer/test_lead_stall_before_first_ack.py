@@ -8,49 +8,16 @@ against 60."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import threading
-import time
 from pathlib import Path
 
-from rqtest import freeze
-from xfer_kit import Recv, rq_cmd, rq_env, summary
-
-
-def _bytes_written(pid: int) -> int:
-    """What process `pid` has written so far (wchar: its chunks into the .part)."""
-    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-        if line.startswith("wchar:"):
-            return int(line.split()[1])
-    raise AssertionError("no wchar")
+from xfer_kit import Recv, repeated_random_file, rq_cmd, rq_env, stop_once_writing, summary
 
 
 def test_a_send_that_stalled_before_its_first_ack_reconnects_once(tmp_path: Path) -> None:
-    src = tmp_path / "ckpt.bin"
-    block = os.urandom(1 << 20)
-    with open(src, "wb") as fh:
-        for _ in range(256):
-            fh.write(block)
+    src = repeated_random_file(tmp_path / "ckpt.bin", 256)
     recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--once").start()
-    assert recv.proc is not None
-    proc = recv.proc
-
-    def stop_when_chunks_flow() -> None:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # the `transfer` event: planned, chunks about to flow
-        assert b'"transfer"' in line, line
-        start = _bytes_written(proc.pid)
-        deadline = time.monotonic() + 30
-        while _bytes_written(proc.pid) < start + (32 << 20) and time.monotonic() < deadline:
-            time.sleep(0.0005)
-        freeze(proc)  # (its first ACK comes after 8 chunks of 32 MiB, the whole file: far off)
-        time.sleep(4.0)  # past the 3 s stall, before the retry gives up
-        proc.send_signal(signal.SIGCONT)
-
-    stopper = threading.Thread(target=stop_when_chunks_flow)
-    stopper.start()
+    stopper = stop_once_writing(recv, 32 << 20, hold=4.0)
     try:
         done = subprocess.run(
             rq_cmd(

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -447,3 +448,45 @@ class BarSpy:
 
     def advance(self, _task: int, n: int) -> None:
         self.shown.append((self.shown[-1] if self.shown else 0) + n)
+
+
+def repeated_random_file(path: Path, mib: int) -> Path:
+    """A `mib` MiB file of one random MiB over and over: incompressible per chunk, quick to write."""
+    block = os.urandom(1 << 20)
+    with open(path, "wb") as fh:
+        for _ in range(mib):
+            fh.write(block)
+    return path
+
+
+def _bytes_written(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no wchar")
+
+
+def stop_once_writing(recv: Recv, written: int, hold: float) -> threading.Thread:
+    """A started thread that SIGSTOPs `recv` (a --json receiver) once its transfer is planned and
+    it has written `written` bytes of chunks (/proc wchar), and wakes it `hold` seconds later:
+    chunks flow, and the receiver then falls silent mid-transfer. Join it before recv.stop()."""
+    from rqtest import freeze
+
+    proc = recv.proc
+    assert proc is not None and proc.stdout is not None
+    stdout = proc.stdout
+
+    def run() -> None:
+        line = stdout.readline()  # the `transfer` event: planned, chunks about to flow
+        assert b'"transfer"' in line, line
+        start = _bytes_written(proc.pid)
+        deadline = time.monotonic() + 30
+        while _bytes_written(proc.pid) < start + written and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        freeze(proc)
+        time.sleep(hold)
+        proc.send_signal(signal.SIGCONT)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
