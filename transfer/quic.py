@@ -89,8 +89,14 @@ class _Backend:
             self.connection: ModuleType = importlib.import_module(f"{name}.quic.connection")
             self.events: ModuleType = importlib.import_module(f"{name}.quic.events")
         except ImportError as exc:
+            # qh3 is the optional one (the rqcli[qh3] extra); aioquic comes with rq itself
+            fix = (
+                "pip install 'rqcli[qh3]', or use --quic-backend aioquic"
+                if name == "qh3"
+                else "reinstall rqcli"
+            )
             raise UnsupportedError(
-                f"QUIC backend {name} is not installed ({exc}); use --quic-backend aioquic or --transport tcp"
+                f"QUIC backend {name} is not installed ({exc}): {fix}, or --transport tcp"
             ) from None
         self.max_datagram = QH3_MAX_DATAGRAM if name == "qh3" else AIOQUIC_MAX_DATAGRAM
         # qh3 keeps a stream's send buffer in Rust; only get_send_buffer_size (qh3 >= 2.1) tells how

@@ -677,3 +677,23 @@ def test_quic_send_waits_for_aioquic_buffer_room_and_gives_up_on_a_stalled_peer(
     finally:
         loop.call_soon_threadsafe(loop.stop)
         runner.join(2)
+
+
+def test_a_missing_qh3_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README installs `rqcli[qh3]`; the error for a missing qh3 named only the other backend
+    and TCP, never the extra that brings it (pk)."""
+    import importlib
+
+    from transfer import quic
+    from transfer.errors import UnsupportedError
+
+    real = importlib.import_module
+
+    def no_qh3(name: str, *args: object) -> object:
+        if name.startswith("qh3"):
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(quic.importlib, "import_module", no_qh3)
+    with pytest.raises(UnsupportedError, match=r"pip install 'rqcli\[qh3\]', or use --quic-backend aioquic"):
+        quic._Backend("qh3")
