@@ -351,6 +351,13 @@ def _space(path: Path, name: str, fix: str) -> Finding:
     used = _tree_size(path) if path.exists() else 0
     where = str(path) if path.exists() else f"{path} (not created yet; space of {probe})"
     detail = f"{where}: {_gib(usage.free)} free of {_gib(usage.total)}; rq uses {_gib(used)}"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        # (pk: a read-only HOME said "ok" here while rq preload failed "Read-only file system")
+        why = (
+            "on a read-only file system" if os.statvfs(probe).f_flag & os.ST_RDONLY else "not writable by you"
+        )
+        made = "it" if probe == path else f"{probe}, where it would be made,"
+        return Finding(name, "warn", f"{where}: {made} is {why}", "pass --cache-dir on a writable local disk")
     if usage.free < 1 << 30:
         return Finding(name, "warn", detail + " (under 1 GiB free)", fix)
     return Finding(name, "ok", detail)

@@ -85,3 +85,26 @@ def test_a_bad_bucket_name_is_a_usage_error_in_one_short_line(tmp_path: Path) ->
         res.stderr.decode().splitlines()[-1]
         == "rq: error: bucket name 'bad bucket!' is not valid — check --bucket"
     )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a read-only bind mount needs root (unshare -m)")
+def test_a_cache_dir_on_a_read_only_file_system_is_not_ok(tmp_path: Path) -> None:
+    """pk: with HOME on a read-only file system doctor said `cache-disk ok … (not created yet)`
+    while `rq preload` there failed 'Read-only file system' (exit 2)."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    home = tmp_path / "home"
+    home.mkdir()
+    script = (
+        f"mount --bind -o ro {home} {home} && "
+        f"HOME={home} XDG_CACHE_HOME= RQ_CACHE_DIR= {sys.executable} -m rqcli doctor --json"
+    )
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, timeout=60, check=False)
+    if b"mount" in done.stderr and b"denied" in done.stderr:
+        pytest.skip("this machine refuses the bind mount")
+    [disk] = [f for f in map(json.loads, done.stdout.decode().splitlines()) if f.get("check") == "cache-disk"]
+    assert disk["status"] == "warn" and "read-only file system" in disk["detail"], disk
