@@ -67,6 +67,25 @@ LAND_BATCH = 64
 # start, so a slow publish (syncfs on a loaded disk) holds the run back instead of queueing without
 # bound, and with it the listing, which is planned only as work starts
 MAX_TO_LAND = 4 * LAND_BATCH
+# Each object waiting to be published keeps its file open (an O_TMPFILE or a tmp file), so under a
+# low open-files limit the wait is shorter: half the descriptors rq has, less what the rest of the
+# run holds (the index, sockets, the listing). It was 256 whatever --workers said (pk).
+FDS_KEPT_ASIDE = 48
+
+
+def max_to_land() -> int:
+    """MAX_TO_LAND, or fewer where the open-files limit cannot hold that many files open."""
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return MAX_TO_LAND
+    if soft == resource.RLIM_INFINITY:
+        return MAX_TO_LAND
+    return max(8, min(MAX_TO_LAND, (soft - FDS_KEPT_ASIDE) // 2))
+
+
 PRUNE_MIN = 4096  # the run's list of jobs sheds finished ones once it passes this many (and doubles)
 # Whole objects under cache.digests.BIG_OBJECT (64 MiB) come through the CRT, which holds each body
 # in a buffer (grown by doubling: up to twice the size) until it is written. 256 requests in flight
@@ -334,6 +353,7 @@ class Fetcher:
         # (Workers, not a ThreadPoolExecutor: its thread failing to start raised out of the run as
         # "unexpected RuntimeError: can't start new thread"; this one publishes on the loop's thread)
         self._publisher = Workers(1, "rq-publish")
+        self._max_to_land = max_to_land()
         self._bytes = 0
         self._bytes_lock = threading.Lock()
         self._seq = itertools.count()
@@ -465,7 +485,7 @@ class Fetcher:
                         not requests
                         and ready
                         and not self.starved
-                        and len(to_land) < MAX_TO_LAND
+                        and len(to_land) < self._max_to_land
                         and (room >= min(32, self.window.value // 4 + 1) or inflight == 0)
                     ):
                         batch = self._take(ready, self.window.value - inflight)

@@ -204,6 +204,28 @@ class _LocalRequest:
         self.cancelled = True
 
 
+# how long a listing waits for a descriptor to open the next directory (the fetch frees its own as
+# landings are published); past this, "cannot list …: Too many open files" ends the run as before
+LIST_FD_PATIENCE = 30.0
+
+
+def _scandir_sorted(path: Path) -> list[os.DirEntry[str]]:
+    """The entries of `path` by name. Out of descriptors (EMFILE/ENFILE), it waits and tries again:
+    the run's own landings hold descriptors until their batch is published, so under a low
+    open-files limit a listing that opened its next directory at the wrong moment ended the whole
+    run, however low --workers was (pk: ulimit -n 64, 5,000 files in 50 directories, 1 run in 2)."""
+    deadline = time.monotonic() + LIST_FD_PATIENCE
+    pause = 0.01
+    while True:
+        try:
+            return sorted(os.scandir(path), key=lambda e: e.name)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE) or time.monotonic() > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(0.5, pause * 2)
+
+
 class LocalOrigin:
     """A directory (local disk, NFS, a FUSE mount). Copies run in a thread pool: read/pwrite release
     the GIL, and NFS latency wants several in flight."""
@@ -259,7 +281,7 @@ class LocalOrigin:
         while stack:
             here = stack.pop()
             try:
-                items = sorted(os.scandir(here), key=lambda e: e.name)
+                items = _scandir_sorted(here)
             except (FileNotFoundError, NotADirectoryError):
                 if here == self.root:
                     raise NotFoundError(f"directory not found: {self.root}") from None
