@@ -152,6 +152,21 @@ def _says_out_of_files(message: str) -> bool:
     return "Too many open files" in message or "ran out of open files" in message
 
 
+def _warn_past_cgroup(out: Output, ram_limit: int) -> None:
+    """A --ram-limit above this cgroup's memory limit is used as given (the user's choice), but
+    RAM-tier files count against that limit: the kernel kills a process of the group (rq, or the
+    training job beside it) before the cap is reached. Said once, at the start (pk: exit 137)."""
+    from cache.sizes import cgroup_memory_limit, format_size
+
+    limit = cgroup_memory_limit()
+    if limit is not None and ram_limit > limit // 2:
+        out.warn(
+            f"--ram-limit {format_size(ram_limit)} is more than half this cgroup's memory limit of "
+            f"{format_size(limit)}: RAM-tier files count against it, and the kernel kills a process of "
+            f"the group (rq, or the job beside it) once it is reached; {format_size(limit // 2)} is safe"
+        )
+
+
 def open_cache(cache_dir: Path | None, **kwargs: Any) -> Any:
     from cache import Cache, CacheError
 
@@ -403,6 +418,8 @@ def _preload(
         raise refused(exc) from None
     root = c.root if scratch is None else _requested_root(cache_dir)
     tally.root = root
+    if ram_limit is not None and scratch is None:
+        _warn_past_cgroup(out, ram_limit)
     # a dry run prints its plan as it is listed (a line per object): no bar to draw around it
     with out.progress() if not dry_run else contextlib.nullcontext() as bar:
         task = bar.add_task("preload", total=None) if bar is not None else None
