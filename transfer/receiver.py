@@ -508,7 +508,10 @@ class Receiver:
                 core.fail(exc)
                 with contextlib.suppress(Exception):
                     self._send(ch, core)
-                if not isinstance(exc, ChunkSizeError):  # a redirect the sender follows, not a refusal
+                # not a refusal: a redirect the sender follows; or frames a sender sent after this
+                # transfer was committed and DONE went out (a second COMMIT, a late CHUNK): it
+                # finished, and "refused a transfer" after "complete and verified" misled (fz)
+                if not isinstance(exc, ChunkSizeError) and not committed:
                     self.on_event(TransferFailed(str(exc), exc.code))
         except TimeoutError:
             pass  # the sender went quiet; what is durable stays, the sender resumes
