@@ -1157,6 +1157,9 @@ class Prefetcher:
     # items past the window one look may check for reads (_follow_other_processes): ~10 ms of
     # index lookups, every 0.5 s while the window is warm and its items unread
     FOLLOW_BEYOND = 4096
+    # a read this soon after the window passed an item is taken for a straggler of that place,
+    # not for the item's next place past the window (_furthest_read)
+    STRAGGLER_S = 5.0
 
     def __init__(self, cache: Cache, urls: list[str], ahead: int, tier: str):
         self.cache, self.urls, self.ahead, self.tier = cache, urls, max(1, ahead), tier
@@ -1257,7 +1260,7 @@ class Prefetcher:
         lo, hi = start, start + self.ahead
         furthest = -1
         while lo < len(self.urls):
-            furthest = self._furthest_read(lo, hi, seen, now)
+            furthest = self._furthest_read(lo, hi, seen, now, beyond=lo > start)
             if furthest >= 0 or hi - start >= self.ahead + self.FOLLOW_BEYOND:
                 break
             lo, hi = hi, hi + (hi - start)
@@ -1265,9 +1268,12 @@ class Prefetcher:
             self._move_to(furthest)
         return furthest > start
 
-    def _furthest_read(self, lo: int, hi: int, seen: set[str], now: float) -> int:
+    def _furthest_read(self, lo: int, hi: int, seen: set[str], now: float, beyond: bool = False) -> int:
         """The furthest place in [lo, hi) whose item other processes read, or -1. URLs in `seen`
-        (met at an earlier place) are passed over; those met here are added to it."""
+        (met at an earlier place) are passed over; those met here are added to it. `beyond` the
+        window, a URL the window passed at an earlier place counts only for a read more than
+        STRAGGLER_S after that: DataLoader workers finish out of order, and a late read of an
+        item just passed pulled the window to its next epoch's place (dr3: 59 -> 150 of 200)."""
         span = [u for u in self.urls[lo:hi] if u not in seen]
         have = self.cache._state().index.get_many(set(span))
         furthest = -1
@@ -1279,6 +1285,8 @@ class Prefetcher:
             if e is None:
                 continue
             after = max(self._since, self._seen.get(url, 0.0))
+            if beyond and url in self._seen:
+                after = self._seen[url] + self.STRAGGLER_S
             if e.created > now:
                 # landed before the wall clock stepped back: its landing stamp is ahead of every
                 # read since, so any other stamp (Index.touch moves one that lies ahead) is a read

@@ -355,6 +355,33 @@ def test_a_prefetch_catches_up_with_workers_that_got_ahead_of_its_window(
     c.close()
 
 
+def test_a_late_read_of_an_item_just_passed_does_not_pull_the_window_into_the_next_epoch(
+    tmp_path: Path, ram_dir: Path
+) -> None:
+    """DataLoader workers finish out of order: a read of an item the window has just passed, seen
+    past the window, was counted at that item's next epoch's place (dr3: 59 -> 150), and from
+    there the window ran on into the second epoch, the rest of the first left cold."""
+    import multiprocessing as mp
+    import time
+
+    src = random_files(tmp_path / "src", 100, 1000)
+    epoch = [str(src / str(i)) for i in range(100)]
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    pre = c.prefetch(epoch * 2, ahead=4, tier="ram")
+    assert pre.wait_warm(30)
+    with mp.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_read_in_order, (c, epoch[0:60])) == 60
+        deadline = time.monotonic() + 15
+        while pre.position < 59 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pre.position == 59, pre.position
+        time.sleep(1.5)
+        assert pool.apply(_read_in_order, (c, epoch[50:51])) == 1  # a straggler of the first epoch
+    time.sleep(3.0)  # its stamp arrives, and the prefetcher looks a few times
+    assert pre.position == 59, pre.position  # 150 before
+    c.close()
+
+
 def test_bad_arguments_are_clear_errors_that_leave_nothing_behind(tmp_path: Path, ram_dir: Path) -> None:
     for kwargs in ({"ram_limit": "abc"}, {"disk_limit": -1}, {"max_age": "60"}, {"max_age": -1}):
         with pytest.raises(BadSourceError):
