@@ -890,7 +890,9 @@ class Store:
                 for tier, rels in obj_files.items():
                     for rel in rels:
                         if (tier, rel) not in blobs and (tier, rel) not in held:
-                            unlink_quiet(self.layout.blob_path(tier, rel))
+                            # the name as listed (xx/name), not blob_path's: that maps a name not
+                            # shaped like a blob (a stray file) elsewhere, and the stray stayed (dr3)
+                            unlink_quiet(self.layout.tier_root(tier) / "objects" / rel)
                             stats["orphans_removed"] += 1
         for hold in later:
             self._collect_garbage(hold)

@@ -66,3 +66,21 @@ def test_a_relative_ram_root_in_the_index_is_passed_over(
     finally:
         for root in roots:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def test_clear_still_sweeps_stray_files_under_objects(tmp_path: Path, ram_dir: Path) -> None:
+    """The sweep of files nobody names unlinked blob_path(tier, name): once blob_path mapped names
+    not shaped like a blob to objects/.invalid/, a stray file (`objects/2b/stray.txt`, an NFS
+    `.nfs…`, a directory of its own) stayed after `rq cache clear`, counted as removed (dr3)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f").write_bytes(b"f" * 9000)
+    with Cache(tmp_path / "c", ram_dir=ram_dir) as c:
+        c.preload([str(src) + "/"], tier="disk")
+    strays = [tmp_path / "c" / "objects" / rel for rel in ("2b/stray.txt", "2b/.nfs0001", "zz/x")]
+    for stray in strays:
+        stray.parent.mkdir(parents=True, exist_ok=True)
+        stray.write_bytes(b"stray")
+    with Cache(tmp_path / "c", ram_dir=ram_dir) as c:
+        c.clear()
+    assert [p for p in strays if p.exists()] == []
