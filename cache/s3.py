@@ -687,7 +687,12 @@ class S3:
             )
         except BaseException as exc:
             ticket.close()  # never started: nothing to watch
-            raise _refused_at_start(exc, what, endpoint) from exc
+            mapped = _refused_at_start(exc, what, endpoint)
+            if mapped is exc:
+                raise
+            # (no `from exc`: that would replace the OSError(EMFILE) cause map_error gave it, by
+            # which the fetcher knows to narrow its window, dr3; the CRT's error stays its context)
+            raise mapped  # noqa: B904
         ticket.hold(request)
 
     def _call(
@@ -827,7 +832,12 @@ class S3:
             )
         except BaseException as exc:
             ticket.close()  # never started: nothing to watch
-            raise _refused_at_start(exc, what, endpoint) from exc
+            mapped = _refused_at_start(exc, what, endpoint)
+            if mapped is exc:
+                raise
+            # (no `from exc`: that would replace the OSError(EMFILE) cause map_error gave it, by
+            # which the fetcher knows to narrow its window, dr3; the CRT's error stays its context)
+            raise mapped  # noqa: B904
         ticket.hold(request)
         return request
 

@@ -83,3 +83,29 @@ def test_an_s3_preload_under_a_low_open_files_limit_backs_off(
         )
     else:
         assert json.loads(out.splitlines()[-1])["objects"] == 600
+
+
+def test_a_crt_request_refused_for_want_of_descriptors_reads_as_emfile(
+    aws_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """awscrt's make_request raises RuntimeError('45 (AWS_ERROR_MAX_FDS_EXCEEDED): …'); what
+    S3.get raises for it must still carry the EMFILE the fetcher narrows its window on: `raise
+    mapped from exc` put the CRT's error in its place (dr3), and out_of_files said no."""
+    from cache.fetcher import out_of_files
+    from cache.s3 import S3, S3Settings
+
+    for name, value in aws_env.items():
+        monkeypatch.setenv(name, value)
+    s3 = S3(S3Settings())
+
+    def refuse(**_: Any) -> Any:
+        raise RuntimeError("45 (AWS_ERROR_MAX_FDS_EXCEEDED): The maximum number of fds has been exceeded.")
+
+    class Refusing:  # awscrt's S3Client will not have its methods replaced
+        make_request = staticmethod(refuse)
+
+    monkeypatch.setattr(s3, "client", Refusing())
+    with pytest.raises(Exception) as raised:
+        s3.get("b", "k", on_headers=lambda h: None, on_done=lambda e: None, recv_filepath="/dev/null")
+    assert out_of_files(raised.value), repr(raised.value.__cause__)
+    assert "ran out of open files" in str(raised.value)
