@@ -431,8 +431,9 @@ def _a_receiver_ending(args: list[str]) -> bool:
     words = _words(args)
     if _invoked(args)[0] != "rq recv" or "--once" in words:
         return False
-    if os.environ.get("RQ_RECV_ONCE", "").lower() in ("1", "true", "yes", "on"):
-        return False
+    env = os.environ.get("RQ_RECV_ONCE", "")
+    if env:  # the environment beats the config file (flag > environment > config file)
+        return env.lower() not in ("1", "true", "t", "yes", "y", "on")
     return _configured_once(words) is not True
 
 

@@ -19,6 +19,16 @@ def _plain_number(text: str) -> bool:
     return _NUMBER.fullmatch(text) is not None
 
 
+class Whole(click.IntRange):
+    """A whole number in ASCII digits: Click's INT is int(), which takes `1_6` and other scripts'
+    digits (`--workers ٤` ran with 4 workers)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]+\s*", value) is None:
+            self.fail(f"{value!r} is not a whole number", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class Seconds(click.FloatRange):
     """A finite number of seconds: `nan` slips through FloatRange (no comparison holds for it),
     and a retry or timeout of nan or inf never ends."""

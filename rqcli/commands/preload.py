@@ -16,7 +16,7 @@ from rqcli import malloc, teardown
 from rqcli.errors import CliError, interruption, open_files_limit
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
-from rqcli.params import CommandEnvFirst, NonEmptyPath, OnePerLine
+from rqcli.params import CommandEnvFirst, NonEmptyPath, OnePerLine, Whole
 
 
 def cache_error_to_cli(exc: Exception, sources: tuple[str, ...] = ()) -> CliError:
@@ -283,9 +283,7 @@ def exit_for_kinds(kinds: set[str]) -> ExitCode:
     callback=size_option,
     help="Cap of the disk tier, e.g. 500G (remembered by the cache).",
 )
-@click.option(
-    "--workers", type=click.IntRange(1, 4096), default=256, show_default=True, help="Requests in flight."
-)
+@click.option("--workers", type=Whole(1, 4096), default=256, show_default=True, help="Requests in flight.")
 # No envvar= for these two: cache.s3 reads AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL / AWS_PROFILE by
 # botocore's rules (a profile from AWS_PROFILE does not override keys in the environment, a
 # --profile flag does; AWS_IGNORE_CONFIGURED_ENDPOINT_URLS drops the variables, not the flag).

@@ -31,7 +31,7 @@ from platformdirs import user_data_path
 from rqcli.errors import CliError, Terminated, interruption
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, StdoutError, get_output, output_options, safe_text, stdout_error
-from rqcli.params import CommandEnvFirst, NonEmptyPath, Seconds, documented_env_names
+from rqcli.params import CommandEnvFirst, NonEmptyPath, Seconds, Whole, documented_env_names
 from topics.embedded.format import MAX_BATCH_PAYLOAD, RECORD_SIZE
 from topics.embedded.groups import check_group_name
 from topics.embedded.log import TopicConfig
@@ -1167,7 +1167,7 @@ def _format_options(func: Any) -> Any:
 @click.option(
     "-n",
     "--lines",
-    type=click.IntRange(min=0),
+    type=Whole(min=0),
     help="Show the last N records (default 10); on MQTT: stop after N messages.",
 )
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new records as they arrive.")
@@ -1370,7 +1370,7 @@ def tail(
     type=NonEmptyPath(dir_okay=False, path_type=Path),
     help="Replay exactly what a saved spec pins, and verify its digest.",
 )
-@click.option("--count", type=click.IntRange(min=0), help="Stop after N records (after --where).")
+@click.option("--count", type=Whole(min=0), help="Stop after N records (after --where).")
 @click.option(
     "-f", "--follow", is_flag=True, help="Keep reading past the end (until --to, --count or Ctrl-C)."
 )

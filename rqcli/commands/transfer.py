@@ -22,7 +22,15 @@ from platformdirs import user_config_path, user_data_path
 from rqcli.errors import CliError, interruption, open_files_limit
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, StdoutError, get_output, output_options, safe_text
-from rqcli.params import Age, CommandEnvFirst, NonEmptyPath, NonEmptyText, Seconds, documented_env_names
+from rqcli.params import (
+    Age,
+    CommandEnvFirst,
+    NonEmptyPath,
+    NonEmptyText,
+    Seconds,
+    Whole,
+    documented_env_names,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -79,7 +87,7 @@ def _exit_code(exc: Exception) -> ExitCode:
 
 # QUIC needs datagrams of at least 1200 bytes (RFC 9000); qh3 takes up to 65000 and aioquic is
 # clamped to 16383 by the driver (transfer/quic.py), whatever is asked for here.
-DATAGRAM_RANGE = click.IntRange(1200, 65000)
+DATAGRAM_RANGE = Whole(1200, 65000)
 
 _HINTS = {
     ExitCode.AUTH: "check the token file / RQ_TOKEN and the --pin printed by `rq recv`",
@@ -182,7 +190,8 @@ def _skew_hint(message: str) -> str | None:
 
 
 def _host_port(text: str, default_port: int = 7420) -> tuple[str, int]:
-    m = re.match(r"^\[([^\]]+)\](?::(\d+))?$", text) or re.match(r"^([^:]*)(?::(\d+))?$", text)
+    # [0-9], not \d: `rq://host:٩` connected to port 9
+    m = re.match(r"^\[([^\]]+)\](?::([0-9]+))?$", text) or re.match(r"^([^:]*)(?::([0-9]+))?$", text)
     if not m:
         raise CliError(f"{text!r} is not HOST:PORT", ExitCode.USAGE)
     port = int(m.group(2)) if m.group(2) else default_port
@@ -349,8 +358,8 @@ def _common(func: Any) -> Any:
             help="auto uses qh3 when installed, else aioquic.",
         ),
         click.option("--rdma-device", help="RDMA only: device name (e.g. mlx5_0)."),
-        click.option("--rdma-port", type=click.IntRange(1, 255), help="RDMA only: device port."),
-        click.option("--gid-index", type=click.IntRange(0, 255), help="RDMA only: GID index (RoCE)."),
+        click.option("--rdma-port", type=Whole(1, 255), help="RDMA only: device port."),
+        click.option("--gid-index", type=Whole(0, 255), help="RDMA only: GID index (RoCE)."),
     ]
     for opt in reversed(options):
         func = opt(func)
@@ -387,7 +396,7 @@ def _dest_argument(_ctx: click.Context, _param: click.Parameter, value: str) -> 
 )
 @click.option(
     "--max-files",
-    type=click.IntRange(min=1),
+    type=Whole(min=1),
     default=100_000,
     show_default=True,
     help="Refuse manifests with more files.",
@@ -399,7 +408,7 @@ def _dest_argument(_ctx: click.Context, _param: click.Parameter, value: str) -> 
 )
 @click.option(
     "--workers",
-    type=click.IntRange(1, 64),
+    type=Whole(1, 64),
     default=1,
     show_default=True,
     help="QUIC: receive in N processes (the extra ones on ports of their own, told to the sender); match the sender's --connections.",
@@ -934,14 +943,14 @@ def _recv_event(out: Output, ev: Any) -> None:
 )
 @click.option(
     "--connections",
-    type=click.IntRange(1, 64),
+    type=Whole(1, 64),
     default=1,
     show_default=True,
     help="Parallel connections (QUIC: one process each).",
 )
 @click.option(
     "--streams",
-    type=click.IntRange(1, 64),
+    type=Whole(1, 64),
     default=None,
     help="Channels per connection (QUIC streams; extra TCP connections). [default: 2; TCP: 1]",
 )

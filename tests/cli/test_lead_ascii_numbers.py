@@ -35,3 +35,23 @@ def test_plain_numbers_still_pass() -> None:
     assert Age().convert("1.5h", None, None) == 5400 and Age().convert("never", None, None) is None
     with pytest.raises(click.BadParameter):
         Seconds().convert("inf", None, None)  # refused as before, by value
+
+
+@pytest.mark.parametrize("text", ["٤", "1_6", "４"])
+def test_whole_numbers_in_other_digits_are_refused(text: str) -> None:
+    """Click's INT is int(): `--workers ٤` ran with 4 workers, `--workers 1_6` with 16 (dr3)."""
+    from rqcli.params import Whole
+
+    with pytest.raises(click.BadParameter):
+        Whole(1, 4096).convert(text, None, None)
+    assert Whole(1, 4096).convert("16", None, None) == 16 and Whole(1, 4096).convert(8, None, None) == 8
+
+
+def test_a_port_in_other_digits_is_refused() -> None:
+    """`rq send f rq://127.0.0.1:٩` connected to port 9 (dr3)."""
+    from rqcli.commands.transfer import _parse_url
+    from rqcli.errors import CliError
+
+    with pytest.raises(CliError):
+        _parse_url("rq://127.0.0.1:٩")
+    assert _parse_url("rq://127.0.0.1:9")[:2] == ("127.0.0.1", 9)

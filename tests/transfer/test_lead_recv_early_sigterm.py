@@ -23,14 +23,21 @@ def _catches_sigterm(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("once", "code"), [("", 0), ("--once", 130), ("config", 130), ("config false", 0), ("env", 130)]
+    ("once", "code"),
+    [("", 0), ("--once", 130), ("config", 130), ("config false", 0), ("env", 130), ("config, env 0", 0)],
 )
 def test_sigterm_while_rq_recv_starts(tmp_path: Path, once: str, code: int) -> None:
     """`once` says how --once is given: the option, the config file's [recv] once (true, or
-    false), RQ_RECV_ONCE; none: a receiver that ends the normal way."""
+    false), RQ_RECV_ONCE (which beats the config file, dr3); none: a receiver that ends the normal way."""
     config = tmp_path / "config.toml"
     config.write_text(f"[recv]\nonce = {'false' if once == 'config false' else 'true'}\n")
-    env = rq_env(RQ_RECV_ONCE="1") if once == "env" else rq_env()
+    env = (
+        rq_env(RQ_RECV_ONCE="1")
+        if once == "env"
+        else rq_env(RQ_RECV_ONCE="0")
+        if "env 0" in once
+        else rq_env()
+    )
     front = ["--config", str(config)] if once.startswith("config") else ["--config", "/dev/null"]
     args = ["recv", str(tmp_path / "dst"), "--listen", "127.0.0.1:0", "--cert-dir", str(tmp_path / "cert")]
     proc = popen_rq(*front, *args, *(["--once"] if once == "--once" else []), env=env)
