@@ -329,6 +329,22 @@ def test_a_prefetch_follows_reads_made_in_dataloader_style_workers(tmp_path: Pat
     c.close()
 
 
+def _prefetching_two_epochs(tmp_path: Path, ram_dir: Path) -> tuple[Cache, Any, list[str]]:
+    """A cache prefetching two epochs of 100 local files (ahead 4, RAM tier), its first window warm."""
+    src = random_files(tmp_path / "src", 100, 1000)
+    epoch = [str(src / str(i)) for i in range(100)]
+    c = Cache(tmp_path / "c", ram_dir=ram_dir)
+    pre = c.prefetch(epoch * 2, ahead=4, tier="ram")
+    assert pre.wait_warm(30)
+    return c, pre, epoch
+
+
+def _wait_for_position(pre: Any, position: int, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    while pre.position < position and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def test_a_prefetch_catches_up_with_workers_that_got_ahead_of_its_window(
     tmp_path: Path, ram_dir: Path
 ) -> None:
@@ -338,18 +354,11 @@ def test_a_prefetch_catches_up_with_workers_that_got_ahead_of_its_window(
     the window now, and a read counts at the URL's first place from the window on: two epochs in
     one order, the first epoch's reads must not pull it into the second."""
     import multiprocessing as mp
-    import time
 
-    src = random_files(tmp_path / "src", 100, 1000)
-    epoch = [str(src / str(i)) for i in range(100)]
-    c = Cache(tmp_path / "c", ram_dir=ram_dir)
-    pre = c.prefetch(epoch * 2, ahead=4, tier="ram")
-    assert pre.wait_warm(30)
+    c, pre, epoch = _prefetching_two_epochs(tmp_path, ram_dir)
     with mp.get_context("fork").Pool(1) as pool:
         assert pool.apply(_read_in_order, (c, epoch[30:60])) == 30  # none of the window's items
-    deadline = time.monotonic() + 15
-    while pre.position < 59 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_for_position(pre, 59)
     assert pre.position == 59, pre.position  # 0 before: the window never moved again
     assert pre.errors == []
     c.close()
@@ -364,16 +373,10 @@ def test_a_late_read_of_an_item_just_passed_does_not_pull_the_window_into_the_ne
     import multiprocessing as mp
     import time
 
-    src = random_files(tmp_path / "src", 100, 1000)
-    epoch = [str(src / str(i)) for i in range(100)]
-    c = Cache(tmp_path / "c", ram_dir=ram_dir)
-    pre = c.prefetch(epoch * 2, ahead=4, tier="ram")
-    assert pre.wait_warm(30)
+    c, pre, epoch = _prefetching_two_epochs(tmp_path, ram_dir)
     with mp.get_context("fork").Pool(1) as pool:
         assert pool.apply(_read_in_order, (c, epoch[0:60])) == 60
-        deadline = time.monotonic() + 15
-        while pre.position < 59 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        _wait_for_position(pre, 59)
         assert pre.position == 59, pre.position
         time.sleep(1.5)
         assert pool.apply(_read_in_order, (c, epoch[50:51])) == 1  # a straggler of the first epoch
