@@ -6,29 +6,15 @@ its first chunk is written, for longer than the idle timeout and one reconnect's
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-from xfer_kit import Recv, repeated_random_file, rq_cmd, rq_env, stop_once_writing, summary
+from xfer_kit import send_while_stopped, summary
 
 
 @pytest.mark.slow
 def test_failed_quic_reconnects_print_only_rqs_own_lines(tmp_path: Path) -> None:
-    src = repeated_random_file(tmp_path / "ckpt.bin", 256)
-    recv = Recv(tmp_path / "dst", tmp_path / "cert", "quic", "--once").start()
-    stopper = stop_once_writing(recv, 16 << 20, hold=21.0)
-    try:
-        done = subprocess.run(
-            rq_cmd(
-                "send", str(src), recv.url, *recv.send_args(), "--json", "--compress", "none",
-                "--chunk-size", "8M", "--retry-for", "60",
-            ),
-            env=rq_env(), capture_output=True, timeout=120, check=False,
-        )  # fmt: skip
-    finally:
-        stopper.join()
-        recv.stop()
+    done = send_while_stopped(tmp_path, "quic", 16 << 20, 21.0, "--chunk-size", "8M", "--retry-for", "60")
     err = done.stderr.decode()
     assert done.returncode == 0, err[-800:]
     assert summary(done)["verified"] is True

@@ -8,27 +8,14 @@ against 60."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
-from xfer_kit import Recv, repeated_random_file, rq_cmd, rq_env, stop_once_writing, summary
+from xfer_kit import send_while_stopped, summary
 
 
 def test_a_send_that_stalled_before_its_first_ack_reconnects_once(tmp_path: Path) -> None:
-    src = repeated_random_file(tmp_path / "ckpt.bin", 256)
-    recv = Recv(tmp_path / "dst", tmp_path / "cert", "tcp", "--once").start()
-    stopper = stop_once_writing(recv, 32 << 20, hold=4.0)
-    try:
-        done = subprocess.run(
-            rq_cmd(
-                "send", str(src), recv.url, *recv.send_args(), "--json", "--compress", "none",
-                "--chunk-size", "32M", "--timeout", "3", "--retry-for", "2",
-            ),
-            env=rq_env(), capture_output=True, timeout=120, check=False,
-        )  # fmt: skip
-    finally:
-        stopper.join()
-        recv.stop()
+    args = ("--chunk-size", "32M", "--timeout", "3", "--retry-for", "2")
+    done = send_while_stopped(tmp_path, "tcp", 32 << 20, 4.0, *args)
     assert done.returncode == 0, done.stderr.decode()[-600:]  # 6 before: "gave up after 3s without progress"
     s = summary(done)
     assert s["verified"] is True and s["attempts"] == 2, done.stderr.decode()[-800:]

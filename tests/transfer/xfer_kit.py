@@ -490,3 +490,22 @@ def stop_once_writing(recv: Recv, written: int, hold: float) -> threading.Thread
     thread = threading.Thread(target=run)
     thread.start()
     return thread
+
+
+def send_while_stopped(
+    tmp_path: Path, transport: str, written: int, hold: float, *send_args: str
+) -> subprocess.CompletedProcess[bytes]:
+    """`rq send --json` of a 256 MiB incompressible file to a `rq recv --once` (tmp_path/dst) that
+    is stopped once it has written `written` bytes of chunks and woken `hold` s later
+    (stop_once_writing); `send_args` are added to the send's."""
+    src = repeated_random_file(tmp_path / "ckpt.bin", 256)
+    recv = Recv(tmp_path / "dst", tmp_path / "cert", transport, "--once").start()
+    stopper = stop_once_writing(recv, written, hold)
+    try:
+        return subprocess.run(
+            rq_cmd("send", str(src), recv.url, *recv.send_args(), "--json", "--compress", "none", *send_args),
+            env=rq_env(), capture_output=True, timeout=120, check=False,
+        )  # fmt: skip
+    finally:
+        stopper.join()
+        recv.stop()
