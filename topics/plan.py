@@ -47,8 +47,17 @@ def resolve_window(
 ) -> Window:
     """Exact offsets for a read: from the SPEC, else the group's committed offset, else the start.
 
-    Without follow, the read never goes past the end the topic has now (it exits there).
+    Without follow, the read never goes past the end the topic has now (it exits there). Relative
+    times (`@-1h`) are read against one "now": read once per bound, `--from @-1h` began a few ms
+    after the `time_from` the window recorded, and a replay by the saved spec, which filters by
+    that bound, counted fewer records than were written out.
     """
+    now = (now_ms or _wall_ms)()
+
+    def frozen() -> int:
+        return now
+
+    now_ms = frozen
     if start is None and committed is not None:
         # Not clamped to the first offset still there: what retention deleted before the group
         # read it is a gap the reader reports (on_gap), never skipped without a word.
@@ -70,6 +79,10 @@ def resolve_window(
     else:
         end = None if follow else max(source.end_offset(), begin)
     return Window(begin, end, time_of(start, now_ms) if start is not None else None, time_to)
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _follow_until(source: Source, t: int, now_ms: Callable[[], int] | None) -> int | None:
