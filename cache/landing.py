@@ -137,14 +137,16 @@ def is_racy(version: str) -> bool:
 
 def racy_at(version: str, read_at_ns: int) -> bool:
     """Whether a directory entry of `version` whose bytes were read from `read_at_ns` on (wall
-    clock) cannot be trusted on stat alone: its mtime or ctime lies within RACY_WINDOW_NS before
-    that moment, or after it. A version without a ctime (the format before ino/ctime were added)
-    counts only its mtime."""
+    clock) cannot be trusted on stat alone: its ctime lies within RACY_WINDOW_NS before that
+    moment, or after it. Only the kernel sets a ctime, and any write moves it to "now"; an mtime
+    is anybody's (`touch -d`, `cp -p`, tar), so a file stamped in the future by one was racy until
+    that date, hashed again on every open. A version without a ctime (the format before
+    ino/ctime were added) counts its mtime."""
     if not version.startswith("mtime:"):
         return False
     fields = dict(f.split(":", 1) for f in clean_version(version).split(";") if ":" in f)
     try:
-        changed = max(int(fields.get("mtime", "0")), int(fields.get("ctime", "0")))
+        changed = int(fields["ctime"] if "ctime" in fields else fields.get("mtime", "0"))
     except ValueError:
         return True  # unreadable: trust nothing about it
     return changed >= read_at_ns - RACY_WINDOW_NS

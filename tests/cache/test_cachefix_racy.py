@@ -41,6 +41,28 @@ def test_racy_at_marks_a_file_changed_within_the_window_of_its_read() -> None:
     assert not cache.landing.racy_at(old, now)
     assert cache.landing.racy_at(f"mtime:{now + 10**9};size:3", now)  # (a server clock ahead)
     assert not cache.landing.racy_at("etag:abc;size:3", now)  # S3: ETags are not timestamps
+    year = 365 * 86400 * 10**9  # an mtime set ahead (touch -d, cp -p, tar) with the ctime long past:
+    assert not cache.landing.racy_at(f"mtime:{now + year};size:3;ino:5;ctime:{now - 60 * 10**9}", now)
+
+
+def test_a_file_stamped_in_the_future_is_trusted_on_its_stat(
+    tmp_path: Path, ram_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ck: `touch -d 2099-01-01 f` kept f's entry racy until 2099, so every open hashed the
+    origin file again (on NFS: read it whole over the network). Only its ctime, which nobody but
+    the kernel sets, says when it last changed."""
+    now = time.time_ns()
+
+    def version(st: os.stat_result) -> str:
+        return f"mtime:{now + 365 * 86400 * 10**9};size:{st.st_size};ino:1;ctime:{now - 60 * 10**9}"
+
+    monkeypatch.setattr(cache.origins, "local_version", version)
+    monkeypatch.setattr("cache.api.local_version", version, raising=False)
+    src = tmp_path / "f.bin"
+    src.write_bytes(b"A" * 5000)
+    with Cache(tmp_path / "c", ram_dir=ram_dir) as c:
+        assert c.read_bytes(str(src)) == b"A" * 5000
+        assert not c.stat(str(src)).version.endswith(";racy")  # (old code: racy)
 
 
 def test_a_same_size_rewrite_in_one_tick_is_never_served_stale(
