@@ -65,6 +65,7 @@ from topics.render import Decoded, Renderer, make_renderer
 from topics.savedspec import ReplaySpec
 from topics.sources import Appended, Sink, Source, open_sink, open_source, parse_topic
 from topics.sources.base import Pending
+from topics.sources.embedded import EmbeddedSink
 from topics.sources.mqtt import PacketTooLarge
 from topics.sources.open import TopicRef, check_writable
 from topics.sources.subjects import subject_matches
@@ -585,6 +586,30 @@ class _Copied:
             raise
 
 
+STAMPED_AHEAD_WARN_MS = 60_000  # beyond the skew of hosts kept in time
+
+
+def _span(ms: int) -> str:
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000)):
+        if ms >= size:
+            return f"{ms / size:.1f} {unit}"
+    return f"{ms / 1000:.1f} s"
+
+
+def _warn_stamped_ahead(out: Output, sink: Sink) -> None:
+    """An embedded topic whose last record is stamped well ahead of this clock (written under a
+    clock that ran ahead) stamps what is produced now at that time: stamps never decrease. Said
+    once, so the records are not looked for at their real time in vain."""
+    if not isinstance(sink, EmbeddedSink):
+        return
+    ahead = sink.writer.last_ts - time.time_ns() // 1_000_000
+    if ahead > STAMPED_AHEAD_WARN_MS:
+        out.warn(
+            f"{safe_text(sink.url)}: its last record is stamped {_span(ahead)} ahead of this "
+            "clock; records produced now are stamped at that time (stamps never decrease)"
+        )
+
+
 def _emitters(
     writer: Writer | None,
     sink: Sink | None,
@@ -603,6 +628,8 @@ def _emitters(
     --record` printed one batch more than it captured)."""
     if writer is not None and stops is not None:
         writer.exact = True
+    if keep_time and isinstance(sink, EmbeddedSink):
+        sink.writer.max_ahead_ms = None  # a capture keeps its source's stamps, however far ahead
     tally = copied if copied is not None else _Copied()
 
     def emit(records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
@@ -951,6 +978,7 @@ def produce(
             if full is None:
                 raise
             raise full from None
+        _warn_stamped_ahead(out, sink)
         tally = _Produced()
         acks = True
         # A Ctrl-C or SIGTERM that lands while a batch is appended waits for it (up to

@@ -70,6 +70,12 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# A record stamped further ahead of the writer's clock than this is refused (Kafka 4.0's default
+# for log.message.timestamp.after.max.ms): stamps never decrease, so one record stamped in 3000
+# stamped every later record of the topic in 3000 and time ranges could not find them.
+MAX_AHEAD_MS = 3_600_000
+
+
 @dataclass
 class TopicConfig:
     segment_bytes: int = 128 * 1024 * 1024
@@ -1147,9 +1153,20 @@ class LogWriter:
     Thread-safe: appends from several threads through one writer are taken one at a time (each
     gets its own offsets), and close waits for an append under way."""
 
-    def __init__(self, directory: Path, config: TopicConfig | None = None, create: bool = True):
+    def __init__(
+        self,
+        directory: Path,
+        config: TopicConfig | None = None,
+        create: bool = True,
+        max_ahead_ms: int | None = MAX_AHEAD_MS,
+    ):
         # Reentrant: a signal handler that closes the writer runs in the thread it interrupted.
         self._lock = threading.RLock()
+        if max_ahead_ms is not None and (type(max_ahead_ms) is not int or max_ahead_ms < 0):
+            raise SpecError(
+                f"LogWriter: max_ahead_ms must be a whole number of ms or None, not {max_ahead_ms!r}"
+            )
+        self.max_ahead_ms = max_ahead_ms  # None: any stamp (a copy keeping its source's stamps)
         if config is not None and not isinstance(config, TopicConfig):
             raise SpecError(f"LogWriter: config must be a TopicConfig, not {type(config).__name__}")
         if config is not None:
@@ -1387,9 +1404,20 @@ class LogWriter:
                     ts = number
                 if ts < 0:  # i64 on disk, but a time before 1970 was stored as the previous one's
                     raise ValueError(f"timestamp {ts} is before 1970 (Unix ms of 0 or more)")
+                if (
+                    self.max_ahead_ms is not None and now + self.max_ahead_ms < ts < 1 << 63
+                ):  # past i64: below
+                    raise SpecError(
+                        f"cannot append to {self.dir}: a record is stamped {ts}, "
+                        f"{(ts - now) / 1000:.0f} s ahead of this clock (at most "
+                        f"{self.max_ahead_ms / 1000:.0f} s); timestamps never decrease, so every later "
+                        "record would carry that stamp. Nothing of the batch was written"
+                    )
                 last = ts if ts > last else last  # timestamps never go backwards: seeks stay exact
                 stamps.append(last)
             data = fmt.encode_batch(first, records, stamps)
+        except SpecError:
+            raise
         except (struct.error, TypeError, ValueError, AttributeError, OverflowError) as exc:
             # nothing written: one line, not struct's "required argument is not an integer"
             raise SpecError(
