@@ -20,6 +20,7 @@ import os
 import re
 import socket
 import ssl
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
@@ -248,9 +249,12 @@ def _bounded_parser() -> Any:
 
 
 class _Conn:
-    """One connection and event loop shared by a source or a sink."""
+    """One connection and event loop shared by a source or a sink. Steps run one at a time: a
+    source or sink shared by threads ran two on one loop ("This event loop is already running"),
+    and each step is short (a request bounded by its timeout; reads have connections of their own)."""
 
     def __init__(self, ref: Any, connect_timeout: float = 3.0):
+        self._steps = threading.RLock()  # reentrant: a signal handler's close() in a step's thread
         self.stream: str = ref.stream
         self.access = nats_access(ref.user, ref.password, ref.tls)
         self.where = hostport(ref.host, ref.port)
@@ -380,16 +384,22 @@ class _Conn:
                 coro.close()
             self.check_open()
             raise self._trouble()
-        self.denied = None
-        self.trouble.clear()
-        try:
-            return self.loop.run_until_complete(guarded())
-        except TopicError:
-            raise
-        except Exception:
-            if self.denied is not None or self.lost:
-                raise self._trouble() from None
-            raise
+        with self._steps:
+            if self.closed or self.lost:  # by another thread while this one waited its turn
+                if asyncio.iscoroutine(coro):
+                    coro.close()
+                self.check_open()
+                raise self._trouble()
+            self.denied = None
+            self.trouble.clear()
+            try:
+                return self.loop.run_until_complete(guarded())
+            except TopicError:
+                raise
+            except Exception:
+                if self.denied is not None or self.lost:
+                    raise self._trouble() from None
+                raise
 
     def _real_case(self, text: str) -> str:
         """nats-py lower-cases the server's -ERR text ('$js.api.stream.info.ev' for stream EV):
@@ -501,12 +511,13 @@ class _Conn:
             )
 
     def close(self) -> None:
-        if self.closed:
-            return  # a second close: the loop is gone, nats-py's close() would never be awaited
-        self.closed = True
-        with contextlib.suppress(Exception):
-            self.loop.run_until_complete(self.nc.close())
-        self.loop.close()
+        with self._steps:  # after a step another thread has under way
+            if self.closed:
+                return  # a second close: the loop is gone, nats-py's close() would never be awaited
+            self.closed = True
+            with contextlib.suppress(Exception):
+                self.loop.run_until_complete(self.nc.close())
+            self.loop.close()
 
 
 def _stream_info_shape(info: Any) -> bool:
@@ -1289,8 +1300,10 @@ class JetStreamSource:
                     return
                 # "gone": it went away between its info and the reset (a concurrent move): again
         except SourceUnreachable as exc:
-            # at least once: the group stays where it was, and its records are read again
-            raise SourceUnreachable(f"could not store the offset of group {group}: {exc}") from None
+            # At least once: the group is where it was, or (a reset the server applied and whose
+            # answer was lost) at `offset`; either way no record is skipped. The class is kept: a
+            # connection that was up and then lost (ConnectionLost) is not "is the server running?".
+            raise type(exc)(f"could not store the offset of group {group}: {exc}") from None
         except (
             nats.errors.TimeoutError,
             nats.errors.NoServersError,
@@ -1298,7 +1311,7 @@ class JetStreamSource:
             nats.errors.StaleConnectionError,
             nats.errors.UnexpectedEOF,
         ) as exc:
-            raise SourceUnreachable(
+            raise ConnectionLost(
                 f"could not store the offset of group {group}: no answer from NATS at "
                 f"{self.conn.where} ({reason(exc)})"
             ) from None
@@ -1662,6 +1675,7 @@ class JetStreamSink:
     def __init__(self, ref: Any, connect_timeout: float = 3.0, **_: Any):
         self.url = ref.url
         self.subject: str = ref.subject or ref.stream
+        self._appending = threading.Lock()
         self.conn = _Conn(ref, connect_timeout)
         try:
             try:
@@ -1711,6 +1725,13 @@ class JetStreamSink:
         )
 
     def append(self, records: Sequence[Pending]) -> Appended:
+        """Thread-safe: appends are taken one at a time, as LogWriter's are. Two at once shared the
+        Publisher's wire and its answers (th: overlapping sequences told to both, then a false
+        ConnectionLost for records the stream had stored)."""
+        with self._appending:
+            return self._append(records)
+
+    def _append(self, records: Sequence[Pending]) -> Appended:
         self.conn.check_open()
         if not records:
             return Appended(None, None, 0)
