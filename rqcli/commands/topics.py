@@ -1536,6 +1536,7 @@ def replay(
         stopped: KeyboardInterrupt | None = None
         failed: CliError | None = None  # what stopped the read partway, after it began
         committed_to: list[int] = []  # the offset last stored for the group, if any
+        commit_failing = [False]  # a follow's commit failed and has not been stored since
         stopped_at: list[int] = []  # where the read stopped, stored or not: a rerun goes on there
         try:
             decode_values = writer.needs_decode if writer is not None else False
@@ -1597,9 +1598,22 @@ def replay(
                             return
                         if r.next_offset <= (committed_to[0] if committed_to else start):
                             return  # nothing read since
-                        with stops.storing():
-                            source.commit(group, r.next_offset)
-                            committed_to[:] = [r.next_offset]
+                        try:
+                            with stops.storing():
+                                source.commit(group, r.next_offset)
+                                committed_to[:] = [r.next_offset]
+                        except SourceUnreachable as exc:
+                            # A server that stalls a few seconds ended a healthy follow here (np2:
+                            # a 6 s freeze, exit 6), where the read itself rides out ~15 s. The
+                            # records stay uncommitted (at least once) and the next commit tries
+                            # again; a server really gone ends the read, and the last commit says so.
+                            if not commit_failing[0]:
+                                out.warn(f"{exc}; the follow goes on and stores it again later")
+                            commit_failing[0] = True
+                        else:
+                            if commit_failing[0]:
+                                out.info(f"group {group} stored again at offset {r.next_offset}")
+                            commit_failing[0] = False
                         last_commit[0] = time.monotonic()
 
                     def progress(r: Result) -> None:

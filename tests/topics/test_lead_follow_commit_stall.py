@@ -1,0 +1,75 @@
+"""np2: a `replay -f --group G --commit` whose NATS server stalled for 5-6 s ended with exit 6 "could
+not store the offset of group G", while the same follow without --commit rode out an 8 s stall
+(the read waits ~10 s of missed heartbeats and a 5 s PING before it counts the server lost). The
+follow's periodic commit now warns, keeps the records uncommitted (at least once) and stores the
+position again once the server answers. Here the server is frozen (SIGSTOP) right after a record
+was read and before its commit, which comes at most once a second: the commit meets the stall."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+from jskit import freeze, own_nats_process
+from rqtest import popen_rq, read_lines, run_rq, wait_or_fail
+
+from topics.sources.open import open_sink, parse_topic
+
+_PORTS = range(23500, 23550)
+
+
+def test_a_follow_commit_rides_out_a_server_stall(tmp_path: Path) -> None:
+    with own_nats_process(tmp_path, _PORTS) as (url, server):
+        topic = f"{url}/ST/ST.x"
+        sink = open_sink(parse_topic(topic, tmp_path))
+        try:
+            sink.append([(None, None, (), b"%d" % n) for n in (1, 2, 3)])
+            rq = popen_rq(
+                "replay", topic, "--from", "start", "-f", "--group", "g", "--commit", "--count", "6",
+                "--format", "raw", "--json",
+            )  # fmt: skip
+            read_lines(rq, [b"1", b"2", b"3"])  # committed at once: the first commit is not held back
+            sink.append([(None, None, (), b"4")])
+            read_lines(rq, [b"4"])  # its commit waits for the second to pass
+            freeze(server)
+            time.sleep(7)  # the commit's request (5 s) goes unanswered
+            server.send_signal(signal.SIGCONT)
+            sink.append([(None, None, (), b"%d" % n) for n in (5, 6)])
+            rc = wait_or_fail(rq, 60, "the follow did not end after its --count")
+        finally:
+            sink.close()
+        assert rq.stdout is not None and rq.stderr is not None
+        err = rq.stderr.read().decode()
+        lines = rq.stdout.read().decode().splitlines()
+        assert rc == 0, err  # (old: 6, "could not store the offset of group g: ...")
+        assert lines[:2] == ["5", "6"] and json.loads(lines[-1])["committed"] == {"group": "g", "offset": 7}
+        assert "could not store the offset of group g" in err and "stores it again later" in err
+        shown = run_rq("offsets", topic, "--group", "g", "--json")
+        assert shown.returncode == 0 and b'"g"' in shown.stdout and b"7" in shown.stdout, shown.stdout
+
+
+def test_a_commit_cut_by_a_stall_is_a_lost_connection_not_an_unreachable_server(tmp_path: Path) -> None:
+    """np2: the commit rewrapped a ConnectionLost as a plain SourceUnreachable, so the CLI added
+    "is the server running and the URL right?" to a server that had answered all along."""
+    from topics.errors import ConnectionLost
+    from topics.sources.open import open_source
+
+    with own_nats_process(tmp_path, _PORTS) as (url, server):
+        ref = parse_topic(f"{url}/SL/SL.x", tmp_path)
+        sink = open_sink(ref)
+        sink.append([(None, None, (), b"x")] * 3)
+        sink.close()
+        source = open_source(ref)
+        try:
+            freeze(server)
+            try:
+                source.commit("g", 2)
+            except ConnectionLost as exc:  # (old: SourceUnreachable)
+                assert "could not store the offset of group g" in str(exc)
+            else:
+                raise AssertionError("a commit to a frozen server was stored")
+        finally:
+            server.send_signal(signal.SIGCONT)
+            source.close()
