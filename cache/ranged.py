@@ -39,6 +39,9 @@ Sink = Callable[[memoryview, int], None]  # (bytes in an aligned buffer, their o
 Done = Callable[[BaseException | None], None]
 
 CONNECT_TIMEOUT_S = 3.0  # as the CRT client's connect_timeout_ms
+LOST_MID_BODY_HINT = (
+    "the store answered, then kept dropping connections mid-body; re-run the same command to continue"
+)
 READ_TIMEOUT_S = 30.0  # a store that goes silent mid-body is a lost connection, retried
 BACKOFF_SCALE_S = 0.05
 BACKOFF_MAX_S = 4.0
@@ -247,9 +250,10 @@ class RangedGets:
                 if kept:
                     sink(view[:kept], cursor.offset)
                     cursor.offset += kept
-                raise _Retry(
-                    UnreachableError(f"{what}: connection lost mid-body ({type(exc).__name__})")
-                ) from None
+                lost = UnreachableError(f"{what}: connection lost mid-body ({type(exc).__name__})")
+                # the store answered: "check --endpoint-url" would point the wrong way (np2)
+                lost.hint = LOST_MID_BODY_HINT  # type: ignore[attr-defined]
+                raise _Retry(lost) from None
             sink(view[:got], cursor.offset)
             cursor.offset += got
 

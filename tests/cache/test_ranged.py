@@ -130,6 +130,22 @@ def test_a_store_that_went_away_is_unreachable(aws_env: Any) -> None:
     assert isinstance(got.error, UnreachableError) and "cannot reach" in str(got.error)
 
 
+def test_a_store_that_keeps_dropping_bodies_is_not_blamed_on_the_endpoint(
+    big: Any, proxy_factory: Any, aws_env: Any
+) -> None:
+    """np2: connections reset mid-body until retries ran out were told "check --endpoint-url",
+    though the endpoint had answered every time."""
+    bucket, key, _, etag = big
+    resetting = proxy_factory(p_reset=1.0)
+    got = Collector(SIZE)
+    client(resetting.endpoint, retries=1).ranged.start(
+        bucket, key, (0, SIZE - 1), etag, got.sink, got.on_done
+    )
+    got.wait()
+    assert isinstance(got.error, UnreachableError) and "mid-body" in str(got.error)
+    assert "kept dropping connections mid-body" in getattr(got.error, "hint", "")  # (old: no hint of its own)
+
+
 def test_a_changed_object_is_a_changed_error_at_once(big: Any, proxy_factory: Any, aws_env: Any) -> None:
     bucket, key, _, _ = big
     counting = proxy_factory()

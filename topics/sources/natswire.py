@@ -786,7 +786,8 @@ class Publisher(_Wire):
                     break
                 if not self._fill(answer_timeout):
                     raise ConnectionLost(
-                        f"no answer from the NATS server for {sent - answered} published record(s) "
-                        f"within {answer_timeout:g} s"
+                        f"no answer from the NATS server at {self.where} for {sent - answered} "
+                        f"published record(s) within {answer_timeout:g} s; the server is stalled or "
+                        "the network to it is down"
                     )
         return sent
