@@ -19,9 +19,9 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import xxhash
 
@@ -79,6 +79,7 @@ GONE_BEFORE_FETCH = 20  # lookups that found the cached file gone before reading
 # ~1.6 s of retries; silent: the watchdog's 30 s), which a training step must not pay per file
 UNREACHABLE_RECHECK_S = 10.0
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 
 def default_cache_dir() -> Path:
@@ -129,6 +130,31 @@ class _ProcState:
     pid: int
     index: Index
     store: Store
+    # operations using it (Cache._use): close() detaches the state at once but closes its index
+    # only once they ended, so none of them meets a closed index halfway (its landing's hold
+    # stranded in the index, a raw sqlite3 error)
+    uses: int = 0
+    idle: threading.Condition = field(default_factory=threading.Condition)
+    closing: bool = False  # closed by the thread holding its last use: that use's end closes it
+
+    def release(self) -> None:
+        with self.idle:
+            self.uses -= 1
+            last = self.closing and self.uses == 0
+            self.idle.notify_all()
+        if last:
+            self.index.close()
+
+
+def _in_use(method: Callable[Concatenate[Cache, _P], _T]) -> Callable[Concatenate[Cache, _P], _T]:
+    """Runs a Cache method under one use of the per-process state (Cache._use)."""
+
+    @functools.wraps(method)
+    def using(self: Cache, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        with self._use():
+            return method(self, *args, **kwargs)
+
+    return using
 
 
 @dataclass
@@ -254,6 +280,8 @@ class Cache:
         self.default_tier = tier
         self._proc: _ProcState | None = None
         self._lock = threading.RLock()
+        # .active: this thread is inside an operation (_use); .state: the state it uses
+        self._held = threading.local()
         self._touched: dict[str, float] = {}
         self._last_flush = 0.0  # a process's first read is recorded at once
         self._flush_pending_pid = 0  # the process whose deferred flush is scheduled
@@ -541,6 +569,7 @@ class Cache:
         run asking for the same limit has nothing to put back when it fails."""
         self._release_limits(restore=False)
 
+    @_in_use
     def _release_limits(self, restore: bool) -> None:
         replaced, self._replaced = self._replaced, {}
         if restore:
@@ -562,8 +591,11 @@ class Cache:
     # --- per-process state ---------------------------------------------------------------------
 
     def _state(self) -> _ProcState:
+        held: _ProcState | None = getattr(self._held, "state", None)
+        if held is not None and held.pid == os.getpid():
+            return held  # the one this thread's operation uses, even once close() detached it
         proc = self._proc
-        if proc is not None and proc.pid == os.getpid():
+        if proc is not None and proc.pid == os.getpid() and not getattr(self._held, "active", False):
             return proc
         with self._lock:
             if self._proc is None or self._proc.pid != os.getpid():
@@ -576,13 +608,36 @@ class Cache:
                 if self._shrink_due and not index.readonly:
                     self._shrink_due = False
                     self._proc.store.shrink()
+            if getattr(self._held, "active", False):  # inside an operation (_use): counted
+                with self._proc.idle:
+                    self._proc.uses += 1
+                self._held.state = self._proc
             return self._proc
+
+    @contextlib.contextmanager
+    def _use(self) -> Iterator[None]:
+        """One operation: the per-process state it takes (_state, made on first need, so its
+        arguments are checked first as before) is kept from being closed until the block ends;
+        close() called meanwhile (by another thread, or this one) closes its index after the
+        last use. An operation inside another of the same thread is part of it."""
+        if getattr(self._held, "active", False):
+            yield
+            return
+        self._held.active = True
+        try:
+            yield
+        finally:
+            self._held.active = False
+            state, self._held.state = getattr(self._held, "state", None), None
+            if state is not None and state.pid == os.getpid():  # (a fork's child: not its to end)
+                state.release()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(
             _proc=None,
             _lock=None,
+            _held=None,
             _prefetcher=None,
             _touched={},
             _verified=set(),
@@ -599,6 +654,7 @@ class Cache:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.RLock()
+        self._held = threading.local()
         self._keep_ram_root()  # a spawned worker holds the RAM root too
 
     def _keep_ram_root(self) -> None:
@@ -618,11 +674,24 @@ class Cache:
         if self._replaced and self._claim.startswith(f"{os.getpid()}:"):
             with contextlib.suppress(CacheError):
                 self.keep_limits()  # (not restored by now: the limits asked for stay)
-        proc = self._proc
+        with self._lock:
+            proc, self._proc = self._proc, None
         if proc is not None and proc.pid == os.getpid():
+            self._close_when_unused(proc)
+        with self._lock:
+            if self._proc is None:  # (else another thread's operation made a new state meanwhile)
+                self._let_go_of_ram_root()
+
+    def _close_when_unused(self, proc: _ProcState) -> None:
+        """Closes a detached state's index once the operations using it ended (a read-through
+        under way lands and drops its hold first); with a use of this thread among them (close()
+        called from inside an operation), the end of that use closes it."""
+        mine = getattr(self._held, "state", None) is proc
+        with proc.idle:
+            proc.idle.wait_for(lambda: proc.uses <= int(mine))
+            proc.closing = deferred = proc.uses > 0
+        if not deferred:
             proc.index.close()
-        self._proc = None
-        self._let_go_of_ram_root()
 
     def __enter__(self) -> Cache:
         return self
@@ -632,6 +701,7 @@ class Cache:
 
     # --- reading -------------------------------------------------------------------------------
 
+    @_in_use
     def open(self, url: str | os.PathLike[str], *, tier: str | None = None) -> IO[bytes]:
         """A verified, read-only file object for `url`; a miss fetches it first.
 
@@ -851,12 +921,21 @@ class Cache:
         self._flush_touches()
 
     def _flush_touches(self, force: bool = False) -> None:
-        if not self._touched or self._proc is None or self._proc.pid != os.getpid():
+        if not self._touched:
             return
+        with self._use():
+            with self._lock:
+                held = getattr(self._held, "state", None)
+                if held is None and (self._proc is None or self._proc.pid != os.getpid()):
+                    return  # no state to write to (closed, or a fork's): none is made for stamps
+                state = self._state()
+            self._write_touches(state, force)
+
+    def _write_touches(self, state: _ProcState, force: bool) -> None:
         touched, self._touched = self._touched, {}
         self._last_flush = time.monotonic()
         try:
-            self._proc.index.touch(touched)
+            state.index.touch(touched)
         except Exception as exc:
             if force and not isinstance(exc, CacheFullError):
                 raise  # LRU order is advisory; losing a batch of stamps is fine mid-run, or when
@@ -890,6 +969,7 @@ class Cache:
         entry = result.landed[0]
         return entry, result.kept.get(entry.url, -1)
 
+    @_in_use
     def prefetch(
         self, urls: Iterable[str | os.PathLike[str]], ahead: int = 64, tier: str = "ram"
     ) -> Prefetcher:
@@ -908,6 +988,7 @@ class Cache:
 
     # --- preload and inspection ----------------------------------------------------------------
 
+    @_in_use
     def preload(
         self,
         sources: list[str],
@@ -955,8 +1036,9 @@ class Cache:
     def _pages(self, pattern: str | None) -> Iterator[list[Entry]]:
         if pattern is not None:
             pattern = normalise_pattern(pattern)
-        index = self._state().index
-        literal = pattern is not None and (not _GLOB.search(pattern) or _names_literally(index, pattern))
+        with self._use():
+            index = self._state().index
+            literal = pattern is not None and (not _GLOB.search(pattern) or _names_literally(index, pattern))
         if pattern is None:
             prefix = ""
         elif literal:
@@ -966,12 +1048,26 @@ class Cache:
             prefix = pattern
         else:
             prefix = re.split(r"[*?\[]", pattern, maxsplit=1)[0]
-        for page in index.pages(prefix):
+        for page in self._index_pages(prefix):
             if pattern is not None:
                 page = [e for e in page if _match(e.url, pattern, glob=not literal)]
             if page:
                 yield page
 
+    def _index_pages(self, prefix: str) -> Iterator[list[Entry]]:
+        """Index.pages, each page read under a use of its own: never one held while the caller
+        has the page (close() would wait for a loop the caller may never finish), and a page
+        after a close() is read from the state made again."""
+        last: str | None = None
+        while True:
+            with self._use():
+                page = next(self._state().index.pages(prefix, after=last), None)
+            if page is None:
+                return
+            yield page
+            last = page[-1].url
+
+    @_in_use
     def stat(self, url: str | os.PathLike[str]) -> Entry:
         """The index's entry for one cached URL (NotFoundError when not cached; BadSourceError for
         a prefix or a bucket, as `open` refuses them)."""
@@ -982,6 +1078,7 @@ class Cache:
             raise NotFoundError(f"not cached: {url}")
         return entry
 
+    @_in_use
     def path(self, url: str | os.PathLike[str], *, fresh: bool = False) -> Path:
         """The file holding a cached URL (NotFoundError when not cached). With `fresh`, the entry is
         first revalidated the way `open` does (a local origin always, S3 after `max_age`), and
@@ -1017,6 +1114,7 @@ class Cache:
             self._state().index.set_pinned([entry.url], True)
         return self.layout.blob_path(fetched.tier, fetched.blob)
 
+    @_in_use
     def usage(self) -> dict[str, dict[str, int]]:
         self._ensure_ram_root()  # entries whose RAM root went are no usage
         state = self._state()
@@ -1029,6 +1127,7 @@ class Cache:
             out[tier]["limit"] = self.caps[tier]
         return out
 
+    @_in_use
     def verify(
         self,
         pattern: str | None = None,
@@ -1089,6 +1188,7 @@ class Cache:
             entry = current
         return (entry, problem) if problem is not None else None
 
+    @_in_use
     def evict(self, pattern: str) -> tuple[int, int]:
         """(evicted, skipped because open or pinned)."""
         state = self._state()
@@ -1101,6 +1201,7 @@ class Cache:
                 done, skipped = _count_removal(state.store, entry, full, done, skipped)
         return _finish_removals(state.store, full, done, skipped)
 
+    @_in_use
     def pin(self, pattern: str, pinned: bool = True) -> int:
         """How many entries match; they are (un)pinned a page at a time, one transaction each."""
         index = self._state().index
@@ -1110,6 +1211,7 @@ class Cache:
             n += len(page)
         return n
 
+    @_in_use
     def clear(self) -> tuple[int, int]:
         """Evicts everything not open (pins included); removes stale partial downloads."""
         state = self._state()
@@ -1125,6 +1227,7 @@ class Cache:
         state.store.collect(sweep_objects=True)
         return done, skipped
 
+    @_in_use
     def collect(self) -> dict[str, int]:
         return self._state().store.collect(sweep_objects=True)
 
@@ -1237,7 +1340,8 @@ class Prefetcher:
 
     def _missing(self, start: int) -> list[str]:
         window = list(dict.fromkeys(self.urls[start : start + self.ahead]))  # a repeat is one fetch
-        have = self.cache._state().index.get_many(window)
+        with self.cache._use():  # (wait_warm's thread: a close() meanwhile waits for it)
+            have = self.cache._state().index.get_many(window)
         return [u for u in window if u not in have or have[u].tier != self.tier]
 
     def _follow_other_processes(self) -> bool:
@@ -1323,8 +1427,9 @@ class Prefetcher:
             try:
                 # before warming a window, skip what workers already read: warming it would
                 # promote those entries and with them lose the stamps that say they were read
-                while self._follow_other_processes():
-                    pass
+                with self.cache._use():  # close() stops us, but must not pull the index from under us
+                    while self._follow_other_processes():
+                        pass
             except Exception as exc:  # the index busy or gone: the next look may do better
                 self._error(f"{type(exc).__name__}: {exc}")
             with self._wake:
@@ -1332,7 +1437,8 @@ class Prefetcher:
                 if start + self.ahead - 1 <= done_upto or start >= len(self.urls):
                     continue
             try:
-                self._warm(start)
+                with self.cache._use():
+                    self._warm(start)
             except Exception as exc:  # a prefetch thread must not die of one bad item
                 self._error(str(exc) if isinstance(exc, CacheError) else f"{type(exc).__name__}: {exc}")
                 time.sleep(0.5)

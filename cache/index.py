@@ -508,15 +508,15 @@ class Index:
 
     PAGE = 1000
 
-    def pages(self, prefix: str = "", page: int = PAGE) -> Iterator[list[Entry]]:
+    def pages(self, prefix: str = "", page: int = PAGE, after: str | None = None) -> Iterator[list[Entry]]:
         """The entries whose URL starts with `prefix`, in URL order, `page` at a time: one short
         query per page (`url > last ORDER BY url LIMIT page`, a range of the primary key), each
         read to its end before the page is handed out, so no read transaction stays open while
         the caller works on it (a WAL checkpoint would wait for it) and memory is one page.
         Entries landed, evicted or moved meanwhile are seen or not as the next pages find them;
-        none is handed out twice."""
+        none is handed out twice. `after`: the pages past that URL (a walk picked up again)."""
         end = prefix + "\U0010ffff"
-        last: str | None = None
+        last = after
         while True:
             with self.read() as db:
                 if last is None:
