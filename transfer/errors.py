@@ -97,6 +97,12 @@ class BusyError(ExistsError):
     code = "busy"
 
 
+class FinishedMeanwhileError(BusyError):
+    """Another sender of this very transfer (the same source sent twice at once, or three times)
+    committed it while this one was still at it. Sent as `busy`, which the sender retries: its
+    retry hears that the transfer is complete. Not in _BY_CODE: a sender reads it as BusyError."""
+
+
 class ChunkSizeError(TransferError):
     """The receiver holds verified chunks of these very files cut at another chunk size: the sender
     should re-plan with `chunk_size` (the receiver's) so that none of them is sent again."""

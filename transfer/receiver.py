@@ -19,7 +19,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transfer.errors import AuthError, ChunkSizeError, PeerUnreachableError, TransferError
+from transfer.errors import (
+    AuthError,
+    ChunkSizeError,
+    FinishedMeanwhileError,
+    PeerUnreachableError,
+    TransferError,
+)
 from transfer.events import (
     ChunkMoved,
     ChunkResent,
@@ -42,7 +48,7 @@ from transfer.session import (
     ManifestReceived,
     ReceiverChannel,
 )
-from transfer.store import KEEP_PARTIAL, Plan, Store, no_space
+from transfer.store import FINISHED_MEANWHILE, KEEP_PARTIAL, Plan, Store, no_space
 from transfer.transport import Channel
 
 IDLE_TIMEOUT = 300.0  # a channel that sends nothing for this long is dropped
@@ -332,36 +338,55 @@ class Receiver:
         return shared
 
     def _acquire(self, tid: str, manifest: Manifest | None) -> _Shared:
-        with self._lock:
-            shared = self._open_plan(tid)
-            if not self._plans:
-                self.store.reopen_if_removed()
-            if shared is None:
-                plan = self.store.plan(manifest) if manifest is not None else self.store.join(tid)
-                shared = self._plans[tid] = _Shared(plan)
-                if manifest is not None:
-                    self._sweep()  # after the plan: its own state is fresh and open (kept)
-            elif manifest is None and shared.plan.planned_as != self.store.stamp(tid):
-                # A data channel of a transfer planned again since this process opened it (a new
-                # sender, its MANIFEST taken by another process of `rq recv --workers`): the files'
-                # states are the new plan's. Before, a chunk of a file deleted since was "had"
-                # here, ACKed unwritten, and the commit found it missing.
-                newer = self.store.join(tid)
-                try:
-                    shared.plan.refresh(newer)
-                finally:
-                    newer.close()
-            elif manifest is not None:
-                # re-checks the destination (a reconnecting sender, or a new one while the dead
-                # one's channels linger); the open plan stays, and so does its reservation, but
-                # each file's state is the re-plan's: a placed file deleted since is written again
-                replan = self.store.plan(manifest, reserve=False)
-                try:
-                    shared.plan.refresh(replan)
-                finally:
-                    replan.close()
-            shared.users += 1
-            return shared
+        """The plan of transfer `tid` for a new channel: its MANIFEST (`manifest`) or a data channel
+        (None). Two senders of the same source at once share it. One whose plan is being committed
+        by the other waits for that commit outside the lock (it may take minutes) and is told
+        FinishedMeanwhileError (retried: its retry hears "complete"); re-planning the transfer
+        meanwhile dropped the journals of files the commit had placed."""
+        while True:
+            with self._lock:
+                shared = self._open_plan(tid)
+                if not self._plans:
+                    self.store.reopen_if_removed()
+                if shared is None:
+                    plan = self.store.plan(manifest) if manifest is not None else self.store.join(tid)
+                    shared = self._plans[tid] = _Shared(plan)
+                    if manifest is not None:
+                        self._sweep()  # after the plan: its own state is fresh and open (kept)
+                    shared.users += 1
+                    return shared
+                with shared.plan.gate.shared(wait=False) as free:
+                    if free:
+                        self._replan(tid, manifest, shared)
+                        shared.users += 1
+                        return shared
+                committing = shared.plan
+            committing.gate.wait_idle()
+            if committing.committed:
+                raise FinishedMeanwhileError(FINISHED_MEANWHILE)
+
+    def _replan(self, tid: str, manifest: Manifest | None, shared: _Shared) -> None:
+        """A new channel of a transfer open here: what the disk says of its files now."""
+        if manifest is None and shared.plan.planned_as != self.store.stamp(tid):
+            # A data channel of a transfer planned again since this process opened it (a new
+            # sender, its MANIFEST taken by another process of `rq recv --workers`): the files'
+            # states are the new plan's. Before, a chunk of a file deleted since was "had"
+            # here, ACKed unwritten, and the commit found it missing.
+            newer = self.store.join(tid)
+            try:
+                shared.plan.refresh(newer)
+            finally:
+                newer.close()
+        elif manifest is not None:
+            # re-checks the destination (a reconnecting sender, or a new one while the dead
+            # one's channels linger, or one beside it); the open plan stays, and so does its
+            # reservation, but each file's state is the re-plan's: a placed file deleted since
+            # is written again
+            replan = self.store.plan(manifest, reserve=False)
+            try:
+                shared.plan.refresh(replan)
+            finally:
+                replan.close()
 
     def _sweep(self) -> None:
         """Expires abandoned partial state again, at most every SWEEP_EVERY seconds. Never a
@@ -511,7 +536,9 @@ class Receiver:
                 # not a refusal: a redirect the sender follows; or frames a sender sent after this
                 # transfer was committed and DONE went out (a second COMMIT, a late CHUNK): it
                 # finished, and "refused a transfer" after "complete and verified" misled (fz)
-                if not isinstance(exc, ChunkSizeError) and not committed:
+                # nor is another sender's commit of this very transfer (it finished: the event
+                # of that commit says so)
+                if not isinstance(exc, ChunkSizeError | FinishedMeanwhileError) and not committed:
                     self.on_event(TransferFailed(str(exc), exc.code))
         except TimeoutError:
             pass  # the sender went quiet; what is durable stays, the sender resumes

@@ -43,6 +43,7 @@ from transfer.errors import (
     ChunkSizeError,
     DirectoryInTheWayError,
     ExistsError,
+    FinishedMeanwhileError,
     NoSpaceError,
     TransferError,
     UnknownTransferError,
@@ -233,6 +234,69 @@ class FileState:
     placed: bool = False  # already in place from an earlier transfer: nothing to write or move
 
 
+# What a sender is told (busy, retried) when another sender of the same transfer committed it
+# under it: its retry hears "complete".
+FINISHED_MEANWHILE = "another sender of this transfer committed it a moment ago; a retry finds it complete"
+
+
+class _Gate:
+    """Lets the chunk writes and flushes of every channel of a plan run at once (shared), and its
+    commit alone (exclusive; waiting writers wait, a commit waiting for the writers in flight goes
+    first). Two senders of one source at once share one plan here (Receiver._acquire): before,
+    one's commit moved the .part files away while the other still wrote and flushed them ("cannot
+    write …: No such file or directory"), wrote into a placed file (its mtime no longer the one
+    recorded), or re-planned it halfway (journals dropped: "chunks still missing at commit")."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._users = 0
+        self._sealing = False
+
+    @contextlib.contextmanager
+    def shared(self, wait: bool = True) -> Iterator[bool]:
+        """Yields True while held; False at once (holding nothing) where a commit is under way
+        or waiting and not `wait`."""
+        with self._cond:
+            if self._sealing and not wait:
+                free = False
+            else:
+                while self._sealing:
+                    self._cond.wait()
+                self._users += 1
+                free = True
+        if not free:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            with self._cond:
+                self._users -= 1
+                if not self._users:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            while self._sealing:  # one commit at a time
+                self._cond.wait()
+            self._sealing = True
+            while self._users:
+                self._cond.wait()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._sealing = False
+                self._cond.notify_all()
+
+    def wait_idle(self) -> None:
+        """Returns once no commit is under way or waiting."""
+        with self._cond:
+            while self._sealing:
+                self._cond.wait()
+
+
 @dataclass
 class Plan:
     """One accepted transfer, open in this process."""
@@ -248,6 +312,8 @@ class Plan:
     # the manifest state file (dev, ino, ctime_ns) as it was when the file states were read: every
     # plan rewrites it, so another stamp means the transfer was planned again since (Store.stamp)
     planned_as: tuple[int, int, int] | None = None
+    gate: _Gate = field(default_factory=_Gate)  # writes shared, the commit exclusive
+    committed: bool = False  # finalize placed its files (then closed it)
 
     def has(self, f: int, k: int) -> bool:
         return k in self.files[f].have
@@ -277,6 +343,8 @@ class Plan:
         return kept_text(chunks, nbytes, recorded)
 
     def _check_open(self) -> None:
+        if self.committed:  # by another sender of the same transfer, while this one still sent
+            raise FinishedMeanwhileError(FINISHED_MEANWHILE)
         if self.closed:  # a straggling channel of a transfer that already finished: its fds are gone
             raise UnknownTransferError("transfer already finished")
 
@@ -286,25 +354,30 @@ class Plan:
         Measured here (docs/transfer.md): buffered writes of 4 GiB onto disk spent 7-11 s of system
         time faulting in page-cache pages the VM had never touched; O_DIRECT from the channel's
         reused buffer writes at the disk's 1.6-2 GB/s and leaves the page cache to the trainer."""
-        self._check_open()
-        key = self.files[f].entry.key
-        view = memoryview(data).cast("B")
-        off = k * self.manifest.chunk_size
-        with _disk_errors(self.store.state_fd, self.kept):
-            done = self.store.write_direct(key, view, off)
-            if done < len(view):
-                with self.store.part(key) as fd:
-                    view, off = view[done:], off + done
-                    while view:
-                        n = os.pwrite(fd, view, off)
-                        view, off = view[n:], off + n
-        self.files[f].dirty[k] = self.store.write_back_errors
+        with self.gate.shared():
+            self._check_open()  # after the wait: a commit may have placed the files meanwhile
+            key = self.files[f].entry.key
+            view = memoryview(data).cast("B")
+            off = k * self.manifest.chunk_size
+            with _disk_errors(self.store.state_fd, self.kept):
+                done = self.store.write_direct(key, view, off)
+                if done < len(view):
+                    with self.store.part(key) as fd:
+                        view, off = view[done:], off + done
+                        while view:
+                            n = os.pwrite(fd, view, off)
+                            view, off = view[n:], off + n
+            self.files[f].dirty[k] = self.store.write_back_errors
 
     def make_durable(self, done: list[tuple[int, int, bytes]]) -> None:
         """Makes the files these chunks went to durable, then journals them: data first, record
         second. One file (a big file's batch): fdatasync it, append, fsync the journal. Several
         (small files): one syncfs for all their data, append every journal, one more syncfs."""
-        self._check_open()
+        with self.gate.shared():
+            self._check_open()
+            self._make_durable(done)
+
+    def _make_durable(self, done: list[tuple[int, int, bytes]]) -> None:
         by_file: dict[int, list[tuple[int, bytes]]] = {}
         for f, k, dig in done:
             by_file.setdefault(f, []).append((k, dig))
@@ -359,6 +432,14 @@ class Plan:
 
     def finalize(self, roots: list[str], overwrite: bool) -> int:
         """Checks every file is complete and matches its root digest, then moves it into place."""
+        with self.gate.exclusive():
+            self._check_open()  # another sender's commit of this very transfer came first
+            total = self._finalize(roots, overwrite)
+            self.committed = True
+        self.store.forget(self)
+        return total
+
+    def _finalize(self, roots: list[str], overwrite: bool) -> int:
         if len(roots) != len(self.files):
             raise VerifyError("COMMIT lists a different number of files than the manifest")
         # Every chunk is written by now (the journals are checked next), so every page is
@@ -380,7 +461,6 @@ class Plan:
         marker = orjson.dumps({"roots": roots})
         self.store._write_state_file(f"{self.manifest.transfer_id}.commit.json", marker)
         self.store.place_all(self.manifest, overwrite, known)
-        self.store.forget(self)
         return self.manifest.total_bytes
 
     def _stop_reserving(self) -> None:
@@ -1238,6 +1318,8 @@ class Store:
                 f"{tid}.manifest.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.state_fd
             )
         except FileNotFoundError:
+            if self.has_finished(tid):  # committed by another sender of it a moment ago
+                raise FinishedMeanwhileError(FINISHED_MEANWHILE) from None
             raise UnknownTransferError(f"no transfer {tid} is in progress here") from None
         with os.fdopen(fd, "rb") as fh:
             manifest = parse_manifest(fh.read(), self.limits)
@@ -1270,8 +1352,8 @@ class Store:
             try:
                 os.close(self._open_part(f"{entry.key}.part"))  # made writable, if sealed
             except FileNotFoundError:
-                if joining:  # placed by a commit a moment ago: this channel is a straggler
-                    raise UnknownTransferError("transfer already finished") from None
+                if joining:  # placed by a commit a moment ago: a straggler, or another sender's
+                    raise FinishedMeanwhileError(FINISHED_MEANWHILE) from None
                 fresh[i] = True
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(f"{entry.key}.journal", dir_fd=self.state_fd)
