@@ -7,8 +7,11 @@ was read and before its commit, which comes at most once a second: the commit me
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import socket
+import threading
 import time
 from pathlib import Path
 
@@ -94,3 +97,60 @@ def test_a_produce_left_unanswered_names_the_server(tmp_path: Path, monkeypatch:
         finally:
             server.send_signal(signal.SIGCONT)
             sink.close()
+
+
+class _SlowRelay:
+    """Carries bytes to `port` at about `rate` bytes/s (answers come back at full speed), with a
+    small receive buffer so the client's own send queue is what waits: a healthy, slow link."""
+
+    def __init__(self, port: int, rate: int):
+        self.target, self.rate = port, rate
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 10)
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.sock.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+                threading.Thread(target=self._pump, args=(client, upstream, self.rate), daemon=True).start()
+                threading.Thread(target=self._pump, args=(upstream, client, 0), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket, rate: int) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(rate // 20 if rate else 1 << 16):
+                if rate:
+                    time.sleep(len(data) / rate)
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+
+def test_a_produce_over_a_slow_link_is_not_a_lost_server(
+    nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """np2: over a link at ~10 KB/s, `rq produce nats://` ended exit 6 "no answer ... within 10 s"
+    for records still on their way (the answer wait counted from the hand-over to the kernel, and
+    sendall's timeout bounded a whole 1 MiB send). Here the wait is 1 s, and the last record alone
+    (300 kB, within NATS's 1 MB payload) takes ~3 s to arrive: no answer can come before it does."""
+    from jskit import made_streams
+
+    import topics.sources.jetstream
+
+    monkeypatch.setattr(topics.sources.jetstream, "_ANSWER_TIMEOUT", 1.0)
+    port = int(nats_url.rsplit(":", 1)[1])
+    relay = _SlowRelay(port, 100_000)
+    with made_streams(nats_url, "lead-slow") as make:
+        name = make()
+        sink = open_sink(parse_topic(f"nats://127.0.0.1:{relay.port}/{name}/{name}.x", tmp_path))
+        try:
+            done = sink.append(
+                [(None, None, (), b"%0999d" % n) for n in range(30)] + [(None, None, (), bytes(300_000))]
+            )
+        finally:
+            sink.close()
+            relay.sock.close()
+        assert (done.first, done.last, done.stored) == (1, 31, 31)  # (old: ConnectionLost)

@@ -18,9 +18,12 @@ are answered with an empty publish to the subject they name.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import socket
 import ssl
+import struct
+import termios
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
@@ -48,6 +51,7 @@ _ACCOUNT_INFO = "$JS.API.INFO"
 # What rq buffers of what a server sends, at most. A protocol line (INFO, MSG/HMSG, -ERR, ...):
 # nats-server writes them well under this, an INFO naming a large cluster's URLs included.
 MAX_LINE = 1024 * 1024
+SEND_STALL_S = 10.0  # nothing at all went out for this long: the server or the path is gone
 # A frame's payload: the server's INFO max_payload (nats-server refuses to run with more than
 # 64 MiB), plus room for what the server itself sends beyond a client's limit (JetStream API
 # replies, e.g. a page of 256 consumers' info). Without a bound, a server (or whatever answers on
@@ -268,10 +272,27 @@ class _Wire:
     # -- connection -----------------------------------------------------------------------------
 
     def _send(self, data: bytes) -> None:
+        """Sends all of `data`, giving up only when nothing goes out for SEND_STALL_S. sendall()
+        under a socket timeout bounds the whole call (the timeout _fill last set): a 1 MiB batch
+        on a link under ~100 KB/s was a lost connection though it was moving (np2)."""
+        view = memoryview(data)
+        self.sock.settimeout(SEND_STALL_S)
         try:
-            self.sock.sendall(data)
+            while view:
+                view = view[self.sock.send(view) :]
+        except TimeoutError:
+            raise ConnectionLost(
+                f"lost the NATS server at {self.where}: nothing could be sent to it for {SEND_STALL_S:g} s"
+            ) from None
         except OSError as exc:
             raise ConnectionLost(f"lost the connection to NATS at {self.where}: {reason(exc)}") from None
+
+    def _queued(self) -> int | None:
+        """Bytes sent that the server's side has not yet acknowledged (TIOCOUTQ); None if unknown."""
+        try:
+            return int(struct.unpack("i", fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0])
+        except (OSError, ValueError):
+            return None
 
     def _fill(self, timeout: float | None) -> bool:
         """Reads more bytes; False on timeout. Compacts the buffer so it is reused, never regrown
@@ -735,8 +756,16 @@ class Publisher(_Wire):
     def __init__(self, host: str, port: int, access: Access | None = None, timeout: float = 5.0):
         super().__init__(host, port, access, timeout)
         self.inbox = f"_INBOX.rq.{self.token}.p.".encode()
+        self._last_queued: int | None = None  # the send queue at the last look (_draining)
         self._send(b"SUB " + self.inbox + b"* 1\r\n")
         self.max_payload = int(self.info.get("max_payload") or 0)
+
+    def _draining(self) -> bool:
+        """Whether what was sent is still on its way out (the send queue shrank since the last
+        look): on a slow link the answers wait for the records to arrive, which is not silence."""
+        queued, before = self._queued(), self._last_queued
+        self._last_queued = queued
+        return queued is not None and before is not None and queued < before
 
     def publish(
         self,
@@ -769,6 +798,7 @@ class Publisher(_Wire):
                 size += len(hdr) + len(value) + 40
                 sent += 1
             self._send(b"".join(chunk))
+            self._last_queued = self._queued()
             if sent - answered < window and sent < total:
                 continue  # room in the window: the answers are read once it is full
             # a full window: read until half of it is answered (all at the end, or once stopped)
@@ -784,7 +814,7 @@ class Publisher(_Wire):
                     answered += 1
                 if answered >= until and not (stop and answered < sent):
                     break
-                if not self._fill(answer_timeout):
+                if not self._fill(answer_timeout) and not self._draining():
                     raise ConnectionLost(
                         f"no answer from the NATS server at {self.where} for {sent - answered} "
                         f"published record(s) within {answer_timeout:g} s; the server is stalled or "
