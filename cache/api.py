@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import xxhash
 
@@ -119,6 +119,11 @@ class CachedBytes(io.BytesIO):
     def getbuffer(self) -> memoryview:
         """A read-only view of the bytes (BytesIO's own is writable), without a copy."""
         return memoryview(self.getvalue())
+
+
+# What Cache.open returns: both take read, readinto and seek (and work with `with`), and both are
+# a BinaryIO to a type checker; IO[bytes] hid readinto, which docs/cache.md shows.
+CachedFile = io.BufferedReader | CachedBytes
 
 
 class _Gone(Exception):
@@ -702,7 +707,7 @@ class Cache:
     # --- reading -------------------------------------------------------------------------------
 
     @_in_use
-    def open(self, url: str | os.PathLike[str], *, tier: str | None = None) -> IO[bytes]:
+    def open(self, url: str | os.PathLike[str], *, tier: str | None = None) -> CachedFile:
         """A verified, read-only file object for `url`; a miss fetches it first.
 
         Objects up to 16 MiB come back as an in-memory buffer (hashed against the recorded xxh3 on
@@ -846,7 +851,7 @@ class Cache:
     def _served_stale(self, entry: Entry, why: str) -> None:
         self.on_event(ev.ServedStale(entry.url, max(0.0, time.time() - entry.checked_at), why))
 
-    def _open_fetched(self, url: str, tier: str, info: ObjectInfo | None = None) -> IO[bytes]:
+    def _open_fetched(self, url: str, tier: str, info: ObjectInfo | None = None) -> CachedFile:
         self._need_ram(tier)
         """A miss: fetch it, landing it already under this reader's shared lock, then serve it.
         A landed copy found damaged as it is opened is dropped and fetched once more, as a hit's
@@ -862,7 +867,7 @@ class Cache:
                 self._state().store.retire(entry)  # never a landing made since
         raise AssertionError("unreachable")
 
-    def _open_entry(self, entry: Entry, locked_fd: int = -1) -> IO[bytes]:
+    def _open_entry(self, entry: Entry, locked_fd: int = -1) -> CachedFile:
         if locked_fd >= 0:
             fd = locked_fd
         else:
