@@ -26,11 +26,18 @@ from rqcli.errors import CliError
 from rqcli.exitcodes import ExitCode
 
 
-def default_config_path() -> Path:
+def default_config_path() -> Path | None:
     """RQ_CONFIG (an empty one counts as unset, as every RQ_* does; `~` is the home directory, as
-    for --config), else ~/.config/rq/config.toml."""
+    for --config), else ~/.config/rq/config.toml; None where there is no home to find it in (HOME
+    unset and the uid without a passwd entry, as OpenShift runs containers): every command failed
+    there with "unexpected RuntimeError", though the file is optional."""
     named = os.environ.get("RQ_CONFIG")
-    return Path(os.path.expanduser(named)) if named else user_config_path("rq") / "config.toml"
+    if named:
+        return Path(os.path.expanduser(named))
+    try:
+        return user_config_path("rq") / "config.toml"
+    except RuntimeError:  # platformdirs: "could not determine the home directory"
+        return None
 
 
 # The file the config was read from (None: none was), for errors Click raises later about a value
@@ -55,6 +62,8 @@ def load_config(path: Path | None) -> dict[str, Any]:
     # (an empty RQ_CONFIG is unset: Click gives no path for it, and the default file may be missing)
     explicit = path is not None or bool(os.environ.get("RQ_CONFIG"))
     target = path or default_config_path()
+    if target is None:
+        return {}  # no home to hold one
     try:
         # O_NONBLOCK: a FIFO with no writer would block the open (and a read) for ever
         fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -112,6 +121,8 @@ def check_config(
     ignored) or a value of the wrong type (a TypeError deep inside Click). Only the invoked command's
     table is checked key by key, so `rq tail` does not import the modules of every other command."""
     where = path or default_config_path()
+    if where is None:
+        return  # no file was read (no home to hold one)
     for key, value in list(config.items()):  # (_check_key may rename a key: see there)
         if key in commands:
             if not isinstance(value, dict):

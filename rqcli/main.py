@@ -422,6 +422,15 @@ def _short_of(exc: Exception) -> CliError | None:
         return CliError("cannot start a thread (memory or thread limit: ulimit -u / -v)")
     if isinstance(exc, MemoryError):
         return CliError("out of memory (memory limit: ulimit -v, or the container's)")
+    if isinstance(exc, RuntimeError) and "could not determine the home directory" in str(exc):
+        # platformdirs, for a default path: HOME unset and a uid without a passwd entry (OpenShift)
+        return CliError(
+            f"no home directory for rq's default paths (HOME is unset and uid {os.getuid()} has no "
+            "passwd entry)",
+            ExitCode.USAGE,
+            hint="set HOME, or give the path: --cache-dir / RQ_CACHE_DIR, --topics-dir / RQ_TOPICS_DIR, "
+            "and for rq recv --cert-dir and --token-file (or RQ_TOKEN)",
+        )
     return None
 
 
@@ -551,7 +560,7 @@ def main(argv: list[str] | None = None) -> None:
             f"unexpected {type(exc).__name__}: {exc} (run with -v for the traceback)"
         )
         click.echo(f"rq: error: {err.one_line()}", err=True)
-        code = int(ExitCode.FAILURE)
+        code = int(err.code)
     failed = _run.out.stdout_failed if _run.out is not None else None
     if failed is not None:
         # a command that goes on without stdout (preload, produce, send) found it unwritable: the
