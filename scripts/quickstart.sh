@@ -17,7 +17,7 @@ cleanup() {
 trap cleanup EXIT
 
 # shellcheck disable=SC1091
-source "$REPO/.rq-services/services.env"
+source "${RQ_SERVICES_DIR:-$REPO/.rq-services}/services.env"  # where scripts/services.sh wrote it
 export AWS_ACCESS_KEY_ID=$RQ_TEST_AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY=$RQ_TEST_AWS_SECRET_ACCESS_KEY
 export AWS_ENDPOINT_URL=$RQ_TEST_S3_ENDPOINT AWS_DEFAULT_REGION=us-east-1
 unset AWS_PROFILE
