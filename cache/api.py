@@ -15,6 +15,7 @@ import os
 import pickle
 import random
 import re
+import sqlite3
 import stat
 import threading
 import time
@@ -64,7 +65,14 @@ from cache.origins import (
     same_version,
 )
 from cache.s3 import S3Settings
-from cache.sizes import cgroup_memory_limit, format_size, parse_size, stored_size
+from cache.sizes import (
+    cgroup_memory_limit,
+    cgroup_memory_used,
+    format_size,
+    parse_size,
+    ram_fs_share,
+    stored_size,
+)
 from cache.store import Store
 
 if TYPE_CHECKING:
@@ -196,13 +204,38 @@ def _make_ram_dir(path: Path, tighten: bool) -> bool:
     return not existed
 
 
-def default_ram_cap(fs_size: int) -> int:
-    """A new cache's RAM cap: a quarter of the RAM file system, and no more than half the memory
-    limit of the process's cgroup where one is set (a container's): tmpfs pages count against
-    that limit, and a RAM tier filled up to a quarter of the node's /dev/shm got the run OOM-killed."""
-    cap = fs_size // 4
+# where every program of the node (DataLoader workers, NCCL) makes its shared memory
+SHARED_SHM = "/dev/shm"
+
+
+def cgroup_room() -> tuple[int, int] | None:
+    """(memory limit, what the group uses now) of this process's cgroup where a limit is set,
+    else None. RAM-tier files count against the limit beside every process of the group."""
     limit = cgroup_memory_limit()
-    return cap if limit is None else min(cap, limit // 2)
+    return None if limit is None else (limit, min(cgroup_memory_used(limit), limit))
+
+
+def cgroup_ram_bound(held: int = 0) -> int | None:
+    """The most RAM-tier bytes this process's cgroup leaves room for, or None (no limit): half its
+    limit, and half of what the group's use leaves of it, the tier's `held` bytes (counted in that
+    use when this group wrote them) taken as room, as the tier's own. Half, not all: rq itself,
+    and the trainer beside it, grow after this look (finding A: a 150 MiB group with a 70 MiB
+    trainer got a 75 MiB cap and the trainer was OOM-killed)."""
+    room = cgroup_room()
+    if room is None:
+        return None
+    limit, used = room
+    return min(limit // 2, max(0, limit - used + held) // 2)
+
+
+def default_ram_cap(fs_size: int) -> int:
+    """A new cache's RAM cap: a quarter of the RAM file system, and within what the process's
+    cgroup leaves room for (cgroup_ram_bound) where a limit is set (a container's): tmpfs pages
+    count against that limit, and a RAM tier filled up to a quarter of the node's /dev/shm got the
+    run OOM-killed."""
+    cap = fs_size // 4
+    bound = cgroup_ram_bound()
+    return cap if bound is None else min(cap, bound)
 
 
 def _unmake_cache_dir(root: Path, keep_root: bool = False) -> None:
@@ -526,18 +559,65 @@ class Cache:
             caps[tier] = stored
             if tier == "ram" and given is None:
                 # a cap recorded where more memory was allowed (a cache made on the host, opened in
-                # a container with a memory limit): this process keeps under its cgroup's bound
-                bound = cgroup_memory_limit()
-                self.ram_bound = None if bound is None else bound // 2
+                # a container with a memory limit, or one whose group has since filled): this
+                # process keeps within what its cgroup leaves room for
+                self.ram_bound = cgroup_ram_bound(self._ram_held(index))
                 if self.ram_bound is not None and stored > self.ram_bound:
                     caps[tier] = self.ram_bound
-                    self.ram_cap_note = (
-                        f"RAM cap {format_size(stored)} recorded, {format_size(self.ram_bound)} used by this "
-                        "process: half its cgroup's memory limit (--ram-limit sets a cap of your own)"
-                    )
+                    self.ram_cap_note = self._cgroup_note(stored)
             if given is not None and not (index.readonly and parse_size(given) == stored):
                 caps[tier] = self._claim_limit(index, tier, parse_size(given))
+            if tier == "ram":
+                self._keep_shm_headroom(caps, given is not None)
         return caps
+
+    def _ram_held(self, index: Index) -> int:
+        """The bytes the RAM tier holds now (entries and landings), 0 if the index cannot say."""
+        try:
+            usage = index.usage()["ram"]
+            return int(usage["bytes"]) + int(usage["held"])
+        except (CacheError, sqlite3.Error, KeyError, TypeError, ValueError):
+            return 0
+
+    def _cgroup_note(self, recorded: int) -> str:
+        room = cgroup_room()
+        figures = (
+            "" if room is None else f" of {format_size(room[0])}, {format_size(room[1])} of it in use now"
+        )
+        return (
+            f"RAM cap {format_size(recorded)} recorded, {format_size(self.ram_bound or 0)} used by this "
+            f"process: half of what its cgroup's memory limit{figures} leaves for the RAM tier "
+            "(--ram-limit sets a cap of your own)"
+        )
+
+    def _keep_shm_headroom(self, caps: dict[str, int], given: bool) -> None:
+        """rq's own RAM root is in /dev/shm, which DataLoader workers and NCCL need too: a cap
+        above ram_fs_share of its file system (Docker's default 64 MiB, a Kubernetes memory
+        emptyDir) acts as that share, given or recorded (finding C: --ram-limit 200M on a 64 MiB
+        /dev/shm filled it to 60 MiB and another user of it then failed ENOSPC). A RAM root on a
+        file system of its own (a `ram_dir` on a private tmpfs) is nobody else's: left as capped."""
+        if self.ram_unavailable is not None:
+            return
+        try:
+            if os.stat(self.layout.ram_root).st_dev != os.stat(SHARED_SHM).st_dev:
+                return
+            fs = os.statvfs(self.layout.ram_root)
+        except OSError:
+            return
+        size = fs.f_blocks * fs.f_frsize
+        share = ram_fs_share(size)
+        if size <= 0 or caps["ram"] <= share:
+            return
+        asked = caps["ram"]
+        caps["ram"] = share
+        self.ram_bound = share if self.ram_bound is None else min(self.ram_bound, share)
+        what = f"--ram-limit {format_size(asked)}" if given else f"RAM cap {format_size(asked)}"
+        self.ram_cap_note = (
+            f"{what} is more than the RAM file system under {SHARED_SHM} "
+            f"({format_size(size)}) can spare: rq uses {format_size(share)} of it and leaves the rest "
+            "to other programs there (DataLoader workers, NCCL); in a container, give it more room "
+            "(docker --shm-size, a Kubernetes emptyDir with medium: Memory and a sizeLimit)"
+        )
 
     def _claim_limit(self, index: Index, tier: str, given: int) -> int:
         """Sets a tier's limit (stored at once: every process using the cache obeys the last limit

@@ -1057,7 +1057,7 @@ class Fetcher:
         files = None if room.files is None else room.files - FILES_TO_PUBLISH
         files_before = files or 0
         fitted: list[Job] = []  # (the batch's objects counted so far: their room is promised)
-        for job in [j for j in batch if not j.hold]:  # (a held one's blocks are taken already)
+        for job in self._within_budget(batch):
             need = fs_need(job.info.size, room.block)
             if need > free:
                 lack = f"{format_size(free)} free, {format_size(need)} needed"
@@ -1075,6 +1075,23 @@ class Fetcher:
             )
             # (the room the batch's objects before it take is not there to be found free)
             self._elsewhere(job, full, ready, (room.free - free, files_before - (files or 0)), fitted)
+
+    def _within_budget(self, batch: list[Job]) -> list[Job]:
+        """The batch's objects without a hold (a held one's blocks are taken already) that _admit's
+        budget (half the cap, less this run's work in flight) lets start now. The rest go back to
+        wait, and their room is looked at when their turn comes, once the cap has moved earlier
+        landings out of the tier: counted here all at once against the free space, a dataset
+        bigger than the file system sent its tail to disk as "no space left" (finding B: 15 of 30
+        4 MiB objects on a 64 MiB /dev/shm with 48 MiB free, under a 16 MiB cap)."""
+        new = [j for j in batch if not j.hold]
+        budget = self.store.caps[self._tier(batch[0])] // 2 - self._held_bytes
+        taken: list[Job] = []
+        for job in new:
+            if budget < job.info.size and (taken or self._held_bytes):
+                break  # (with nothing in flight, one object starts whatever its size, as there)
+            budget -= job.info.size
+            taken.append(job)
+        return taken
 
     def _nowhere(self, job: Job, err: CacheFullError) -> CacheFullError:
         """A demoted object the disk tier cannot take either: one error naming both tiers (its

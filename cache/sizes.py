@@ -63,38 +63,93 @@ def format_size(n: float) -> str:
 _UNLIMITED = 1 << 60
 
 
-def cgroup_memory_limit(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
-    """The memory limit of this process's cgroup in bytes, the lowest of its group and the groups
-    above it (cgroup v2 `memory.max`, v1 `memory/…/memory.limit_in_bytes`), or None when none is set
-    or it cannot be read. tmpfs pages (the RAM tier) count against it: past it the kernel kills."""
+def _memory_groups(root: str, proc_cgroup: str) -> list[tuple[str, str]]:
+    """(directory, v1 or v2) of this process's memory cgroup and of each group above it, as far as
+    they can be found (in a container the group's host path may not exist under its own mount: the
+    walk up reaches the container's group at the mount's root)."""
     try:
         with open(proc_cgroup, encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
     except OSError:
-        return None
-    found: list[int] = []
+        return []
+    groups: list[tuple[str, str]] = []
     for line in lines:
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
         _, controllers, path = parts
         if controllers == "":
-            base, name = root, "memory.max"  # v2 (the unified hierarchy)
+            base, kind = root, "v2"  # the unified hierarchy
         elif "memory" in controllers.split(","):
-            base, name = f"{root}/memory", "memory.limit_in_bytes"
+            base, kind = f"{root}/memory", "v1"
         else:
             continue
         rel = path.strip("/")
         while True:
-            # (in a container the group's host path may not exist under its own mount: the walk
-            # up reaches the container's group at the mount's root)
-            limit = _read_limit(f"{base}/{rel}/{name}" if rel else f"{base}/{name}")
-            if limit is not None:
-                found.append(limit)
+            groups.append((f"{base}/{rel}" if rel else base, kind))
             if not rel:
                 break
             rel = rel.rpartition("/")[0]
-    return min(found) if found else None
+    return groups
+
+
+def _limit_file(kind: str) -> str:
+    return "memory.max" if kind == "v2" else "memory.limit_in_bytes"
+
+
+def cgroup_memory_limit(root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """The memory limit of this process's cgroup in bytes, the lowest of its group and the groups
+    above it (cgroup v2 `memory.max`, v1 `memory/…/memory.limit_in_bytes`), or None when none is set
+    or it cannot be read. tmpfs pages (the RAM tier) count against it: past it the kernel kills."""
+    found = [_read_limit(f"{d}/{_limit_file(kind)}") for d, kind in _memory_groups(root, proc_cgroup)]
+    limits = [limit for limit in found if limit is not None]
+    return min(limits) if limits else None
+
+
+def cgroup_memory_used(
+    limit: int, root: str = "/sys/fs/cgroup", proc_cgroup: str = "/proc/self/cgroup"
+) -> int:
+    """What the group whose memory limit is `limit` (cgroup_memory_limit's) uses now: v2
+    `memory.current`, v1 `memory.usage_in_bytes`, less the inactive file cache the kernel drops
+    before it kills anyone (what `docker stats` shows). Its tmpfs pages (a RAM tier's) and the
+    memory of every process in it (a trainer beside rq, rq itself) count. 0 when no group has that
+    limit (a limit given by a test) or it cannot be read."""
+    used = 0
+    for d, kind in _memory_groups(root, proc_cgroup):
+        if _read_limit(f"{d}/{_limit_file(kind)}") != limit:
+            continue
+        usage = _read_limit(f"{d}/{'memory.current' if kind == 'v2' else 'memory.usage_in_bytes'}")
+        if usage is None:
+            continue
+        # v1's total_ counts the groups below too, as usage_in_bytes does
+        inactive = _stat_field(f"{d}/memory.stat", "inactive_file" if kind == "v2" else "total_inactive_file")
+        used = max(used, usage - min(inactive, usage))
+    return used
+
+
+def _stat_field(path: str, name: str) -> int:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == name and value.strip().isdigit():
+                    return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+# What rq leaves free of a RAM file system it shares with others, whatever cap it is given: a
+# tenth of it, and at least a quarter of it up to 64 MiB. Others there are DataLoader workers
+# (every batch crosses /dev/shm), NCCL's shared-memory transport and torch.multiprocessing; on
+# Docker's default 64 MiB /dev/shm a tier filled to 60 MiB left them too little and they died
+# with "bus error" (ENOSPC on a mapped page). 64 MiB → 48 MiB for rq; 1 GiB → 922 MiB; 64 GiB → 57.6 GiB.
+SHM_HEADROOM_MIN = 64 << 20
+
+
+def ram_fs_share(fs_size: int) -> int:
+    """The most of a RAM file system of `fs_size` bytes that rq's RAM tier takes (SHM_HEADROOM_MIN)."""
+    return fs_size - max(fs_size // 10, min(SHM_HEADROOM_MIN, fs_size // 4))
 
 
 def _read_limit(path: str) -> int | None:

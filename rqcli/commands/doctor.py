@@ -495,22 +495,31 @@ def check_ram_tier(
     docs/cache.md), with the cgroup memory limit that bounds its default cap; and its orphans.
     `ram_root`: the root the cache's index records (a private `ram_dir`, or the next name tried
     when another cache held the default), else the default one for `cache_dir`."""
-    from cache.sizes import cgroup_memory_limit, format_size
+    from cache.sizes import cgroup_memory_limit, cgroup_memory_used, format_size
 
     if not shm.is_dir():
         return [Finding("cache-ram", "skip", f"{shm} absent: no RAM tier", "use --tier disk")]
     if not os.access(shm, os.W_OK | os.X_OK):
         why = "read-only" if os.statvfs(shm).f_flag & os.ST_RDONLY else "not writable by you"
         return [Finding("cache-ram", "skip", f"{shm} is {why}: no RAM tier", "use --tier disk")]
+    # (remount needs CAP_SYS_ADMIN, which a container does not have: its /dev/shm is sized by
+    # whoever starts it)
     ram = _space(
-        ram_root or default_ram_root(cache_dir), "cache-ram", "enlarge /dev/shm (mount -o remount,size=...)"
+        ram_root or default_ram_root(cache_dir),
+        "cache-ram",
+        "enlarge /dev/shm: on a host `mount -o remount,size=...`; in a container it is set where the "
+        "container starts (docker run --shm-size=..., Kubernetes: an emptyDir with medium: Memory "
+        "and a sizeLimit mounted at /dev/shm)",
     )
     limit = cgroup_memory_limit()
     if limit is not None:
+        used = min(cgroup_memory_used(limit), limit)
+        bound = min(limit // 2, (limit - used) // 2)
         ram.detail += (
-            f"; cgroup memory limit {format_size(limit)} (RAM-tier files count against it): "
-            f"a new cache's RAM cap is at most {format_size(limit // 2)}, and an existing cache whose "
-            f"recorded cap is higher uses {format_size(limit // 2)} here (unless --ram-limit is given)"
+            f"; cgroup memory limit {format_size(limit)}, {format_size(used)} in use now (RAM-tier "
+            f"files count against it): a new cache's RAM cap is at most {format_size(bound)} (half "
+            "the limit and half of what is left of it), and an existing cache whose recorded cap is "
+            "higher uses about that here (unless --ram-limit is given)"
         )
     return [ram, check_orphans()]
 

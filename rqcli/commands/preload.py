@@ -152,19 +152,61 @@ def _says_out_of_files(message: str) -> bool:
     return "Too many open files" in message or "ran out of open files" in message
 
 
-def _warn_past_cgroup(out: Output, ram_limit: int) -> None:
-    """A --ram-limit above this cgroup's memory limit is used as given (the user's choice), but
-    RAM-tier files count against that limit: the kernel kills a process of the group (rq, or the
-    training job beside it) before the cap is reached. Said once, at the start (pk: exit 137)."""
+def _warn_about_ram(out: Output, c: Any, ram_limit: int | None) -> None:
+    """Said once, at the start, before the RAM tier fills: a cap lowered for this process (the
+    RAM file system's headroom for others, a cgroup's bound: Cache.ram_cap_note; it came only at
+    the end, as "more than it can hold"), and a cap that with what the cgroup uses now would pass
+    its memory limit (RAM-tier files count against it: the kernel kills a process of the group,
+    rq or the training job beside it; finding A)."""
+    if c.ram_cap_note is not None:
+        out.warn(c.ram_cap_note)
+    warning = _past_cgroup(c, ram_limit)
+    if warning is not None:
+        out.warn(warning)
+
+
+def _past_cgroup(c: Any, ram_limit: int | None) -> str | None:
+    from cache import CacheError
+    from cache.api import cgroup_room
     from cache.sizes import cgroup_memory_limit, format_size
 
-    limit = cgroup_memory_limit()
-    if limit is not None and ram_limit > limit // 2:
-        out.warn(
+    room = cgroup_room()
+    limit = cgroup_memory_limit() if room is None else room[0]
+    if limit is None:
+        return None
+    used = 0 if room is None else room[1]
+    try:
+        held = int(c.usage()["ram"]["bytes"])
+    except (CacheError, OSError, KeyError):
+        held = 0
+    cap = int(c.caps["ram"])
+    # the group's use, plus what the tier may still add (its files already there count in that
+    # use when this group wrote them; those another group wrote count nowhere here)
+    projected = used + max(0, cap - held)
+    safe = max(0, limit - used + held) // 2
+    kills = (
+        "RAM-tier files count against it, and the kernel kills a process of the group (rq, or the "
+        "job beside it) once it is reached"
+    )
+    if ram_limit is not None and ram_limit > limit // 2:
+        return (
             f"--ram-limit {format_size(ram_limit)} is more than half this cgroup's memory limit of "
-            f"{format_size(limit)}: RAM-tier files count against it, and the kernel kills a process of "
-            f"the group (rq, or the job beside it) once it is reached; {format_size(limit // 2)} is safe"
+            f"{format_size(limit)} ({format_size(used)} of it in use now): {kills}; "
+            f"{format_size(min(limit // 2, safe))} is safe"
         )
+    if projected > limit:
+        tier_part = f" (the RAM tier's {format_size(held)} counted once)" if held else ""
+        what = (
+            f"--ram-limit {format_size(cap)}"
+            if ram_limit is not None
+            else f"the RAM cap of {format_size(cap)}"
+        )
+        return (
+            f"{what} with the {format_size(used)} this cgroup uses now{tier_part} passes its memory "
+            f"limit of {format_size(limit)}: {kills}; "
+            f"{format_size(min(limit // 2, safe))} is safe (--ram-limit)"
+        )
+    return None
 
 
 def open_cache(cache_dir: Path | None, **kwargs: Any) -> Any:
@@ -416,8 +458,12 @@ def _preload(
         raise refused(exc) from None
     root = c.root if scratch is None else _requested_root(cache_dir)
     tally.root = root
-    if ram_limit is not None and scratch is None:
-        _warn_past_cgroup(out, ram_limit)
+    if tier == "ram" and scratch is None:
+        _warn_about_ram(out, c, ram_limit)
+    elif ram_limit is not None and scratch is None:
+        warning = _past_cgroup(c, ram_limit)
+        if warning is not None:
+            out.warn(warning)
     # a dry run prints its plan as it is listed (a line per object): no bar to draw around it
     with out.progress() if not dry_run else contextlib.nullcontext() as bar:
         task = bar.add_task("preload", total=None) if bar is not None else None
