@@ -536,12 +536,14 @@ def _pushed_out(
     prefixes = _disjoint(p for source in sources for p in _url_prefixes(source))
     counts = state.index.created_since(since, prefixes)
     here = counts.get(tier, 0)
-    # (those that landed on disk because the RAM file system was full were never in RAM)
-    elsewhere = max(0, sum(n for t, n in counts.items() if t != tier) - fetched.demoted)
     # an entry of ours in the other tier is still cached, not evicted; only RAM demotes (to disk):
     # new RAM entries beside a disk run are another process's landings (a parallel --tier ram
     # preload) or ours promoted by a reader, never moved there by this run
-    demoted = min(elsewhere, fetched.objects) if tier == "ram" else 0
+    elsewhere = sum(n for t, n in counts.items() if t != tier)
+    # (those that landed on disk because the RAM file system was full were never in RAM: neither
+    # demoted nor evicted, they are counted apart, fetched.demoted; subtracted from `elsewhere`
+    # before the eviction count, they were counted evicted)
+    demoted = min(max(0, elsewhere - fetched.demoted), fetched.objects) if tier == "ram" else 0
     return max(0, fetched.objects - here - elsewhere), demoted
 
 
