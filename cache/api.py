@@ -81,6 +81,10 @@ if TYPE_CHECKING:
 SMALL_READ = 16 << 20  # objects up to this size are read into memory on open (no lease kept)
 DEFAULT_MAX_AGE = 60.0
 OPEN_PATIENCE = 30.0  # seconds Cache.open keeps retrying an entry that keeps being evicted
+# The longest close() waits for other threads' calls under way (a prefetch window warming, a verify
+# of a big cache, a read stuck on a dead mount) before it closes the index all the same, as
+# Prefetcher.stop() bounds its join: a close() in a signal handler or at exit must end.
+CLOSE_WAIT_S = 30.0
 GONE_BEFORE_FETCH = 20  # lookups that found the cached file gone before reading through the origin
 # after a freshness check found the store unreachable, stale entries of that bucket are served
 # without asking again for this long: each check of a store that is down costs seconds (refused:
@@ -146,14 +150,19 @@ class _ProcState:
     # operations using it (Cache._use): close() detaches the state at once but closes its index
     # only once they ended, so none of them meets a closed index halfway (its landing's hold
     # stranded in the index, a raw sqlite3 error)
-    uses: int = 0
+    # The threads with an operation under way on it, by ident: adding and discarding a thread's
+    # own ident are each one step and discarding twice is harmless, so a signal (a Ctrl-C, a
+    # handler that raises) landing between the steps of taking or ending a use can leave no use
+    # counted for ever (a count did: every later close() then waited on it, dr4).
+    users: set[int] = field(default_factory=set)
     idle: threading.Condition = field(default_factory=threading.Condition)
     closing: bool = False  # closed by the thread holding its last use: that use's end closes it
 
-    def release(self) -> None:
+    def release(self, user: int) -> None:
+        self.users.discard(user)  # first, outside the lock: one step a signal cannot cut in two
         with self.idle:
-            self.uses -= 1
-            last = self.closing and self.uses == 0
+            last = self.closing and not self.users
+            self.closing = self.closing and not last
             self.idle.notify_all()
         if last:
             self.index.close()
@@ -694,9 +703,9 @@ class Cache:
                     self._shrink_due = False
                     self._proc.store.shrink()
             if getattr(self._held, "active", False):  # inside an operation (_use): counted
+                self._held.state = self._proc  # first: the end of _use releases what this names
                 with self._proc.idle:
-                    self._proc.uses += 1
-                self._held.state = self._proc
+                    self._proc.users.add(threading.get_ident())
             return self._proc
 
     @contextlib.contextmanager
@@ -708,14 +717,15 @@ class Cache:
         if getattr(self._held, "active", False):
             yield
             return
-        self._held.active = True
         try:
+            self._held.active = True
             yield
         finally:
-            self._held.active = False
-            state, self._held.state = getattr(self._held, "state", None), None
+            state = self._held.__dict__.get("state")
             if state is not None and state.pid == os.getpid():  # (a fork's child: not its to end)
-                state.release()
+                state.release(threading.get_ident())
+            self._held.state = None
+            self._held.active = False
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -769,12 +779,13 @@ class Cache:
 
     def _close_when_unused(self, proc: _ProcState) -> None:
         """Closes a detached state's index once the operations using it ended (a read-through
-        under way lands and drops its hold first); with a use of this thread among them (close()
-        called from inside an operation), the end of that use closes it."""
-        mine = getattr(self._held, "state", None) is proc
+        under way lands and drops its hold first), or CLOSE_WAIT_S passed; with a use of this
+        thread among them (close() called from inside an operation, or from a signal handler that
+        interrupted one), the end of that use closes it."""
+        me = {threading.get_ident()}
         with proc.idle:
-            proc.idle.wait_for(lambda: proc.uses <= int(mine))
-            proc.closing = deferred = proc.uses > 0
+            proc.idle.wait_for(lambda: proc.users <= me, timeout=CLOSE_WAIT_S)
+            proc.closing = deferred = bool(proc.users & me)
         if not deferred:
             proc.index.close()
 
@@ -972,21 +983,27 @@ class Cache:
                 raise _Gone  # evicted or replaced between lookup and lock (our own landing: its twin won)
             if st.st_size != entry.size:
                 raise VerifyError(f"{entry.url}: cached file has {st.st_size} bytes, expected {entry.size}")
+            data: bytes | None = None
             if entry.size <= SMALL_READ:
                 data = _read_all(fd, entry.size)
                 if xxhash.xxh3_128(data).hexdigest() != entry.xxh3:
                     raise VerifyError(f"{entry.url}: cached bytes do not match their recorded digest")
-                os.close(fd)
-                return CachedBytes(data)
-            stamp = (entry.blob, st.st_ino, st.st_mtime_ns)
-            if stamp not in self._verified:
-                if file_digest(fd, entry.size) != entry.xxh3:
-                    raise VerifyError(f"{entry.url}: cached bytes do not match their recorded digest")
-                self._verified.add(stamp)
-            return os.fdopen(fd, "rb")  # the shared lock lives as long as this file object
+            else:
+                stamp = (entry.blob, st.st_ino, st.st_mtime_ns)
+                if stamp not in self._verified:
+                    if file_digest(fd, entry.size) != entry.xxh3:
+                        raise VerifyError(f"{entry.url}: cached bytes do not match their recorded digest")
+                    self._verified.add(stamp)
         except BaseException:
             os.close(fd)
             raise
+        # Past the try: an interrupt (a signal whose handler raises) right after the fd was closed
+        # or handed to its file object closed it a second time there (dr4: EBADF; in a threaded
+        # process another thread's descriptor, reused by then).
+        if data is not None:
+            os.close(fd)
+            return CachedBytes(data)
+        return os.fdopen(fd, "rb")  # the shared lock lives as long as this file object
 
     def _touch(self, url: str) -> None:
         """Records a read for LRU. Stamps are batched (one index write per second, not one per
