@@ -31,19 +31,21 @@ _PR_SET_PDEATHSIG = 1
 STOP_S = 2.0  # how long children told to stop get to finish the chunk they are sending
 
 
-def die_with_parent(parent: int | None = None) -> bool:
+def die_with_parent(parent: int) -> bool:
     """Asks the kernel for SIGTERM when this process's parent dies, kill -9 included: a child
     that outlived `rq send` went on sending and then hung for ever at exit, on a queue nobody
-    read. False if the parent died before the request was made (`parent`: its pid, or None to
-    take reparenting to init as the sign): the caller then stops at once."""
+    read. False if the parent (`parent`: the pid it passed at spawn) died before the request was
+    made: the caller then stops at once. Told by that pid, never by a parent pid of 1: rq run as
+    PID 1 (a container's entrypoint without --init) is the real parent of its children, and they
+    took it for gone (docs/transfer.md, *rq as PID 1*)."""
     with contextlib.suppress(Exception):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    ppid = os.getppid()
-    return not (ppid == 1 or (parent is not None and ppid != parent))
+    return os.getppid() == parent
 
 
 def _child(
     parent: int,
+    slot: int,
     name: str,
     copts: ConnectOptions,
     token: bytes,
@@ -82,7 +84,7 @@ def _child(
         _run_one(
             get_transport(name).connect, copts, token, manifest, files, work, opts, digests, Stats(), on_event
         )
-        out.put(("ok", [(f, k, d) for f, ds in enumerate(digests) for k, d in ds.items()]))
+        out.put(("ok", slot, [(f, k, d) for f, ds in enumerate(digests) for k, d in ds.items()]))
     except TransferError as exc:
         out.put(("error", exc.code, str(exc)))
     except BaseException as exc:  # connection-level OSErrors and the like: worth a retry
@@ -114,6 +116,7 @@ def move_in_processes(
             target=_child,
             args=(
                 os.getpid(),
+                i - 1,
                 transport.name,
                 _port(copts, data_ports, i),
                 token,
@@ -159,6 +162,7 @@ def move_in_processes(
         out,
     )
     pending = len(procs) + 1
+    finished: set[int] = set()  # the children that said "ok": their share is done
 
     def take(msg: tuple[Any, ...]) -> None:
         if msg[0] == "moved":  # the parent's Stats knows every attempt: it tells what was resent
@@ -170,15 +174,18 @@ def move_in_processes(
 
     try:
         while pending:
+            ended = _ended_unfinished(procs, finished)  # before the wait: see there
             try:
                 msg = out.get(timeout=1.0)
             except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise PeerUnreachableError("a connection process died") from None
+                lost = _lost(ended)
+                if lost is not None:
+                    raise lost from None
                 continue
             take(msg)
             if msg[0] == "ok":
-                for f, k, d in msg[1]:
+                finished.add(msg[1])
+                for f, k, d in msg[2]:
                     digests[f][k] = d
                 pending -= 1
             elif msg[0] == "own":
@@ -196,6 +203,24 @@ def move_in_processes(
         stop.close()
         with contextlib.suppress(Exception):
             out.close()
+
+
+def _ended_unfinished(procs: list[Any], finished: set[int]) -> list[int]:
+    """The exit codes of the children that exited without saying "ok". Taken before a wait on the
+    queue that then finds it empty, it names only children that really left work undone: a child
+    flushes its queue as it exits, so what it reported is read by then. Exit 0 counts too: a child
+    that returned without doing its share (it took rq as PID 1 for a parent gone) left the send
+    waiting for its chunks for ever, acked 8 of 15 and then nothing."""
+    return [p.exitcode for i, p in enumerate(procs) if p.exitcode is not None and i not in finished]
+
+
+def _lost(codes: list[int]) -> PeerUnreachableError | None:
+    """A connection lost, as any other: the attempt is retried (--retry-for), then reported."""
+    if not codes:
+        return None
+    if codes[0] == 0:
+        return PeerUnreachableError("a connection process exited without finishing its share")
+    return PeerUnreachableError(f"a connection process died (exit {codes[0]})")
 
 
 class _Own:

@@ -425,6 +425,9 @@ def _dest_argument(_ctx: click.Context, _param: click.Parameter, value: str) -> 
 @click.option(
     "--receiver-id", hidden=True, help="Internal: the id a --workers process shares with its parent."
 )
+@click.option(
+    "--parent-pid", type=Whole(min=1), hidden=True, help="Internal: the pid of a --workers process's parent."
+)
 @output_options
 def recv(
     dest_dir: Path,
@@ -446,6 +449,7 @@ def recv(
     keep_partial: float | None,
     worker: bool,
     receiver_id: str | None,
+    parent_pid: int | None,
 ) -> None:
     """Receive checkpoints into DEST_DIR; prints the line to paste on the sender.
 
@@ -467,7 +471,8 @@ def recv(
     if worker:
         from transfer.procs import die_with_parent
 
-        if not die_with_parent():
+        # the pid the parent passed, not a parent pid of 1: rq as PID 1 (a container) is its parent
+        if not die_with_parent(parent_pid or os.getppid()):
             raise CliError("the rq recv that started this worker is gone", ExitCode.FAILURE)
     spawn = workers > 1 and transport == "quic" and not worker
     cert_dir = cert_dir or user_data_path("rq") / "transfer"
@@ -565,6 +570,8 @@ def recv(
             quic_backend,
             "--receiver-id",
             receiver_id,
+            "--parent-pid",
+            str(os.getpid()),
         ]
         for flag, value in (
             ("--token-file", token_file),
