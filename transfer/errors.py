@@ -97,6 +97,12 @@ class BusyError(ExistsError):
     code = "busy"
 
 
+# What a sender is told (busy, retried) when another sender of the same transfer committed it
+# under it: its retry hears "complete". The sender knows it by these words (older senders by the
+# code alone), so that a send out of --retry-for still makes that one retry.
+FINISHED_MEANWHILE = "another sender of this transfer committed it a moment ago; a retry finds it complete"
+
+
 class FinishedMeanwhileError(BusyError):
     """Another sender of this very transfer (the same source sent twice at once, or three times)
     committed it while this one was still at it. Sent as `busy`, which the sender retries: its

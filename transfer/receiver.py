@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from transfer.errors import (
+    FINISHED_MEANWHILE,
     AuthError,
     ChunkSizeError,
     FinishedMeanwhileError,
@@ -48,7 +49,7 @@ from transfer.session import (
     ManifestReceived,
     ReceiverChannel,
 )
-from transfer.store import FINISHED_MEANWHILE, KEEP_PARTIAL, Plan, Store, no_space
+from transfer.store import KEEP_PARTIAL, Plan, Store, no_space
 from transfer.transport import Channel
 
 IDLE_TIMEOUT = 300.0  # a channel that sends nothing for this long is dropped

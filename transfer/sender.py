@@ -20,6 +20,7 @@ from typing import Any
 
 from transfer import codec
 from transfer.errors import (
+    FINISHED_MEANWHILE,
     AuthError,
     BusyError,
     ChunkSizeError,
@@ -567,6 +568,7 @@ def _send_retrying(
     last_progress = time.monotonic()
     adopted = False
     stall_forgiven = False
+    finished_meanwhile = 0  # retries made past --retry-for because another sender committed it
     while True:
         # Progress is what the receiver acknowledged: chunks merely sent may be lost with the
         # connection, and counting those let a send that could never finish retry forever. Nor
@@ -625,6 +627,11 @@ def _send_retrying(
                 stall_forgiven = True
             limit = _patience(run.opts, stats.connected)
             waited = time.monotonic() - last_progress
+            if busy and FINISHED_MEANWHILE in str(exc) and finished_meanwhile < 3:
+                # another sender of this transfer committed it: a retry hears "complete", so it is
+                # made whatever --retry-for says (dr4: --retry-for 0 failed 'busy' on a transfer done)
+                finished_meanwhile += 1
+                waited = 0.0
             if waited > limit:
                 if busy:
                     raise

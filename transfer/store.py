@@ -39,6 +39,7 @@ import xxhash
 from transfer.aligned import ALIGN, O_DIRECT, is_aligned
 from transfer.codec import root_digest
 from transfer.errors import (
+    FINISHED_MEANWHILE,
     BusyError,
     ChunkSizeError,
     DirectoryInTheWayError,
@@ -232,11 +233,6 @@ class FileState:
     # written, not yet durable and journaled: chunk -> Store.write_back_errors when it was written
     dirty: dict[int, int] = field(default_factory=dict)
     placed: bool = False  # already in place from an earlier transfer: nothing to write or move
-
-
-# What a sender is told (busy, retried) when another sender of the same transfer committed it
-# under it: its retry hears "complete".
-FINISHED_MEANWHILE = "another sender of this transfer committed it a moment ago; a retry finds it complete"
 
 
 class _Gate:

@@ -89,8 +89,9 @@ def _later_commits_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(session.SenderChannel, "commit", commit)
 
 
+@pytest.mark.parametrize("retry_for", [10.0, 0.0])  # 0: dr4, a send told "busy" out of patience
 def test_threads_sending_the_same_source_at_once_all_complete(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, retry_for: float
 ) -> None:
     src = _source(tmp_path)
     dest = tmp_path / "dst"
@@ -100,7 +101,7 @@ def test_threads_sending_the_same_source_at_once_all_complete(
     failures: list[str] = []
     with _receiver(dest) as port:
         copts = ConnectOptions("127.0.0.1", port, None, tls=False)
-        opts = SendOptions(streams=2, chunk_size=CS, compress="none", retry_for=10.0)
+        opts = SendOptions(streams=2, chunk_size=CS, compress="none", retry_for=retry_for)
 
         def sender(n: int) -> None:
             time.sleep(0.03 * n)  # staggered: each later send joins the first one under way
