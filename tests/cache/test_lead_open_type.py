@@ -12,4 +12,6 @@ from cache import Cache
 def test_what_open_is_typed_as_takes_readinto() -> None:
     returned = typing.get_type_hints(Cache.open)["return"]
     kinds = typing.get_args(returned) or (returned,)
-    assert kinds and all(hasattr(kind, "readinto") and hasattr(kind, "seek") for kind in kinds)  # (old: IO[bytes])
+    assert kinds and all(
+        hasattr(kind, "readinto") and hasattr(kind, "seek") for kind in kinds
+    )  # (old: IO[bytes])
