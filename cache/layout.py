@@ -227,4 +227,7 @@ def dir_error(path: Path, what: str, exc: OSError) -> CacheError:
         return FileSystemFullError(
             f"no space left on the file system under {path}{inodes_note(path)} to make the {what}"
         )
-    return BadSourceError(f"cannot use {path} as the {what}: {exc.strerror or exc}")
+    err = BadSourceError(f"cannot use {path} as the {what}: {exc.strerror or exc}")
+    if what == "cache directory":  # (a default under HOME, in a container with a read-only root: ct)
+        err.hint = "give one rq can write: --cache-dir DIR or RQ_CACHE_DIR"  # type: ignore[attr-defined]
+    return err

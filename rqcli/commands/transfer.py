@@ -706,7 +706,22 @@ def _setup_error(exc: OSError, dest_dir: Path) -> Exception:
     # a file where a directory must be (DEST or a parent of it) is a usage error, as Click's own
     # check of a DEST that is a file and every other rq command's directory options have it
     code = ExitCode.USAGE if exc.errno == errno.ENOTDIR else ExitCode.FAILURE
-    return CliError(f"cannot use {where}: {why}", code)
+    hint = None
+    if not _within(Path(os.fsdecode(exc.filename)), dest_dir):
+        # the certificate or the token's default place (under HOME): in a container with a
+        # read-only root and HOME=/ the line named /.local and nothing to do about it (ct)
+        hint = (
+            "rq recv keeps its TLS certificate in --cert-dir (default under ~/.local/share/rq) and "
+            "the token in --token-file (default under ~/.config/rq) unless RQ_TOKEN is set: "
+            "point them at a writable directory"
+        )
+    return CliError(f"cannot use {where}: {why}", code, hint=hint)
+
+
+def _within(path: Path, directory: Path) -> bool:
+    """Whether `path` is `directory` or under it (absolute, as given: no symlinks followed)."""
+    path, directory = Path(os.path.abspath(path)), Path(os.path.abspath(directory))
+    return path == directory or directory in path.parents
 
 
 class _Deferred:

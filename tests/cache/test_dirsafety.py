@@ -181,4 +181,5 @@ def test_rq_says_a_cache_dir_that_cannot_be_made_is_a_bad_argument(tmp_path: Pat
     res = run_rq("preload", str(tmp_path / "src"), "--cache-dir", "/proc/rq-nowhere")
     assert res.returncode == 2, res.stderr
     assert b"cannot use /proc/rq-nowhere as the cache directory" in res.stderr
+    assert b"--cache-dir DIR or RQ_CACHE_DIR" in res.stderr  # (ct: a default under a read-only HOME)
     assert len(res.stderr.splitlines()) == 1
