@@ -243,8 +243,11 @@ def default_ram_cap(fs_size: int) -> int:
     count against that limit, and a RAM tier filled up to a quarter of the node's /dev/shm got the
     run OOM-killed."""
     cap = fs_size // 4
-    bound = cgroup_ram_bound()
-    return cap if bound is None else min(cap, bound)
+    room = cgroup_room()
+    # Half the limit only: this cap is recorded, and what the group uses at this moment (a busy
+    # minute, page cache) would have stayed the cache's cap for good, down to 0 B (dr5). What the
+    # group uses is applied at each open instead (cgroup_ram_bound, in _caps), never recorded.
+    return cap if room is None else min(cap, room[0] // 2)
 
 
 def _unmake_cache_dir(root: Path, keep_root: bool = False) -> None:
@@ -573,7 +576,8 @@ class Cache:
                 self.ram_bound = cgroup_ram_bound(self._ram_held(index))
                 if self.ram_bound is not None and stored > self.ram_bound:
                     caps[tier] = self.ram_bound
-                    self.ram_cap_note = self._cgroup_note(stored)
+                    if self.ram_bound < stored * 0.9:  # (not for a hair: the use moves a little)
+                        self.ram_cap_note = self._cgroup_note(stored)
             if given is not None and not (index.readonly and parse_size(given) == stored):
                 caps[tier] = self._claim_limit(index, tier, parse_size(given))
             if tier == "ram":
@@ -721,11 +725,14 @@ class Cache:
             self._held.active = True
             yield
         finally:
+            # The thread's marks go first: an interrupt after them leaves at most its ident in
+            # the set, which its next call's end discards (the same ident), and close() bounds its
+            # wait; one after the release left the thread marked active on a closed state (dr5).
             state = self._held.__dict__.get("state")
-            if state is not None and state.pid == os.getpid():  # (a fork's child: not its to end)
-                state.release(threading.get_ident())
             self._held.state = None
             self._held.active = False
+            if state is not None and state.pid == os.getpid():  # (a fork's child: not its to end)
+                state.release(threading.get_ident())
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -779,13 +786,16 @@ class Cache:
 
     def _close_when_unused(self, proc: _ProcState) -> None:
         """Closes a detached state's index once the operations using it ended (a read-through
-        under way lands and drops its hold first), or CLOSE_WAIT_S passed; with a use of this
-        thread among them (close() called from inside an operation, or from a signal handler that
-        interrupted one), the end of that use closes it."""
+        under way lands and drops its hold first). It waits for them at most CLOSE_WAIT_S (its
+        own thread's use not at all: close() called from inside an operation, or from a signal
+        handler that interrupted one); the end of the last use closes it then."""
         me = {threading.get_ident()}
         with proc.idle:
             proc.idle.wait_for(lambda: proc.users <= me, timeout=CLOSE_WAIT_S)
-            proc.closing = deferred = bool(proc.users & me)
+            # still in use (this thread's own call, or others' past the wait): the last of them
+            # closes the index as it ends. Closed under them, a slow read-through failed "remove
+            # ... to start the cache over" and left its hold counted (dr5).
+            proc.closing = deferred = bool(proc.users)
         if not deferred:
             proc.index.close()
 

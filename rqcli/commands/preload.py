@@ -458,12 +458,9 @@ def _preload(
         raise refused(exc) from None
     root = c.root if scratch is None else _requested_root(cache_dir)
     tally.root = root
-    if tier == "ram" and scratch is None:
+    if (tier == "ram" or ram_limit is not None) and scratch is None:
+        # (a --ram-limit cut to /dev/shm's share beside --tier disk was cut without a word: dr5)
         _warn_about_ram(out, c, ram_limit)
-    elif ram_limit is not None and scratch is None:
-        warning = _past_cgroup(c, ram_limit)
-        if warning is not None:
-            out.warn(warning)
     # a dry run prints its plan as it is listed (a line per object): no bar to draw around it
     with out.progress() if not dry_run else contextlib.nullcontext() as bar:
         task = bar.add_task("preload", total=None) if bar is not None else None

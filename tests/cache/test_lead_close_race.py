@@ -183,5 +183,9 @@ def test_readers_and_a_closer_in_one_process(tmp_path: Path) -> None:
             t.join(30)
         c.close()
     assert not errors, f"{len(errors)} errors, the first: {errors[:3]}"
+    # A version superseded while a reader had it open keeps a garbage hold, which counts its file
+    # until a collect() finds it closed (store.land): that is accounting, not a stranded hold.
+    c.collect()
+    c.close()
     assert _our_holds(tmp_path / "c") == []
     assert os.listdir(tmp_path / "c" / "tmp") == []

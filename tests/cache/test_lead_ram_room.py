@@ -59,6 +59,23 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
+def test_a_busy_moment_is_not_recorded_as_the_cap(
+    tmp_path: Path, ram_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dr5: the default cap, bounded by what the group used at that moment, was recorded: a cache
+    made while the group was busy (or full of page cache) kept a fraction of the room, or 0 B, for
+    good. The recorded default is half the limit; the use bounds each open only."""
+    _group(monkeypatch, 150 * MIB, 150 * MIB)  # full at this moment
+    with Cache(tmp_path / "c", ram_dir=ram_dir) as c:
+        assert c.caps["ram"] == 0
+    _group(monkeypatch, 150 * MIB, 10 * MIB)  # the moment passed
+    with Cache(tmp_path / "c", ram_dir=ram_dir) as c:
+        assert c.caps["ram"] == min(
+            70 * MIB, os.statvfs(ram_dir).f_blocks * os.statvfs(ram_dir).f_frsize // 4
+        )
+        # (old: 0 B, recorded)
+
+
 def test_a_group_use_is_read_without_reclaimable_file_cache(tmp_path: Path) -> None:
     from cache.sizes import cgroup_memory_used
 
@@ -67,13 +84,14 @@ def test_a_group_use_is_read_without_reclaimable_file_cache(tmp_path: Path) -> N
     _write(cg / "a" / "memory.max", "max\n")
     _write(cg / "a" / "b" / "memory.max", str(150 * MIB))
     _write(cg / "a" / "b" / "memory.current", str(120 * MIB))
-    _write(cg / "a" / "b" / "memory.stat", f"anon 1\ninactive_file {10 * MIB}\nactive_file 5\n")
-    assert cgroup_memory_used(150 * MIB, str(cg), str(me)) == 110 * MIB
+    # the file cache (active or not) is taken off, its tmpfs/shmem part (a RAM tier's) is not (dr5)
+    _write(cg / "a" / "b" / "memory.stat", f"anon 1\nfile {40 * MIB}\nshmem {10 * MIB}\n")
+    assert cgroup_memory_used(150 * MIB, str(cg), str(me)) == 90 * MIB
     assert cgroup_memory_used(64 * MIB, str(cg), str(me)) == 0  # no group has that limit
     _write(me, "4:memory:/docker/x\n")  # v1, the container's group at the mount's root
     _write(cg / "memory" / "memory.limit_in_bytes", str(150 * MIB))
     _write(cg / "memory" / "memory.usage_in_bytes", str(100 * MIB))
-    _write(cg / "memory" / "memory.stat", f"inactive_file 1\ntotal_inactive_file {20 * MIB}\n")
+    _write(cg / "memory" / "memory.stat", f"cache 1\ntotal_cache {30 * MIB}\ntotal_shmem {10 * MIB}\n")
     assert cgroup_memory_used(150 * MIB, str(cg), str(me)) == 80 * MIB
 
 
