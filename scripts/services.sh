@@ -65,7 +65,8 @@ start_s3() {
   "actions": ["Admin", "Read", "List", "Tagging", "Write"]}]}
 JSON
   local b=$WEED_BASE
-  nohup weed mini -dir="$data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -master.telemetry=false \
+  # -logdir: weed's glog otherwise leaves weed.* log files in /tmp on every start, never removed
+  nohup weed -logdir="$data" mini -dir="$data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -master.telemetry=false \
     -s3.port="$S3_PORT" -s3.port.grpc=$((b + 1)) -s3.config="$data/s3.json" \
     -master.port=$((b + 2)) -master.port.grpc=$((b + 3)) \
     -volume.port=$((b + 4)) -volume.port.grpc=$((b + 5)) \
@@ -130,6 +131,9 @@ stop_one() {  # SIGTERM, wait, then SIGKILL; remove the data dir
   if [ -f "$STATE/$name.dir" ]; then
     rm -rf "$(cat "$STATE/$name.dir")"
     rm -f "$STATE/$name.dir"
+  fi
+  if [ "$name" = seaweedfs ]; then  # weed's gRPC unix sockets, named by our pinned ports, in /tmp
+    for i in 1 3 5 7 9; do rm -f "/tmp/seaweedfs-"*"-grpc-$((WEED_BASE + i)).sock"; done
   fi
 }
 
