@@ -111,9 +111,9 @@ def cgroup_memory_used(
 ) -> int:
     """What the group whose memory limit is `limit` (cgroup_memory_limit's) uses now: v2
     `memory.current`, v1 `memory.usage_in_bytes`, less the file cache the kernel drops before it
-    kills anyone (not its tmpfs pages). Its tmpfs pages (a RAM tier's) and the
-    memory of every process in it (a trainer beside rq, rq itself) count. 0 when no group has that
-    limit (a limit given by a test) or it cannot be read."""
+    kills anyone. Its tmpfs pages (a RAM tier's) and the memory of every process in it (a trainer
+    beside rq, rq itself) count. 0 when no group has that limit (a limit given by a test) or it
+    cannot be read."""
     used = 0
     for d, kind in _memory_groups(root, proc_cgroup):
         if _read_limit(f"{d}/{_limit_file(kind)}") != limit:

@@ -2,12 +2,44 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import time
+import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+V1_MEMORY = Path("/sys/fs/cgroup/memory")
+
+
+@contextlib.contextmanager
+def v1_memory_group(limit: int, prefix: str = "rq-test") -> Iterator[Path]:
+    """A child cgroup v1 memory group with `limit` (skips the test where one cannot be made);
+    removed after, once the processes put in it have exited and the kernel has reaped them."""
+    group = V1_MEMORY / f"{prefix}-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a v1 memory cgroup: {exc}")
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+        yield group
+    finally:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise  # (saying why it stays)
+                time.sleep(0.05)
 
 
 def payload(i: int, size: int) -> bytes:

@@ -12,16 +12,14 @@ warned about only at the end; rq now keeps ram_fs_share of it at most and says s
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import time
-import uuid
 from pathlib import Path
 
 import pytest
-from cachekit import unshared
+from cachekit import V1_MEMORY as V1
+from cachekit import unshared, v1_memory_group
 
 import cache.api
 import cache.sizes
@@ -32,7 +30,6 @@ NAMESPACES = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None,
     reason="needs root and unshare(1) for a mount namespace",
 )
-V1 = Path("/sys/fs/cgroup/memory")
 
 
 def _group(monkeypatch: pytest.MonkeyPatch, limit: int, used: int) -> None:
@@ -147,29 +144,11 @@ print(json.dumps([run.returncode, run.stderr, alive]))
     reason="needs a writable cgroup v1 memory hierarchy for a child group",
 )
 def test_a_trainer_beside_a_ram_preload_in_a_150m_group_is_not_killed(tmp_path: Path) -> None:
-    group = V1 / f"rq-test-room-{uuid.uuid4().hex[:8]}"
-    try:
-        group.mkdir()
-    except OSError as exc:
-        pytest.skip(f"cannot make a v1 memory cgroup: {exc}")
-    try:
-        (group / "memory.limit_in_bytes").write_text(str(150 * MIB))
+    with v1_memory_group(150 * MIB, "rq-test-room") as group:
         script = f"TRAINER = {TRAINER!r}\n" + IN_GROUP.replace("sys.argv[2]", repr(str(group)))
         rc, stderr, alive = unshared(script, tmp_path)
         assert rc == 0, stderr
         assert alive, f"the trainer was killed (the RAM tier passed the group's limit): {stderr}"
-    finally:
-        _remove_group(group)
-
-
-def _remove_group(group: Path) -> None:
-    for _ in range(200):  # its processes have exited; the group empties as the kernel reaps them
-        with contextlib.suppress(OSError):
-            group.rmdir()
-        if not group.exists():
-            return
-        time.sleep(0.05)
-    group.rmdir()  # (raises, saying why it stays)
 
 
 # a 64 MiB /dev/shm (Docker's default) in a private mount namespace, rq's own RAM root in it

@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 
 import pytest
+from cachekit import V1_MEMORY as V1
+from cachekit import v1_memory_group
 
 import cache.api
 from cache import Cache
@@ -73,21 +73,12 @@ def test_default_ram_cap_is_at_most_half_the_limit(tmp_path: Path, monkeypatch: 
         assert c.caps["ram"] == fs.f_blocks * fs.f_frsize // 4
 
 
-V1 = Path("/sys/fs/cgroup/memory")
-
-
 @pytest.mark.skipif(
     os.geteuid() != 0 or not (V1 / "cgroup.procs").exists() or not os.access(V1, os.W_OK),
     reason="needs root and a writable cgroup v1 memory hierarchy",
 )
 def test_in_a_v1_memory_cgroup(tmp_path: Path) -> None:
-    group = V1 / f"rq-test-{uuid.uuid4().hex[:8]}"
-    try:
-        group.mkdir()
-    except OSError as exc:
-        pytest.skip(f"cannot make a v1 memory cgroup: {exc}")
-    try:
-        (group / "memory.limit_in_bytes").write_text(str(96 << 20))
+    with v1_memory_group(96 << 20) as group:
         ram = tmp_path / "ram"
         code = (
             f"open({str(group / 'cgroup.procs')!r}, 'w').write(str(__import__('os').getpid()))\n"
@@ -103,13 +94,3 @@ def test_in_a_v1_memory_cgroup(tmp_path: Path) -> None:
         # of it (tests/cache/test_lead_ram_room.py); its use grows a little after the cap is set
         expected = min(48 << 20, ((96 << 20) - used) // 2, fs.f_blocks * fs.f_frsize // 4)
         assert used > 0 and abs(cap - expected) <= 2 << 20 and cap < 48 << 20, (cap, used)
-    finally:
-        deadline = time.monotonic() + 10
-        while True:  # the child has exited; its group empties as the kernel reaps it
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
