@@ -415,7 +415,32 @@ def _interrupted(args: list[str], exc: BaseException) -> int:
     return int(ExitCode.INTERRUPTED)
 
 
-def _short_of(exc: Exception) -> CliError | None:
+# what a command can be given instead of a default path under the home directory
+_PATH_OPTIONS = {
+    "preload": "--cache-dir / RQ_CACHE_DIR",
+    "cache": "--cache-dir / RQ_CACHE_DIR",
+    "recv": "--cert-dir and --token-file (or RQ_TOKEN)",
+    "send": "--token-file (or RQ_TOKEN)",
+}
+_ALL_PATH_OPTIONS = (
+    "--cache-dir / RQ_CACHE_DIR, --topics-dir / RQ_TOPICS_DIR, and for rq recv --cert-dir and "
+    "--token-file (or RQ_TOKEN)"
+)
+
+
+def _path_options(args: list[str]) -> str:
+    """The path options of the command in `args` (the topics commands share --topics-dir)."""
+    name = _invoked(args)[0].split(" ")
+    if len(name) < 2:
+        return _ALL_PATH_OPTIONS
+    if name[1] in _PATH_OPTIONS:
+        return _PATH_OPTIONS[name[1]]
+    if name[1] in ("tail", "replay", "offsets", "produce"):
+        return "--topics-dir / RQ_TOPICS_DIR"
+    return _ALL_PATH_OPTIONS
+
+
+def _short_of(exc: Exception, args: list[str]) -> CliError | None:
     """The process's limits, said as such: a thread that could not start (`rq send` under
     `ulimit -v`: "unexpected RuntimeError: can't start new thread"), memory that ran out."""
     if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):
@@ -428,8 +453,7 @@ def _short_of(exc: Exception) -> CliError | None:
             f"no home directory for rq's default paths (HOME is unset and uid {os.getuid()} has no "
             "passwd entry)",
             ExitCode.USAGE,
-            hint="set HOME, or give the path: --cache-dir / RQ_CACHE_DIR, --topics-dir / RQ_TOPICS_DIR, "
-            "and for rq recv --cert-dir and --token-file (or RQ_TOKEN)",
+            hint=f"set HOME, or give the path: {_path_options(args)}",
         )
     return None
 
@@ -556,7 +580,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:
         if verbose:
             _print_traceback()
-        err = _short_of(exc) or CliError(
+        err = _short_of(exc, args) or CliError(
             f"unexpected {type(exc).__name__}: {exc} (run with -v for the traceback)"
         )
         click.echo(f"rq: error: {err.one_line()}", err=True)

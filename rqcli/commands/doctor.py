@@ -406,12 +406,13 @@ def run_checks(
     endpoint: str | None,
     bucket: str | None,
     nats_url: str | None,
-    cache_dir: Path,
+    cache_dir: Path | None,
     nats_from_env: bool = False,
 ) -> list[Finding]:
     """`endpoint`, `bucket`, `nats_url`: asked for (flag, RQ_DOCTOR_*, [doctor]), except a
     `nats_url` from RQ_NATS_URL (`nats_from_env`). The S3 endpoint otherwise is cache.s3's, as
-    for rq preload (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's, AWS_IGNORE_CONFIGURED_…)."""
+    for rq preload (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's, AWS_IGNORE_CONFIGURED_…).
+    `cache_dir` None: none given and no home to hold the default one."""
     bad_nats = None
     if nats_url and nats_from_env:
         bad_nats = _from_environment("nats", nats_url, ("nats", "tls"), "NATS URL", "RQ_NATS_URL")
@@ -426,8 +427,10 @@ def run_checks(
         check_quic_backends(),
         check_udp_buffers(),
         check_rdma(),
-        _space(cache_dir, "cache-disk", "pass --cache-dir on a larger local disk (NVMe)"),
     ]
+    if cache_dir is None:
+        return [*findings, *_no_home_cache()]
+    findings.append(_space(cache_dir, "cache-disk", "pass --cache-dir on a larger local disk (NVMe)"))
     version, ram_root = _index_facts(cache_dir)
     if version is not None:
         findings.append(check_index_version(cache_dir, version))
@@ -443,6 +446,32 @@ def run_checks(
         )
     findings.extend(check_ram_tier(cache_dir, ram_root=ram_root))
     return findings
+
+
+def _no_home_cache() -> list[Finding]:
+    """The cache rows where there is no default cache dir (HOME unset and a uid without a passwd
+    entry, as OpenShift runs containers): said as a finding, so the other checks still run."""
+    why = f"no home directory (HOME is unset and uid {os.getuid()} has no passwd entry)"
+    return [
+        Finding(
+            "cache-disk",
+            "warn",
+            f"no default cache dir: {why}",
+            "set HOME, or give --cache-dir / RQ_CACHE_DIR",
+        ),
+        Finding(
+            "cache-ram", "skip", "no cache dir to name its RAM tier after", "set HOME, or give RQ_CACHE_DIR"
+        ),
+        check_orphans(),
+    ]
+
+
+def _default_cache_dir() -> Path | None:
+    """The default cache dir, or None where there is no home to hold it."""
+    try:
+        return default_cache_dir()
+    except RuntimeError:  # platformdirs: "could not determine the home directory"
+        return None
 
 
 def _index_facts(cache_dir: Path) -> tuple[int | None, Path | None]:
@@ -548,12 +577,13 @@ STYLE = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
     metavar="DIRECTORY",
     envvar="RQ_CACHE_DIR",
     cls=CommandEnvFirst,
-    default=lambda: str(default_cache_dir()),
     show_default="RQ_CACHE_DIR, else the user cache dir",
     help="Cache directory whose free space to report.",
 )
 @output_options
-def doctor(endpoint_url: str | None, bucket: str | None, nats_url: str | None, cache_dir: Path) -> None:
+def doctor(
+    endpoint_url: str | None, bucket: str | None, nats_url: str | None, cache_dir: Path | None
+) -> None:
     """Check S3, NATS, QUIC, UDP buffers, RDMA and cache space.
 
     \b
@@ -574,7 +604,10 @@ def doctor(endpoint_url: str | None, bucket: str | None, nats_url: str | None, c
         "nats_url"
     ) is click.core.ParameterSource.ENVIRONMENT and not os.environ.get(f"{ctx.auto_envvar_prefix}_NATS_URL")
     started = time.perf_counter()
-    findings = run_checks(endpoint_url, bucket, nats_url, Path(cache_dir), nats_from_env)
+    # the default is looked up here, not as the option's default, so that no home is a finding and
+    # the other checks still run (it was exit 2, "no home directory for rq's default paths")
+    where = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    findings = run_checks(endpoint_url, bucket, nats_url, where, nats_from_env)
     if out.json:
         for f in findings:
             out.emit({"event": "finding", **asdict(f)})
