@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from cache.directio import ALIGN, aligned_buffer
 from cache.errors import CacheError, OriginError, UnreachableError
+from cache.proxy import Proxy, proxy_for, tunnel_refusal
 from cache.tls import allow_partial_chain, tls_error
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class RangedGets:
         self._local = threading.local()
         self.max_retries = client.settings.max_retries
         self._contexts: dict[str, ssl.SSLContext] = {}
+        # the proxy boto3 and the CRT send this endpoint's requests through (cache.proxy), or None
+        self.proxy: Proxy | None = proxy_for(client.scheme, client.netloc)
 
     def start(
         self, bucket: str, key: str, rng: tuple[int, int], if_match: str | None, sink: Sink, on_done: Done
@@ -166,17 +169,29 @@ class RangedGets:
             signed = self._sign(host, path, headers)
         except Exception as exc:  # the CRT signer refused (bad credentials in the provider, …)
             raise OriginError(f"{what}: could not sign the request ({exc})") from None
+        proxy = self.proxy
+        forward = proxy is not None and self.client.scheme == "http"
         try:
             conn = self._connection(host)
-            conn.putrequest("GET", path, skip_host=True, skip_accept_encoding=True)
+            # an http endpoint behind a proxy: absolute-form requests to the proxy, as urllib3 sends
+            # them (an https one goes through a CONNECT tunnel: origin-form inside it). The Host
+            # header, and so the signature, stays the store's
+            conn.putrequest(
+                "GET", f"http://{host}{path}" if forward else path, skip_host=True, skip_accept_encoding=True
+            )
             for name, value in signed:
                 conn.putheader(name, value)
+            if forward and proxy is not None and proxy.authorization:
+                conn.putheader("Proxy-Authorization", proxy.authorization)
             conn.endheaders()
             resp = conn.getresponse()
         except ssl.SSLCertVerificationError as exc:  # retrying cannot make the store trusted
             raise tls_error(self.client.endpoint_text, exc) from None
         except (OSError, http.client.HTTPException) as exc:
-            raise _Retry(self._unreachable(exc)) from None
+            raise self._connect_failure(exc) from None
+        if forward and proxy is not None and resp.status == 407:  # only ever a proxy's answer
+            _read_bounded(resp)
+            raise proxy.refused(self.client.endpoint_text, resp.status, resp.reason or "")
         if resp.status not in (200, 206):
             from cache.s3 import _error_code, map_error
 
@@ -268,10 +283,21 @@ class RangedGets:
             self._drop_connection()
             conn = None
         if conn is None:
-            if self.client.scheme == "https":
-                conn = http.client.HTTPSConnection(host, timeout=CONNECT_TIMEOUT_S, context=self._tls())
+            proxy = self.proxy
+            if proxy is None:
+                if self.client.scheme == "https":
+                    conn = http.client.HTTPSConnection(host, timeout=CONNECT_TIMEOUT_S, context=self._tls())
+                else:
+                    conn = http.client.HTTPConnection(host, timeout=CONNECT_TIMEOUT_S)
+            elif self.client.scheme == "https":
+                # TCP to the proxy, CONNECT host:port, then TLS with the store inside the tunnel
+                # (its name for SNI and the certificate check)
+                conn = http.client.HTTPSConnection(
+                    proxy.host, proxy.port, timeout=CONNECT_TIMEOUT_S, context=self._tls()
+                )
+                conn.set_tunnel(host, headers=proxy.headers())
             else:
-                conn = http.client.HTTPConnection(host, timeout=CONNECT_TIMEOUT_S)
+                conn = http.client.HTTPConnection(proxy.host, proxy.port, timeout=CONNECT_TIMEOUT_S)
             conn.connect()
             assert conn.sock is not None
             conn.sock.settimeout(READ_TIMEOUT_S)
@@ -309,6 +335,19 @@ class RangedGets:
 
     def _unreachable(self, exc: BaseException) -> UnreachableError:
         return UnreachableError(f"cannot reach {self.client.endpoint_text} ({type(exc).__name__}: {exc})")
+
+    def _connect_failure(self, exc: BaseException) -> BaseException:
+        """What a failed connection or request (before any reply) raises: a retry, or a proxy's
+        refusal (407: its credentials, never retried)."""
+        proxy = self.proxy
+        if proxy is None or isinstance(exc, ssl.SSLError):  # (TLS is the store's, inside a tunnel)
+            return _Retry(self._unreachable(exc))
+        refusal = tunnel_refusal(exc)
+        if refusal is not None:
+            error = proxy.refused(self.client.endpoint_text, *refusal)
+            return error if refusal[0] == 407 else _Retry(error)
+        # nothing came back: with a proxy in between, the first hop is the one to name
+        return _Retry(proxy.unreachable(self.client.endpoint_text, exc))
 
 
 def _read_bounded(resp: http.client.HTTPResponse) -> bytes:

@@ -113,7 +113,10 @@ def handshake_failure(
 ) -> CacheError | None:
     """What one TLS handshake with the store says is wrong with its TLS, or None: trusted, or not
     reachable at all (which the CRT's own request reports, as for plain HTTP). `on_socket` gets
-    the socket before the handshake, so that it can be shut down to cut the handshake short."""
+    the socket before the handshake, so that it can be shut down to cut the handshake short.
+    Behind the proxy the CRT would use (HTTPS_PROXY, NO_PROXY: cache.proxy), the handshake goes
+    through a CONNECT tunnel of that proxy, as the CRT's does; a proxy that fails is the CRT's
+    request's to report."""
     import ssl
 
     try:
@@ -124,7 +127,7 @@ def handshake_failure(
         # wrap_socket detaches the plain socket (its fd moves to the TLS socket): handed that one,
         # a stop() shut down nothing and waited out the handshake's timeout
         with (
-            socket.create_connection((host, port), timeout=timeout) as sock,
+            _connect(host, port, timeout) as sock,
             context.wrap_socket(sock, server_hostname=host, do_handshake_on_connect=False) as tls,
         ):
             if on_socket is not None:
@@ -137,6 +140,31 @@ def handshake_failure(
         return UnreachableError(f"cannot speak TLS with {endpoint}: {exc.reason or exc}")
     except (OSError, ValueError):
         return None
+
+
+def _connect(host: str, port: int, timeout: float) -> socket.socket:
+    """A TCP connection to the store, or a CONNECT tunnel to it through the proxy boto3 would use
+    for https://host:port (port 443 is left out of the name NO_PROXY is matched on, as in a URL)."""
+    from cache.proxy import proxy_for
+
+    try:
+        proxy = proxy_for("https", host if port == 443 else f"{host}:{port}")
+    except CacheError:  # a proxy URL rq cannot use: the big objects' path says so
+        proxy = None
+    if proxy is None:
+        return socket.create_connection((host, port), timeout=timeout)
+    import http.client
+
+    conn = http.client.HTTPConnection(proxy.host, proxy.port, timeout=timeout)
+    conn.set_tunnel(host, port, headers=proxy.headers())
+    try:
+        conn.connect()  # raises OSError (the proxy's refusal, or none reached): reported by the CRT
+    except BaseException:
+        conn.close()
+        raise
+    sock, conn.sock = conn.sock, None  # the tunnel's socket is the handshake's now
+    assert sock is not None
+    return sock
 
 
 class TlsCheck:
