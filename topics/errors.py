@@ -82,6 +82,23 @@ class DamagedGroup(TopicError):
     """A consumer group's stored offset cannot be read; `rq offsets reset` writes a new one."""
 
 
+class CommitNotDurable(TopicError):
+    """A group's commit whose new offset is stored and seen by every reader (the file's rename was
+    done), but whose durability failed: syncing the directory after the rename raised `error` (an
+    OSError, errno kept: EIO, ENOSPC, EROFS, ...), so a power cut may bring back the offset before.
+    The commit is done as far as anyone reads: a caller counts `offset` as committed (a rerun
+    starts there) and still reports the failure, naming `path`."""
+
+    def __init__(self, group: str, offset: int, path: str, error: OSError):
+        self.group, self.offset, self.path, self.error = group, offset, path, error
+        self.errno = error.errno
+        why = error.strerror or str(error) or type(error).__name__
+        super().__init__(
+            f"group {group} is committed at offset {offset} ({path}: readers see it), but syncing its "
+            f"directory failed: {why}; a power cut may take it back to the offset before"
+        )
+
+
 class AccessDenied(TopicError):
     """The server refused rq's credentials (credentials=True), or rq refused the server's
     certificate (False; the message then names the fix)."""

@@ -39,6 +39,7 @@ from topics.errors import (
     AccessDenied,
     AppendedPartly,
     AppendInterrupted,
+    CommitNotDurable,
     ConnectionLost,
     CorruptRecord,
     DamagedGroup,
@@ -162,7 +163,37 @@ def cli_error(exc: TopicError) -> CliError:
         return CliError(
             str(exc), ExitCode.FAILURE, hint="one writer per topic: wait for the other `rq produce`"
         )
+    if isinstance(exc, CommitNotDurable):
+        # stored and read as committed (the done line says so), durability unknown: not exit 0
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        fix = _DISK_FIX.get(exc.errno or 0, "check the file system")
+        return CliError(
+            str(exc),
+            ExitCode.NO_SPACE if full else ExitCode.FAILURE,
+            hint=f"{fix}; the group goes on from offset {exc.offset}",
+        )
     return CliError(str(exc), ExitCode.FAILURE)
+
+
+# What to do about a write the file system refused, by errno (rq produce, a commit not synced).
+_DISK_FIX = {
+    errno.ENOSPC: "free space",
+    errno.EDQUOT: "free space within the quota (or raise it)",
+    errno.EROFS: "make the file system writable again (one turns read-only after errors: check it)",
+    errno.EIO: "check the disk (dmesg, its SMART data)",
+}
+
+
+def _commit(source: Source, group: str, offset: int, committed_to: list[int]) -> None:
+    """Stores `offset` for `group` and records it in `committed_to` (the done line's
+    `committed`), also when the store is done but not synced (CommitNotDurable, raised on):
+    readers see it, so the done line says it, and the run still fails."""
+    try:
+        source.commit(group, offset)
+    except CommitNotDurable:
+        committed_to[:] = [offset]
+        raise
+    committed_to[:] = [offset]
 
 
 def _ref(topic: str, tdir: Path | None) -> TopicRef:
@@ -974,7 +1005,7 @@ def produce(
             packets = {"max_packet_size": max_packet_size} if max_packet_size else {}
             sink = open_sink(ref, config, **packets)
         except OSError as exc:
-            full = _full_disk(exc, ref, 0)
+            full = _write_failed(exc, ref, 0)
             if full is None:
                 raise
             raise full from None
@@ -1013,7 +1044,7 @@ def produce(
         except (Exception, KeyboardInterrupt) as exc:
             # what was acknowledged before the failure is in the log: a script's last line says so
             _produced(out, ref, tally, started, exc)
-            full = _full_disk(exc, ref, tally.stored) if isinstance(exc, OSError) else None
+            full = _write_failed(exc, ref, tally.stored) if isinstance(exc, OSError) else None
             if full is not None:
                 raise full from None
             if isinstance(exc, KeyboardInterrupt):
@@ -1074,20 +1105,34 @@ class _Produced(_Copied):
         return done
 
 
-def _full_disk(exc: OSError, ref: TopicRef, acknowledged: int) -> CliError | None:
-    """ENOSPC under an embedded topic, said with its place and what it kept; None for other errors."""
-    if exc.errno != errno.ENOSPC:
-        return None
-    where = f" holding {ref.path}" if ref.path is not None else ""
+def _write_failed(exc: OSError, ref: TopicRef, acknowledged: int) -> CliError | None:
+    """A write the file system refused under `rq produce` (a full disk, a quota used up, a file
+    system gone read-only, a failing disk), said with the topic, what it kept and what to do;
+    None for other errors. Exit 7 for a disk full or a quota used up, else 1."""
+    fix = _DISK_FIX.get(exc.errno or 0)
+    if fix is None or (ref.path is None and exc.errno != errno.ENOSPC):
+        return None  # (an EIO from a server's socket is no disk's)
+    where = f" holding {safe_text(str(ref.path))}" if ref.path is not None else ""
+    what = {
+        errno.ENOSPC: f"the disk{where} is full",
+        errno.EDQUOT: f"the disk quota{where.replace(' holding', ' for')} is used up",
+        errno.EROFS: f"the file system{where} is read-only",
+        errno.EIO: f"the disk{where} failed (Input/output error)",
+    }[exc.errno or 0]
+    named = os.fsdecode(exc.filename) if exc.filename else ""
+    if named and named != str(ref.path):
+        what += f" writing {safe_text(named)}"
+    kept = (
+        f"the {acknowledged} record(s) acknowledged before it stay readable"
+        if acknowledged
+        else "nothing was appended"
+    )
+    if ref.path is None:
+        kept += f" in {safe_text(ref.url)}"
     return CliError(
-        f"the disk{where} is full: "
-        + (
-            f"the {acknowledged} record(s) acknowledged before it stay readable"
-            if acknowledged
-            else "nothing was appended"
-        ),
-        ExitCode.NO_SPACE,
-        hint="free space and run it again: appending resumes where it stopped",
+        f"{what}: {kept}",
+        ExitCode.NO_SPACE if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ExitCode.FAILURE,
+        hint=f"{fix} and run it again: appending resumes where it stopped",
     )
 
 
@@ -1600,8 +1645,7 @@ def replay(
                             return  # nothing read since
                         try:
                             with stops.storing():
-                                source.commit(group, r.next_offset)
-                                committed_to[:] = [r.next_offset]
+                                _commit(source, group, r.next_offset, committed_to)
                         except SourceUnreachable as exc:
                             # A server that stalls a few seconds ended a healthy follow here (np2:
                             # a 6 s freeze, exit 6), where the read itself rides out ~15 s. The
@@ -1678,8 +1722,7 @@ def replay(
                 try:
                     if commit and group and reached > start and not (reader_left or stdout_failed):
                         with stops.storing():
-                            source.commit(group, reached)
-                            committed_to[:] = [reached]
+                            _commit(source, group, reached, committed_to)
                 finally:
                     stops.settle()
                 stopped_at[:] = [reached]
@@ -2174,6 +2217,7 @@ def _reset(
         raise Unsupported("MQTT topics have no offsets (live only)")
     source = open_source(ref)
     damaged: str | None = None  # why the group's committed offset could not be read
+    unsynced: CommitNotDurable | None = None
     try:
         try:
             before = source.committed(group)
@@ -2189,7 +2233,10 @@ def _reset(
         target = min(asked, end)
         clamped = _reset_clamp(pos, source, asked, first, end)
         if not dry_run:
-            source.commit(group, target)
+            try:
+                source.commit(group, target)
+            except CommitNotDurable as exc:
+                unsynced = exc  # moved: readers see `target` (the answer says so), then exit non-zero
     finally:
         source.close()
     answer: dict[str, Any] = {
@@ -2214,6 +2261,8 @@ def _reset(
     # the counts -q drops elsewhere
     say = out.result if dry_run else out.info
     say(f"{verb} group {safe_text(group)} on {safe_text(ref.url)} from {shown} to {target}{note}")
+    if unsynced is not None:
+        raise cli_error(unsynced)
 
 
 def _reset_clamp(pos: Position, source: Any, asked: int, first: int, end: int) -> str | None:

@@ -31,6 +31,14 @@ def make_dirs(path: Path) -> None:
             continue  # made meanwhile by another writer: theirs to set
 
 
+class RenamedNotSynced(OSError):
+    """write_atomic's rename was done, so every reader now sees the new file, but the fsync of its
+    directory failed: whether the rename survives a power cut is unknown (a crash may bring the old
+    file back). errno and strerror are the fsync's, filename the file written. An OSError still,
+    so a caller that only knows OSError fails as before; one that can say what readers see (a
+    group's commit: the new offset) catches it first."""
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -40,6 +48,9 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
+    """Replaces `path` with `data` whole: readers see the old file or the new one, never a mix.
+    Raises OSError (named for `path`) when nothing changed; RenamedNotSynced when the new file is
+    in place (readers see it) but syncing the directory failed, so a power cut may undo it."""
     # A temp name of its own per call, not per process: two threads (or two processes of one pid
     # in different pid namespaces) writing the same file at once each rename a whole file of their
     # own, and the last rename wins; with one name per pid one truncated the other's temp file
@@ -64,7 +75,11 @@ def write_atomic(path: Path, data: bytes) -> None:
             # full disk named none: "No space left on device", which file?)
             raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
         raise
-    fsync_dir(path.parent)
+    try:
+        fsync_dir(path.parent)
+    except OSError as exc:
+        # past the rename: the new file is what everyone reads now; only its durability failed
+        raise RenamedNotSynced(exc.errno, exc.strerror, os.fspath(path)) from None
 
 
 def not_writable(what: str, exc: OSError) -> TopicError | None:

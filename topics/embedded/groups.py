@@ -11,8 +11,8 @@ from pathlib import Path
 
 import orjson
 
-from topics.embedded.files import SHARED_DIR, fsync_dir, not_writable, write_atomic
-from topics.errors import DamagedGroup, SpecError, offset_arg
+from topics.embedded.files import SHARED_DIR, RenamedNotSynced, fsync_dir, not_writable, write_atomic
+from topics.errors import CommitNotDurable, DamagedGroup, SpecError, offset_arg
 
 STALE_TMP_S = 3600  # a commit's temp file older than this was left by a commit that died
 
@@ -88,6 +88,9 @@ class GroupStore:
         return value
 
     def commit(self, group: str, offset: int) -> None:
+        """Stores `offset` for `group`. Raises when it is not stored (an OSError named for the
+        group's file, or a TopicError); CommitNotDurable when it is stored and read by everyone,
+        but syncing it failed (a power cut may take it back): count it as committed, and say so."""
         check_group_name(group)
         offset = check_commit_offset(group, offset)
         within, end = self._end_at_least(offset) if self.end is not None else (True, offset)
@@ -104,6 +107,12 @@ class GroupStore:
             if created:
                 fsync_dir(self.dir.parent)
             write_atomic(self.dir / f"{group}.json", orjson.dumps(body))
+        except RenamedNotSynced as exc:
+            # The rename is done: every reader (the next replay, `rq offsets`) starts at `offset`
+            # now. Passed up as a failed commit, a script trusting it re-read what it had read,
+            # or believed nothing moved; only the durability is in doubt.
+            self._sweep(group)
+            raise CommitNotDurable(group, offset, os.fsdecode(exc.filename), exc) from None
         except OSError as exc:
             raise not_writable(f"the offset of group {group}", exc) or exc from None
         self._sweep(group)
