@@ -13,6 +13,7 @@ credentials are re-read per client).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import os
 import queue
@@ -50,7 +51,19 @@ class S3Settings:
     endpoint_url: str | None = None
     profile: str | None = None
     region: str | None = None
-    max_retries: int = 6
+    # retries of a request after its first attempt; None: max_attempts - 1 where AWS_MAX_ATTEMPTS
+    # or the profile's max_attempts says, else DEFAULT_RETRIES (S3(…).settings holds the number)
+    max_retries: int | None = None
+
+
+DEFAULT_RETRIES = 6
+
+
+@dataclass(frozen=True)
+class ResolvedS3Settings(S3Settings):
+    """An S3 client's settings with the number of retries decided (S3(…).settings)."""
+
+    max_retries: int = DEFAULT_RETRIES
 
 
 @dataclass(frozen=True)
@@ -64,6 +77,14 @@ class Credentials:
     # credentials that expire (AssumeRole, IRSA's web identity, SSO, an instance or container role,
     # credential_process): botocore's own object, asked again for every request it signs
     refreshable: Any = field(default=None, compare=False, repr=False)
+    # where requests go, as a boto3 S3 client would send them (AWS_USE_FIPS_ENDPOINT,
+    # AWS_USE_DUALSTACK_ENDPOINT and the profile's use_fips_endpoint, use_dualstack_endpoint,
+    # s3 = use_accelerate_endpoint / addressing_style; none of the first three with an endpoint URL)
+    fips: bool = False
+    dualstack: bool = False
+    accelerate: bool = False
+    addressing_style: str = "auto"  # auto | virtual | path
+    max_attempts: int | None = None  # AWS_MAX_ATTEMPTS / the profile's max_attempts (the first included)
 
 
 def resolve_credentials(settings: S3Settings) -> Credentials:
@@ -77,8 +98,8 @@ def resolve_credentials(settings: S3Settings) -> Credentials:
     key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
     if key and secret and not settings.profile:
         full, scoped = _shared_config(env)
-        region, endpoint, bundle = _configured(settings, env, full, scoped)
-        return Credentials(str(key), str(secret), env.get("AWS_SESSION_TOKEN"), region, endpoint, bundle)
+        where = _configured(settings, env, full, scoped)
+        return Credentials(str(key), str(secret), env.get("AWS_SESSION_TOKEN"), **where)
     import botocore.credentials
     import botocore.exceptions
     import botocore.session
@@ -86,7 +107,7 @@ def resolve_credentials(settings: S3Settings) -> Credentials:
     try:
         session = botocore.session.Session(profile=settings.profile)
         scoped = session.get_scoped_config()
-        region, endpoint, bundle = _configured(settings, env, session.full_config, scoped)
+        where = _configured(settings, env, session.full_config, scoped)
         creds = session.get_credentials()
         if creds is None:
             raise AuthError(
@@ -99,6 +120,10 @@ def resolve_credentials(settings: S3Settings) -> Credentials:
         raise AuthError(f"AWS profile not found: {exc}") from None
     except botocore.exceptions.BotoCoreError as exc:
         raise AuthError(f"could not load AWS credentials: {exc}") from None
+    except botocore.exceptions.ClientError as exc:
+        # the service that hands out the credentials refused: STS AssumeRole (AccessDenied), STS
+        # AssumeRoleWithWebIdentity (InvalidIdentityToken), SSO GetRoleCredentials (Unauthorized…)
+        raise AuthError(_refused_credentials(exc, settings, env)) from None
     except RuntimeError as exc:  # botocore: "…refreshed credentials are still expired."
         raise AuthError(f"the AWS credentials are expired (credential_process, SSO or role): {exc}") from None
     except ValueError as exc:  # a credential_process that printed no JSON (JSONDecodeError), bad dates
@@ -107,7 +132,28 @@ def resolve_credentials(settings: S3Settings) -> Credentials:
     # and every miss and revalidation after its expiry failed with AuthError)
     expiring = creds if isinstance(creds, botocore.credentials.RefreshableCredentials) else None
     return Credentials(
-        str(frozen.access_key), str(frozen.secret_key), frozen.token, region, endpoint, bundle, expiring
+        str(frozen.access_key), str(frozen.secret_key), frozen.token, **where, refreshable=expiring
+    )
+
+
+def _refused_credentials(exc: Any, settings: S3Settings, env: Any) -> str:
+    """One line for a credential service's refusal (a botocore ClientError): the profile, the
+    role it assumes where it names one, and the service's code and message."""
+    error = getattr(exc, "response", {}).get("Error", {})
+    code, message = str(error.get("Code") or "refused"), str(error.get("Message") or "").strip()
+    name = settings.profile or env.get("AWS_DEFAULT_PROFILE") or env.get("AWS_PROFILE") or "default"
+    role = ""
+    try:
+        import botocore.session
+
+        role = str(botocore.session.Session(profile=name).get_scoped_config().get("role_arn") or "")
+    except Exception:
+        pass
+    operation = getattr(exc, "operation_name", "") or "the credential request"
+    said = f"{code}: {message}" if message else code
+    return (
+        f"AWS profile {name!r}{f' (role {role})' if role else ''}: {operation} was refused ({said}); "
+        "check that the source credentials may assume the role, or log in again (aws sso login)"
     )
 
 
@@ -143,12 +189,13 @@ def _shared_config(env: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _configured(
     settings: S3Settings, env: Any, full: dict[str, Any], scoped: dict[str, Any]
-) -> tuple[str, str | None, str | None]:
+) -> dict[str, Any]:
     """Region, endpoint URL and CA bundle as a boto3 S3 client resolves them (explicit settings,
     then the environment, then the active profile). The endpoint in botocore's order:
     AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's `services` section's s3 endpoint_url, the
     profile's endpoint_url; none of them under AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true (or the
-    profile's ignore_configured_endpoint_urls). A URL with user info is refused (BadSourceError)."""
+    profile's ignore_configured_endpoint_urls). A URL with user info is refused (BadSourceError).
+    Also FIPS, dual-stack, S3 Accelerate, the addressing style and max_attempts (_routing)."""
     region = settings.region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or scoped.get("region")
     ignore = env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS")
     if ignore is None:
@@ -170,7 +217,160 @@ def _configured(
     endpoint = str(endpoint) if endpoint else None
     if endpoint:
         check_endpoint_url(endpoint)
-    return str(region or "us-east-1"), endpoint, (str(bundle) if bundle else None)
+    region = str(region or "us-east-1")
+    if not _REGION.fullmatch(region):  # (botocore's validate_region_name)
+        raise BadSourceError(f"AWS region {region!r} is not a valid region name (e.g. us-east-1)")
+    return {
+        "region": region,
+        "endpoint_url": endpoint,
+        "ca_bundle": str(bundle) if bundle else None,
+        **_routing(env, scoped, region, endpoint),
+    }
+
+
+_REGION = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?")
+
+
+def _setting(env: Any, variable: str | None, scoped: dict[str, Any], name: str) -> tuple[Any, str]:
+    """A setting as botocore's config chain reads it: the environment variable when it is set
+    (even empty), else the profile's key; and where it came from, for messages."""
+    if variable and variable in env:
+        return env[variable], variable
+    if "." in name:
+        section, _, key = name.partition(".")
+        part = scoped.get(section)
+        return (part.get(key) if isinstance(part, dict) else None), f"the profile's {section} = {key}"
+    return scoped.get(name), f"the profile's {name}"
+
+
+def _routing(env: Any, scoped: dict[str, Any], region: str, endpoint: str | None) -> dict[str, Any]:
+    """FIPS, dual-stack, S3 Accelerate, addressing style and max_attempts with botocore's sources and
+    precedence; combinations botocore refuses are refused (BadSourceError), none silently dropped."""
+    fips = _true(_setting(env, "AWS_USE_FIPS_ENDPOINT", scoped, "use_fips_endpoint")[0])
+    # (botocore: the profile's s3 = use_dualstack_endpoint = true first, then the general setting)
+    dualstack = _true(_setting(env, None, scoped, "s3.use_dualstack_endpoint")[0]) or _true(
+        _setting(env, "AWS_USE_DUALSTACK_ENDPOINT", scoped, "use_dualstack_endpoint")[0]
+    )
+    accelerate = _true(_setting(env, None, scoped, "s3.use_accelerate_endpoint")[0])
+    style, _ = _setting(env, None, scoped, "s3.addressing_style")
+    style = str(style or "auto")
+    if style not in ("auto", "virtual", "path"):
+        raise BadSourceError(
+            f"S3 addressing style {style!r} (the profile's s3 = addressing_style) is not one of auto, virtual, path"
+        )
+    attempts, source = _setting(env, "AWS_MAX_ATTEMPTS", scoped, "max_attempts")
+    max_attempts = None
+    if attempts is not None:
+        try:
+            max_attempts = int(str(attempts).strip())
+        except ValueError:
+            max_attempts = 0
+        if max_attempts < 1:
+            raise BadSourceError(
+                f"max_attempts must be a whole number from 1 up (from {source}), got {attempts!r}"
+            )
+    mode, source = _setting(env, "AWS_RETRY_MODE", scoped, "retry_mode")
+    if mode is not None and str(mode) not in ("legacy", "standard", "adaptive"):
+        raise BadSourceError(f"retry_mode must be legacy, standard or adaptive (from {source}), got {mode!r}")
+    if endpoint:
+        # an endpoint URL beats FIPS and dual-stack (botocore sets neither); Accelerate it refuses
+        if accelerate and not _is_accelerate_url(endpoint):
+            raise BadSourceError(
+                f"S3 Accelerate (the profile's s3 = use_accelerate_endpoint) cannot be used with an endpoint URL "
+                f"({redact_url(endpoint)})"
+            )
+        return {"addressing_style": style, "max_attempts": max_attempts}
+    partition = _partition(region)
+    if accelerate and fips:
+        raise BadSourceError("S3 Accelerate cannot be used with FIPS endpoints (use_fips_endpoint)")
+    if fips and partition == "aws-cn":
+        raise BadSourceError(f"FIPS endpoints (use_fips_endpoint) are not available in region {region}")
+    if accelerate and partition == "aws-cn":
+        raise BadSourceError(f"S3 Accelerate (use_accelerate_endpoint) cannot be used in region {region}")
+    return {
+        "fips": fips,
+        "dualstack": dualstack,
+        "accelerate": accelerate,
+        "addressing_style": style,
+        "max_attempts": max_attempts,
+    }
+
+
+_PARTITIONS: list[tuple[str, str, re.Pattern[str], frozenset[str]]] = []
+
+
+def _partition(region: str) -> str:
+    """The AWS partition of `region` as botocore's endpoint rules find it (botocore's
+    data/partitions.json: a listed region, else the first region pattern that matches, else aws)."""
+    return _partition_of(region)[0]
+
+
+def _partition_of(region: str) -> tuple[str, str]:
+    """(partition name, DNS suffix) of `region`."""
+    if not _PARTITIONS:
+        import importlib.util
+        import json
+
+        spec = importlib.util.find_spec("botocore")  # (finds the package; imports nothing)
+        found: list[tuple[str, str, re.Pattern[str], frozenset[str]]] = []
+        for where in (spec.submodule_search_locations or []) if spec else []:
+            try:
+                with open(os.path.join(where, "data", "partitions.json"), encoding="utf-8") as f:
+                    data = json.load(f)
+            except OSError:
+                continue
+            for p in data["partitions"]:
+                out = p["outputs"]
+                found.append(
+                    (out["name"], out["dnsSuffix"], re.compile(p["regionRegex"]), frozenset(p["regions"]))
+                )
+            break
+        _PARTITIONS[:] = found or [("aws", "amazonaws.com", re.compile(r".*"), frozenset())]
+    for name, suffix, _, regions in _PARTITIONS:
+        if region in regions:
+            return name, suffix
+    for name, suffix, pattern, _ in _PARTITIONS:
+        if pattern.match(region):
+            return name, suffix
+    return next(((n, s) for n, s, _, _ in _PARTITIONS if n == "aws"), ("aws", "amazonaws.com"))
+
+
+def _is_accelerate_url(url: str) -> bool:
+    """botocore's is_s3_accelerate_url: https?://s3-accelerate[.dualstack].amazonaws.com."""
+    parts = urllib.parse.urlsplit(url)
+    labels = parts.netloc.split(".")
+    features = labels[1:-2]
+    return (
+        parts.scheme in ("http", "https")
+        and parts.netloc.endswith("amazonaws.com")
+        and labels[0] == "s3-accelerate"
+        and len(features) == len(set(features))
+        and all(f in ("dualstack",) for f in features)
+    )
+
+
+def aws_host(region: str, fips: bool = False, dualstack: bool = False, accelerate: bool = False) -> str:
+    """The S3 host of `region` (without a bucket) as botocore's endpoint rules build it:
+    s3[-fips][.dualstack].REGION.SUFFIX, or s3-accelerate[.dualstack].SUFFIX (always
+    virtual-hosted); SUFFIX is the partition's (amazonaws.com, amazonaws.com.cn, …)."""
+    suffix = _partition_of(region)[1]
+    dual = ".dualstack" if dualstack else ""
+    if accelerate:
+        return f"s3-accelerate{dual}.{suffix}"
+    return f"s3{'-fips' if fips else ''}{dual}.{region}.{suffix}"
+
+
+_IPV4 = re.compile(r"(?:[0-9]{1,3}\.){3}[0-9]{1,3}")
+_HOST_LABEL = re.compile(r"(?!-)[a-zA-Z\d-]{1,63}(?<!-)")
+
+
+def virtual_hostable(bucket: str, dots: bool = False) -> bool:
+    """botocore's aws_is_virtual_hostable_s3_bucket: 3+ characters, lower case, not an IPv4
+    address, DNS labels of letters, digits and '-' (one label, or several where `dots`)."""
+    if len(bucket) < 3 or bucket.lower() != bucket or _IPV4.fullmatch(bucket):
+        return False
+    labels = bucket.split(".") if dots else [bucket]
+    return all(_HOST_LABEL.fullmatch(label) for label in labels)
 
 
 def _true(value: Any) -> bool:
@@ -209,6 +409,11 @@ def check_endpoint_url(endpoint: str) -> urllib.parse.SplitResult:
         )
     if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
         raise BadSourceError(f"endpoint URL must be http(s)://host[:port], got {redact_url(endpoint)!r}")
+    if "?" in endpoint or "#" in endpoint:
+        # (botocore refuses a query too; rq dropped it, and a fragment, without a word)
+        raise BadSourceError(
+            f"endpoint URL must not hold a query or fragment ('?…', '#…'): got {redact_url(endpoint)!r}"
+        )
     return parts
 
 
@@ -542,28 +747,70 @@ def keep_thread_state() -> None:
         ctypes.pythonapi.PyGILState_Ensure()
 
 
+@dataclass(frozen=True)
+class Route:
+    """Where an S3 client's requests go (route())."""
+
+    scheme: str
+    netloc: str  # host[:port] of the endpoint, without a bucket
+    base_path: str
+    custom_endpoint: bool
+    addressing: Addressing
+    host: str
+    port: int | None
+    endpoint_text: str  # the endpoint as messages name it
+
+    def url(self, bucket: str, key: str) -> str:
+        """The URL of an object's requests (tests compare it with boto3's)."""
+        host, path = target(self.netloc, self.base_path, self.custom_endpoint, bucket, key, self.addressing)
+        return f"{self.scheme}://{host}{path}"
+
+
+def route(creds: Credentials) -> Route:
+    """The endpoint of `creds` as botocore's S3 endpoint rules pick it: the endpoint URL where one
+    is configured (FIPS and dual-stack do not apply then), else the AWS host of the region with
+    FIPS, dual-stack or S3 Accelerate as configured (aws_host)."""
+    endpoint = creds.endpoint_url
+    if endpoint:
+        parts = check_endpoint_url(endpoint)
+        host = str(parts.hostname)
+        addressing = Addressing(
+            creds.addressing_style,
+            False,
+            _is_accelerate_url(endpoint),
+            parts.scheme,
+            _IPV4.fullmatch(host) is not None or ":" in host,
+        )
+        return Route(
+            parts.scheme, parts.netloc, parts.path.rstrip("/"), True, addressing, host, parts.port, endpoint
+        )
+    netloc = aws_host(creds.region, creds.fips, creds.dualstack, creds.accelerate)
+    addressing = Addressing(creds.addressing_style, creds.accelerate, False, "https")
+    return Route("https", netloc, "", False, addressing, netloc, None, f"https://{netloc}")
+
+
 class S3:
     """One CRT S3 client for this process (recreated after fork: CRT threads do not survive it)."""
 
     def __init__(self, settings: S3Settings, throughput_gbps: float = 20.0, memory_limit: int = 256 << 20):
         from awscrt import s3
 
-        self.settings = settings
         self.creds = resolve_credentials(settings)
-        endpoint = self.creds.endpoint_url
-        self.custom_endpoint = endpoint is not None
-        if endpoint:
-            parts = check_endpoint_url(endpoint)
-            self.scheme = parts.scheme
-            self.netloc = parts.netloc
-            self.base_path = parts.path.rstrip("/")
-            host, port = parts.hostname, parts.port
+        creds = self.creds
+        where = route(creds)
+        self.custom_endpoint = where.custom_endpoint
+        self.scheme, self.netloc, self.base_path = where.scheme, where.netloc, where.base_path
+        self.addressing = where.addressing  # how target() addresses a bucket
+        host, port = where.host, where.port
+        self.endpoint_text = where.endpoint_text
+        if settings.max_retries is not None:
+            retries = settings.max_retries
         else:
-            self.scheme = "https"
-            self.netloc = f"s3.{self.creds.region}.amazonaws.com"
-            self.base_path = ""
-            host, port = self.netloc, None
-        self.endpoint_text = endpoint or f"https://{self.netloc}"
+            retries = DEFAULT_RETRIES if creds.max_attempts is None else creds.max_attempts - 1
+        fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(S3Settings)}
+        # (cache.ranged retries its pieces as often)
+        self.settings = ResolvedS3Settings(**{**fields, "max_retries": retries})
+        max_retries = retries
         tls_options = (
             crt_tls_options(self.creds.ca_bundle) if self.scheme == "https" and self.creds.ca_bundle else None
         )
@@ -571,13 +818,14 @@ class S3:
         signing = s3.create_default_s3_signing_config(region=self.creds.region, credential_provider=provider)
         self.signing = signing  # also signs the ranged GETs of cache.ranged
         retry = s3.S3RetryConfig(
-            max_retries=settings.max_retries,
+            # (0 is the CRT's default of 5: max_attempts = 1, no retry, is retry mode NONE)
+            max_retries=max(1, max_retries),
             backoff_scale_factor_ms=50,
             max_backoff_secs=4,
             # STANDARD: exponential backoff, full jitter, a retry token bucket. (ADAPTIVE's client rate
             # limiter took 83 s instead of 2.4 s to finish 80 objects behind 25% SlowDown; measured.)
             # Concurrency backs off in our own AIMD window instead (cache/fetcher.py).
-            retry_mode=s3.S3RetryMode.STANDARD,
+            retry_mode=s3.S3RetryMode.STANDARD if max_retries else s3.S3RetryMode.NONE,
         )
         # Our own event loop group rather than the CRT's process-wide default: a DataLoader worker
         # forked after the parent used S3 inherits a default whose threads did not survive the fork.
@@ -622,7 +870,7 @@ class S3:
     # --- request plumbing ----------------------------------------------------------------------
 
     def _target(self, bucket: str, key: str) -> tuple[str, str]:
-        return target(self.netloc, self.base_path, self.custom_endpoint, bucket, key)
+        return target(self.netloc, self.base_path, self.custom_endpoint, bucket, key, self.addressing)
 
     def _request(self, method: str, host: str, path: str, headers: list[tuple[str, str]]) -> Any:
         from awscrt import http
@@ -883,6 +1131,8 @@ class Listing:
         query = urllib.parse.urlencode(params, quote_via=urllib.parse.quote)
         try:
             self._s3._send("ListObjectsV2", "GET", self._bucket, "", self._on_page, query)
+        except CacheError as exc:  # a bucket S3 Accelerate cannot address, …: said as it is
+            self._pages.put(([], exc, True))
         except Exception as exc:  # the client could not even start the request
             self._pages.put(([], OriginError(f"s3://{self._bucket}: listing failed: {exc}"), True))
 
@@ -989,15 +1239,65 @@ def parse_list_page(body: bytes) -> tuple[list[Item], str | None]:
     return items, token
 
 
-def target(netloc: str, base_path: str, custom_endpoint: bool, bucket: str, key: str) -> tuple[str, str]:
-    """(Host header, path). Path-style on custom endpoints (MinIO, SeaweedFS, …), virtual-hosted on
-    AWS, except for a bucket with a dot in its name: AWS's certificate (*.s3.REGION.amazonaws.com)
-    does not cover a.b.s3…, so botocore goes path-style there too (else a silent, blinded TLS failure
-    the CRT retries for minutes)."""
+@dataclass(frozen=True)
+class Addressing:
+    """How target() addresses a bucket, botocore's rules: the profile's s3 = addressing_style
+    (auto | virtual | path), S3 Accelerate, whether the endpoint URL is an Accelerate one, its
+    scheme, and whether its host is an IP address."""
+
+    style: str = "auto"
+    accelerate: bool = False
+    accelerate_url: bool = False
+    scheme: str = "https"
+    ip_host: bool = False
+
+
+_DEFAULT_ADDRESSING = Addressing()
+_virtual_cache: dict[tuple[str, bool], bool] = {}
+
+
+def target(
+    netloc: str,
+    base_path: str,
+    custom_endpoint: bool,
+    bucket: str,
+    key: str,
+    addressing: Addressing = _DEFAULT_ADDRESSING,
+) -> tuple[str, str]:
+    """(Host header, path), as botocore's S3 endpoint rules address a bucket. On AWS: virtual-hosted
+    (BUCKET.s3.REGION…) where the bucket name is a lower-case DNS label of 3-63 characters, else
+    path-style (a bucket with a dot: AWS's certificate, *.s3.REGION.amazonaws.com, does not cover
+    a.b.s3…; `My_Legacy_Bucket`: not a host name); addressing_style = path: path-style; S3
+    Accelerate: always virtual-hosted (a bucket that cannot be is refused). On an endpoint URL
+    (MinIO, SeaweedFS, …): path-style, unless addressing_style = virtual, and then only for a bucket
+    that is a host name (dots allowed over http) and a host that is not an IP address."""
     quoted = urllib.parse.quote(key, safe="/~")
-    if custom_endpoint or "." in bucket:
-        return netloc, f"{base_path}/{bucket}/{quoted}"
-    return f"{bucket}.{netloc}", f"/{quoted}"
+    style = addressing.style
+    if addressing.accelerate:
+        if not _virtual(bucket, False):
+            raise BadSourceError(
+                f"bucket {bucket!r} cannot be used with S3 Accelerate (use_accelerate_endpoint): its name "
+                "is not a DNS label (lower case, no dots, 3-63 characters)"
+            )
+        return f"{bucket}.{netloc}", f"/{quoted}"
+    if custom_endpoint:
+        path_style = style == "path" if addressing.accelerate_url else style != "virtual"
+        virtual = not path_style and not addressing.ip_host and _virtual(bucket, addressing.scheme == "http")
+    else:
+        virtual = style != "path" and _virtual(bucket, False)
+    if virtual:
+        return f"{bucket}.{netloc}", f"{base_path}/{quoted}"
+    return netloc, f"{base_path}/{urllib.parse.quote(bucket, safe='')}/{quoted}"
+
+
+def _virtual(bucket: str, dots: bool) -> bool:
+    """virtual_hostable, remembered per bucket (it is asked for every request)."""
+    known = _virtual_cache.get((bucket, dots))
+    if known is None:
+        if len(_virtual_cache) > 4096:
+            _virtual_cache.clear()
+        known = _virtual_cache[(bucket, dots)] = virtual_hostable(bucket, dots)
+    return known
 
 
 def split_s3_url(url: str) -> tuple[str, str]:

@@ -109,6 +109,10 @@ def check_s3(endpoint: str | None, bucket: str | None, explicit: bool) -> Findin
             int(ExitCode.AUTH),
         )
     except BadSourceError as exc:  # a configured endpoint doctor cannot use: the others only warn
+        if not str(exc).startswith("endpoint URL"):
+            # a setting rq preload refuses (max_attempts, retry_mode, addressing_style, FIPS with
+            # S3 Accelerate, …): its message names where it came from
+            return Finding("s3", status, f"S3: {exc}", "fix the AWS setting named", int(ExitCode.USAGE))
         variable = next((v for v in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") if os.environ.get(v)), None)
         return Finding(
             "s3",
