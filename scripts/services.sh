@@ -117,8 +117,9 @@ start_mqtt() {
 }
 
 stop_one() {  # SIGTERM, wait, then SIGKILL; remove the data dir
-  local name=$1 pid i
+  local name=$1 pid i ours=0
   if [ -f "$STATE/$name.pid" ]; then
+    ours=1
     pid=$(cat "$STATE/$name.pid")
     if kill -0 "$pid" 2>/dev/null; then
       kill "$pid" 2>/dev/null || true
@@ -132,7 +133,10 @@ stop_one() {  # SIGTERM, wait, then SIGKILL; remove the data dir
     rm -rf "$(cat "$STATE/$name.dir")"
     rm -f "$STATE/$name.dir"
   fi
-  if [ "$name" = seaweedfs ]; then  # weed's gRPC unix sockets, named by our pinned ports, in /tmp
+  # weed's gRPC unix sockets, named by our pinned ports, in /tmp: only where this state dir's weed
+  # was stopped (a stop from another state dir, as tests make, removed a running weed's sockets,
+  # and that weed could then no longer add volumes: "InternalError" on every new bucket's writes)
+  if [ "$name" = seaweedfs ] && [ "$ours" = 1 ]; then
     for i in 1 3 5 7 9; do rm -f "/tmp/seaweedfs-"*"-grpc-$((WEED_BASE + i)).sock"; done
   fi
 }

@@ -55,3 +55,19 @@ def test_a_run_stops_only_the_services_it_started(tmp_path: Path) -> None:
     finally:
         _bash(f"{services} stop", env)
     assert "nats stopped" in _bash(f"{services} status", env).stdout
+
+
+def test_a_stop_from_another_state_dir_leaves_a_running_weeds_sockets(tmp_path: Path) -> None:
+    """`services.sh stop` removes weed's gRPC sockets in /tmp (named by the pinned ports) only where
+    it stopped its own weed: the test above, stopping from its own state dir, removed the sockets of
+    the SeaweedFS the suite runs on, which then failed every write that needed a new volume."""
+    base = _free_port() // 10 * 10  # a port base of this test's own: its names are no one's sockets
+    sock = Path(f"/tmp/seaweedfs-volume-grpc-{base + 5}.sock")
+    sock.write_bytes(b"")
+    try:
+        env = {**os.environ, "RQ_SERVICES_DIR": str(tmp_path / "state"), "RQ_WEED_BASE_PORT": str(base)}
+        r = _bash(f"bash {REPO}/scripts/services.sh stop", env)
+        assert r.returncode == 0, r.stderr
+        assert sock.exists()
+    finally:
+        sock.unlink(missing_ok=True)
