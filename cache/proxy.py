@@ -36,11 +36,12 @@ class Proxy:
     def headers(self) -> dict[str, str]:
         return {"Proxy-Authorization": self.authorization} if self.authorization else {}
 
-    def unreachable(self, endpoint: str, exc: BaseException) -> UnreachableError:
-        """A connection to the proxy that failed: the proxy's fault, not the endpoint's."""
+    def unreachable(self, endpoint: str, exc: BaseException | str) -> UnreachableError:
+        """A connection to the proxy that failed: the proxy's fault, not the endpoint's. `exc`: the
+        error, or the CRT's name for it."""
+        why = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
         error = UnreachableError(
-            f"cannot reach the proxy {self.text} ({self.variable}) on the way to {endpoint} "
-            f"({type(exc).__name__}: {exc})"
+            f"cannot reach the proxy {self.text} ({self.variable}) on the way to {endpoint} ({why})"
         )
         error.hint = PROXY_HINT  # type: ignore[attr-defined]
         return error

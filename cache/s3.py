@@ -37,6 +37,7 @@ from cache.errors import (
     OriginError,
     UnreachableError,
 )
+from cache.proxy import Proxy, proxy_for
 from cache.tls import TlsCheck, crt_tls_options
 from cache.watchdog import SLOWEST_BYTES_PER_S, Ticket, Watchdog
 
@@ -547,6 +548,12 @@ def map_error(
             f"{code or f'HTTP {status}'} for {what}: the bucket is in another region{where}: "
             f"set AWS_REGION{f'={region}' if region else ''} (or region in the AWS profile)"
         )
+    if status == 407:
+        # the proxy's refusal (the CRT talks to it for us): not the store's, and not cured by a re-run
+        proxy = _proxy_of(endpoint)
+        if proxy is not None:
+            return proxy.refused(endpoint, 407, "Proxy Authentication Required")
+        return AuthError(f"{what}: HTTP 407, a proxy on the way wants a user and password")
     if code in AUTH_CODES or status in (401, 403):
         return AuthError(f"{code or 'access denied'} for {what}: {message or 'check the AWS credentials'}")
     if code == "PreconditionFailed" or status == 412:
@@ -582,12 +589,26 @@ def map_error(
         err.lost_connection = True  # type: ignore[attr-defined]
         return err
     if any(s in name for s in ("SOCKET", "DNS", "CONNECTION", "TIMEOUT", "HOST", "CLOSED", "TLS")):
+        proxy = _proxy_of(endpoint)
+        if proxy is not None:
+            # the CRT's socket is the proxy's: "check --endpoint-url" pointed at the wrong thing
+            return proxy.unreachable(endpoint, name)
         return UnreachableError(f"cannot reach {endpoint} ({name})")
     text = str(error or "").strip()
     if "INTERNAL_ERROR" in name:
         # the CRT's own retries of 5xx ran out; its text repeats its name ("X X: …")
         return OriginError(f"{what}: the store kept answering with an internal error (5xx, {name})")
     return OriginError(f"{what}: {text if text.startswith(name) else f'{name} {text}'.strip()}")
+
+
+def _proxy_of(endpoint: str) -> Proxy | None:
+    """The proxy the CRT sends requests to `endpoint` through (the environment's, as botocore
+    picks it), or None; a proxy URL rq cannot use is left to the code that uses it."""
+    parts = urllib.parse.urlsplit(endpoint)
+    try:
+        return proxy_for(parts.scheme or "https", parts.netloc)
+    except CacheError:
+        return None
 
 
 def _refused_at_start(exc: BaseException, what: str, endpoint: str) -> BaseException:
