@@ -1367,7 +1367,7 @@ def tail(
             except KeyboardInterrupt as exc:
                 stopped = exc  # `tail -f` ends this way: the done line still comes last
             except Exception as exc:
-                if record_to and exc is captured.error and _disk_full(exc):
+                if record_to and exc is captured.error and _disk_refused(exc, _ref(record_to, topics_dir)):
                     failed = _record_full_disk(exc, _ref(record_to, topics_dir), captured)
                 else:
                     failed = _read_failure(exc)
@@ -1733,7 +1733,7 @@ def replay(
                 raise
             stopped = exc  # a follow ends this way: the done line still comes last
         except Exception as exc:
-            if to_topic and exc is copied.error and _disk_full(exc):
+            if to_topic and exc is copied.error and _disk_refused(exc, _ref(to_topic, topics_dir)):
                 assert isinstance(exc, OSError)
                 target = _ref(to_topic, topics_dir)
                 failed = _copy_full_disk(
@@ -1790,8 +1790,13 @@ def replay(
             )
 
 
-def _disk_full(exc: BaseException) -> bool:
-    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+def _disk_refused(exc: BaseException, target: TopicRef) -> bool:
+    """A write the file system refused (full, over quota, read-only, failing): a sink's target
+    said with what it kept, as `rq produce` says it (an EIO or EROFS only from a local topic's
+    files: a server's socket is no disk)."""
+    if not isinstance(exc, OSError) or exc.errno not in _DISK_FIX:
+        return False
+    return target.path is not None or exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _read_failure(exc: Exception) -> CliError | None:
@@ -1809,10 +1814,21 @@ def _read_failure(exc: Exception) -> CliError | None:
 
 
 def _full_target(exc: OSError, target: TopicRef, what: str, stored: int) -> str:
-    """The start of a full-disk line for a sink: which file system, which target, what it kept."""
-    kind = "the disk" if exc.errno == errno.ENOSPC else "the disk quota"
+    """The start of a refused-write line for a sink: which file system and why, which target,
+    what it kept."""
     where = f" holding {safe_text(str(target.path))}" if target.path is not None else ""
-    return f"{kind}{where} is full: {what} {safe_text(target.url)} stored {stored} record(s) before it"
+    why = {
+        errno.ENOSPC: f"the disk{where} is full",
+        errno.EDQUOT: f"the disk quota{where.replace(' holding', ' for')} is used up",
+        errno.EROFS: f"the file system{where} is read-only",
+        errno.EIO: f"the disk{where} failed (Input/output error)",
+    }[exc.errno or 0]
+    return f"{why}: {what} {safe_text(target.url)} stored {stored} record(s) before it"
+
+
+def _refused_code(exc: OSError) -> ExitCode:
+    """Exit 7 for a disk full or a quota used up, else 1 (as `rq produce`)."""
+    return ExitCode.NO_SPACE if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ExitCode.FAILURE
 
 
 def _record_full_disk(exc: OSError, target: TopicRef, captured: _Copied) -> CliError:
@@ -1820,8 +1836,8 @@ def _record_full_disk(exc: OSError, target: TopicRef, captured: _Copied) -> CliE
     records it stored: the sink is written first)."""
     return CliError(
         _full_target(exc, target, "--record to", captured.stored) + "; stdout shows exactly those",
-        ExitCode.NO_SPACE,
-        hint="free space and run it again (a new capture appends after them)",
+        _refused_code(exc),
+        hint=f"{_DISK_FIX[exc.errno or 0]} and run it again (a new capture appends after them)",
     )
 
 
@@ -1836,19 +1852,20 @@ def _copy_full_disk(
     """`replay --to-topic` onto an embedded log on a full disk: which target, how many records
     it stored, where the group stands, and how to go on (as `rq produce` names its topic)."""
     line = _full_target(exc, target, "the copy to", copied.stored)
+    fix = _DISK_FIX[exc.errno or 0]
     if committed_to:
         line += f"; group {group} is committed at offset {committed_to[0]}, where the copy stopped"
-        hint = "free space and re-run to continue: the group goes on from there, nothing twice"
+        hint = f"{fix} and re-run to continue: the group goes on from there, nothing twice"
     elif committed_to is not None:
         line += f"; nothing was committed for group {group}"
-        hint = "free space and re-run to continue: the group starts where it stood"
+        hint = f"{fix} and re-run to continue: the group starts where it stood"
     else:
         at = stopped_at[0] if stopped_at else None
         line += "; nothing was committed (no --group --commit)"
-        hint = "free space and re-run to continue" + (
+        hint = f"{fix} and re-run to continue" + (
             f" with --from {at}, where the copy stopped" if at is not None else ""
         )
-    return CliError(line, ExitCode.NO_SPACE, hint=hint)
+    return CliError(line, _refused_code(exc), hint=hint)
 
 
 def _copy_note(out: Output, copied: _Copied, to_topic: str) -> None:
