@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import fcntl
 import fnmatch
 import functools
@@ -184,6 +185,11 @@ class Problem:
     url: str
     problem: str
 
+    @property
+    def kind(self) -> str:
+        """ "unreadable" (the cached copy could not be read back: EIO) or "corrupt" (the rest)."""
+        return "unreadable" if self.problem.startswith(UNREADABLE) else "corrupt"
+
 
 def _squatted(ram_root: Path) -> bool:
     """Whether a name in /dev/shm, which anyone can predict from the cache's path, was taken by
@@ -337,6 +343,7 @@ class Cache:
         self._flush_pending_pid = 0  # the process whose deferred flush is scheduled
         self._verified: set[tuple[str, int, int]] = set()
         self._prefetcher: Prefetcher | None = None
+        self._endpoint_memo: tuple[int, str | None] | None = None  # (pid, _endpoint())
         # why this machine has no usable RAM tier (rq's own root in /dev/shm cannot be made: no
         # /dev/shm, read-only, not ours to write), or None: the disk tier works without it, RAM's
         # cap is 0 and asking for the RAM tier raises RamTierUnavailableError (rq: exit 10)
@@ -699,6 +706,7 @@ class Cache:
             if self._proc is None or self._proc.pid != os.getpid():
                 self._keep_ram_root()
                 index = Index(self.layout.index_path)
+                index.endpoint = self._endpoint  # recorded on the s3:// entries landed or checked
                 store = Store(self.layout, index, self.caps, ram=self.ram_unavailable is None)
                 store.ram_bound = self.ram_bound
                 self._proc = _ProcState(os.getpid(), index, store)
@@ -745,6 +753,7 @@ class Cache:
             _verified=set(),
             _flush_pending_pid=0,
             _ram_pid=0,
+            _endpoint_memo=None,
             _unreachable={},
         )
         try:
@@ -882,7 +891,32 @@ class Cache:
         age = time.time() - entry.checked_at
         # a check stamped in the future means the clock stepped back since (NTP, a resumed VM): its
         # age is unknown, so it is stale; taken as negative it disabled revalidation, max_age=0 too
-        return age < 0 or age > self.max_age
+        if age < 0 or age > self.max_age:
+            return True
+        # fetched from (or last confirmed at) another S3 endpoint than this Cache asks (staging's
+        # copy, read with AWS_ENDPOINT_URL at prod), or at one not recorded (landed by an older
+        # rq): its freshness says nothing of this endpoint's object, so it is asked (a HEAD: the
+        # same version is served and this endpoint recorded; another is fetched). An endpoint this
+        # Cache cannot name (its AWS config unreadable) compares with nothing, as before.
+        mine = self._endpoint()
+        return mine is not None and entry.endpoint != mine
+
+    def _endpoint(self) -> str | None:
+        """The S3 endpoint this Cache's s3:// reads and fetches go to (its S3 client's, else as that
+        client would resolve it: --endpoint-url, AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, the
+        profile's; AWS's regional one when none is set), once per process; None if it cannot be
+        told (an AWS config that cannot be read: the fetch says why)."""
+        memo = self._endpoint_memo
+        if memo is not None and memo[0] == os.getpid():
+            return memo[1]
+        endpoint = _s3_endpoint(self.s3_settings)
+        self._endpoint_memo = (os.getpid(), endpoint)
+        return endpoint
+
+    def _elsewhere(self, entry: Entry) -> bool:
+        """Whether an s3:// entry is known to come from another endpoint than this Cache's."""
+        mine = self._endpoint()
+        return entry.endpoint is not None and mine is not None and entry.endpoint != mine
 
     def _revalidate(self, entry: Entry) -> tuple[ObjectInfo | None, str | None]:
         """(the origin's current info, None), or (None, why) when the origin cannot be asked and
@@ -898,7 +932,7 @@ class Cache:
         )
         down = self._unreachable.get(bucket)
         if down is not None and time.monotonic() < down[0]:
-            return None, down[1]
+            return None, self._why_unchecked(entry, down[1])
         try:
             info = origin_for_url(entry.url, self.s3_settings).stat(entry.url)
         except NotFoundError:
@@ -910,9 +944,16 @@ class Cache:
                 raise
             why = str(exc) or type(exc).__name__
             self._unreachable[bucket] = (time.monotonic() + UNREACHABLE_RECHECK_S, why)
-            return None, why
+            return None, self._why_unchecked(entry, why)
         self._unreachable.pop(bucket, None)
         return info, None
+
+    def _why_unchecked(self, entry: Entry, why: str) -> str:
+        """The reason a ServedStale gives; a copy from another endpoint says so (served as any stale
+        copy is, as before: a proxy or a second name in front of the same store is common)."""
+        if self._elsewhere(entry):
+            return f"cached from {entry.endpoint}, and {self._endpoint()} could not be asked: {why}"
+        return why
 
     def _current(self, entry: Entry, info: ObjectInfo) -> bool:
         """Whether the origin's `info` still describes the cached entry. A racy entry (a directory
@@ -969,18 +1010,35 @@ class Cache:
         raise AssertionError("unreachable")
 
     def _open_entry(self, entry: Entry, locked_fd: int = -1) -> CachedFile:
+        path = self.layout.blob_path(entry.tier, entry.blob)
         if locked_fd >= 0:
             fd = locked_fd
         else:
-            path = self.layout.blob_path(entry.tier, entry.blob)
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             except FileNotFoundError:
                 raise _Gone from None
-            except OSError as exc:  # EMFILE under a low `ulimit -n`: the library raises CacheErrors
+            except OSError as exc:
+                if exc.errno == errno.EIO:
+                    raise _unreadable(entry, path, exc) from exc
+                # EMFILE under a low `ulimit -n`: the library raises CacheErrors
                 raise CacheError(
                     f"cannot open the cached copy of {entry.url}: {exc.strerror or exc}"
                 ) from exc
+        try:
+            return self._verified_file(entry, fd, locked_fd >= 0)
+        except OSError as exc:
+            if exc.errno in _NOT_THE_COPY:
+                raise CacheError(
+                    f"cannot read the cached copy of {entry.url}: {exc.strerror or exc}"
+                ) from exc
+            # the copy cannot be read back to be verified (EIO): a bad copy, dropped and fetched
+            # again as a corrupt one is (a reader's own read() after this is its own OSError)
+            raise _unreadable(entry, path, exc) from exc
+
+    def _verified_file(self, entry: Entry, fd: int, locked: bool) -> CachedFile:
+        """_open_entry's file object for `fd`, once its bytes match the entry (fd closed if not)."""
+        locked_fd = fd if locked else -1
         try:
             if locked_fd < 0:
                 try:
@@ -1628,7 +1686,11 @@ class _PromoteOrigin(LocalOrigin):
     def _verify_once(self, fd: int) -> None:
         with self._checked:
             if not self._ok:
-                if file_digest(fd, self.entry.size) != self.entry.xxh3:
+                try:
+                    digest = file_digest(fd, self.entry.size)
+                except OSError as exc:  # (EIO) fetched from the real origin instead, as a corrupt one is
+                    raise _unreadable(self.entry, self.path, exc) from exc
+                if digest != self.entry.xxh3:
                     raise VerifyError(f"{self.entry.url}: cached copy is corrupt; not promoting it")
                 self._ok = True
 
@@ -1685,6 +1747,34 @@ def _entry_info(entry: Entry) -> ObjectInfo:
     return ObjectInfo(entry.url, key, entry.size, entry.version, m.group(1) if m else None)
 
 
+def _s3_endpoint(settings: S3Settings) -> str | None:
+    """The endpoint URL an S3 client for `settings` uses (cache.s3.S3.endpoint_text): that of the
+    client this process already has, else resolved as that client resolves it, without asking for
+    credentials (a fresh hit needs none). None where the AWS config cannot be read."""
+    from cache import s3
+
+    client = s3._shared.get(settings)
+    if client is not None and client.pid == os.getpid():
+        return str(client.endpoint_text)
+    env = os.environ
+    try:
+        if settings.profile:
+            import botocore.session
+
+            session = botocore.session.Session(profile=settings.profile)
+            full, scoped = session.full_config, session.get_scoped_config()
+        else:
+            full, scoped = s3._shared_config(env)
+        where: Any = s3._configured(settings, env, full, scoped)
+        if not isinstance(where, dict):  # (region, endpoint URL, CA bundle)
+            return str(where[1] or f"https://s3.{where[0]}.amazonaws.com")
+        if hasattr(s3, "route"):  # the endpoint as the client routes to it (FIPS, dual-stack, …)
+            return str(s3.route(s3.Credentials("", "", None, **where)).endpoint_text)
+        return str(where["endpoint_url"] or f"https://s3.{where['region']}.amazonaws.com")
+    except Exception:  # (a profile not found, a config botocore cannot parse: no endpoint to name)
+        return None
+
+
 def _cannot_ask(exc: CacheError) -> bool:
     """The store could not give an answer (refused, reset, silent, 5xx or throttled after the
     retries), as opposed to answering no: a 4xx, refused credentials, an untrusted certificate."""
@@ -1725,11 +1815,20 @@ def _origin_digest(url: str, info: ObjectInfo) -> str | None:
         os.close(fd)
 
 
+UNREADABLE = "unreadable"  # how a Problem (rq cache verify) whose copy cannot be read begins
+# errors reading a cached copy that are not the copy's: a limit of this process or machine
+_NOT_THE_COPY = frozenset((errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOLCK))
+
+
 def _check_blob(path: Path, entry: Entry) -> str | None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return "missing file"
+    except OSError as exc:
+        if exc.errno in _NOT_THE_COPY:
+            raise  # this process's or the machine's limit, not the entry's fault
+        return f"{UNREADABLE} ({path}: {exc.strerror or exc})"
     try:
         size = os.fstat(fd).st_size
         if size != entry.size:
@@ -1737,8 +1836,24 @@ def _check_blob(path: Path, entry: Entry) -> str | None:
         if file_digest(fd, size) != entry.xxh3:
             return "digest mismatch (corrupt)"
         return None
+    except OSError as exc:  # EIO reading it back: one bad entry, the rest are still checked
+        if exc.errno in _NOT_THE_COPY:
+            raise
+        return f"{UNREADABLE} ({path}: {exc.strerror or exc})"
     finally:
         os.close(fd)
+
+
+UNREADABLE_HINT = (
+    "the disk under the cache may be failing (see dmesg); `rq cache verify --repair` drops unreadable entries"
+)
+
+
+def _unreadable(entry: Entry, path: Path, exc: OSError) -> VerifyError:
+    """A cached copy that cannot be read back (EIO): a bad copy, as a corrupt one is."""
+    error = VerifyError(f"cannot read the cached copy of {entry.url} ({path}): {exc.strerror or exc}")
+    error.hint = UNREADABLE_HINT
+    return error
 
 
 def _read_all(fd: int, size: int) -> bytes:

@@ -71,7 +71,11 @@ class ThreadLimitError(CacheError):
 
 
 class VerifyError(CacheError):
-    """Data did not match its size, checksum or recorded digest."""
+    """Data did not match its size, checksum or recorded digest, or a cached copy could not be
+    read back to be checked (EIO: a failing disk; then `hint` says so). Such a copy is never
+    served: Cache.open drops it and fetches the object again."""
+
+    hint: str | None = None
 
 
 class ChangedError(VerifyError):

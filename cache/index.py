@@ -14,17 +14,18 @@ written and renamed before the index learns about them.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import random
 import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache.errors import CacheError, CacheFullError, ReadOnlyCacheError
+from cache.errors import CacheError, CacheFullError, FileSystemFullError, ReadOnlyCacheError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -38,7 +39,8 @@ CREATE TABLE IF NOT EXISTS entries (
     pinned INTEGER NOT NULL DEFAULT 0,
     last_access REAL NOT NULL,
     checked_at REAL NOT NULL,
-    created REAL NOT NULL
+    created REAL NOT NULL,
+    endpoint TEXT
 );
 CREATE INDEX IF NOT EXISTS entries_lru ON entries (tier, pinned, last_access);
 CREATE TABLE IF NOT EXISTS holds (
@@ -83,14 +85,23 @@ INDEX_VERSION = 1
 0: an index made before versions were kept (before it, rq kept no tier totals, or kept them with
 no recount): opening it adds what is missing and recounts the totals from the entries, then marks
 it 1. An index of a later version is refused (IndexVersionError), never read as this one; a later
-rq that changes the layout raises the number and migrates what is older."""
+rq that changes the layout raises the number and migrates what is older.
+
+Version 1 also takes additions an older rq of version 1 reads and writes as they are, which are
+made in place (Index._add_columns) without raising the number (raised, every older rq would refuse
+the cache): `entries.endpoint`, the S3 endpoint an s3:// entry was fetched from or last confirmed
+at (NULL: a local entry, or one landed by an rq that did not record it)."""
 
 
 class IndexVersionError(CacheError):
     """The index was made by a newer rq, in a layout this one does not know."""
 
 
-ENTRY_COLS = "url, version, size, tier, blob, xxh3, verified_by, pinned, last_access, checked_at, created"
+ENTRY_COLS = (
+    "url, version, size, tier, blob, xxh3, verified_by, pinned, last_access, checked_at, created, endpoint"
+)
+# an index whose entries lack the endpoint column (opened read-only, so never given it): read as NULL
+_ENTRY_COLS_NO_ENDPOINT = ENTRY_COLS.replace(", endpoint", ", NULL")
 HOLD_COLS = "id, tier, size, kind, blob, url, pid, pid_start, created"
 # where Index.touch puts the stamp of an entry read before it landed (and stamped after): past its
 # `created`, so that it counts as read (Prefetcher), by a microsecond (several float steps at
@@ -111,6 +122,9 @@ class Entry:
     last_access: float = 0.0
     checked_at: float = 0.0
     created: float = 0.0
+    # the S3 endpoint (http(s)://host[:port]) this s3:// entry was fetched from or last confirmed
+    # at; None for a local entry, or an unknown one (landed by an rq that did not record it)
+    endpoint: str | None = None
 
     def row(self) -> tuple[object, ...]:
         return (
@@ -125,6 +139,7 @@ class Entry:
             self.last_access,
             self.checked_at,
             self.created,
+            self.endpoint,
         )
 
 
@@ -176,7 +191,9 @@ def _full(path: Path, exc: sqlite3.Error) -> str | None:
     space left. Read-only there, rq serves what is cached; `rq cache clear`/`evict` free space
     first (Store.remove unlinks before it writes the index)."""
     text = str(exc).lower()
-    if "full" not in text and "disk i/o" not in text:
+    if "full" in text:
+        return FULL  # SQLITE_FULL: ENOSPC on a write, whatever statvfs says a moment later
+    if "disk i/o" not in text:
         return None
     try:
         fs = os.statvfs(path.parent)
@@ -188,6 +205,34 @@ def _full(path: Path, exc: sqlite3.Error) -> str | None:
 
 
 FULL = "its file system is full"
+
+
+def _write_refused(directory: Path) -> int | None:
+    """ENOSPC or EDQUOT when a small file cannot be written in `directory` (SQLite reports EDQUOT,
+    and an ENOSPC on some of its writes, as a bare "disk I/O error"), else None."""
+    probe = directory / f".rq-space-probe.{os.getpid()}.{threading.get_ident()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        return exc.errno if exc.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    try:
+        os.pwrite(fd, b"\0" * 4096, 0)
+        os.fsync(fd)
+    except OSError as exc:
+        return exc.errno if exc.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+    return None
+
+
+def _full_error(path: Path, quota: bool = False) -> CacheFullError:
+    if quota:
+        return FileSystemFullError(
+            f"no space left for the cache index {path}: the disk quota on its file system is used up"
+        )
+    return FileSystemFullError(f"no space left on the file system of the cache index {path}")
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -232,6 +277,9 @@ class Index:
         self.path = path
         self._lock = threading.RLock()
         self._busy_timeout_s = busy_timeout_s
+        # the S3 endpoint this process's s3:// landings and checks come from (cache.api.Cache sets
+        # it; None: unknown), recorded on the entries they land or confirm (Entry.endpoint)
+        self.endpoint: Callable[[], str | None] = lambda: None
         try:
             self._db = sqlite3.connect(
                 str(path), timeout=busy_timeout_s, isolation_level=None, check_same_thread=False
@@ -241,6 +289,7 @@ class Index:
         self._writing = False  # inside write(): a transaction open otherwise is a leftover
         self.readonly = False  # opened read-only: see _open_read_only
         self._why_readonly = ""
+        self._cols = ENTRY_COLS  # what an entry is read as (_ENTRY_COLS_NO_ENDPOINT: see _add_columns)
         try:
             self._use_wal(busy_timeout_s)
             # NORMAL in WAL mode: consistent after a power cut, may lose the last commits; every
@@ -250,21 +299,37 @@ class Index:
             with self._lock:
                 if self._version() != INDEX_VERSION:
                     self._migrate()
+                self._add_columns()
         except IndexVersionError:
             self._db.close()
             raise
         except sqlite3.Error as exc:
             self._db.close()
+            quota = False
             why = _not_writable(path) or _full(path, exc)
+            if why is None and "disk i/o" in str(exc).lower():
+                # EDQUOT (SQLite says only "disk I/O error" for it) or an ENOSPC the free-space
+                # figures did not show: a write of our own next to it tells
+                lack = _write_refused(path.parent)
+                if lack is not None:
+                    why, quota = FULL, lack == errno.EDQUOT
             if why is None or not self._open_read_only(busy_timeout_s, why):
+                if why == FULL:
+                    # (a new cache, or an index not rq's, has nothing to read: exit 7, not 1)
+                    raise _full_error(path, quota) from exc
                 if why is not None and isinstance(exc, sqlite3.OperationalError):
                     raise CacheError(f"cannot use the cache index {path}: {exc} ({why})") from exc
                 raise _index_error(path, exc) from exc
             try:
                 self._version()  # (one opened read-only is read as it is, never migrated)
+                if not self._has_endpoint():
+                    self._cols = _ENTRY_COLS_NO_ENDPOINT
             except IndexVersionError:
                 self._db.close()
                 raise
+            except sqlite3.Error as exc:
+                self._db.close()
+                raise _index_error(path, exc) from exc
         else:
             why = _not_writable(path)
             if why is not None and "file system" in why:
@@ -296,6 +361,26 @@ class Index:
                 for statement in _statements(SCHEMA + RECOUNT):
                     self._db.execute(statement)
                 self._db.execute(f"PRAGMA user_version = {INDEX_VERSION}")
+            self._db.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+            raise
+
+    def _has_endpoint(self) -> bool:
+        return any(row[1] == "endpoint" for row in self._db.execute("PRAGMA table_info(entries)"))
+
+    def _add_columns(self) -> None:
+        """Adds `entries.endpoint` to an index of version 1 made before it, in place and without
+        raising the version: a nullable column at the end, which an older rq's reads (by column
+        name) pass over and whose inserts (naming their columns) leave NULL. One IMMEDIATE
+        transaction that looks again: two processes racing here add it once."""
+        if self._has_endpoint():
+            return
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            if not self._has_endpoint():
+                self._db.execute("ALTER TABLE entries ADD COLUMN endpoint TEXT")
             self._db.execute("COMMIT")
         except BaseException:
             if self._db.in_transaction:
@@ -442,9 +527,11 @@ class Index:
                         self._writing = False
             except sqlite3.OperationalError as exc:
                 if "full" in str(exc).lower():
-                    raise CacheFullError(
-                        f"no space left on the file system of the cache index {self.path}"
-                    ) from exc
+                    raise _full_error(self.path) from exc
+                if "disk i/o" in str(exc).lower():
+                    lack = _write_refused(self.path.parent)
+                    if lack is not None:
+                        raise _full_error(self.path, lack == errno.EDQUOT) from exc
                 if "readonly" in str(exc).lower():  # (SQLite fell back to reading it)
                     self.readonly = True
                     self._why_readonly = _not_writable(self.path) or str(exc)
@@ -479,7 +566,7 @@ class Index:
 
     def get(self, url: str, db: sqlite3.Connection | None = None) -> Entry | None:
         with contextlib.nullcontext(db) if db is not None else self.read() as conn:
-            row = conn.execute(f"SELECT {ENTRY_COLS} FROM entries WHERE url = ?", (url,)).fetchone()
+            row = conn.execute(f"SELECT {self._cols} FROM entries WHERE url = ?", (url,)).fetchone()
         return _entry(row) if row else None
 
     def get_many(self, urls: Iterable[str]) -> dict[str, Entry]:
@@ -489,16 +576,16 @@ class Index:
             for url in urls:
                 batch.append(url)
                 if len(batch) == 500:
-                    out.update(self._get_batch(db, batch))
+                    out.update(self._get_batch(db, batch, self._cols))
                     batch = []
             if batch:
-                out.update(self._get_batch(db, batch))
+                out.update(self._get_batch(db, batch, self._cols))
         return out
 
     @staticmethod
-    def _get_batch(db: sqlite3.Connection, urls: list[str]) -> dict[str, Entry]:
+    def _get_batch(db: sqlite3.Connection, urls: list[str], cols: str = ENTRY_COLS) -> dict[str, Entry]:
         marks = ",".join("?" * len(urls))
-        rows = db.execute(f"SELECT {ENTRY_COLS} FROM entries WHERE url IN ({marks})", urls).fetchall()
+        rows = db.execute(f"SELECT {cols} FROM entries WHERE url IN ({marks})", urls).fetchall()
         return {r[0]: _entry(r) for r in rows}
 
     def entries(self, tier: str | None = None) -> list[Entry]:
@@ -521,12 +608,12 @@ class Index:
             with self.read() as db:
                 if last is None:
                     rows = db.execute(
-                        f"SELECT {ENTRY_COLS} FROM entries WHERE url >= ? AND url < ? ORDER BY url LIMIT ?",
+                        f"SELECT {self._cols} FROM entries WHERE url >= ? AND url < ? ORDER BY url LIMIT ?",
                         (prefix, end, page),
                     ).fetchall()
                 else:
                     rows = db.execute(
-                        f"SELECT {ENTRY_COLS} FROM entries WHERE url > ? AND url < ? ORDER BY url LIMIT ?",
+                        f"SELECT {self._cols} FROM entries WHERE url > ? AND url < ? ORDER BY url LIMIT ?",
                         (last, end, page),
                     ).fetchall()
             if not rows:
@@ -541,7 +628,7 @@ class Index:
         # DELETE then INSERT, not INSERT OR REPLACE: a REPLACE's implicit delete does not fire the
         # delete trigger (recursive triggers are off), which would leave the tier totals too high
         db.execute("DELETE FROM entries WHERE url = ?", (entry.url,))
-        db.execute(f"INSERT INTO entries ({ENTRY_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", entry.row())
+        db.execute(f"INSERT INTO entries ({ENTRY_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", entry.row())
 
     @staticmethod
     def delete(db: sqlite3.Connection, url: str) -> None:
@@ -550,7 +637,7 @@ class Index:
     def lru(self, db: sqlite3.Connection, tier: str) -> Generator[Entry, None, None]:
         """Unpinned entries of a tier, least recently used first."""
         cur = db.execute(
-            f"SELECT {ENTRY_COLS} FROM entries WHERE tier = ? AND pinned = 0 ORDER BY last_access",
+            f"SELECT {self._cols} FROM entries WHERE tier = ? AND pinned = 0 ORDER BY last_access",
             (tier,),
         )
         for row in cur:
@@ -578,14 +665,22 @@ class Index:
                 [(t, ahead, READ_BEFORE_LANDING, t, u, t, ahead, t) for u, t in stamps.items()],
             )
 
-    def mark_checked(self, urls: list[str], when: float) -> None:
+    def mark_checked(self, urls: list[str], when: float, endpoint: str | None = None) -> None:
         """Best effort, like the LRU stamps: on a full file system the entry is still served, and
-        its origin asked again next time."""
+        its origin asked again next time. The S3 endpoint that confirmed them (`endpoint`, else
+        the one this process asks, self.endpoint()) is recorded on their s3:// entries with the
+        stamp: a stamp says when, and where, the entry was last known current."""
         if self.readonly:
             return  # (a read-only cache asks its origin again next time: it cannot remember)
+        if endpoint is None:
+            endpoint = self.endpoint()
         try:
             with self.write() as db:
-                db.executemany("UPDATE entries SET checked_at = ? WHERE url = ?", [(when, u) for u in urls])
+                db.executemany(
+                    "UPDATE entries SET checked_at = ?,"
+                    " endpoint = CASE WHEN substr(url, 1, 5) = 's3://' THEN ? ELSE endpoint END WHERE url = ?",
+                    [(when, endpoint, u) for u in urls],
+                )
         except CacheFullError:
             pass
 

@@ -664,6 +664,8 @@ class Store:
                     garbage.append(Hold(gid, old.tier, old.size, "garbage", old.blob, old.url, 0, 0, 0))
                 if old is not None:
                     entry.pinned = entry.pinned or old.pinned
+                if entry.url.startswith("s3://") and entry.endpoint is None:
+                    entry.endpoint = self._endpoint_of(entry, old)
                 Index.put(db, entry)
                 Index.drop_hold(db, hid)
         # after the commit, so an error here must not read as "not landed" to the caller: a
@@ -671,6 +673,16 @@ class Store:
         for hold in garbage:
             with contextlib.suppress(CacheError, OSError):
                 self._collect_garbage(hold)
+
+    def _endpoint_of(self, entry: Entry, old: Entry | None) -> str | None:
+        """The S3 endpoint a landing of an s3:// entry records: the one this process fetches from,
+        or None (unknown: the next read revalidates it) where it may be a copy of a cached entry
+        of the same version that another endpoint's check vouched for (a promotion to RAM copies
+        the cached file, whichever endpoint it came from)."""
+        mine = self.index.endpoint()
+        if old is not None and old.version == entry.version and old.endpoint != mine:
+            return None
+        return mine
 
     def take_back(self, tier: str, blob: str, hold: int = 0) -> None:
         """Removes a blob this process placed under its final name but did not index (its index

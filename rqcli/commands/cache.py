@@ -416,12 +416,15 @@ for _param in cat.params:
 @cache.command("verify")
 @click.argument("pattern", required=False)
 @click.option(
-    "--repair", is_flag=True, help="Drop corrupt entries (the next read or preload refetches them)."
+    "--repair",
+    is_flag=True,
+    help="Drop corrupt and unreadable entries (the next read or preload refetches them).",
 )
 @cache_dir_option
 @output_options
 def verify(pattern: str | None, repair: bool, cache_dir: Path | None) -> None:
-    """Re-hash cached files against their recorded xxh3 and name every corrupt one (exit 5).
+    """Re-hash cached files against their recorded xxh3 and name every corrupt one, and every one
+    that cannot be read back (an I/O error), then check the rest (exit 5).
 
     Example: rq cache verify --repair
     """
@@ -429,9 +432,12 @@ def verify(pattern: str | None, repair: bool, cache_dir: Path | None) -> None:
     c = open_existing(cache_dir)
 
     def found(p: Any) -> None:  # each as it is found, not all at the end
-        out.emit({"event": "corrupt", "url": p.url, "problem": p.problem, "repaired": repair})
+        out.emit({"event": p.kind, "url": p.url, "problem": p.problem, "repaired": repair})
         if not out.json:
-            out.result(f"CORRUPT {safe_text(p.url)}: {p.problem}" + (" (dropped)" if repair else ""))
+            out.result(
+                f"{p.kind.upper()} {safe_text(p.url)}: {safe_text(p.problem)}"
+                + (" (dropped)" if repair else "")
+            )
 
     dropped: list[str] = []
 
@@ -440,24 +446,31 @@ def verify(pattern: str | None, repair: bool, cache_dir: Path | None) -> None:
         out.emit({"event": "dropped", "url": url, "reason": "RAM file gone (evicted)"})
 
     checked, problems = _guard(lambda: c.verify(pattern, repair=repair, on_problem=found, on_dropped=gone))
+    unreadable = sum(1 for p in problems if p.kind == "unreadable")
+    corrupt = len(problems) - unreadable
     out.emit(
         {
             "event": "summary",
             "checked": checked,
-            "corrupt": len(problems),
+            "corrupt": corrupt,
+            "unreadable": unreadable,
             "repaired": repair,
             "dropped": len(dropped),
         }
     )
+    counts = " and ".join(
+        f"{n} {what}" for n, what in ((corrupt, "corrupt"), (unreadable, "unreadable")) if n or not problems
+    )
     if not out.json:
         also = f" ({len(dropped)} RAM entries whose file was gone dropped as evicted)" if dropped else ""
-        out.info(f"checked {checked} entries: {len(problems)} corrupt{also}")
+        out.info(f"checked {checked} entries: {counts}{also}")
     if pattern is not None and checked == 0:
         raise _nothing_matched(pattern)
     if problems and not repair:
-        raise CliError(
-            f"{len(problems)} corrupt entries", ExitCode.VERIFY, hint="run `rq cache verify --repair`"
-        )
+        hint = "run `rq cache verify --repair`"
+        if unreadable:
+            hint += "; unreadable files: the disk under the cache may be failing (see dmesg)"
+        raise CliError(f"{counts} entries", ExitCode.VERIFY, hint=hint)
 
 
 @cache.command("evict")

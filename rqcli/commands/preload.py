@@ -71,7 +71,13 @@ def cache_error_to_cli(exc: Exception, sources: tuple[str, ...] = ()) -> CliErro
         full = "free space there, lower --ram-limit/--disk-limit below its free space, or use another --cache-dir"
         if "out of inodes" in str(exc):  # a lower cap frees no inodes
             full = "delete files there, remount a tmpfs with a larger nr_inodes, or use another --cache-dir"
-        return CliError(safe_text(str(exc)), ExitCode.NO_SPACE, hint=full)
+        message = str(exc)
+        if over_quota(exc):
+            # EDQUOT: the user's quota, not the file system, ran out; the words say which
+            full = "free space within your disk quota (or have it raised), or use another --cache-dir"
+            if "quota" not in message:
+                message += " (the disk quota is used up)"
+        return CliError(safe_text(message), ExitCode.NO_SPACE, hint=full)
     for cls, code, hint in table:
         if isinstance(exc, cls):
             return CliError(safe_text(str(exc)), code, hint=getattr(exc, "hint", None) or hint)
@@ -136,6 +142,13 @@ def file_system_full(exc: BaseException) -> bool:
         if type(seen).__name__ == "OperationalError" and "full" in str(seen).lower():
             return True
     return str(exc).startswith("no space left")
+
+
+def over_quota(exc: BaseException) -> bool:
+    """Whether a file-system-full error is a disk quota used up (EDQUOT), not the disk."""
+    return "disk quota" in str(exc) or any(
+        isinstance(seen, OSError) and seen.errno == errno.EDQUOT for seen in _causes(exc)
+    )
 
 
 def out_of_descriptors(exc: BaseException) -> bool:
