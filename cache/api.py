@@ -65,7 +65,7 @@ from cache.origins import (
     origin_for_url,
     same_version,
 )
-from cache.s3 import S3Settings
+from cache.s3 import S3Settings, endpoint_for
 from cache.sizes import (
     cgroup_memory_limit,
     cgroup_memory_used,
@@ -909,7 +909,7 @@ class Cache:
         memo = self._endpoint_memo
         if memo is not None and memo[0] == os.getpid():
             return memo[1]
-        endpoint = _s3_endpoint(self.s3_settings)
+        endpoint = endpoint_for(self.s3_settings)
         self._endpoint_memo = (os.getpid(), endpoint)
         return endpoint
 
@@ -1745,34 +1745,6 @@ def _entry_info(entry: Entry) -> ObjectInfo:
     m = _S3_VERSION.fullmatch(entry.version) if entry.url.startswith("s3://") else None
     key = entry.url.rsplit("/", 1)[-1]
     return ObjectInfo(entry.url, key, entry.size, entry.version, m.group(1) if m else None)
-
-
-def _s3_endpoint(settings: S3Settings) -> str | None:
-    """The endpoint URL an S3 client for `settings` uses (cache.s3.S3.endpoint_text): that of the
-    client this process already has, else resolved as that client resolves it, without asking for
-    credentials (a fresh hit needs none). None where the AWS config cannot be read."""
-    from cache import s3
-
-    client = s3._shared.get(settings)
-    if client is not None and client.pid == os.getpid():
-        return str(client.endpoint_text)
-    env = os.environ
-    try:
-        if settings.profile:
-            import botocore.session
-
-            session = botocore.session.Session(profile=settings.profile)
-            full, scoped = session.full_config, session.get_scoped_config()
-        else:
-            full, scoped = s3._shared_config(env)
-        where: Any = s3._configured(settings, env, full, scoped)
-        if not isinstance(where, dict):  # (region, endpoint URL, CA bundle)
-            return str(where[1] or f"https://s3.{where[0]}.amazonaws.com")
-        if hasattr(s3, "route"):  # the endpoint as the client routes to it (FIPS, dual-stack, …)
-            return str(s3.route(s3.Credentials("", "", None, **where)).endpoint_text)
-        return str(where["endpoint_url"] or f"https://s3.{where['region']}.amazonaws.com")
-    except Exception:  # (a profile not found, a config botocore cannot parse: no endpoint to name)
-        return None
 
 
 def _cannot_ask(exc: CacheError) -> bool:

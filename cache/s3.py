@@ -1370,6 +1370,29 @@ _shared: dict[S3Settings, S3] = {}
 _shared_lock = threading.Lock()
 
 
+def endpoint_for(settings: S3Settings) -> str | None:
+    """The endpoint URL an S3 client for `settings` sends requests to (S3.endpoint_text): this
+    process's client's, else resolved as that client would resolve it (--endpoint-url,
+    AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, the profile's, FIPS / dual-stack / Accelerate), without
+    asking for credentials: a fresh cache hit needs none. None where the AWS config cannot be read."""
+    client = _shared.get(settings)
+    if client is not None and client.pid == os.getpid():
+        return client.endpoint_text
+    env = os.environ
+    try:
+        if settings.profile:
+            import botocore.session
+
+            session = botocore.session.Session(profile=settings.profile)
+            full, scoped = session.full_config, session.get_scoped_config()
+        else:
+            full, scoped = _shared_config(env)
+        where = _configured(settings, env, full, scoped)
+        return route(Credentials("", "", None, **where)).endpoint_text
+    except Exception:  # (a profile not found, a config botocore cannot parse: no endpoint to name)
+        return None
+
+
 def shared_client(settings: S3Settings) -> S3:
     """One client per settings per process; a forked child (DataLoader worker) builds its own."""
     with _shared_lock:

@@ -135,7 +135,8 @@ def test_eviction_reads_only_as_many_lru_entries_as_it_needs(
     state = c._state()
     with state.index.write() as db:
         db.executemany(
-            "INSERT INTO entries VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            "INSERT INTO entries (url, version, size, tier, blob, xxh3, verified_by, pinned, last_access,"
+            " checked_at, created) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             [
                 (f"u{i}", "v", 1000, "disk", blob_name(f"u{i}", "v"), "x", "size", 0, float(i), 0.0, 0.0)
                 for i in range(3144)
