@@ -65,7 +65,7 @@ from cache.origins import (
     origin_for_url,
     same_version,
 )
-from cache.s3 import S3Settings, endpoint_for
+from cache.s3 import S3Settings, canonical_endpoint, endpoint_for
 from cache.sizes import (
     cgroup_memory_limit,
     cgroup_memory_used,
@@ -894,12 +894,13 @@ class Cache:
         if age < 0 or age > self.max_age:
             return True
         # fetched from (or last confirmed at) another S3 endpoint than this Cache asks (staging's
-        # copy, read with AWS_ENDPOINT_URL at prod), or at one not recorded (landed by an older
-        # rq): its freshness says nothing of this endpoint's object, so it is asked (a HEAD: the
-        # same version is served and this endpoint recorded; another is fetched). An endpoint this
-        # Cache cannot name (its AWS config unreadable) compares with nothing, as before.
-        mine = self._endpoint()
-        return mine is not None and entry.endpoint != mine
+        # copy, read with AWS_ENDPOINT_URL at prod): its freshness says nothing of this endpoint's
+        # object, so it is asked (a HEAD: the same version is served and this endpoint recorded;
+        # another is fetched). One not recorded (landed by an older rq) is fresh within max_age
+        # as before, and gets this endpoint at its next check: asking at once made every such
+        # hit wait on the store, 30 s where it was silent (dr6). An endpoint this Cache cannot
+        # name (its AWS config unreadable) compares with nothing, as before.
+        return self._elsewhere(entry)
 
     def _endpoint(self) -> str | None:
         """The S3 endpoint this Cache's s3:// reads and fetches go to (its S3 client's, else as that
@@ -916,7 +917,7 @@ class Cache:
     def _elsewhere(self, entry: Entry) -> bool:
         """Whether an s3:// entry is known to come from another endpoint than this Cache's."""
         mine = self._endpoint()
-        return entry.endpoint is not None and mine is not None and entry.endpoint != mine
+        return entry.endpoint is not None and mine is not None and canonical_endpoint(entry.endpoint) != mine
 
     def _revalidate(self, entry: Entry) -> tuple[ObjectInfo | None, str | None]:
         """(the origin's current info, None), or (None, why) when the origin cannot be asked and

@@ -86,6 +86,7 @@ class Credentials:
     accelerate: bool = False
     addressing_style: str = "auto"  # auto | virtual | path
     max_attempts: int | None = None  # AWS_MAX_ATTEMPTS / the profile's max_attempts (the first included)
+    legacy_global: bool = False  # region aws-global: the global host s3.amazonaws.com (us-east-1 signed)
 
 
 def resolve_credentials(settings: S3Settings) -> Credentials:
@@ -221,11 +222,22 @@ def _configured(
     region = str(region or "us-east-1")
     if not _REGION.fullmatch(region):  # (botocore's validate_region_name)
         raise BadSourceError(f"AWS region {region!r} is not a valid region name (e.g. us-east-1)")
+    # botocore's pseudo-regions: fips-REGION / REGION-fips are REGION with FIPS endpoints, and
+    # aws-global is us-east-1 signed, at the global host s3.amazonaws.com (rq built
+    # s3.fips-us-gov-west-1.amazonaws.com and s3.aws-global.amazonaws.com, and signed for them: dr6)
+    fips = region.startswith("fips-") or region.endswith("-fips")
+    if fips:
+        region = region.removeprefix("fips-").removesuffix("-fips")
+    legacy_global = region == "aws-global"
+    if legacy_global:
+        region = "us-east-1"
+    routing = _routing(env, scoped, region, endpoint, fips)
     return {
         "region": region,
         "endpoint_url": endpoint,
         "ca_bundle": str(bundle) if bundle else None,
-        **_routing(env, scoped, region, endpoint),
+        **routing,
+        **({"legacy_global": True} if legacy_global and "fips" in routing else {}),
     }
 
 
@@ -244,10 +256,13 @@ def _setting(env: Any, variable: str | None, scoped: dict[str, Any], name: str) 
     return scoped.get(name), f"the profile's {name}"
 
 
-def _routing(env: Any, scoped: dict[str, Any], region: str, endpoint: str | None) -> dict[str, Any]:
+def _routing(
+    env: Any, scoped: dict[str, Any], region: str, endpoint: str | None, fips_region: bool = False
+) -> dict[str, Any]:
     """FIPS, dual-stack, S3 Accelerate, addressing style and max_attempts with botocore's sources and
-    precedence; combinations botocore refuses are refused (BadSourceError), none silently dropped."""
-    fips = _true(_setting(env, "AWS_USE_FIPS_ENDPOINT", scoped, "use_fips_endpoint")[0])
+    precedence; combinations botocore refuses are refused (BadSourceError), none silently dropped.
+    `fips_region`: the region was named fips-REGION or REGION-fips."""
+    fips = fips_region or _true(_setting(env, "AWS_USE_FIPS_ENDPOINT", scoped, "use_fips_endpoint")[0])
     # (botocore: the profile's s3 = use_dualstack_endpoint = true first, then the general setting)
     dualstack = _true(_setting(env, None, scoped, "s3.use_dualstack_endpoint")[0]) or _true(
         _setting(env, "AWS_USE_DUALSTACK_ENDPOINT", scoped, "use_dualstack_endpoint")[0]
@@ -806,6 +821,8 @@ def route(creds: Credentials) -> Route:
             parts.scheme, parts.netloc, parts.path.rstrip("/"), True, addressing, host, parts.port, endpoint
         )
     netloc = aws_host(creds.region, creds.fips, creds.dualstack, creds.accelerate)
+    if creds.legacy_global and not (creds.fips or creds.dualstack or creds.accelerate):
+        netloc = "s3.amazonaws.com"
     addressing = Addressing(creds.addressing_style, creds.accelerate, False, "https")
     return Route("https", netloc, "", False, addressing, netloc, None, f"https://{netloc}")
 
@@ -1370,6 +1387,24 @@ _shared: dict[S3Settings, S3] = {}
 _shared_lock = threading.Lock()
 
 
+def canonical_endpoint(endpoint: str) -> str:
+    """`endpoint` as the cache records and compares it: scheme and host in lower case, the
+    scheme's default port and a trailing slash dropped (`HTTP://H:80/` and `http://h` are one
+    store; spelled apart, two processes re-recorded an entry back and forth, a HEAD each time)."""
+    parts = urllib.parse.urlsplit(endpoint)
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        return endpoint
+    default = {"http": 80, "https": 443}.get(scheme)
+    netloc = host if port is None or port == default else f"{host}:{port}"
+    return f"{scheme}://{netloc}{parts.path.rstrip('/')}"
+
+
 def endpoint_for(settings: S3Settings) -> str | None:
     """The endpoint URL an S3 client for `settings` sends requests to (S3.endpoint_text): this
     process's client's, else resolved as that client would resolve it (--endpoint-url,
@@ -1377,7 +1412,7 @@ def endpoint_for(settings: S3Settings) -> str | None:
     asking for credentials: a fresh cache hit needs none. None where the AWS config cannot be read."""
     client = _shared.get(settings)
     if client is not None and client.pid == os.getpid():
-        return client.endpoint_text
+        return canonical_endpoint(client.endpoint_text)
     env = os.environ
     try:
         if settings.profile:
@@ -1388,7 +1423,7 @@ def endpoint_for(settings: S3Settings) -> str | None:
         else:
             full, scoped = _shared_config(env)
         where = _configured(settings, env, full, scoped)
-        return route(Credentials("", "", None, **where)).endpoint_text
+        return canonical_endpoint(route(Credentials("", "", None, **where)).endpoint_text)
     except Exception:  # (a profile not found, a config botocore cannot parse: no endpoint to name)
         return None
 

@@ -327,6 +327,7 @@ def name_the_source(exc: CliError) -> CliError:
             variable.startswith(_LIBRARY_VARIABLES)
             and _quotes(exc.message, raw)
             and not any(_quotes(exc.message, value) for value in typed)
+            and f"(from {variable})" not in exc.message  # (cache.s3 names some itself: AWS_MAX_ATTEMPTS)
         ):
             return CliError(f"{exc.message} (from {variable})", exc.code, hint=exc.hint)
     return exc

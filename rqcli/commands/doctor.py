@@ -464,7 +464,10 @@ def _no_home_cache() -> list[Finding]:
             "set HOME, or give --cache-dir / RQ_CACHE_DIR",
         ),
         Finding(
-            "cache-ram", "skip", "no cache dir to name its RAM tier after", "set HOME, or give RQ_CACHE_DIR"
+            "cache-ram",
+            "skip",
+            "no cache dir to name its RAM tier after",
+            "set HOME, or give --cache-dir / RQ_CACHE_DIR",
         ),
         check_orphans(),
     ]

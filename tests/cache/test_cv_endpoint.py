@@ -91,9 +91,15 @@ def test_an_index_made_before_the_column_gets_it_and_old_rows_are_revalidated(
     db.commit()
     db.close()
     s3_client.put_object(Bucket=bucket, Key="k.bin", Body=b"two")
-    with Cache(root, endpoint_url=prod) as c:
+    events: list[Any] = []
+    with Cache(root, endpoint_url="http://127.0.0.1:9", on_event=events.append) as c:
         assert c.stat(url).endpoint is None  # (not known: landed by an rq that did not record it)
-        assert c.read_bytes(url) == b"two"  # revalidated although checked moments ago
+        # fresh within max_age, as before: no HEAD (asking at once made every such hit wait on
+        # the store, 30 s where it was silent: dr6), so nothing stale is said either
+        assert c.read_bytes(url) == b"one"
+    assert not [e for e in events if isinstance(e, ev.ServedStale)], events
+    with Cache(root, endpoint_url=prod, max_age=0) as c:
+        assert c.read_bytes(url) == b"two"  # its next check records the endpoint
         assert c.stat(url).endpoint == prod
     db = sqlite3.connect(root / "index.sqlite3")
     assert db.execute("PRAGMA user_version").fetchone()[0] == 1  # an older rq still opens it
@@ -106,3 +112,24 @@ def test_an_index_made_before_the_column_gets_it_and_old_rows_are_revalidated(
     entry = index.get("s3://b/x")
     assert entry is not None and entry.endpoint is None
     index.close()
+
+
+def test_one_endpoint_spelled_two_ways_is_one_endpoint(
+    s3_client: Any, bucket: str, aws_env: dict[str, str], services: Any, tmp_path: Path, ram_dir: Path
+) -> None:
+    """dr6: `http://h:p` and `http://h:p/` were two endpoints: two processes spelling it apart
+    re-recorded an entry back and forth, a HEAD each time."""
+    from cache.s3 import canonical_endpoint
+
+    assert canonical_endpoint("HTTP://LocalHost:80/") == "http://localhost"
+    assert canonical_endpoint("https://h:443/base/") == "https://h/base"
+    assert canonical_endpoint("http://[::1]:18333/") == "http://[::1]:18333"
+    staging, _ = _endpoints(services)
+    url = f"s3://{bucket}/k.bin"
+    s3_client.put_object(Bucket=bucket, Key="k.bin", Body=b"bytes")
+    root = tmp_path / "c"
+    with Cache(root, ram_dir=ram_dir, endpoint_url=staging + "/") as c:
+        c.read_bytes(url)
+        assert c.stat(url).endpoint == staging
+    with Cache(root, endpoint_url=staging.upper().replace("HTTP:", "http:")) as c:
+        assert not c._stale(c.stat(url))  # the same store: fresh within max_age, no HEAD

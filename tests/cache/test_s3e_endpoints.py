@@ -142,6 +142,15 @@ CASES: list[tuple[str, dict[str, str], str]] = [
     ("", {"AWS_ENDPOINT_URL": "http://localhost:24750/?x=1"}, "bkt"),  # refused by both
     ("s3 =\n    addressing_style = sideways", {}, "bkt"),  # refused by both
     ("", {"AWS_DEFAULT_REGION": "us east"}, "bkt"),  # refused by both
+    # botocore's pseudo-regions (dr6: rq built s3.aws-global.amazonaws.com, s3.fips-us-gov-west-1…)
+    ("region = aws-global", {}, "bkt"),
+    ("region = aws-global", FIPS, "bkt"),
+    ("region = aws-global", DUAL, "bkt"),
+    ("region = fips-us-gov-west-1", {}, "bkt"),
+    ("region = us-gov-west-1-fips", {}, "bkt"),
+    ("region = us-east-1-fips", {}, "bkt"),
+    ("region = us-east-1-fips", DUAL, "bkt"),
+    ("region = us-east-1-fips", LOCAL, "bkt"),
 ]
 
 

@@ -164,6 +164,7 @@ def test_an_invalid_retry_setting_is_one_line_exit_2(
     err = proc.stderr.decode()
     assert proc.returncode == 2, err
     assert variable in err and len(err.strip().splitlines()) <= 2
+    assert err.count(f"(from {variable})") == 1, err  # dr6: rqcli.main named it a second time
 
 
 def test_rq_doctor_names_an_invalid_setting_not_the_endpoint(tmp_path: Path) -> None:
