@@ -1105,6 +1105,17 @@ class _Produced(_Copied):
         return done
 
 
+def _refused_why(exc: OSError, ref: TopicRef) -> str:
+    """Why the file system holding `ref` refused a write (an errno of _DISK_FIX), said of it."""
+    where = f" holding {safe_text(str(ref.path))}" if ref.path is not None else ""
+    return {
+        errno.ENOSPC: f"the disk{where} is full",
+        errno.EDQUOT: f"the disk quota{where.replace(' holding', ' for')} is used up",
+        errno.EROFS: f"the file system{where} is read-only",
+        errno.EIO: f"the disk{where} failed (Input/output error)",
+    }[exc.errno or 0]
+
+
 def _write_failed(exc: OSError, ref: TopicRef, acknowledged: int) -> CliError | None:
     """A write the file system refused under `rq produce` (a full disk, a quota used up, a file
     system gone read-only, a failing disk), said with the topic, what it kept and what to do;
@@ -1112,13 +1123,7 @@ def _write_failed(exc: OSError, ref: TopicRef, acknowledged: int) -> CliError | 
     fix = _DISK_FIX.get(exc.errno or 0)
     if fix is None or (ref.path is None and exc.errno != errno.ENOSPC):
         return None  # (an EIO from a server's socket is no disk's)
-    where = f" holding {safe_text(str(ref.path))}" if ref.path is not None else ""
-    what = {
-        errno.ENOSPC: f"the disk{where} is full",
-        errno.EDQUOT: f"the disk quota{where.replace(' holding', ' for')} is used up",
-        errno.EROFS: f"the file system{where} is read-only",
-        errno.EIO: f"the disk{where} failed (Input/output error)",
-    }[exc.errno or 0]
+    what = _refused_why(exc, ref)
     named = os.fsdecode(exc.filename) if exc.filename else ""
     if named and named != str(ref.path):
         what += f" writing {safe_text(named)}"
@@ -1816,14 +1821,7 @@ def _read_failure(exc: Exception) -> CliError | None:
 def _full_target(exc: OSError, target: TopicRef, what: str, stored: int) -> str:
     """The start of a refused-write line for a sink: which file system and why, which target,
     what it kept."""
-    where = f" holding {safe_text(str(target.path))}" if target.path is not None else ""
-    why = {
-        errno.ENOSPC: f"the disk{where} is full",
-        errno.EDQUOT: f"the disk quota{where.replace(' holding', ' for')} is used up",
-        errno.EROFS: f"the file system{where} is read-only",
-        errno.EIO: f"the disk{where} failed (Input/output error)",
-    }[exc.errno or 0]
-    return f"{why}: {what} {safe_text(target.url)} stored {stored} record(s) before it"
+    return f"{_refused_why(exc, target)}: {what} {safe_text(target.url)} stored {stored} record(s) before it"
 
 
 def _refused_code(exc: OSError) -> ExitCode:
