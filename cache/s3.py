@@ -579,6 +579,11 @@ def map_error(
         err.status = status  # type: ignore[attr-defined]  # (Cache.open serves stale on 5xx, not 4xx)
         return err
     name = getattr(error, "name", "") or type(error).__name__
+    unusable = _unusable_proxy(endpoint)
+    if unusable is not None:
+        # a proxy URL rq cannot use (socks5://, https://, a port that is no number): the CRT failed
+        # on it its own way ("cannot reach ENDPOINT — check --endpoint-url", a malformed string)
+        return unusable
     if "NO_SPACE" in name:
         # the CRT writes a body straight to its file: ENOSPC comes back as one of its errors.
         # A full disk stops the run (exit 7); retrying each object only fails again, slowly
@@ -624,6 +629,17 @@ def _proxy_of(endpoint: str) -> Proxy | None:
         return proxy_for(parts.scheme or "https", parts.netloc)
     except CacheError:
         return None
+
+
+def _unusable_proxy(endpoint: str) -> CacheError | None:
+    """The BadSourceError (exit 2, naming its variable) of a proxy URL for `endpoint` that
+    cache.proxy cannot use, else None."""
+    parts = urllib.parse.urlsplit(endpoint)
+    try:
+        proxy_for(parts.scheme or "https", parts.netloc)
+    except CacheError as exc:
+        return exc
+    return None
 
 
 def _refused_at_start(exc: BaseException, what: str, endpoint: str) -> BaseException:

@@ -53,3 +53,17 @@ def test_a_proxy_that_wants_a_password_at_the_listing_is_an_auth_error(
     assert done.returncode == 4 and len(lines) == 1, lines
     assert f"the proxy {proxy.url} (HTTP_PROXY) refused" in lines[0] and "407" in lines[0], lines
     assert "user:password@ in HTTP_PROXY" in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "proxy", ["socks5://127.0.0.1:1", "https://127.0.0.1:1", "http://127.0.0.1:notaport"]
+)
+def test_a_proxy_url_rq_cannot_use_is_exit_2_at_the_listing(
+    cache_env: dict[str, str], services: Any, proxy: str
+) -> None:
+    """The CRT fails on such a URL its own way first: 'cannot reach ENDPOINT … check --endpoint-url'
+    (exit 6) or AWS_ERROR_MALFORMED_INPUT_STRING 'the store kept failing' (exit 6)."""
+    done = _preload({**cache_env, "AWS_ENDPOINT_URL": services.s3_endpoint, "HTTP_PROXY": proxy})
+    lines = done.stderr.decode().strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, lines
+    assert "HTTP_PROXY" in lines[0] and "--endpoint-url" not in lines[0], lines

@@ -10,13 +10,12 @@ import contextlib
 import http.server
 import json
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from rqtest import run_rq
+from rqtest import http_on_loopback, run_rq
 
 from cache.errors import AuthError, BadSourceError
 from cache.s3 import S3, S3Settings, resolve_credentials
@@ -31,7 +30,7 @@ ROLE = "arn:aws:iam::123456789012:role/rq-s3e-nope"
 
 @contextlib.contextmanager
 def sts_refusing() -> Iterator[int]:
-    """An 'STS' on 127.0.0.1 (a port of 24752-24799) that refuses every AssumeRole."""
+    """An 'STS' on a free 127.0.0.1 port that refuses every AssumeRole."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -45,21 +44,8 @@ def sts_refusing() -> Iterator[int]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = None
-    for port in range(24752 + os.getpid() % 8, 24800, 8):  # (xdist workers: ports of their own)
-        try:
-            server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-            break
-        except OSError:
-            continue
-    assert server is not None, "no free port in 24752-24799"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
+    with http_on_loopback(Handler) as port:
+        yield port
 
 
 def role_env(tmp_path: Path, port: int) -> dict[str, str]:
