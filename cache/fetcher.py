@@ -48,7 +48,7 @@ from cache.index import Entry
 from cache.landing import Landing, ObjectInfo, clean_version, piece_ranges
 from cache.layout import Layout, blob_name
 from cache.origins import Origin, same_version
-from cache.sizes import format_size, inodes_note
+from cache.sizes import format_size, no_space_under
 from cache.store import (
     FILES_PER_OBJECT,
     FILES_TO_PUBLISH,
@@ -1352,7 +1352,7 @@ class Fetcher:
     @staticmethod
     def _disk_error(root: Any, exc: OSError) -> CacheError:
         if is_no_space(exc):
-            return FileSystemFullError(f"no space left on the file system under {root}{inodes_note(root)}")
+            return FileSystemFullError(no_space_under(root, exc))
         return CacheError(f"could not make the cache durable under {root}: {exc}")
 
 

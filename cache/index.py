@@ -345,7 +345,7 @@ def _space_lack(db: sqlite3.Connection, path: Path, exc: sqlite3.Error) -> int |
 def _full_error(path: Path, quota: bool = False) -> CacheFullError:
     if quota:
         return FileSystemFullError(
-            f"no space left for the cache index {path}: the disk quota on its file system is used up"
+            f"no space left for the cache index {path}: disk quota exceeded (the quota on its file system is used up)"
         )
     return FileSystemFullError(f"no space left on the file system of the cache index {path}")
 

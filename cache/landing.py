@@ -39,7 +39,7 @@ from cache.directio import ALIGN, CHUNK, open_direct, pwrite_all, write_aligned,
 from cache.errors import BusyError, ChangedError, FileSystemFullError, VerifyError
 from cache.index import Entry
 from cache.layout import PRIVATE, Layout
-from cache.sizes import inodes_note
+from cache.sizes import no_space_under
 from cache.store import fsync_dir, is_no_space, libc_function, lock_twin, unlink_quiet
 
 _serial = itertools.count()
@@ -711,8 +711,7 @@ class Landing:
     def _no_space_or_raise(self, exc: OSError) -> None:
         if is_no_space(exc):
             raise FileSystemFullError(
-                f"no space left on the file system under {self.layout.tier_root(self.tier)}"
-                f"{inodes_note(self.layout.tier_root(self.tier))} writing {self.info.url}"
+                no_space_under(self.layout.tier_root(self.tier), exc, f" writing {self.info.url}")
             ) from exc
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import xxhash
 
 from cache.errors import BadSourceError, CacheError, FileSystemFullError, UnsafeDirError
-from cache.sizes import inodes_note
+from cache.sizes import no_space_under
 
 TIERS = ("ram", "disk")
 INDEX_NAME = "index.sqlite3"
@@ -224,9 +224,7 @@ def dir_error(path: Path, what: str, exc: OSError) -> CacheError:
     """A directory rq cannot make or read (`/proc/x`, a read-only file system, a path through a
     file): a bad path given to it, one line, not a bare OSError. A full file system is that."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return FileSystemFullError(
-            f"no space left on the file system under {path}{inodes_note(path)} to make the {what}"
-        )
+        return FileSystemFullError(no_space_under(path, exc, f" to make the {what}"))
     err = BadSourceError(f"cannot use {path} as the {what}: {exc.strerror or exc}")
     if what == "cache directory":  # (a default under HOME, in a container with a read-only root: ct)
         err.hint = "give one rq can write: --cache-dir DIR or RQ_CACHE_DIR"  # type: ignore[attr-defined]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 
@@ -183,3 +184,14 @@ def inodes_note(path: object) -> str:
     if fs.f_files == 0 or fs.f_favail > 0:  # f_files 0: no count kept (btrfs, tmpfs nr_inodes=0)
         return ""
     return " (it is out of inodes, not bytes: each cached object is a file; see `df -i`)"
+
+
+def no_space_under(path: object, exc: BaseException | None, doing: str = "") -> str:
+    """How a write refused for want of room under `path` is said (`doing`: " writing URL", " to make
+    the …"): a disk quota used up (EDQUOT) as that, "no space left under PATH …: disk quota
+    exceeded", since the file system has room and freeing or capping the tier there is not what
+    helps; else (ENOSPC) "no space left on the file system under PATH …", what ran out named.
+    Both begin "no space left", as every FileSystemFullError's message does."""
+    if isinstance(exc, OSError) and exc.errno == errno.EDQUOT:
+        return f"no space left under {path}{doing}: disk quota exceeded"
+    return f"no space left on the file system under {path}{inodes_note(path)}{doing}"
