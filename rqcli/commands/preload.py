@@ -594,7 +594,7 @@ def _preload(
         "aborted": False,  # (no "error" key: it comes only with "aborted": true)
     }
     tally.reported = True
-    report(out, summary, dry_run)
+    report(out, summary, dry_run, workers)
     evicted, demoted = result.evicted_own, result.demoted_own
     if evicted or demoted:
         from cache.sizes import format_size
@@ -692,8 +692,10 @@ class Tally:
         }
 
 
-def report(out: Output, summary: dict[str, Any], dry_run: bool) -> None:
-    """The summary: one JSON line under --json, else one human line on stdout."""
+def report(out: Output, summary: dict[str, Any], dry_run: bool, workers: int | None = None) -> None:
+    """The summary: one JSON line under --json, else one human line on stdout. A run the store
+    throttled says so there (how often, and how far concurrency fell from `workers`): --json had
+    it, the human line looked like a merely slow store."""
     out.emit(summary)
     if out.json:
         return
@@ -706,7 +708,24 @@ def report(out: Output, summary: dict[str, Any], dry_run: bool) -> None:
     out.info(
         f"{verb} {objects} objects ({mib:.1f} MiB) in {summary['seconds']:.2f} s "
         f"({summary['mb_per_s']:.0f} MB/s); {skipped} already cached; {summary['failed']} failed"
+        f"{_backed_off(summary, workers)}"
     )
+
+
+def _backed_off(summary: dict[str, Any], workers: int | None) -> str:
+    """'; throttled by the store 2 times; concurrency fell to 64 of 256', or '' when the run kept
+    its concurrency. The window is cut only by the store's throttling (SlowDown/503 past the CRT's
+    retries, counted in `throttled`) or by the process's open-files limit (not counted there)."""
+    throttled = int(summary.get("throttled") or 0)
+    smallest = summary.get("smallest_window")
+    of = f" of {workers}" if workers is not None else ""
+    fell = smallest is not None and (workers is None or smallest < workers)
+    if throttled:
+        times = "once" if throttled == 1 else f"{throttled} times"
+        return f"; throttled by the store {times}" + (f"; concurrency fell to {smallest}{of}" if fell else "")
+    if fell and workers is not None:
+        return f"; concurrency fell to {smallest}{of} (the process's open-files limit)"
+    return ""
 
 
 def _ram_fs_why(c: Any, caps: dict[str, int]) -> str:
