@@ -25,6 +25,11 @@ from rqcli.params import CommandEnvFirst, NonEmptyPath
 
 # aioquic/qh3 throughput on loopback rises with socket buffers up to ~8 MiB (FIELD-NOTES).
 UDP_BUFFER_WANT = 8 * 1024 * 1024
+# A store's answer to doctor's one S3 request (ListBuckets, or HeadBucket with --bucket) slower than
+# this is a warning, not "ok": a healthy store answers in milliseconds on its own network and in a
+# few hundred across regions; a second or more is a store or path in trouble (overloaded, a proxy,
+# a network that drops packets), which every preload and cache miss would pay too.
+S3_SLOW_S = 1.0
 
 
 @dataclass
@@ -34,6 +39,14 @@ class Finding:
     detail: str
     fix: str = ""
     code: int = 0  # the exit code this failure maps to, when it was asked for explicitly
+    # how long the check's request took to be answered (s3); None: not measured (left out of --json)
+    seconds: float | None = None
+
+    def as_event(self) -> dict[str, Any]:
+        body = asdict(self)
+        if body["seconds"] is None:
+            del body["seconds"]  # a key that does not apply is left out, never null
+        return {"event": "finding", **body}
 
     @property
     def failed(self) -> bool:
@@ -132,6 +145,7 @@ def check_s3(endpoint: str | None, bucket: str | None, explicit: bool) -> Findin
         aws_session_token=creds.token,
         config=botocore.config.Config(connect_timeout=2, read_timeout=5, retries={"max_attempts": 1}),
     )
+    asked = time.perf_counter()
     try:
         if bucket:
             client.head_bucket(Bucket=bucket)
@@ -200,7 +214,22 @@ def check_s3(endpoint: str | None, bucket: str | None, explicit: bool) -> Findin
             "check --endpoint-url / AWS_ENDPOINT_URL",
             int(ExitCode.UNREACHABLE),
         )
-    return Finding("s3", "ok", detail)
+    took = time.perf_counter() - asked
+    what = "HeadBucket" if bucket else "ListBuckets"
+    if took > S3_SLOW_S:
+        return Finding(
+            "s3",
+            "warn",
+            f"{detail}, but slow: {what} took {_took(took)} (over {S3_SLOW_S:g} s)",
+            "every preload and cache miss pays this: check the store's load, the network to it, "
+            "and any proxy in between (HTTP_PROXY / HTTPS_PROXY)",
+            seconds=round(took, 3),
+        )
+    return Finding("s3", "ok", f"{detail} ({what} in {_took(took)})", seconds=round(took, 3))
+
+
+def _took(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 def check_nats(url: str, explicit: bool, configured: bool = False) -> Finding:
@@ -617,7 +646,7 @@ def doctor(
     findings = run_checks(endpoint_url, bucket, nats_url, where, nats_from_env)
     if out.json:
         for f in findings:
-            out.emit({"event": "finding", **asdict(f)})
+            out.emit(f.as_event())
         out.emit(
             {
                 "event": "summary",
