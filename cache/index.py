@@ -18,14 +18,12 @@ import errno
 import os
 import random
 import sqlite3
-import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cache.errors import CacheError, CacheFullError, FileSystemFullError, ReadOnlyCacheError
 
@@ -229,119 +227,6 @@ def _write_refused(directory: Path) -> int | None:
     return None
 
 
-def _recorded_errnos(db: sqlite3.Connection, path: Path) -> list[int]:
-    """The errnos SQLite recorded for the last failed system calls under `db`: the connection's
-    (sqlite3_system_errno: an -shm it could not make or grow), its database file's and its WAL's
-    (SQLITE_FCNTL_LAST_ERRNO: a write, fsync or truncate refused). SQLite answers EDQUOT on a
-    write, and ENOSPC on an fsync, a truncate or an -shm, with a bare "disk I/O error"
-    (SQLITE_IOERR_*): the errno alone tells a full disk from a failing one once the condition
-    has passed (one write refused, space freed meanwhile, a quota with room left for a small
-    probe but not for SQLite's write). Empty where they cannot be had: Python keeps no public
-    handle on a connection's sqlite3*; CPython's Connection holds it right after its object
-    header (3.11 to 3.14, the versions read so), and it is checked against sqlite3_db_filename
-    (`path`'s name) before anything else is asked of it."""
-    api = _sqlite_api()
-    if api is None or sys.implementation.name != "cpython" or not (3, 11) <= sys.version_info[:2] <= (3, 14):
-        return []
-    import ctypes
-
-    try:
-        handle = ctypes.c_void_p.from_address(id(db) + object.__basicsize__).value
-        if not handle:
-            return []
-        name = api.filename(handle, b"main")
-        if not name or os.path.basename(os.fsdecode(name)) != path.name:
-            return []
-        found = [int(api.system_errno(handle))]
-        last = ctypes.c_int(0)
-        if api.file_control(handle, b"main", _FCNTL_LAST_ERRNO, ctypes.byref(last)) == 0:
-            found.append(last.value)
-        journal = ctypes.c_void_p(0)  # the WAL's sqlite3_file (the journal's, out of WAL mode)
-        if (
-            api.file_control(handle, b"main", _FCNTL_JOURNAL_POINTER, ctypes.byref(journal)) == 0
-            and journal.value
-        ):
-            methods = ctypes.c_void_p.from_address(journal.value).value  # (NULL: not open)
-            if methods:
-                last = ctypes.c_int(0)
-                if (
-                    api.methods.from_address(methods).xFileControl(
-                        journal.value, _FCNTL_LAST_ERRNO, ctypes.byref(last)
-                    )
-                    == 0
-                ):
-                    found.append(last.value)
-        return found
-    except (OSError, ValueError, AttributeError, TypeError):
-        return []
-
-
-_FCNTL_LAST_ERRNO, _FCNTL_JOURNAL_POINTER = 4, 28
-
-
-@dataclass
-class _SqliteApi:
-    system_errno: Callable[..., int]
-    filename: Callable[..., bytes | None]
-    file_control: Callable[..., int]
-    methods: Any  # ctypes.Structure: sqlite3_io_methods up to xFileControl
-
-
-_API: list[_SqliteApi | None] = []
-
-
-def _sqlite_api() -> _SqliteApi | None:
-    """The few calls of the SQLite library the sqlite3 module uses that it does not expose."""
-    if not _API:
-        found = None
-        try:
-            import _sqlite3
-            import ctypes
-
-            lib = ctypes.CDLL(_sqlite3.__file__)  # (its SQLite: linked in, or a dependency)
-            system_errno, filename, file_control = (
-                lib.sqlite3_system_errno,
-                lib.sqlite3_db_filename,
-                lib.sqlite3_file_control,
-            )
-            system_errno.argtypes, system_errno.restype = [ctypes.c_void_p], ctypes.c_int
-            filename.argtypes, filename.restype = [ctypes.c_void_p, ctypes.c_char_p], ctypes.c_char_p
-            file_control.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p]
-            file_control.restype = ctypes.c_int
-            control = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p)
-            names = "xClose xRead xWrite xTruncate xSync xFileSize xLock xUnlock xCheckReservedLock"
-
-            class Methods(ctypes.Structure):
-                _fields_ = [
-                    ("iVersion", ctypes.c_int),
-                    *((n, ctypes.c_void_p) for n in names.split()),
-                    ("xFileControl", control),
-                ]
-
-            found = _SqliteApi(system_errno, filename, file_control, Methods)
-        except (ImportError, OSError, AttributeError):
-            pass
-        _API.append(found)
-    return _API[0]
-
-
-_SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN = 10, 13, 14
-
-
-def _space_lack(db: sqlite3.Connection, path: Path, exc: sqlite3.Error) -> int | None:
-    """ENOSPC or EDQUOT when SQLite's error `exc` under `db` is its file system refusing room
-    (SQLITE_FULL; an I/O error whose recorded errno is ENOSPC or EDQUOT), else None (not known:
-    the callers then look at the file system itself, _full and _write_refused)."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(code, int) and code & 0xFF == _SQLITE_FULL:
-        return errno.ENOSPC
-    if "full" in str(exc).lower():
-        return errno.ENOSPC
-    if not (isinstance(code, int) and code & 0xFF in (_SQLITE_IOERR, _SQLITE_CANTOPEN)):
-        return None
-    return next((e for e in _recorded_errnos(db, path) if e in (errno.ENOSPC, errno.EDQUOT)), None)
-
-
 def _full_error(path: Path, quota: bool = False) -> CacheFullError:
     if quota:
         return FileSystemFullError(
@@ -420,10 +305,9 @@ class Index:
             self._db.close()
             raise
         except sqlite3.Error as exc:
-            lack = _space_lack(self._db, path, exc)  # (asked of the connection before it closes)
             self._db.close()
-            quota = lack == errno.EDQUOT
-            why = _not_writable(path) or (FULL if lack is not None else _full(path, exc))
+            quota = False
+            why = _not_writable(path) or _full(path, exc)
             if why is None and "disk i/o" in str(exc).lower():
                 # EDQUOT (SQLite says only "disk I/O error" for it) or an ENOSPC the free-space
                 # figures did not show: a write of our own next to it tells
@@ -644,9 +528,8 @@ class Index:
                     if outer:
                         self._writing = False
             except sqlite3.OperationalError as exc:
-                lack = _space_lack(self._db, self.path, exc)
-                if lack is not None:
-                    raise _full_error(self.path, lack == errno.EDQUOT) from exc
+                if "full" in str(exc).lower():
+                    raise _full_error(self.path) from exc
                 if "disk i/o" in str(exc).lower():
                     lack = _write_refused(self.path.parent)
                     if lack is not None:

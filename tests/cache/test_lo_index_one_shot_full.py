@@ -1,13 +1,10 @@
-"""An index write refused once for want of room (EDQUOT on a write, ENOSPC on an fsync: SQLite says
-only "disk I/O error", SQLITE_IOERR_WRITE / _FSYNC) exited 1 ("cannot use the cache index …: disk
-I/O error"): the check rq made after it (a small write of its own beside the index) found room by
-then. It is exit 7, worded as the landing path words it (a quota named as such), from the errno
-SQLite recorded for the write it could not make. A real I/O error (EIO) stays exit 1. Real SQLite,
-real faults: strace injects one refused call into the index's WAL, nothing else."""
+"""A real I/O error on the cache index (EIO on one write into its WAL, injected by strace) is exit 1
+with SQLite's "disk I/O error" and the index named: not taken for a full disk (exit 7) by the
+free-space and probe checks that tell a lasting ENOSPC/EDQUOT (a one-off ENOSPC/EDQUOT that has
+passed by then is reported the same way: docs/cache.md). Real SQLite, real fault."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -18,12 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
 
-CASES = [
-    ("pwrite64", "EDQUOT", 7, "disk quota"),
-    ("fdatasync", "ENOSPC", 7, "no space left on the file system"),
-    ("fdatasync", "EDQUOT", 7, "disk quota"),
-    ("pwrite64", "EIO", 1, "disk I/O error"),
-]
+CASES = [("pwrite64", "EIO", 1, "disk I/O error")]
 
 
 def _preload(src: Path, cache: Path, inject: str | None, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -59,24 +51,3 @@ def test_one_refused_index_write_of_a_new_cache(
     assert words in out.stderr and "index.sqlite3" in out.stderr, out.stderr
     if error == "EDQUOT":
         assert "no space left on the file system" not in out.stderr, out.stderr
-
-
-@pytest.mark.parametrize(("call", "error", "code", "words"), CASES[:1])
-def test_one_refused_index_write_in_a_run(
-    tmp_path: Path, call: str, error: str, code: int, words: str
-) -> None:
-    """A cache already there: the write refused is a landing's commit, met mid-run."""
-    src = tmp_path / "src"
-    src.mkdir()
-    (src / "a").write_bytes(os.urandom(1000))
-    cache = tmp_path / "cache"
-    assert _preload(src, cache, None).returncode == 0
-    for name in "bcd":
-        (src / name).write_bytes(os.urandom(1000))
-    when = 4 if call == "pwrite64" else 1  # (a landing's commit, past the first write of the run)
-    out = _preload(src, cache, f"{call}:error={error}:when={when}", "--json")
-    assert out.returncode == code, out.stderr + out.stdout
-    said = out.stderr + "".join(
-        json.loads(line).get("message", "") for line in out.stdout.splitlines() if line.startswith("{")
-    )
-    assert words in said, said
