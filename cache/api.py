@@ -302,7 +302,7 @@ class Cache:
         if isinstance(max_age, bool) or not isinstance(max_age, int | float) or not max_age >= 0:
             raise BadSourceError(f"max_age must be seconds (a number >= 0), not {max_age!r}")
         self.durable = durable
-        self.on_event = on_event  # ServedStale and Demoted, from open(), path() and prefetch()
+        self.on_event = on_event  # ServedStale, Demoted, Refetched: from open(), path() and prefetch()
         self._unreachable: dict[str, tuple[float, str]] = {}  # bucket: (ask again after, why)
         self._tighten = ram_dir is None  # rq's own default root: see Layout.create
         self._ram_pid = 0  # the process whose hold on the RAM root this object counts in (cache.orphans)
@@ -863,8 +863,9 @@ class Cache:
                     # read through from the origin instead, landing it already locked for this reader
                     return self._open_fetched(url, tier or entry.tier)
                 continue
-            except VerifyError:
+            except VerifyError as exc:
                 state.store.retire(entry)  # never a good landing made since
+                self._damaged(entry, exc)
                 current = state.index.get(url)
                 if current is not None and not _same_landing(current, entry):
                     # another process landed it again meanwhile: read (and verify) that one
@@ -991,6 +992,13 @@ class Cache:
         if isinstance(event, ev.Demoted):
             self.on_event(event)
 
+    def _damaged(self, entry: Entry, exc: VerifyError) -> None:
+        """A damaged copy dropped on the way to a read: the read goes on from the origin, but a
+        disk that corrupts what it holds must not go unnoticed (it did: only a new `created` stamp
+        showed it)."""
+        path = self.layout.blob_path(entry.tier, entry.blob)
+        self.on_event(ev.Refetched(entry.url, str(path), str(exc)))
+
     def _served_stale(self, entry: Entry, why: str) -> None:
         self.on_event(ev.ServedStale(entry.url, max(0.0, time.time() - entry.checked_at), why))
 
@@ -1004,10 +1012,11 @@ class Cache:
             self._touch(url)
             try:
                 return self._open_entry(entry, fd)
-            except VerifyError:
+            except VerifyError as exc:
                 if not again:
                     raise
                 self._state().store.retire(entry)  # never a landing made since
+                self._damaged(entry, exc)
         raise AssertionError("unreachable")
 
     def _open_entry(self, entry: Entry, locked_fd: int = -1) -> CachedFile:

@@ -79,6 +79,19 @@ class Demoted:
 
 
 @dataclass(frozen=True)
+class Refetched:
+    """`Cache.open` found the cached copy of `url` at `path` damaged: its bytes no longer match the
+    digest recorded when it landed (the landing had verified them, so something changed them
+    since: a failing disk, a process writing into the cache), or they could not be read back (EIO).
+    The copy was dropped and the object read again from the origin; the caller got good bytes, but
+    the disk under the cache deserves a look (`rq cache verify` checks every entry)."""
+
+    url: str
+    path: str  # the damaged file, gone now
+    reason: str
+
+
+@dataclass(frozen=True)
 class Ignored:
     """A key the store listed that is not one of the source's objects: outside the prefix asked
     for, or listed a second time. S3 sends neither; it is not fetched (a store or proxy that
@@ -88,7 +101,9 @@ class Ignored:
     reason: str
 
 
-Event = Planned | WouldFetch | Progress | Landed | Failed | Retrying | ServedStale | Demoted | Ignored
+Event = (
+    Planned | WouldFetch | Progress | Landed | Failed | Retrying | ServedStale | Demoted | Refetched | Ignored
+)
 EventSink = Callable[[Event], None]
 
 
