@@ -49,15 +49,22 @@ def _receiver(dest: Path) -> Iterator[int]:
         receiver.close()
 
 
-def _send(src: Path, port: int, opts: SendOptions = OPTS, wait: float = 60) -> dict[str, Any]:
-    """send() in a thread, bounded by `wait` s: what it returned or raised, and how long it took."""
+def _send(
+    src: Path, port: int, opts: SendOptions = OPTS, wait: float = 60, timeout: float = 10.0
+) -> dict[str, Any]:
+    """send() in a thread, bounded by `wait` s: what it returned or raised, and how long it took.
+    `timeout`: the connection's (ConnectOptions.timeout, the wait for a reconnect's answer)."""
     out: dict[str, Any] = {}
 
     def run() -> None:
         started = time.monotonic()
         try:
             out["summary"] = send(
-                [src], TcpTransport(), ConnectOptions("127.0.0.1", port, None, tls=False), TOKEN, opts
+                [src],
+                TcpTransport(),
+                ConnectOptions("127.0.0.1", port, None, tls=False, timeout=timeout),
+                TOKEN,
+                opts,
             )
         except TransferError as exc:
             out["error"] = exc
@@ -99,8 +106,11 @@ def test_a_receiver_that_stalls_after_commit_is_given_up_on_in_a_few_progress_in
     try:
         with _receiver(tmp_path / "dst") as port:
             # bounded below the placement's own 30 s: a sender that waits for DONE is still
-            # waiting then (the old code: 120 s), one that gave up is done long before
-            got = _send(src, port, wait=25)
+            # waiting then (the old code: 120 s), one that gave up is done long before. Its
+            # reconnect to the receiver still busy placing goes unanswered: 2 s for that answer,
+            # not the default 10 s (it gave up on the COMMIT after 0.6 s of silence either way)
+            got = _send(src, port, wait=25, timeout=2.0)
+            gate.set()  # the receiver's close need not wait for the held placement
     finally:
         gate.set()
     assert "seconds" in got, "the sender still waits for DONE (the old 120 s COMMIT wait)"
