@@ -24,7 +24,7 @@ from rqcli import config, teardown
 from rqcli.config import check_config, load_config
 from rqcli.errors import CliError, Terminated, interruption
 from rqcli.exitcodes import EXIT_CODE_HELP, ExitCode
-from rqcli.output import Output
+from rqcli.output import Output, hide_logs, show_logs
 from rqcli.params import CommandEnvFirst, NonEmptyPath, documented_env_names_everywhere
 
 # name -> (module, attribute, one-line example). Modules load only when their command runs, so
@@ -203,6 +203,7 @@ def cli(ctx: click.Context, json_: bool, quiet: bool, verbose: int, config_path:
     then the config file, then defaults.
     """
     ctx.obj = _run.out = Output(json=json_, quiet=quiet, verbose=verbose)
+    show_logs(_run.out)
     ctx.default_map = load_config(config_path)
     check_config(ctx.default_map, cli, ctx, COMMANDS, config_path)
 
@@ -411,8 +412,11 @@ def _interrupted(args: list[str], exc: BaseException) -> int:
         return 0
     why = interruption(exc)
     _owed_summary(args, None, why)
+    # what the command leaves behind, where it says (rq send: what the receiver holds, and that a
+    # re-run resumes it)
+    detail = getattr(exc, "rq_detail", None)
     with contextlib.suppress(OSError):
-        click.echo(f"rq: {why}", err=True)
+        click.echo(f"rq: {why}" + (f"; {detail}" if detail else ""), err=True)
     return int(ExitCode.INTERRUPTED)
 
 
@@ -519,6 +523,7 @@ def main(argv: list[str] | None = None) -> None:
     verbose = any(a in ("-v", "--verbose") or (a.startswith("-v") and set(a[1:]) == {"v"}) for a in args)
     global _run
     _run = _Run()
+    hide_logs()
     if console:
         _raise_open_files_limit()
     try:

@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import click
 
@@ -18,7 +21,7 @@ from rqcli.exitcodes import ExitCode
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.progress import Progress
+    from rich.progress import Progress, TaskID
     from rich.table import Table
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -263,10 +266,19 @@ class Output:
             self._to_stdout("".join(line + "\n" for line in lines))
 
     @contextlib.contextmanager
-    def progress(self, transfer: bool = True) -> Iterator[Progress | None]:
-        """A rich progress display on stderr when interactive, else None (callers skip updates)."""
-        if not self.interactive:
+    def progress(self, transfer: bool = True) -> Iterator[Progress | Heartbeat | None]:
+        """A rich progress display on stderr when interactive; off a terminal (a CI log, a pipe,
+        journald) a Heartbeat, which writes one plain line per task at most every HEARTBEAT_EVERY
+        seconds; None under --json and --quiet (callers skip updates)."""
+        if self.json or self.quiet:
             yield None
+            return
+        if not self.interactive:
+            beat = Heartbeat(self, transfer)
+            try:
+                yield beat
+            finally:
+                beat.stop()
             return
         from rich.console import Console
         from rich.progress import (
@@ -286,6 +298,193 @@ class Output:
         console = Console(file=self.stderr, color_system=_color_system())
         with Progress(*columns, console=console, transient=False) as bar:
             yield bar
+
+
+# How often, at most, a Heartbeat writes its line: a run shorter than this writes none.
+HEARTBEAT_EVERY = 10.0
+
+
+@dataclass
+class _Beat:
+    description: str
+    total: float | None
+    completed: float = 0.0
+    shown: float = 0.0  # `completed` at the last line (or at the start)
+    moved_at: float = field(default_factory=time.monotonic)  # when `completed` last changed
+    stalled_said: float = 0.0  # how long it had been still at its last "no progress" line
+
+
+class Heartbeat:
+    """What `Output.progress()` gives off a terminal: the part of rich's Progress the commands use
+    (add_task, update, advance, remove_task), drawn as one plain line per task on stderr at most
+    every HEARTBEAT_EVERY seconds, from a thread of its own, so that a log tells a slow run from a
+    hung one: `rq: sending: 1.2 GiB of 4.0 GiB (30%), 410 MB/s, ~7 s left`, or counts for a
+    bar that is not a transfer (`rq: replay: 1200 of 5000 (24%), 300/s, ~13 s left`). A task that
+    stopped moving is said to be still (`no progress for 20 s`) at growing intervals (10, 20, 40 s,
+    …), not every beat; a finished one no more. Nothing for a run shorter than one interval."""
+
+    def __init__(self, out: Output, transfer: bool = True) -> None:
+        self._out, self._transfer = out, transfer
+        self._tasks: dict[TaskID, _Beat] = {}
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._last = time.monotonic()
+        self._thread: threading.Thread | None = None
+
+    def add_task(
+        self, description: str, total: float | None = None, completed: float = 0, **_: Any
+    ) -> TaskID:
+        with self._lock:
+            task = cast("TaskID", len(self._tasks))
+            self._tasks[task] = _Beat(description, total, completed, completed)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="rq-heartbeat", daemon=True)
+                self._thread.start()
+        return task
+
+    def update(
+        self,
+        task_id: TaskID,
+        *,
+        total: float | None = None,
+        completed: float | None = None,
+        advance: float | None = None,
+        description: str | None = None,
+        **_: Any,
+    ) -> None:
+        with self._lock:
+            beat = self._tasks.get(task_id)
+            if beat is None:
+                return
+            if total is not None:
+                beat.total = total
+            if description is not None:
+                beat.description = description
+            was = beat.completed
+            if completed is not None:
+                beat.completed = completed
+            if advance is not None:
+                beat.completed += advance
+            if beat.completed != was:
+                beat.moved_at = time.monotonic()
+                beat.stalled_said = 0.0
+
+    def advance(self, task_id: TaskID, advance: float = 1) -> None:
+        self.update(task_id, advance=advance)
+
+    def remove_task(self, task_id: TaskID) -> None:
+        with self._lock:
+            self._tasks.pop(task_id, None)
+
+    def refresh(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=1.0)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(max(0.01, HEARTBEAT_EVERY - (time.monotonic() - self._last))):
+            if time.monotonic() - self._last < HEARTBEAT_EVERY:
+                continue
+            for line in self.lines():
+                self._out._to_stderr(f"rq: {line}")
+
+    def lines(self) -> list[str]:
+        """The lines due now (and the interval starts again)."""
+        now = time.monotonic()
+        with self._lock:
+            elapsed, self._last = max(now - self._last, 1e-9), now
+            said = []
+            for beat in self._tasks.values():
+                line = self._line(beat, elapsed, now)
+                beat.shown = beat.completed
+                if line is not None:
+                    said.append(line)
+        return said
+
+    def _line(self, beat: _Beat, elapsed: float, now: float) -> str | None:
+        total = beat.total
+        if total is not None and beat.completed >= total:
+            return None  # finished: its command says so
+        text = f"{beat.description}: {self._amount(beat.completed)}"
+        if total:
+            text += f" of {self._amount(total)} ({int(100 * beat.completed / total)}%)"
+        rate = (beat.completed - beat.shown) / elapsed
+        if rate <= 0:
+            still = now - beat.moved_at
+            # said again only once it has been still twice as long as at the last such line
+            if still < HEARTBEAT_EVERY or still < 2 * beat.stalled_said:
+                return None
+            beat.stalled_said = still
+            return f"{text}, no progress for {still:.0f} s"
+        text += f", {rate / 1e6:.0f} MB/s" if self._transfer else f", {rate:.0f}/s"
+        if total:
+            text += f", ~{(total - beat.completed) / rate:.0f} s left"
+        return text
+
+    def _amount(self, n: float) -> str:
+        if not self._transfer:
+            return f"{n:.0f}"
+        from cache.sizes import format_size
+
+        return format_size(n)
+
+
+# rq's own packages: their loggers (transfer.quic's) speak under -v; everything else (aioquic,
+# qh3, botocore, urllib3, nats) only under -vv
+OWN_LOGGERS = ("rqcli", "cache", "transfer", "topics")
+
+
+class _StderrLog(logging.Handler):
+    """Log records as rq's one-line stderr messages (`rq: debug: transfer.quic: …`), for -v. The
+    libraries only log; rqcli alone installs this handler, and never writes a log line to stdout."""
+
+    def __init__(self, out: Output) -> None:
+        super().__init__(logging.DEBUG)
+        self.out = out
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            if record.exc_info and record.exc_info[1] is not None and str(record.exc_info[1]) not in text:
+                text += f" ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+            level = record.levelname.lower()
+            self.out._to_stderr(f"rq: {level}: {record.name}: {safe_text(text)}")
+        except Exception:
+            self.handleError(record)
+
+
+_handler: _StderrLog | None = None
+
+
+def show_logs(out: Output) -> None:
+    """Puts the library loggers' messages on stderr for -v (rq's own from INFO; with -vv rq's
+    from DEBUG and every other library's too, from DEBUG); nothing without -v."""
+    global _handler
+    if out.verbose <= 0:
+        return
+    root = logging.getLogger()
+    if _handler is None:
+        _handler = _StderrLog(out)
+        root.addHandler(_handler)
+    _handler.out = out
+    many = out.verbose >= 2
+    root.setLevel(logging.DEBUG if many else logging.WARNING)
+    for name in OWN_LOGGERS:
+        logging.getLogger(name).setLevel(logging.DEBUG if many else logging.INFO)
+
+
+def hide_logs() -> None:
+    """Undoes show_logs (each run in one process starts without it: tests, a host program)."""
+    global _handler
+    if _handler is not None:
+        logging.getLogger().removeHandler(_handler)
+        _handler = None
+        logging.getLogger().setLevel(logging.WARNING)
+        for name in OWN_LOGGERS:
+            logging.getLogger(name).setLevel(logging.NOTSET)
 
 
 def _color_system() -> Literal["auto"] | None:
@@ -329,6 +528,7 @@ def _set_verbose(ctx: click.Context, _param: click.Parameter, value: int) -> Non
     if value:
         out = ctx.ensure_object(Output)
         out.verbose = max(out.verbose, value)
+        show_logs(out)
 
 
 def output_options(func: F) -> F:

@@ -31,7 +31,14 @@ from transfer.frames import HEADER, PRE_AUTH_LIMIT, BodyPool, Frame, FrameDecode
 from transfer.slots import MAX_UNAUTHENTICATED, MAX_UNAUTHENTICATED_PER_PEER, PreAuthSlots
 from transfer.transport import Channel, ConnectOptions, ListenOptions
 
-_log = logging.getLogger(__name__)  # the library never prints; rq -v may show these
+_log = logging.getLogger(__name__)  # the library never prints; rq -v shows INFO, -vv DEBUG
+_dropped = [0]  # datagrams the QUIC library refused, in this process
+
+
+def _level(count: int) -> int:
+    """INFO for the 1st, 2nd, 4th, 8th… of a repeated event, DEBUG for the rest."""
+    return logging.INFO if count & (count - 1) == 0 else logging.DEBUG
+
 
 ALPN = ["rq-transfer/1"]
 AIOQUIC_MAX_DATAGRAM = 16383
@@ -664,7 +671,16 @@ def _protocol_class(
             except Exception as exc:
                 if not _from_quic_library(exc, (backend.name,)):
                     raise
-                _log.debug("QUIC datagram dropped: %s", exc, exc_info=exc)
+                _dropped[0] += 1
+                # every one at DEBUG (rq -vv); the 1st, 2nd, 4th, 8th… at INFO (rq -v): a flood of
+                # them must not flood stderr
+                _log.log(
+                    _level(_dropped[0]),
+                    "QUIC datagram dropped (%d so far): %s",
+                    _dropped[0],
+                    exc,
+                    exc_info=exc,
+                )
 
         def transmit(self) -> None:
             try:
@@ -676,7 +692,13 @@ def _protocol_class(
                 if not _from_quic_library(exc, (backend.name,)):
                     raise
                 self.transmit_failures += 1
-                _log.debug("QUIC transmit failed (%d so far): %s", self.transmit_failures, exc, exc_info=exc)
+                _log.log(
+                    _level(self.transmit_failures),
+                    "QUIC transmit failed (%d so far): %s",
+                    self.transmit_failures,
+                    exc,
+                    exc_info=exc,
+                )
 
         def quic_event_received(self, event: Any) -> None:
             if isinstance(event, ev.StreamDataReceived):
@@ -813,7 +835,7 @@ def _loop_exception(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) ->
     rest (rq's own bugs) to asyncio's default handler, which logs them with their traceback."""
     exc = context.get("exception")
     if exc is not None and _from_quic_library(exc):
-        _log.debug("QUIC event loop: %s", context.get("message"), exc_info=exc)
+        _log.info("QUIC event loop: %s", context.get("message"), exc_info=exc)
         return
     loop.default_exception_handler(context)
 
@@ -942,7 +964,7 @@ class QuicConnection:
                 tried, self.datagram = self.datagram, min(exc.fits, self.datagram)
                 if self.datagram >= tried:
                     self.datagram = MIN_DATAGRAM
-                _log.debug("no answer at %d-byte datagrams; trying %d", tried, self.datagram)
+                _log.info("no answer at %d-byte datagrams; trying %d", tried, self.datagram)
                 proto = await self._connect_at(info, max(0.1, deadline - loop.time()), probe=False)
                 return await self._try_again_at(info, proto, tried)
         return await self._connect_at(info, limit, probe=False)

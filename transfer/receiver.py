@@ -96,6 +96,9 @@ class _Shared:
     raw: int = 0
     wire: int = 0
     resent: int = 0
+    # the refusals (error codes) already reported for this plan: every channel of a transfer hits
+    # the same full disk, and each reported it (QUIC's two streams: twice per transfer)
+    refused: set[str] = field(default_factory=set)
 
 
 class _ChunkWriter:
@@ -489,6 +492,7 @@ class Receiver:
                             [dict(fs.have) for fs in plan.files],
                             data_ports=self.data_ports,
                             progress_every=PROGRESS_S,
+                            restarted=_indices(plan.manifest, plan.restarted),
                         )
                         m = plan.manifest
                         self.on_event(
@@ -540,7 +544,7 @@ class Receiver:
                 # nor is another sender's commit of this very transfer (it finished: the event
                 # of that commit says so)
                 if not isinstance(exc, ChunkSizeError | FinishedMeanwhileError) and not committed:
-                    self.on_event(TransferFailed(str(exc), exc.code))
+                    self._refused(shared, exc)
         except TimeoutError:
             pass  # the sender went quiet; what is durable stays, the sender resumes
         except OSError as exc:
@@ -555,7 +559,7 @@ class Receiver:
             core.fail(err)
             with contextlib.suppress(Exception):
                 self._send(ch, core)
-            self.on_event(TransferFailed(str(err), err.code))
+            self._refused(shared, err)
         finally:
             with contextlib.suppress(Exception):
                 writer.close()  # a write that failed is not journalled; the error was or will be seen
@@ -591,6 +595,16 @@ class Receiver:
         core.fail(PeerUnreachableError(SHUT_DOWN))
         with contextlib.suppress(Exception):
             self._send(ch, core)
+
+    def _refused(self, shared: _Shared | None, err: TransferError) -> None:
+        """TransferFailed, once per transfer and error: its other channels' same refusal (each
+        data channel's write hit the full disk) is not another one."""
+        if shared is not None:
+            with self._lock:
+                if err.code in shared.refused:
+                    return
+                shared.refused.add(err.code)
+        self.on_event(TransferFailed(str(err), err.code))
 
     def _already_complete(self, m: Manifest) -> None:
         summary = {
@@ -665,3 +679,9 @@ def _set_frame_limit(ch: Channel, limit: int | None) -> None:
     """Optional driver capability (docs/transfer.md): a cap on the next frames' size."""
     with contextlib.suppress(AttributeError):
         ch.frame_limit = limit  # type: ignore[attr-defined]
+
+
+def _indices(m: Manifest, names: list[str]) -> list[int]:
+    """The manifest indices of these file names (for ACCEPT's restarted list)."""
+    wanted = set(names)
+    return [i for i, f in enumerate(m.files) if f.name in wanted]

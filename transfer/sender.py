@@ -111,6 +111,15 @@ class Stats:
     acked: int = 0  # chunks the receiver confirmed durable (each once per attempt)
     had_bytes: int = 0  # bytes the receiver already held when it last accepted the manifest
     had_chunks: int = 0  # chunks it already held then
+    acked_at_plan: int = 0  # `acked` when it last accepted the manifest
+    # what the receiver held when it first accepted the manifest in this run: an earlier run's
+    # (None: it never accepted it); the summary's resumed_bytes
+    resumed_bytes: int | None = None
+    already_complete: bool = False  # an earlier run had finished it: nothing was moved
+    # files the receiver restarted because their source changed since an earlier attempt: their
+    # names (at most RESTARTED_LISTED) and how many in all
+    restarted: tuple[str, ...] = ()
+    restarted_count: int = 0
     # The most chunks the receiver ever held durable as far as this run knows (what its ACCEPT
     # listed plus what it acknowledged since): the progress --retry-for measures. A receiver that
     # forgets what it acknowledged and acknowledges it again has not moved the transfer on.
@@ -546,6 +555,15 @@ def _summary(run: _Run, started: float, skipped: list[Skipped], done: dict[str, 
         "chunk_size": run.opts.chunk_size,
         # the receiver holds part of it (this run's acknowledged chunks or an earlier run's): a re-run resumes
         "resumable": not done and (acked > 0 or stats.had_bytes > 0),
+        # bytes the receiver held from an earlier run when this one began (not moved again)
+        "resumed_bytes": stats.resumed_bytes or 0,
+        "already_complete": stats.already_complete,
+        # chunks the receiver holds durable as far as this run knows, of chunks_total
+        "chunks_held": min(stats.had_chunks + acked - stats.acked_at_plan, manifest.total_chunks),
+        "chunks_total": manifest.total_chunks,
+        # files whose source changed since an earlier attempt: the receiver sent them again whole
+        "restarted": list(stats.restarted),
+        "restarted_count": stats.restarted_count,
     }
 
 
@@ -706,7 +724,16 @@ def _attempt(
         accepted = handshake(ctl, core, copts.timeout, within)
         assert isinstance(accepted, Accepted)
         stats.connected = True
+        if accepted.restarted_count and not stats.restarted_count:
+            stats.restarted = tuple(manifest.files[i].name for i in accepted.restarted)
+            stats.restarted_count = accepted.restarted_count
         if accepted.complete:  # an earlier run finished; it just never heard DONE
+            if stats.resumed_bytes is None:
+                stats.resumed_bytes = manifest.total_bytes
+                stats.already_complete = True
+            with stats.lock:
+                stats.had_bytes, stats.had_chunks = manifest.total_bytes, manifest.total_chunks
+                stats.acked_at_plan = stats.acked
             on_event(
                 TransferPlanned(
                     manifest.transfer_id,
@@ -721,8 +748,12 @@ def _attempt(
         cs = manifest.chunk_size
         todo = [(f, k) for f, e in enumerate(manifest.files) for k in range(e.chunks(cs)) if k not in have[f]]
         have_bytes = manifest.total_bytes - sum(manifest.files[f].chunk_len(k, cs) for f, k in todo)
-        stats.had_bytes = have_bytes
-        stats.had_chunks = manifest.total_chunks - len(todo)
+        with stats.lock:
+            stats.had_bytes = have_bytes
+            stats.had_chunks = manifest.total_chunks - len(todo)
+            stats.acked_at_plan = stats.acked
+        if stats.resumed_bytes is None:
+            stats.resumed_bytes = have_bytes
         stats.durable_best = max(stats.durable_best, stats.had_chunks)
         on_event(
             TransferPlanned(
@@ -731,6 +762,7 @@ def _attempt(
                 manifest.total_bytes,
                 manifest.total_chunks,
                 have_bytes,
+                tuple(manifest.files[i].name for i in accepted.restarted),
             )
         )
         digests = [dict(h) for h in have]

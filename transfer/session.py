@@ -54,6 +54,7 @@ MAX_REJECTS_PER_CHANNEL = 64
 # "progress": while the receiver works on a COMMIT it sends PROGRESS every ACCEPT's "progress"
 # seconds, and the sender waits for a few such intervals of silence instead of its long COMMIT wait.
 FEATURE_PROGRESS = "progress"
+RESTARTED_LISTED = 1000  # restarted files an ACCEPT lists by index (its count says how many in all)
 FEATURES = (FEATURE_PROGRESS,)
 # What a receiver may announce as its PROGRESS interval, in seconds.
 PROGRESS_MIN_S, PROGRESS_MAX_S = 0.01, 600.0
@@ -261,6 +262,7 @@ class ReceiverChannel:
         complete: bool = False,
         data_ports: list[int] | None = None,
         progress_every: float | None = None,
+        restarted: list[int] | None = None,
     ) -> None:
         """The driver planned the transfer: tell the sender what is already here (for resume), or that
         the whole transfer already finished here (a sender that died before it read DONE).
@@ -283,6 +285,11 @@ class ReceiverChannel:
         }
         if data_ports:
             body["data_ports"] = list(data_ports)
+        if restarted:
+            # the files (manifest indices) whose partial state an earlier attempt left was dropped
+            # because their source changed: the sender names them too (an older one ignores it)
+            body["restarted"] = list(restarted[:RESTARTED_LISTED])
+            body["restarted_count"] = len(restarted)
         if progress_every is not None and FEATURE_PROGRESS in self.peer_features:
             self.progress_every = min(max(progress_every, PROGRESS_MIN_S), PROGRESS_MAX_S)
             body[FEATURE_PROGRESS] = self.progress_every
@@ -377,6 +384,10 @@ class Accepted:
     # seconds between the PROGRESS frames the receiver sends while it works on the COMMIT; None
     # from an older receiver, which sends none
     progress_every: float | None = None
+    # files (manifest indices, at most RESTARTED_LISTED) the receiver restarted because their
+    # source changed since an earlier attempt, and how many it restarted in all
+    restarted: tuple[int, ...] = ()
+    restarted_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -471,7 +482,29 @@ class SenderChannel:
                     raise ProtocolError("bad progress interval in ACCEPT")
                 self.progress_every = None if every is None else float(every)
                 have = self._parse_have(accept)
-                return [Accepted(have, bool(accept.get("complete")), tuple(ports), self.progress_every)]
+                restarted = accept.get("restarted") or []
+                count = accept.get("restarted_count") or 0
+                if (
+                    not isinstance(restarted, list)
+                    or not all(
+                        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(self.manifest.files)
+                        for i in restarted
+                    )
+                    or not isinstance(count, int)
+                    or isinstance(count, bool)
+                    or count < len(restarted)
+                ):
+                    raise ProtocolError("bad restarted files in ACCEPT")
+                return [
+                    Accepted(
+                        have,
+                        bool(accept.get("complete")),
+                        tuple(ports),
+                        self.progress_every,
+                        tuple(restarted),
+                        count,
+                    )
+                ]
             if self.role == DATA and frame.type is FrameType.READY:
                 self.state = "running"
                 return [Ready()]

@@ -199,6 +199,16 @@ def no_space(fd: int, detail: str, kept: str = "", inodes: bool | None = None) -
     return NoSpaceError(f"receiver disk is full{detail}{kept}")
 
 
+def _room(fd: int, rest: int) -> str:
+    """How much a transfer stopped by a full disk still needs and how much the file system holding
+    `fd` has free (what to free before the re-run), as " (N bytes still to write, M free)"."""
+    try:
+        vfs = os.fstatvfs(fd)
+    except OSError:
+        return ""
+    return f" ({rest} bytes of this transfer still to write, {vfs.f_bavail * vfs.f_frsize} free)"
+
+
 def is_no_space(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
@@ -336,7 +346,9 @@ class Plan:
             chunks += len(ks)
             recorded += len(ks & journaled)
             nbytes += sum(fs.entry.chunk_len(k, cs) for k in ks)
-        return kept_text(chunks, nbytes, recorded)
+        return _room(self.store.state_fd, self.manifest.total_bytes - nbytes) + kept_text(
+            chunks, nbytes, recorded
+        )
 
     def _check_open(self) -> None:
         if self.committed:  # by another sender of the same transfer, while this one still sent

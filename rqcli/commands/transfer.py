@@ -95,7 +95,9 @@ _HINTS = {
     # to resume, and the address is as likely at fault as the receiver
     # (rq send adds the transport it used: _unreachable_hint)
     ExitCode.UNREACHABLE: "is `rq recv` running there, at that address and port? then re-run the same command",
-    ExitCode.NO_SPACE: "free space on the receiver (or raise --max-bytes) and re-run the same command to resume",
+    # a real ENOSPC: freeing space is the cure (the receiver's --max-bytes cap refuses with a
+    # LimitError, whose hint is _LIMIT_HINT)
+    ExitCode.NO_SPACE: "free space on the receiver and re-run the same command to resume",
     ExitCode.EXISTS: "pass --overwrite to `rq recv` to replace existing files",
     ExitCode.VERIFY: "re-run the same command; changed or corrupt parts are sent again",
 }
@@ -520,7 +522,7 @@ def recv(
             token,
             Limits(max_bytes=max_bytes, max_files=max_files),
             overwrite,
-            on_event=lambda ev: _recv_event(out, ev),
+            on_event=lambda ev: _recv_event(out, ev, dest_dir),
             owner=receiver_id,
             keep_partial=None if worker else keep_partial,  # the parent swept before the workers
         )
@@ -555,6 +557,7 @@ def recv(
     if spawn:  # each worker process listens on a port of its own; ACCEPT tells senders which
         child_args = [
             "--json",
+            *["-v"] * min(out.verbose, 2),  # their library logs on the shared stderr too
             "recv",
             str(dest_dir),
             "--listen",
@@ -622,7 +625,7 @@ def recv(
     server.start()
     try:
         with out.progress() as bar:
-            receiver.on_event = _recv_progress(out, bar)
+            receiver.on_event = _recv_progress(out, bar, dest_dir)
             while not stop.is_set() and server.is_alive():
                 _drop_dead_workers(receiver, ports, out)
                 # with --workers, the transfer's control channel may have landed in a child
@@ -878,7 +881,7 @@ def _start_worker(
     return proc, port
 
 
-def _recv_progress(out: Output, bar: Any) -> Any:
+def _recv_progress(out: Output, bar: Any, dest: Path | None = None) -> Any:
     """Events → JSON lines and text (_recv_event), plus one rich bar per transfer on a terminal."""
     from transfer.events import ChunkMoved, TransferFinished, TransferPlanned
 
@@ -896,7 +899,7 @@ def _recv_progress(out: Output, bar: Any) -> Any:
         bar.update(task, completed=shown[task][0])
 
     def on_event(ev: Any) -> None:
-        _recv_event(out, ev)
+        _recv_event(out, ev, dest)
         if bar is None:
             return
         with lock:
@@ -919,7 +922,7 @@ def _recv_progress(out: Output, bar: Any) -> Any:
     return on_event
 
 
-def _recv_event(out: Output, ev: Any) -> None:
+def _recv_event(out: Output, ev: Any, dest: Path | None = None) -> None:
     from transfer.events import PartialExpired, TransferFailed, TransferFinished, TransferPlanned
 
     if isinstance(ev, TransferPlanned):
@@ -934,7 +937,10 @@ def _recv_event(out: Output, ev: Any) -> None:
             }
         )
         if ev.restarted:
-            out.warn(f"source changed since the last attempt; restarting {len(ev.restarted)} file(s)")
+            out.warn(
+                f"source changed since the last attempt; restarting {len(ev.restarted)} file(s): "
+                f"{_some_names(ev.restarted, len(ev.restarted))}"
+            )
         resume = f", {ev.have_bytes} already here" if ev.have_bytes else ""
         out.info(f"transfer {ev.transfer_id[:12]}: {ev.files} file(s), {ev.total_bytes} bytes{resume}")
     elif isinstance(ev, TransferFinished):
@@ -945,7 +951,9 @@ def _recv_event(out: Output, ev: Any) -> None:
         )
     elif isinstance(ev, TransferFailed):
         out.emit({"event": "refused", "code": ev.code, "error": safe_text(ev.error)})
-        out.warn(f"refused a transfer: {safe_text(ev.error)}")
+        # the sender is told no path of the receiver's; its own line names DEST
+        where = f" (DEST {safe_text(str(dest))})" if dest is not None and ev.code == "no-space" else ""
+        out.warn(f"refused a transfer{where}: {safe_text(ev.error)}")
     elif isinstance(ev, PartialExpired):
         _report_expired(out, ev)  # the periodic sweep of a receiver that stays up
 
@@ -1163,18 +1171,57 @@ def _send(
     except FileNotFoundError as exc:
         raise CliError(f"source not found: {exc.filename}", ExitCode.NOT_FOUND) from None
     except BaseException as exc:  # Ctrl-C, SIGTERM, an unexpected error: the summary still comes last
-        _emit_partial(out, getattr(exc, "partial_summary", None), _why(exc), said)
+        partial = getattr(exc, "partial_summary", None)
+        _emit_partial(out, partial, _why(exc), said)
+        if isinstance(exc, KeyboardInterrupt) and partial is not None:
+            # rqcli.main's "stopped by SIGTERM" line goes on with what the receiver holds
+            exc.rq_detail = _held_text(partial)  # type: ignore[attr-defined]
         raise
     out.emit({"event": "summary", **summary})
-    out.info(
-        f"sent {summary['files']} file(s)"
-        + (f" and {summary['dirs']} empty director(ies)" if summary.get("dirs") else "")
-        + f", {summary['bytes_total']} bytes: {summary['bytes_raw']} moved "
-        f"({summary['bytes_on_wire']} on the wire, ratio {summary['ratio']}) in {summary['seconds']}s, "
-        f"{summary['mb_per_s']} MB/s, {summary['chunks_resent']} chunk(s) resent, verified"
-        + (f"; {summary['skipped']} entries not sent (see above)" if summary.get("skipped") else "")
-    )
+    if summary.get("already_complete"):
+        out.info(
+            f"sent {summary['files']} file(s), {summary['bytes_total']} bytes: already complete on "
+            "the receiver (an earlier run finished it); nothing moved, verified"
+        )
+    else:
+        resumed = summary.get("resumed_bytes") or 0
+        out.info(
+            f"sent {summary['files']} file(s)"
+            + (f" and {summary['dirs']} empty director(ies)" if summary.get("dirs") else "")
+            + f", {summary['bytes_total']} bytes: "
+            + (f"{resumed} bytes already on the receiver (resumed), " if resumed else "")
+            + f"{summary['bytes_raw']} moved "
+            f"({summary['bytes_on_wire']} on the wire, ratio {summary['ratio']}) in {summary['seconds']}s, "
+            f"{summary['mb_per_s']} MB/s, {summary['chunks_resent']} chunk(s) resent, verified"
+            + (f"; {summary['skipped']} entries not sent (see above)" if summary.get("skipped") else "")
+        )
     _say_data_sent(out, summary, url)
+
+
+def _held_text(partial: dict[str, Any]) -> str:
+    """What an interrupted send leaves on the receiver, for the line after "stopped by …"."""
+    held, total = partial.get("chunks_held", 0), partial.get("chunks_total", 0)
+    if not partial.get("resumable"):
+        return (
+            f"the receiver had confirmed none of its {total} chunk(s) yet: re-run the same command "
+            "(it resumes from whatever the receiver holds)"
+        )
+    return (
+        f"the receiver confirmed {held} of {total} chunk(s) ({partial.get('bytes_total')} bytes in "
+        "all) verified: re-run the same command to resume"
+    )
+
+
+NAMES_SHOWN = 5  # file names a warning lists before "and N more"
+
+
+def _some_names(names: list[str] | tuple[str, ...], count: int) -> str:
+    """The first NAMES_SHOWN names (made safe and short), and how many more there are."""
+    from transfer.names import short_path
+
+    shown = ", ".join(safe_text(short_path(n)) for n in names[:NAMES_SHOWN])
+    more = count - min(len(names), NAMES_SHOWN)
+    return shown + (f" and {more} more" if more > 0 else "")
 
 
 def _say_data_sent(out: Output, summary: dict[str, Any], url: str) -> None:
@@ -1214,6 +1261,12 @@ _NOT_STARTED: dict[str, Any] = {
     "skipped": 0,
     "chunk_size": None,
     "resumable": False,
+    "resumed_bytes": 0,
+    "already_complete": False,
+    "chunks_held": 0,
+    "chunks_total": 0,
+    "restarted": [],
+    "restarted_count": 0,
 }
 
 
@@ -1307,7 +1360,7 @@ def _send_progress(out: Output, bar: Any) -> Any:
     )
     from transfer.names import short_path
 
-    state: dict[str, Any] = {"task": None, "resent": 0, "skipped": 0}
+    state: dict[str, Any] = {"task": None, "resent": 0, "skipped": 0, "restarted": False}
     lock = threading.Lock()
 
     def on_event(ev: Any) -> None:
@@ -1342,6 +1395,12 @@ def _send_progress(out: Output, bar: Any) -> Any:
                     }
                 )
                 out.warn(f"connection problem ({safe_text(ev.error)}); retry {ev.attempt} in {ev.delay:.1f}s")
+            if isinstance(ev, TransferPlanned) and ev.restarted and not state["restarted"]:
+                state["restarted"] = True  # (said once: a reconnect's plan lists them again)
+                out.warn(
+                    "the receiver held parts of an earlier attempt whose source has changed since; "
+                    f"sending these again whole: {_some_names(ev.restarted, len(ev.restarted))}"
+                )
             if bar is None:
                 return
             if isinstance(ev, TransferPlanned):
