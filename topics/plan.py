@@ -66,13 +66,23 @@ def resolve_window(
         begin = max(resolve(START, source, now_ms), source.first_offset())
     else:
         begin = resolve(start, source, now_ms)
+        if start.kind == "offset" and start.value < begin:
+            # An offset asked for by number that retention deleted: not clamped either. The read
+            # starts there and the reader tells start..first-1 (within --to) as a gap, as for a
+            # group; clamped, `--from 100 --to 200` on a topic now starting at 3000 printed nothing
+            # and exited 0 without a word. `start`, `+N`, `-N` and a time ask for no offset known
+            # lost: they start at the first record still there.
+            begin = start.value
     end: int | None
     time_to = time_of(stop, now_ms) if stop is not None else None
     if stop is not None and follow and time_to is not None:
         end = _follow_until(source, time_to, now_ms)
         end = max(end, begin) if end is not None else None
     elif stop is not None:
-        end = resolve(stop, source, now_ms)
+        # an offset --to as asked (resolve() clamps it to the first offset still there): below the
+        # first, a range that aged out ends there, not at the first record (max(end, begin) below
+        # keeps it the same wherever begin was clamped)
+        end = stop.value if stop.kind == "offset" else resolve(stop, source, now_ms)
         if not follow:
             end = min(end, source.end_offset())
         end = max(end, begin)

@@ -709,11 +709,13 @@ def _aged_out_reporter(out: Output, topic: str, source: Any = None) -> Callable[
         event: dict[str, Any] = {"event": "gap", "topic": topic, "first": first, "last": last}
         event["reason"] = reason
         if known:
-            span = f"offset {first}" if first == last else f"offsets {first}..{last}"
+            one = first == last
+            span = f"offset {first}" if one else f"offsets {first}..{last}"
+            they, were = ("it", "was") if one else ("they", "were")
             if reason == "retention":
-                said = f"{span} aged out (retention) before they were read"
+                said = f"{span} aged out (retention) before {they} {were} read"
             else:
-                said = f"{span} were deleted (a client's delete or a purge; no limit of the stream removed them) before they were read"
+                said = f"{span} {were} deleted (a client's delete or a purge; no limit of the stream removed {'it' if one else 'them'}) before {they} {were} read"
         else:
             span = f"stream sequence {first}" if first == last else f"stream sequences {first}..{last}"
             how = "stream limits or a purge" if reason == "retention" else "a client's delete or a purge"

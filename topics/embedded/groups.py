@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,7 +70,9 @@ class GroupStore:
         except orjson.JSONDecodeError:
             data = None
         value = data.get("committed") if isinstance(data, dict) else None
-        mend = f"set it again with `rq offsets reset TOPIC --group {group} --to SPEC`"
+        # the topic by its directory: a path every rq takes as TOPIC, however it was named here
+        topic = shlex.quote(str(self.dir.parent))
+        mend = f"set it again with `rq offsets reset {topic} --group {group} --to SPEC`"
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             # Written atomically by rq, so this is damage or a hand edit: say which file, never guess.
             # (rq never stores a negative offset: one read back passed for records aged out.)
@@ -83,7 +86,8 @@ class GroupStore:
             # later at the offsets before it would be skipped for good.
             raise DamagedGroup(
                 f"the committed offset {value} of group {group} ({path}) is past the end of the topic "
-                f"({end}): records it read are gone; {mend}"
+                f"({end}): records it read are gone; set it to the end with `rq offsets reset {topic} "
+                f"--group {group} --to end` (it then reads what is produced from now on)"
             )
         return value
 
