@@ -302,7 +302,7 @@ class Cache:
         if isinstance(max_age, bool) or not isinstance(max_age, int | float) or not max_age >= 0:
             raise BadSourceError(f"max_age must be seconds (a number >= 0), not {max_age!r}")
         self.durable = durable
-        self.on_event = on_event  # ServedStale, Demoted, Refetched: from open(), path() and prefetch()
+        self.on_event = on_event  # ServedStale, Demoted, Damaged: from open(), path() and prefetch()
         self._unreachable: dict[str, tuple[float, str]] = {}  # bucket: (ask again after, why)
         self._tighten = ram_dir is None  # rq's own default root: see Layout.create
         self._ram_pid = 0  # the process whose hold on the RAM root this object counts in (cache.orphans)
@@ -997,7 +997,7 @@ class Cache:
         disk that corrupts what it holds must not go unnoticed (it did: only a new `created` stamp
         showed it)."""
         path = self.layout.blob_path(entry.tier, entry.blob)
-        self.on_event(ev.Refetched(entry.url, str(path), str(exc)))
+        self.on_event(ev.Damaged(entry.url, str(path), str(exc)))
 
     def _served_stale(self, entry: Entry, why: str) -> None:
         self.on_event(ev.ServedStale(entry.url, max(0.0, time.time() - entry.checked_at), why))

@@ -79,12 +79,13 @@ class Demoted:
 
 
 @dataclass(frozen=True)
-class Refetched:
+class Damaged:
     """`Cache.open` found the cached copy of `url` at `path` damaged: its bytes no longer match the
     digest recorded when it landed (the landing had verified them, so something changed them
     since: a failing disk, a process writing into the cache), or they could not be read back (EIO).
-    The copy was dropped and the object read again from the origin; the caller got good bytes, but
-    the disk under the cache deserves a look (`rq cache verify` checks every entry)."""
+    The copy is dropped, never served, and the read goes on to the origin (its outcome is the
+    caller's: good bytes, or the store's error). The disk under the cache deserves a look: `rq
+    cache verify` checks every entry."""
 
     url: str
     path: str  # the damaged file, gone now
@@ -102,7 +103,7 @@ class Ignored:
 
 
 Event = (
-    Planned | WouldFetch | Progress | Landed | Failed | Retrying | ServedStale | Demoted | Refetched | Ignored
+    Planned | WouldFetch | Progress | Landed | Failed | Retrying | ServedStale | Demoted | Damaged | Ignored
 )
 EventSink = Callable[[Event], None]
 

@@ -111,9 +111,9 @@ def open_existing(cache_dir: Path | None, **kwargs: Any) -> Any:
 
 def _warn_stale(event: Any) -> None:
     """What the library tells a read: ServedStale (the bytes are the verified cached copy, but
-    nobody could say whether the origin still holds that version) and Refetched (the cached copy
-    was damaged, dropped and read again from the origin: the read is good, the disk is suspect)."""
-    from cache.events import Refetched, ServedStale
+    nobody could say whether the origin still holds that version) and Damaged (the cached copy
+    was damaged and dropped; the read goes to the origin instead: the disk is suspect)."""
+    from cache.events import Damaged, ServedStale
 
     out = get_output()
     if isinstance(event, ServedStale):
@@ -129,11 +129,11 @@ def _warn_stale(event: Any) -> None:
             f"served the cached copy of {safe_text(event.url)} without checking it is current "
             f"(last confirmed {event.checked_s:.0f} s ago): {safe_text(event.reason)}"
         )
-    elif isinstance(event, Refetched):
-        out.emit({"event": "refetched", "url": event.url, "path": event.path, "reason": event.reason})
+    elif isinstance(event, Damaged):
+        out.emit({"event": "damaged", "url": event.url, "path": event.path, "reason": event.reason})
         out.warn(
             f"dropped a damaged cached copy ({safe_text(event.reason)}; it was "
-            f"{safe_text(event.path)}) and read {safe_text(event.url)} again from the origin: "
+            f"{safe_text(event.path)}), reading {safe_text(event.url)} from the origin instead: "
             "check the disk under the cache (`rq cache verify` checks every entry)"
         )
 

@@ -1,8 +1,8 @@
 """A cached copy whose bytes changed on disk was dropped and read again from the origin without a
 word: `rq -v cache cat` exited 0 with nothing on stderr, and `Cache(on_event=…)` saw nothing, so a
 failing disk under the cache went unnoticed (only a new `created` stamp showed it). The read is
-still served from good bytes; the library reports `cache.events.Refetched(url, path, reason)` and
-the CLI warns (and, for the commands that print JSON, emits a `refetched` line)."""
+still served from good bytes; the library reports `cache.events.Damaged(url, path, reason)` and
+the CLI warns (and, for the commands that print JSON, emits a `damaged` line)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from cache import Cache
-from cache.events import Event, Refetched
+from cache.events import Damaged, Event
 
 RQ = [sys.executable, "-m", "rqcli"]
 
@@ -44,14 +44,14 @@ def test_open_reports_a_damaged_copy_it_read_again(tmp_path: Path, ram_dir: Path
     with Cache(root, ram_dir=ram_dir, on_event=seen.append) as c:
         with c.open(str(url)) as fh:
             assert fh.read() == data
-        again = [e for e in seen if isinstance(e, Refetched)]
+        again = [e for e in seen if isinstance(e, Damaged)]
         assert len(again) == 1, seen
         assert again[0].url == str(url) and again[0].path == str(blob)
         assert "digest" in again[0].reason
         seen.clear()
         with c.open(str(url)) as fh:  # the copy fetched again is sound: nothing more to say
             assert fh.read() == data
-        assert not [e for e in seen if isinstance(e, Refetched)]
+        assert not [e for e in seen if isinstance(e, Damaged)]
 
 
 def test_cache_cat_warns_of_the_damaged_copy(tmp_path: Path, ram_dir: Path) -> None:
