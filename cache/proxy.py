@@ -15,8 +15,10 @@ decoded, as botocore does).
 from __future__ import annotations
 
 import base64
+import os
 import re
 import socket
+import sys
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
@@ -62,9 +64,21 @@ class Proxy:
         return error
 
 
+def _environment_names_a_proxy() -> bool:
+    """Whether urllib's getproxies() could name any proxy here. On Linux it reads only the
+    environment's <scheme>_proxy variables, so without one the answer is None with no import of
+    urllib.request (~17 ms at start-up, and files to open: under an exhausted open-files limit a
+    lazy import in an error path failed, and the error said was that ImportError)."""
+    if sys.platform in ("darwin", "win32"):
+        return True  # (system proxy settings: urllib asks the OS)
+    return any(v and k.lower().endswith("_proxy") and k.lower() != "no_proxy" for k, v in os.environ.items())
+
+
 def proxy_for(scheme: str, netloc: str) -> Proxy | None:
     """The proxy botocore would send requests to an endpoint `scheme://netloc` through, or None.
     A proxy URL rq cannot use is a BadSourceError (exit 2) naming its variable."""
+    if not _environment_names_a_proxy():
+        return None
     from urllib.request import getproxies, proxy_bypass
 
     try:

@@ -579,11 +579,6 @@ def map_error(
         err.status = status  # type: ignore[attr-defined]  # (Cache.open serves stale on 5xx, not 4xx)
         return err
     name = getattr(error, "name", "") or type(error).__name__
-    unusable = _unusable_proxy(endpoint)
-    if unusable is not None:
-        # a proxy URL rq cannot use (socks5://, https://, a port that is no number): the CRT failed
-        # on it its own way ("cannot reach ENDPOINT — check --endpoint-url", a malformed string)
-        return unusable
     if "NO_SPACE" in name:
         # the CRT writes a body straight to its file: ENOSPC comes back as one of its errors.
         # A full disk stops the run (exit 7); retrying each object only fails again, slowly
@@ -595,6 +590,13 @@ def map_error(
         err = OriginError(f"{what}: the process ran out of open files ({name})")
         err.__cause__ = OSError(errno.EMFILE, os.strerror(errno.EMFILE))
         return err
+    unusable = _unusable_proxy(endpoint)
+    if unusable is not None:
+        # a proxy URL rq cannot use (socks5://, https://, a port that is no number): the CRT failed
+        # on it its own way ("cannot reach ENDPOINT — check --endpoint-url", a malformed string).
+        # After the two errors no proxy causes: out of descriptors, even the look at the proxy
+        # settings could fail (its lazy import of urllib.request opens files)
+        return unusable
     if "SLOW_DOWN" in name or "THROTTL" in name:
         err = OriginError(f"{what}: throttled by the store ({name})")
         err.throttled = True  # type: ignore[attr-defined]
