@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import itertools
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -311,6 +313,7 @@ class _Beat:
     completed: float = 0.0
     shown: float = 0.0  # `completed` at the last line (or at the start)
     moved_at: float = field(default_factory=time.monotonic)  # when `completed` last changed
+    seen_at: float = field(default_factory=time.monotonic)  # when `shown` was taken (its rate's start)
     stalled_said: float = 0.0  # how long it had been still at its last "no progress" line
 
 
@@ -330,12 +333,13 @@ class Heartbeat:
         self._stopped = threading.Event()
         self._last = time.monotonic()
         self._thread: threading.Thread | None = None
+        self._ids = itertools.count()  # (never len(tasks): an id removed must not come back)
 
     def add_task(
         self, description: str, total: float | None = None, completed: float = 0, **_: Any
     ) -> TaskID:
         with self._lock:
-            task = cast("TaskID", len(self._tasks))
+            task = cast("TaskID", next(self._ids))
             self._tasks[task] = _Beat(description, total, completed, completed)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="rq-heartbeat", daemon=True)
@@ -395,11 +399,13 @@ class Heartbeat:
         """The lines due now (and the interval starts again)."""
         now = time.monotonic()
         with self._lock:
-            elapsed, self._last = max(now - self._last, 1e-9), now
+            self._last = now
             said = []
             for beat in self._tasks.values():
-                line = self._line(beat, elapsed, now)
-                beat.shown = beat.completed
+                # over the time since this task's own last line (or its start), not the beat's: a
+                # transfer that arrived late in a receiver's interval is not averaged with idle time
+                line = self._line(beat, max(now - beat.seen_at, 1e-9), now)
+                beat.shown, beat.seen_at = beat.completed, now
                 if line is not None:
                     said.append(line)
         return said
@@ -433,8 +439,22 @@ class Heartbeat:
 
 
 # rq's own packages: their loggers (transfer.quic's) speak under -v; everything else (aioquic,
-# qh3, botocore, urllib3, nats) only under -vv
+# qh3, botocore, urllib3, nats) only under -vv, and then only from INFO for the ones whose DEBUG
+# dumps whole signed requests (credentials, session tokens) — see _SECRETS too
 OWN_LOGGERS = ("rqcli", "cache", "transfer", "topics")
+REQUEST_DUMPERS = ("botocore", "boto3", "s3transfer", "urllib3", "awscrt")
+# what a log line may still carry that must not reach a CI log: signed headers, a presigned URL's
+# signature and token, a password in a URL's userinfo
+_SECRETS = re.compile(
+    r"(?i)((?:authorization|(?:x-amz-)?security-token|(?:x-amz-)?signature|(?:x-amz-)?credential|"
+    r"aws_secret_access_key|aws_session_token|password)['\"]?\s*[:=]\s*b?['\"]?)([^'\"&,\s}]+)"
+    r"|(://[^/\s:@]+:)([^@\s/]+)(@)"
+)
+
+
+def redact(text: str) -> str:
+    """`text` with secret values replaced by ***."""
+    return _SECRETS.sub(lambda m: f"{m[1]}***" if m[1] else f"{m[3]}***{m[5]}", text)
 
 
 class _StderrLog(logging.Handler):
@@ -451,7 +471,7 @@ class _StderrLog(logging.Handler):
             if record.exc_info and record.exc_info[1] is not None and str(record.exc_info[1]) not in text:
                 text += f" ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
             level = record.levelname.lower()
-            self.out._to_stderr(f"rq: {level}: {record.name}: {safe_text(text)}")
+            self.out._to_stderr(f"rq: {level}: {record.name}: {safe_text(redact(text))}")
         except Exception:
             self.handleError(record)
 
@@ -463,7 +483,7 @@ def show_logs(out: Output) -> None:
     """Puts the library loggers' messages on stderr for -v (rq's own from INFO; with -vv rq's
     from DEBUG and every other library's too, from DEBUG); nothing without -v."""
     global _handler
-    if out.verbose <= 0:
+    if out.verbose <= 0 or out.quiet:  # (-q: only errors on stderr, -v or not)
         return
     root = logging.getLogger()
     if _handler is None:
@@ -471,9 +491,13 @@ def show_logs(out: Output) -> None:
         root.addHandler(_handler)
     _handler.out = out
     many = out.verbose >= 2
-    root.setLevel(logging.DEBUG if many else logging.WARNING)
+    # under -v other libraries say only their errors: their warnings are theirs to tune (qh3
+    # warns "Native peer close" on every healthy end of a connection)
+    root.setLevel(logging.DEBUG if many else logging.ERROR)
     for name in OWN_LOGGERS:
         logging.getLogger(name).setLevel(logging.DEBUG if many else logging.INFO)
+    for name in REQUEST_DUMPERS:
+        logging.getLogger(name).setLevel(logging.INFO if many else logging.NOTSET)
 
 
 def hide_logs() -> None:
@@ -483,7 +507,7 @@ def hide_logs() -> None:
         logging.getLogger().removeHandler(_handler)
         _handler = None
         logging.getLogger().setLevel(logging.WARNING)
-        for name in OWN_LOGGERS:
+        for name in (*OWN_LOGGERS, *REQUEST_DUMPERS):
             logging.getLogger(name).setLevel(logging.NOTSET)
 
 

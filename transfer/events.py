@@ -23,7 +23,8 @@ class TransferPlanned:
     total_bytes: int
     total_chunks: int
     have_bytes: int
-    restarted: tuple[str, ...] = ()
+    restarted: tuple[str, ...] = ()  # (at most the first 1,000 names the receiver sent)
+    restarted_count: int = 0  # how many files in all were restarted (0: as many as `restarted`)
 
 
 @dataclass(frozen=True)

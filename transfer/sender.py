@@ -763,6 +763,7 @@ def _attempt(
                 manifest.total_chunks,
                 have_bytes,
                 tuple(manifest.files[i].name for i in accepted.restarted),
+                accepted.restarted_count,
             )
         )
         digests = [dict(h) for h in have]

@@ -883,7 +883,7 @@ def _start_worker(
 
 def _recv_progress(out: Output, bar: Any, dest: Path | None = None) -> Any:
     """Events → JSON lines and text (_recv_event), plus one rich bar per transfer on a terminal."""
-    from transfer.events import ChunkMoved, TransferFinished, TransferPlanned
+    from transfer.events import ChunkMoved, TransferFailed, TransferFinished, TransferPlanned
 
     tasks: dict[str, Any] = {}
     current: list[Any] = [None]
@@ -906,8 +906,10 @@ def _recv_progress(out: Output, bar: Any, dest: Path | None = None) -> Any:
             if isinstance(ev, TransferPlanned):
                 task = tasks.get(ev.transfer_id)
                 if task is None:
+                    # starting at what is already here: a heartbeat's first rate and time left
+                    # count only what this run moves
                     task = tasks[ev.transfer_id] = bar.add_task(
-                        f"recv {ev.transfer_id[:8]}", total=ev.total_bytes
+                        f"recv {ev.transfer_id[:8]}", total=ev.total_bytes, completed=ev.have_bytes
                     )
                     shown[task] = (0, ev.total_bytes)
                 show(task, ev.have_bytes)
@@ -918,6 +920,13 @@ def _recv_progress(out: Output, bar: Any, dest: Path | None = None) -> Any:
                 task = tasks.get(str(ev.summary.get("transfer_id")))
                 if task is not None:
                     bar.update(task, completed=ev.summary.get("bytes", 0))
+            elif isinstance(ev, TransferFailed) and current[0] is not None:
+                # refused (disk full, a cap, a bad manifest): its bar says no more, no time left
+                # after "refused"; a re-run of the send starts a new one
+                bar.remove_task(current[0])
+                for tid in [k for k, v in tasks.items() if v == current[0]]:
+                    del tasks[tid]
+                current[0] = None
 
     return on_event
 
@@ -1203,12 +1212,12 @@ def _held_text(partial: dict[str, Any]) -> str:
     held, total = partial.get("chunks_held", 0), partial.get("chunks_total", 0)
     if not partial.get("resumable"):
         return (
-            f"the receiver had confirmed none of its {total} chunk(s) yet: re-run the same command "
-            "(it resumes from whatever the receiver holds)"
+            f"no confirmation of any of the transfer's {total} chunk(s) had come back yet: re-run the "
+            "same command (it resumes from whatever the receiver holds)"
         )
     return (
-        f"the receiver confirmed {held} of {total} chunk(s) ({partial.get('bytes_total')} bytes in "
-        "all) verified: re-run the same command to resume"
+        f"the receiver confirmed {held} of the transfer's {total} chunk(s) verified: re-run the same "
+        "command to resume"
     )
 
 
@@ -1399,13 +1408,14 @@ def _send_progress(out: Output, bar: Any) -> Any:
                 state["restarted"] = True  # (said once: a reconnect's plan lists them again)
                 out.warn(
                     "the receiver held parts of an earlier attempt whose source has changed since; "
-                    f"sending these again whole: {_some_names(ev.restarted, len(ev.restarted))}"
+                    f"sending these again whole: {_some_names(ev.restarted, ev.restarted_count or len(ev.restarted))}"
                 )
             if bar is None:
                 return
             if isinstance(ev, TransferPlanned):
                 if state["task"] is None:
-                    state["task"] = bar.add_task("sending", total=ev.total_bytes)
+                    # from what the receiver holds: a heartbeat's first rate counts this run's bytes
+                    state["task"] = bar.add_task("sending", total=ev.total_bytes, completed=ev.have_bytes)
             elif isinstance(ev, SendProgress) and state["task"] is not None:
                 # never back after a reconnect (it jumped from 40% to 24%): docs/transfer.md
                 bar.update(state["task"], completed=ev.done_bytes)
