@@ -12,7 +12,6 @@ Precedence is Click's own: command-line flag > RQ_* environment variable > confi
 
 from __future__ import annotations
 
-import difflib
 import os
 import stat
 from collections.abc import Collection
@@ -144,6 +143,8 @@ def check_config(
                 hint=f"write it under the command it is for, e.g. [preload] then {key} = …",
             )
         else:
+            import difflib  # (an error's hint only)
+
             near = difflib.get_close_matches(key, sorted(commands), n=1)
             raise CliError(
                 f"config file {where}: [{key}]: no such command",
@@ -198,6 +199,8 @@ def _check_key(
     if param is None:
         # named as the docs and --help name them (`to`, `dry-run`), not as Click's parameters
         known = sorted(flag.replace("_", "-") for flag in _by_flag(command)) + subcommands
+        import difflib
+
         near = difflib.get_close_matches(spelled.replace("_", "-"), known, n=1)
         hint = f"did you mean {near[0]!r}?" if near else f"known here: {', '.join(known) or 'none'}"
         what = "option" if name else "command or option"

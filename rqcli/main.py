@@ -42,6 +42,22 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": ("rqcli.commands.doctor", "doctor", "rq doctor --endpoint-url http://127.0.0.1:8333"),
 }
 
+# Each command's line in `rq --help` (its get_short_help_str(70)), so that the help does not import
+# every command's module (and cache, topics, transfer with them): ~0.1 CPU-s a run.
+# tests/cli/test_li_lazy_commands.py checks it against the commands themselves. A command missing
+# here is imported for its line, as before.
+SHORT_HELP: dict[str, str] = {
+    "preload": "Preload S3 prefixes or directories into the local cache.",
+    "cache": "Inspect and manage the local cache (see docs/cache.md for the layout).",
+    "send": "Send files and directories to `rq recv`; re-run the same command to...",
+    "recv": "Receive checkpoints into DEST_DIR; prints the line to paste on the...",
+    "produce": "Append records from stdin to TOPIC (created if needed).",
+    "tail": "Show the last records of TOPIC; with -f, follow new ones.",
+    "replay": "Replay an exact range of TOPIC, by offset or by time.",
+    "offsets": "Show first/last offsets and each group's lag, or `reset` a group.",
+    "doctor": "Check S3, NATS, QUIC, UDP buffers, RDMA and cache space.",
+}
+
 # commands that turn the collector back on themselves, once their lazy imports are done
 OWN_GC = {"preload"}
 
@@ -132,10 +148,13 @@ class LazyGroup(click.Group):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows, examples = [], []
         for name in self.list_commands(ctx):
-            cmd = self.get_command(ctx, name)
-            if cmd is None or cmd.hidden:
-                continue
-            rows.append((name, cmd.get_short_help_str(70)))
+            line = SHORT_HELP.get(name)
+            if line is None:  # (not in the table: its module says)
+                cmd = self.get_command(ctx, name)
+                if cmd is None or cmd.hidden:
+                    continue
+                line = cmd.get_short_help_str(70)
+            rows.append((name, line))
             examples.append(COMMANDS[name][2])
         if rows:
             with formatter.section("Commands"):
@@ -158,18 +177,9 @@ def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> 
     # resolved only here: importlib.metadata costs every other rq command ~35 ms at start-up
     if not value or ctx.resilient_parsing:
         return
-    import rqcli
-    from cache.index import INDEX_VERSION
-    from rqcli.commands.transfer import transfer_versions
-    from topics.embedded.log import TOPIC_FORMAT
-    from topics.savedspec import VERSION as SPEC_VERSION
+    from rqcli.versions import version_line
 
-    # `rq, version X` first, as scripts parse it; then the format versions each side of a transfer
-    # and each reader of a cache or topic must share (the release number alone does not tell)
-    click.echo(
-        f"rq, version {rqcli.__version__} ({transfer_versions()}; cache index {INDEX_VERSION}; "
-        f"topic format {TOPIC_FORMAT}, replay spec {SPEC_VERSION})"
-    )
+    click.echo(version_line())
     ctx.exit()
 
 

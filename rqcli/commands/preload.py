@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from rqcli import malloc, teardown
+from rqcli import teardown
 from rqcli.errors import CliError, interruption, open_files_limit
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output, get_output, output_options, safe_text
@@ -520,6 +520,8 @@ def _preload(
         gc.freeze()
         gc.set_threshold(20_000, 20, 20)
         gc.enable()  # off since start-up (rqcli.console)
+        from rqcli import malloc  # (ctypes: ~2 ms that `rq cache` does not need)
+
         malloc.keep_freed_memory()
         succeeded = False
         try:

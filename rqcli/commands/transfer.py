@@ -31,6 +31,7 @@ from rqcli.params import (
     Whole,
     documented_env_names,
 )
+from rqcli.versions import transfer_versions  # (rq --version reads it there too)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -157,18 +158,6 @@ def _cli_error(exc: Exception) -> CliError:
     if skew is not None:
         hint = skew
     return CliError(safe_text(str(exc)), code, hint=hint)
-
-
-def transfer_versions() -> str:
-    """What this rq speaks on the wire, as `rq --version` shows it: the frame header's version, the
-    manifest versions it takes, the authentication version (read from the library's constants)."""
-    from transfer.frames import WIRE_VERSION
-    from transfer.manifest import MANIFEST_VERSIONS
-    from transfer.session import AUTH_VERSION
-
-    low, high = min(MANIFEST_VERSIONS), max(MANIFEST_VERSIONS)
-    manifest = str(low) if low == high else f"{low}-{high}"
-    return f"transfer wire {WIRE_VERSION}, manifest {manifest}, auth {AUTH_VERSION}"
 
 
 def _skew_hint(message: str) -> str | None:
