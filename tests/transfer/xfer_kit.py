@@ -439,8 +439,8 @@ class BarSpy:
     def __init__(self) -> None:
         self.shown: list[int] = []
 
-    def add_task(self, _description: str, total: int) -> int:
-        return 0
+    def add_task(self, _description: str, total: int, completed: int = 0, **_: Any) -> int:
+        return 0  # (rich's signature: a bar may start at what is already there)
 
     def update(self, _task: int, completed: int | None = None, **_: Any) -> None:
         if completed is not None:
