@@ -8,9 +8,9 @@ from __future__ import annotations
 def transfer_versions() -> str:
     """What this rq speaks on the wire, as `rq --version` shows it: the frame header's version, the
     manifest versions it takes, the authentication version (read from the library's constants)."""
+    from transfer.constants import AUTH_VERSION
     from transfer.frames import WIRE_VERSION
     from transfer.manifest import MANIFEST_VERSIONS
-    from transfer.session import AUTH_VERSION
 
     low, high = min(MANIFEST_VERSIONS), max(MANIFEST_VERSIONS)
     manifest = str(low) if low == high else f"{low}-{high}"

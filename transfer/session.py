@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from transfer import codec
+from transfer.constants import AUTH_VERSION as AUTH_VERSION
 from transfer.errors import (
     AuthError,
     ChunkSizeError,
@@ -59,9 +60,7 @@ FEATURES = (FEATURE_PROGRESS,)
 # What a receiver may announce as its PROGRESS interval, in seconds.
 PROGRESS_MIN_S, PROGRESS_MAX_S = 0.01, 600.0
 
-# HELLO carries "auth": AUTH_VERSION. Version 2 made authentication mutual: before version 2 only the
-# sender proved it holds the token, so a sender handed every file to whoever answered at the address.
-AUTH_VERSION = 2
+# HELLO carries "auth": AUTH_VERSION (kept in transfer.constants, light to import for rq --version).
 SENDER = "sender"
 RECEIVER = "receiver"
 
