@@ -10,6 +10,7 @@ import errno
 import fcntl
 import fnmatch
 import functools
+import importlib
 import io
 import itertools
 import os
@@ -42,7 +43,6 @@ from cache.errors import (
     VerifyError,
     error_for,
 )
-from cache.fetcher import Fetcher, Job
 from cache.index import Entry, Index
 from cache.landing import Checksums, ObjectInfo, clean_version, is_racy, racy_at
 from cache.layout import (
@@ -59,13 +59,13 @@ from cache.layout import (
 from cache.origins import (
     LocalOrigin,
     Origin,
+    local_origin_for_url,
     local_version,
     normalise_pattern,
     normalise_url,
     origin_for_url,
     same_version,
 )
-from cache.s3 import S3Settings, canonical_endpoint, endpoint_for
 from cache.sizes import (
     cgroup_memory_limit,
     cgroup_memory_used,
@@ -78,6 +78,11 @@ from cache.store import Store
 
 if TYPE_CHECKING:
     from cache.preload import PreloadResult
+    from cache.s3 import S3Settings
+
+# cache.fetcher and cache.s3 (with the CRT behind it) are imported where they are first needed: a
+# fetch, an s3:// URL. A read of a cached entry of a directory, `rq cache ls/du/stat`, do not pay
+# for them (~15 ms). cache.s3's at-fork handling comes with it, as before: every S3 client is made there.
 
 SMALL_READ = 16 << 20  # objects up to this size are read into memory on open (no lease kept)
 DEFAULT_MAX_AGE = 60.0
@@ -330,7 +335,8 @@ class Cache:
             if isinstance(exc, CacheError):
                 raise
             raise dir_error(self.root, "cache directory", exc) from None
-        self.s3_settings = S3Settings(endpoint_url=endpoint_url, profile=profile)
+        self._s3_given = (endpoint_url, profile)
+        self._s3_settings: S3Settings | None = None  # (self.s3_settings, made on first use)
         self.max_age = max_age
         _check_tier(tier)
         self.default_tier = tier
@@ -742,6 +748,28 @@ class Cache:
             if state is not None and state.pid == os.getpid():  # (a fork's child: not its to end)
                 state.release(threading.get_ident())
 
+    @property
+    def s3_settings(self) -> S3Settings:
+        """The settings of this Cache's S3 client (endpoint_url and profile as given): made on first
+        use, so that a Cache that never sees an s3:// URL does not import cache.s3."""
+        settings = self._s3_settings
+        if settings is None:
+            from cache.s3 import S3Settings
+
+            endpoint_url, profile = self._s3_given
+            settings = self._s3_settings = S3Settings(endpoint_url=endpoint_url, profile=profile)
+        return settings
+
+    @s3_settings.setter
+    def s3_settings(self, settings: S3Settings) -> None:
+        self._s3_settings = settings
+
+    def _origin_for(self, url: str) -> Origin:
+        """origin_for_url: a local URL's origin needs no S3 settings (nor cache.s3 imported)."""
+        if url.startswith("s3://"):
+            return origin_for_url(url, self.s3_settings)
+        return local_origin_for_url(url)
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.update(
@@ -850,7 +878,7 @@ class Cache:
                         entry, functools.partial(self._open_fetched, url, tier or entry.tier, info)
                     )
                 if info is not None:
-                    state.index.mark_checked([url], time.time())
+                    self._mark_checked(state.index, url)
             try:
                 handle = self._open_entry(entry)
             except _Gone:
@@ -911,14 +939,26 @@ class Cache:
         memo = self._endpoint_memo
         if memo is not None and memo[0] == os.getpid():
             return memo[1]
+        from cache.s3 import endpoint_for
+
         endpoint = endpoint_for(self.s3_settings)
         self._endpoint_memo = (os.getpid(), endpoint)
         return endpoint
 
+    def _mark_checked(self, index: Index, url: str) -> None:
+        """Stamps one entry as checked now. The S3 endpoint (which the index records on s3:// entries
+        only) is asked for only for an s3:// URL: for a local one it would cost cache.s3's import and
+        a read of the AWS config, for a value not recorded."""
+        index.mark_checked([url], time.time(), endpoint=None if url.startswith("s3://") else "")
+
     def _elsewhere(self, entry: Entry) -> bool:
         """Whether an s3:// entry is known to come from another endpoint than this Cache's."""
         mine = self._endpoint()
-        return entry.endpoint is not None and mine is not None and canonical_endpoint(entry.endpoint) != mine
+        if entry.endpoint is None or mine is None:
+            return False
+        from cache.s3 import canonical_endpoint
+
+        return canonical_endpoint(entry.endpoint) != mine
 
     def _revalidate(self, entry: Entry) -> tuple[ObjectInfo | None, str | None]:
         """(the origin's current info, None), or (None, why) when the origin cannot be asked and
@@ -936,7 +976,7 @@ class Cache:
         if down is not None and time.monotonic() < down[0]:
             return None, self._why_unchecked(entry, down[1])
         try:
-            info = origin_for_url(entry.url, self.s3_settings).stat(entry.url)
+            info = self._origin_for(entry.url).stat(entry.url)
         except NotFoundError:
             # only this landing: one made since (the object put back meanwhile) is not ours to drop
             self._state().store.retire(entry)
@@ -1125,7 +1165,9 @@ class Cache:
         self, url: str, tier: str, info: ObjectInfo | None = None, keep_open: bool = False
     ) -> tuple[Entry, int]:
         """Fetches one object into `tier`; with keep_open, also a read fd holding a shared lock."""
-        origin = origin_for_url(url, self.s3_settings)
+        from cache.fetcher import Fetcher, Job
+
+        origin = self._origin_for(url)
         info = info or origin.stat(url)
         state = self._state()
         if tier == "ram":
@@ -1276,7 +1318,7 @@ class Cache:
                 self._served_stale(entry, stale_why)
                 return path
             if info is not None and self._current(entry, info):
-                self._state().index.mark_checked([entry.url], time.time())
+                self._mark_checked(self._state().index, entry.url)
                 if path.exists():
                     return path
             else:
@@ -1445,6 +1487,9 @@ class Prefetcher:
     STRAGGLER_S = 5.0
 
     def __init__(self, cache: Cache, urls: list[str], ahead: int, tier: str):
+        # imported here, on the caller's thread, rather than first on the prefetch thread
+        importlib.import_module("cache.fetcher")
+
         self.cache, self.urls, self.ahead, self.tier = cache, urls, max(1, ahead), tier
         # where each URL first comes, and every place of those that come again (several epochs in
         # one list, sampling with replacement): a read moves the window to the right occurrence
@@ -1627,6 +1672,8 @@ class Prefetcher:
                 return
 
     def _warm(self, start: int) -> None:
+        from cache.fetcher import Fetcher, Job
+
         cache = self.cache
         state = cache._state()
         if self.tier == "ram":
@@ -1645,13 +1692,13 @@ class Prefetcher:
                 # fetched from there, as a read would, instead of leaving the item cold)
                 path = cache.layout.blob_path(entry.tier, entry.blob)
                 try:
-                    origin = origin_for_url(url, cache.s3_settings)
+                    origin = cache._origin_for(url)
                 except CacheError:
                     origin = None
                 jobs.append(Job(_entry_info(entry), _PromoteOrigin(path, entry, fallback=origin)))
             else:
                 try:
-                    origin = origin_for_url(url, cache.s3_settings)
+                    origin = cache._origin_for(url)
                     jobs.append(Job(origin.stat(url), origin))
                 except CacheError as exc:  # one missing item must not cost the whole window
                     self._error(str(exc))

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cache.directio import aligned_buffer
 from cache.errors import (
@@ -29,7 +29,13 @@ from cache.errors import (
     UnreachableError,
 )
 from cache.landing import Checksums, Landing, ObjectInfo, clean_version
-from cache.s3 import S3, Item, S3Settings, shared_client, split_s3_url
+
+if TYPE_CHECKING:
+    from cache.s3 import S3, Item, S3Settings
+
+# cache.s3 (and the CRT behind it) is imported where an s3:// origin is first used: a directory
+# origin (rq cache path of a local file, rq preload DIR) does not pay for it (~12 ms). Its at-fork
+# handling comes with it, as it did: every S3 client is made there.
 
 Done = Callable[[BaseException | None], None]
 _MERGED_SLASHES = re.compile("/{2,}")
@@ -87,6 +93,8 @@ class S3Origin:
         # a small-object preload's Python time (py-spy); a forked child still gets its own client
         client = self._client
         if client is None or client.pid != os.getpid():
+            from cache.s3 import shared_client
+
             client = self._client = shared_client(self.settings)
         return client
 
@@ -150,16 +158,22 @@ class S3Origin:
         self.on_ignored(f"s3://{self.bucket}/{key}", why)
 
     def stat(self, url: str) -> ObjectInfo:
+        from cache.s3 import split_s3_url
+
         bucket, key = split_s3_url(url)
         size, etag, vid, _ = self.client.head(bucket, key)
         return ObjectInfo(url, key.rsplit("/", 1)[-1], size, s3_version(etag, size, vid), etag)
 
     def checksums(self, info: ObjectInfo) -> Checksums:
         """Whole-object checksums for a big object fetched in ranges (ranged replies carry none)."""
+        from cache.s3 import split_s3_url
+
         bucket, key = split_s3_url(info.url)
         return Checksums.from_headers(self.client.head(bucket, key)[3])
 
     def fetch(self, info: ObjectInfo, landing: Landing, on_done: Done, piece: tuple[int, int] | None) -> Any:
+        from cache.s3 import split_s3_url
+
         bucket, key = split_s3_url(info.url)
         if piece is None:
             # a whole object: the CRT writes the file itself (no Python per chunk, no GIL traffic);
@@ -587,6 +601,8 @@ def parse_source(text: str, settings: S3Settings) -> S3Origin | LocalOrigin:
     _check_not_blank(text)
     _check_not_a_mistyped_url(text)
     if text.startswith("s3://"):
+        from cache.s3 import split_s3_url
+
         bucket, prefix = split_s3_url(text)
         return S3Origin(bucket, prefix, settings)
     if "://" in text:
@@ -601,8 +617,15 @@ def parse_source(text: str, settings: S3Settings) -> S3Origin | LocalOrigin:
 def origin_for_url(url: str, settings: S3Settings) -> S3Origin | LocalOrigin:
     """The origin that can stat and fetch one cached URL."""
     if url.startswith("s3://"):
+        from cache.s3 import split_s3_url
+
         bucket, _ = split_s3_url(url)
         return S3Origin(bucket, "", settings)
+    return local_origin_for_url(url)
+
+
+def local_origin_for_url(url: str) -> LocalOrigin:
+    """The origin of one cached local URL (a path): origin_for_url's without S3 settings."""
     return LocalOrigin(Path(os.path.dirname(url) or "/"))
 
 
