@@ -99,15 +99,28 @@ class ReplaySpec:
         offsets read, `req`'s --where and time bounds, the count and digest, and the offsets that
         aged out unread. `req` must ask for the digest (Request(digest=True)). `stop`: where the
         pinned range ends, by default where the read ended (`req.stop`, or the position reached
-        when it followed or stopped at its --count). The keyword fields only describe the replay
+        when it followed or stopped at its --count); never at or below the last record emitted
+        (SpecError: the digest covers it). The keyword fields only describe the replay
         for people reading the file (the SPECs as written, the group, --fields)."""
         if not req.digest:
             raise SpecError("a replay spec needs the read's digest: read with Request(digest=True)")
         if stop is None:
             cut = req.count is not None and res.emitted >= req.count
             stop = req.stop if req.stop is not None and not cut else res.next_offset
+        elif res.last_offset is not None and stop <= res.last_offset:
+            # The count and digest cover records up to last_offset: a stop at or below it pinned
+            # records outside the range, a spec whose every replay fails "data changed".
+            raise SpecError(
+                f"stop={stop} would leave out records the read emitted and digested (up to offset "
+                f"{res.last_offset}): to pin less, read less (Request(stop=...) or count=...)"
+            )
+        url = source.url
+        if source.kind == "embedded" and not os.path.isabs(url):
+            # canonical, as the CLI stores it: a relative path named another topic once replayed
+            # from another working directory
+            url = os.path.abspath(os.path.expanduser(url))
         return cls(
-            source=source.url,
+            source=url,
             kind=source.kind,
             start=req.start,
             stop=max(stop, req.start),

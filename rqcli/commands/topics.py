@@ -6,6 +6,7 @@ library renders. The read loop, SPEC grammar, filters and formats live in topics
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import errno
 import fcntl
@@ -30,7 +31,15 @@ from platformdirs import user_data_path
 
 from rqcli.errors import CliError, Terminated, interruption
 from rqcli.exitcodes import ExitCode
-from rqcli.output import Output, StdoutError, get_output, output_options, safe_text, stdout_error
+from rqcli.output import (
+    Output,
+    StdoutError,
+    get_output,
+    json_line,
+    output_options,
+    safe_text,
+    stdout_error,
+)
 from rqcli.params import CommandEnvFirst, NonEmptyPath, Seconds, Whole, documented_env_names
 from topics.embedded.format import MAX_BATCH_PAYLOAD, RECORD_SIZE
 from topics.embedded.groups import check_group_name
@@ -328,6 +337,17 @@ class Writer:
         # a short count and BufferedWriter drops the rest (writelines never looks): write in full.
         self.exact = False
         self.headed = False  # a plain table's header line is out (once, not once per batch)
+        # `replay --save-spec`: each batch goes out by os.write with the bytes of each record and
+        # how many got out counted, so a stop that cuts a stalled write pins exactly the records
+        # wholly written (see _write_tracked)
+        self.track = False
+        self.stops: _Stops | None = None
+        self.bounds: list[int] | None = []  # where each record of the batch being written ends
+        self.sent = 0  # bytes of that batch written out
+        self.unsure = 0  # bytes past `sent` that a write cut by a signal may have written too
+        self.finished = True  # the last call wrote its whole batch
+        self._kind: str | None = None
+        self._poll: Any = None
 
     @property
     def needs_decode(self) -> bool:
@@ -336,7 +356,12 @@ class Writer:
         return False
 
     def __call__(self, records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
+        self.bounds, self.sent, self.unsure, self.finished = [], 0, 0, False
         try:
+            if self.track and self.renderer is not None:
+                self._write_tracked(self._pieces(records, decoded))
+                self.finished = True
+                return
             if self.renderer is not None:
                 data = self.renderer.render(records, decoded)
                 if self.exact:
@@ -347,8 +372,11 @@ class Writer:
                     self.stream.write(data)
                 if self.live:
                     self.stream.flush()
+                self.finished = True
                 return
+            self.bounds = None  # a table: what a cut write got out is not known
             self._table(records, decoded)
+            self.finished = True
         except BrokenPipeError:
             _stdout_gone()
             raise ReaderLeft from None
@@ -363,6 +391,102 @@ class Writer:
                 view = memoryview(piece)[n:]
                 while view:
                     view = view[write(view) or 0 :]
+
+    def _pieces(self, records: Sequence[Record], decoded: Sequence[Decoded] | None) -> list[bytes]:
+        """The batch rendered as one piece per record (JSON renders so anyway; raw and template
+        join theirs, so each record is rendered on its own)."""
+        assert self.renderer is not None
+        data = self.renderer.render(records, decoded)
+        if isinstance(data, list):
+            return data
+        render = self.renderer.render
+        pieces = []
+        for i in range(len(records)):
+            one = render(records[i : i + 1], decoded[i : i + 1] if decoded is not None else None)
+            pieces.append(one if isinstance(one, bytes) else b"".join(one))
+        return pieces
+
+    def _stdout_kind(self) -> str:
+        if self._kind is None:
+            try:
+                mode = os.fstat(self.stream.fileno()).st_mode
+            except (OSError, ValueError, AttributeError):
+                mode = 0
+            self._kind = "fifo" if stat.S_ISFIFO(mode) else "file" if stat.S_ISREG(mode) else "other"
+            poll = getattr(select, "poll", None)
+            if self._kind == "fifo" and poll is not None:
+                self._poll = poll()
+                self._poll.register(self.stream.fileno(), select.POLLOUT)
+        return self._kind
+
+    def _write_tracked(self, pieces: list[bytes]) -> None:
+        """Writes the batch with os.write, counting the bytes that got out, so that a stop
+        cutting the write (a stalled reader, _Stops.GRACE_S) knows exactly which records were
+        wholly written. A signal's stop is not raised inside the write call itself (it would
+        lose the count of what that call wrote) but right after it is counted: into a pipe each
+        call waits for room first (poll: a stop may come there, nothing of the call written) and
+        then writes at most PIPE_BUF bytes, which a pipe takes at once, whole; a regular file
+        never stalls. A terminal or a socket may block a write of any size: there the stop cuts
+        the call, whose bytes are then `unsure` (the spec pins the records before it and says how
+        many more may have gone out)."""
+        self.stream.flush()  # nothing of rq's buffer may come after these bytes
+        stops = self.stops
+        assert stops is not None
+        self.bounds = list(itertools.accumulate(len(p) for p in pieces))
+        data = b"".join(pieces)
+        view = memoryview(data)
+        fd = self.stream.fileno()
+        kind = self._stdout_kind()
+        step = select.PIPE_BUF if kind != "file" else 1 << 20
+        defer = kind in ("fifo", "file")
+        bounds = self.bounds
+        total = len(data)
+        while self.sent < total:
+            if self._poll is not None:
+                self._poll.poll()  # a stop raised here wrote nothing of this call
+            end = min(self.sent + step, total)
+            if kind == "fifo" and end < total:
+                # whole records where they fit: a cut then leaves no half record in the pipe
+                i = bisect.bisect_right(bounds, end) - 1
+                if i >= 0 and bounds[i] > self.sent:
+                    end = bounds[i]
+            atomic = kind == "fifo" and end - self.sent <= select.PIPE_BUF
+            self.unsure = 0 if atomic else end - self.sent
+            stops.in_syscall = defer
+            try:
+                n = os.write(fd, view[self.sent : end])
+            except OSError:
+                self.unsure = 0  # refused: nothing of it written (EPIPE, ENOSPC, EBADF)
+                stops.in_syscall = False
+                raise
+            except BaseException:
+                stops.in_syscall = False
+                raise
+            self.sent += n
+            self.unsure = 0
+            stops.in_syscall = False
+            if stops.cut:
+                raise stops.cut_now()
+
+    def records_out(self, n: int) -> tuple[int, int]:
+        """Of the last call's `n` records: how many were wholly written out, and how many more
+        may have been (a write to a terminal or socket that a stop cut)."""
+        if self.finished:
+            return n, 0
+        if self.bounds is None:  # a table
+            return 0, n
+        whole = bisect.bisect_right(self.bounds, self.sent)
+        return whole, bisect.bisect_right(self.bounds, self.sent + self.unsure) - whole
+
+    def mid_record(self) -> bool | None:
+        """A cut write left part of a record on stdout (None: not known)."""
+        if not self.track or self.bounds is None:
+            return None
+        if self.unsure:
+            return None
+        if self.finished:
+            return False
+        return self.sent > 0 and self.sent not in set(self.bounds)
 
     def _table(self, records: Sequence[Record], decoded: Sequence[Decoded] | None) -> None:
         from rich.table import Table
@@ -648,6 +772,7 @@ def _emitters(
     stops: _Stops | None = None,
     copied: _Copied | None = None,
     counted: Callable[[Sequence[Record]], None] | None = None,
+    cut: Callable[[Sequence[Record], int, int], None] | None = None,
 ) -> Any:
     """keep_time: `tail --record` captures records with their own (arrival) times; `replay
     --to-topic` republishes them as new traffic, stamped when appended. With `stops`, a Ctrl-C or
@@ -656,9 +781,12 @@ def _emitters(
     stop that came during the write is raised only after the batch is counted (counted after
     `emit` returned, a signal landing in between left a written batch out of the done line). The
     sink comes first: stdout shows only records the target stored (a full disk under `tail
-    --record` printed one batch more than it captured)."""
+    --record` printed one batch more than it captured). `cut(records, whole, maybe)`: a write
+    stopped partway (a signal, the reader gone, a write error) got `whole` of the records out
+    (and perhaps `maybe` more: see Writer.records_out); only with a tracking writer."""
     if writer is not None and stops is not None:
         writer.exact = True
+        writer.stops = stops
     if keep_time and isinstance(sink, EmbeddedSink):
         sink.writer.max_ahead_ms = None  # a capture keeps its source's stamps, however far ahead
     tally = copied if copied is not None else _Copied()
@@ -670,13 +798,30 @@ def _emitters(
             if writer is not None:
                 if stops is not None:
                     stops.writing = True  # a stop inside the sink's append leaves stdout usable
-                writer(records, decoded)
-                if stops is not None:
-                    writer.flush()  # out of rq's buffer before the records count as consumed
+                writer.bounds, writer.sent, writer.unsure, writer.finished = [], 0, 0, False
+                try:
+                    writer(records, decoded)
+                    if stops is not None:
+                        writer.flush()  # out of rq's buffer before the records count as consumed
+                        # from here a stop that would cut waits until the batch is counted
+                        stops.in_syscall = True
+                except BaseException:
+                    if stops is not None:
+                        stops.in_syscall = False
+                        stops.mid_record = writer.mid_record()
+                    if cut is not None and writer.track and records:
+                        cut(records, *writer.records_out(len(records)))
+                    raise
+            elif stops is not None:
+                stops.in_syscall = True
             if stops is not None:
                 stops.emitted_to = max(stops.emitted_to, records[-1][0] + 1)
             if counted is not None and records:
                 counted(records)
+            if stops is not None:
+                stops.in_syscall = False
+                if stops.cut:
+                    raise stops.cut_now()
 
     return emit
 
@@ -1404,12 +1549,14 @@ def tail(
         if failed is not None:
             with contextlib.suppress(BrokenPipeError):
                 out.emit({**done, "error": failed.one_line()})
+            _late_line(out, stops, {**done, "error": failed.one_line()})
             raise failed
         if stopped is None:
             out.emit(done)
             return
         with contextlib.suppress(BrokenPipeError):
             out.emit({**done, "error": interruption(stopped)})
+        _late_line(out, stops, {**done, "error": interruption(stopped)})
         stops.done()
         raise stopped
 
@@ -1495,6 +1642,13 @@ def replay(
     keep_freed_heap()
     with library_errors():
         _refuse_empty(fields=fields, where=where, to_topic=to_topic, group=group)
+        if spec_file is not None and save_spec is not None:
+            # alternatives: a replay by a spec pins nothing new (the spec it verified is the pin)
+            raise CliError(
+                "--spec and --save-spec are alternatives: a replay by --spec reproduces the spec it "
+                "verifies (copy that file to keep another)",
+                ExitCode.USAGE,
+            )
         saved = ReplaySpec.load(spec_file) if spec_file else None
         if saved is not None:
             clash = [
@@ -1590,6 +1744,7 @@ def replay(
         committed_to: list[int] = []  # the offset last stored for the group, if any
         commit_failing = [False]  # a follow's commit failed and has not been stored since
         stopped_at: list[int] = []  # where the read stopped, stored or not: a rerun goes on there
+        written: _Written | None = None  # with --save-spec: what was written out, record by record
         try:
             decode_values = writer.needs_decode if writer is not None else False
             if saved is not None:
@@ -1613,6 +1768,10 @@ def replay(
                     digest=save_spec is not None,
                 )
             start, stop = req.start, req.stop
+            if save_spec is not None:
+                written = _Written(start)
+                if writer is not None:
+                    writer.track = True
             if to_topic:
                 try:
                     sink = open_sink(_ref(to_topic, topics_dir))
@@ -1620,10 +1779,6 @@ def replay(
                     copied.error = exc
                     raise
             last_commit = [time.monotonic()]
-            # What a spec saved now would pin: the tally after each batch is counted and written,
-            # so an interrupted follow saves where it stopped, consistently.
-            keep_pinned = save_spec is not None and follow
-            pinned = [res.snapshot()]
 
             def spec_of(r: Result, upto: int | None = None) -> ReplaySpec:
                 return ReplaySpec.from_result(
@@ -1636,6 +1791,30 @@ def replay(
 
             reader_left = False
             stdout_failed = False
+
+            def save_written(why: str) -> None:
+                """A replay that stopped partway saves the spec of what was written out (stdout,
+                or the copy without --format), so that FILE never pins another run, and says so."""
+                assert written is not None and save_spec is not None
+                pinned = written.result(res)
+                spec_of(pinned, written.upto).save(save_spec)
+                span = (
+                    f" (offsets {pinned.first_offset}..{pinned.last_offset})"
+                    if pinned.first_offset is not None
+                    else ""
+                )
+                said = (
+                    f"{why} after {pinned.emitted} record(s) were written out: the spec "
+                    f"{safe_text(str(save_spec))} pins those {pinned.emitted}{span}, range "
+                    f"{req.start}..{written.upto}"
+                )
+                if written.maybe:
+                    said += (
+                        f"; up to {written.maybe} more may have reached stdout (a write to a "
+                        "terminal or socket was cut: its bytes are not known)"
+                    )
+                out.warn(said)
+
             try:
                 with bar_cm as bar:
                     task = (
@@ -1668,8 +1847,8 @@ def replay(
                         last_commit[0] = time.monotonic()
 
                     def progress(r: Result) -> None:
-                        if keep_pinned:
-                            pinned[0] = r.snapshot()
+                        if written is not None:
+                            written.progress(r)
                         if bar is not None and task is not None:
                             bar.update(task, completed=r.next_offset - start)
                         commit_read(r)
@@ -1692,27 +1871,32 @@ def replay(
                         if shown_range[0] is None:
                             shown_range[0] = records[0][0]
                         shown_range[1] = records[-1][0]
+                        if written is not None:
+                            written.add(records)
 
-                    emit = _emitters(writer, sink, False, stops, copied, count_shown)
+                    def count_cut(records: Sequence[Record], whole: int, maybe: int) -> None:
+                        # a write stopped partway (only --save-spec's writer says so): the
+                        # records wholly written out count, in the done line as in the spec
+                        if written is not None:
+                            written.cut(records, whole, maybe)
+                            shown[0] = written.emitted
+                            shown_range[:] = [written.first_offset, written.last_offset]
+
+                    emit = _emitters(writer, sink, False, stops, copied, count_shown, count_cut)
                     reading = True
                     run(source, req, emit, res, progress, watch, gaps, skips)
-            except KeyboardInterrupt:
-                if keep_pinned and save_spec is not None:
-                    tally = pinned[0]
-                    reached_to = tally.next_offset
-                    # The stop may come as a batch finished going out, before the read loop
-                    # reported it: the tally already counts that batch (digested before it was
-                    # written), and all of it is out when emitted_to reaches its last record.
-                    last = res.last_offset
-                    if last is not None and stops.emitted_to == last + 1 > reached_to:
-                        tally, reached_to = res, last + 1
-                    spec_of(tally, reached_to).save(save_spec)
+            except KeyboardInterrupt as exc:
+                if written is not None and save_spec is not None and reading:
+                    save_written(interruption(exc))
                 raise
             except (ReaderLeft, BrokenPipeError):
-                # What the reader never read is not consumed: no commit, no spec, exit 0 (like `|
-                # head`). A BrokenPipeError is any other write that found it gone (never a commit).
+                # What the reader never read is not consumed: no commit, exit 0 (like `| head`). A
+                # BrokenPipeError is any other write that found it gone (never a commit). A spec
+                # pins the records written out: those the reader may have had.
                 _stdout_gone()
                 reader_left = True
+                if written is not None and save_spec is not None:
+                    save_written("stdout's reader left")
             except StdoutError:
                 # stdout closed or full: what was written may be cut short, so no commit either;
                 # the run ends with the stdout line and exit 1
@@ -1752,6 +1936,8 @@ def replay(
                 raise
             if not reading:
                 raise failed from None
+            if written is not None and save_spec is not None:
+                save_written("the replay failed")
         finally:
             if writer is not None:
                 writer.close()
@@ -1777,6 +1963,7 @@ def replay(
             summary["error"] = failed.one_line() if failed is not None else interruption(why)
             with contextlib.suppress(BrokenPipeError):
                 out.emit(summary)
+            _late_line(out, stops, summary)
             if stopped is not None:
                 stops.done()
             raise why
@@ -1879,6 +2066,95 @@ def _copy_note(out: Output, copied: _Copied, to_topic: str) -> None:
         )
 
 
+LATE_LINE_WAIT_S = 0.5
+
+
+def _late_line(out: Output, stops: _Stops, obj: dict[str, Any]) -> None:
+    """The --json done line after a stop cut a stalled write (and pointed fd 1 at /dev/null, so
+    that nothing else blocks on it): written to the stdout it was only if that takes it at once —
+    a pipe with room for the whole line within LATE_LINE_WAIT_S (a line of at most PIPE_BUF
+    bytes, which a pipe takes whole or not at all), or a regular file; never a blocking write.
+    It starts with a line break unless the cut is known to have left no part of a record."""
+    fd = stops.kept_stdout
+    if fd is None:
+        return
+    stops.kept_stdout = None
+    try:
+        if not out.json:
+            return
+        line = json_line(obj)
+        if stops.mid_record is not False:
+            line = b"\n" + line
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISFIFO(mode):
+            poll = getattr(select, "poll", None)
+            if poll is None or len(line) > select.PIPE_BUF:
+                return
+            poller = poll()
+            poller.register(fd, select.POLLOUT)
+            ready = poller.poll(int(LATE_LINE_WAIT_S * 1000))
+            if not any(ev & select.POLLOUT and not ev & (select.POLLERR | select.POLLHUP) for _, ev in ready):
+                return
+        elif not stat.S_ISREG(mode):
+            return  # a terminal or socket may block: the line is lost there
+        os.write(fd, line)
+    except (OSError, KeyboardInterrupt):
+        pass  # a reader gone, a full disk, a further signal: the line is lost, nothing else
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+class _Written:
+    """`replay --save-spec`: what stdout (or the --to-topic copy) got, record by record, for the
+    spec of a replay that stopped partway (a signal, the reader gone, an error): count, digest and
+    the offsets, and `upto`, where that spec's range ends: past the last record written out and
+    what the filters dropped after it, never past a record that was not written out."""
+
+    def __init__(self, start: int):
+        import xxhash
+
+        self.hasher = xxhash.xxh3_128()
+        self.emitted = 0
+        self.first_offset: int | None = None
+        self.last_offset: int | None = None
+        self.upto = start
+        self.maybe = 0  # records past those that a cut write to a terminal or socket may have sent
+
+    def add(self, records: Sequence[Record]) -> None:
+        from topics.pipeline import digest_records
+
+        if not records:
+            return
+        digest_records(self.hasher, records)
+        self.emitted += len(records)
+        if self.first_offset is None:
+            self.first_offset = records[0][0]
+        self.last_offset = records[-1][0]
+        self.upto = max(self.upto, records[-1][0] + 1)
+
+    def cut(self, records: Sequence[Record], whole: int, maybe: int) -> None:
+        self.add(records[:whole])
+        if whole < len(records):
+            self.upto = records[whole][0]  # the first record not written out
+        self.maybe = maybe
+
+    def progress(self, res: Result) -> None:
+        # the batch is all out: the range runs on to where the read is (records the filters dropped)
+        if self.emitted == res.emitted:
+            self.upto = max(self.upto, res.next_offset)
+
+    def result(self, res: Result) -> Result:
+        return Result(
+            emitted=self.emitted,
+            first_offset=self.first_offset,
+            last_offset=self.last_offset,
+            next_offset=self.upto,
+            gaps=[g for g in res.gaps if g[0] < self.upto],
+            hasher=self.hasher.copy(),
+        )
+
+
 def _replay_done(
     ref: TopicRef, res: Result, start: int, committed_to: list[int] | None, group: str | None
 ) -> dict[str, Any]:
@@ -1938,6 +2214,32 @@ class _Stops:
         self.timed = False  # the commit's grace timer runs
         self.first_at = 0.0  # when a stop held for a write came
         self.stop_at = 0.0  # when the first stop signal came
+        # Writer._write_tracked: inside a write call whose count must not be lost, a stop due
+        # now is only marked (`cut`) and raised by the writer once the call's bytes are counted
+        self.in_syscall = False
+        self.cut = False
+        self.cut_at = 0.0
+        # stdout as it was before a cut write pointed fd 1 at /dev/null: the done line may still
+        # go there (late_line); mid_record: the cut left part of a record there (None: not known)
+        self.kept_stdout: int | None = None
+        self.mid_record: bool | None = None
+
+    def _cut(self) -> None:
+        """A stop that cuts the write under way: raised now, or right after the write call that
+        is running has been counted (see Writer._write_tracked). A call that does not return
+        (a pipe another writer filled) is cut anyway after GRACE_S, its bytes then not known."""
+        if not self.in_syscall:
+            raise self._stop()
+        now = time.monotonic()
+        if not self.cut:
+            self.cut, self.cut_at = True, now
+        elif now - self.cut_at >= self.GRACE_S:
+            raise self._stop()
+        signal.setitimer(signal.ITIMER_REAL, 0.25)  # back here if the call does not return
+
+    def cut_now(self) -> KeyboardInterrupt:
+        self.cut = False
+        return self._stop()
 
     def _stop(self) -> KeyboardInterrupt:
         self.stopping = True
@@ -1981,11 +2283,13 @@ class _Stops:
             return
         if self.busy and time.monotonic() - self.first_at < self.SAME_STOP_S:
             return  # the same stop sent twice (timeout(1): to rq, then to its group), not a second
-        raise self._stop()
+        self._cut()
 
     def _overdue(self, _signum: int, _frame: object) -> None:
-        if (self.busy and self.pending) or (self.committing and self.timed):
-            raise self._stop()  # the write or commit did not finish in time: stop inside it
+        if self.busy and self.pending:
+            self._cut()  # the write did not finish in time: stop inside it
+        elif self.committing and self.timed:
+            raise self._stop()  # the commit did not finish in time: stop inside it
 
     def _time_commit(self) -> None:
         if not self.timed:
@@ -2034,13 +2338,19 @@ class _Stops:
         except KeyboardInterrupt:
             # Stopped inside a write (a stalled pipe): what is still buffered can never get out,
             # and flushing it at exit would block again. Stopped inside the sink's append (a slow
-            # disk), stdout has nothing of the batch and still takes the done line.
+            # disk), stdout has nothing of the batch and still takes the done line. The stdout
+            # it was is kept for that line (late_line: only if it takes it at once).
             if self.writing:
+                if self.kept_stdout is None:
+                    with contextlib.suppress(OSError, ValueError):
+                        self.kept_stdout = os.dup(sys.stdout.fileno())
                 _stdout_gone()
             raise
         finally:
             self.busy = False
             self.writing = False
+            self.in_syscall = False
+            self.cut = False
             signal.setitimer(signal.ITIMER_REAL, 0)
         if self.pending:
             self.pending = False
