@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -166,3 +167,19 @@ def cache_with_both_tiers(tmp_path: Path) -> tuple[Path, Path]:
         c.preload([str(src / "r")], tier="ram")
         assert {e.tier for e in c.entries()} == {"ram", "disk"}
         return src, c.layout.ram_root
+
+
+def preload_disk_cmd(src: Path, cache: Path, *extra: str) -> list[str]:
+    """`rq preload SRC/ --cache-dir CACHE --tier disk EXTRA…`, run by this interpreter."""
+    return [
+        sys.executable,
+        "-m",
+        "rqcli",
+        "preload",
+        f"{src}/",
+        "--cache-dir",
+        str(cache),
+        "--tier",
+        "disk",
+        *extra,
+    ]

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cachekit import preload_disk_cmd
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
 
@@ -19,18 +19,7 @@ CASES = [("pwrite64", "EIO", 1, "disk I/O error")]
 
 
 def _preload(src: Path, cache: Path, inject: str | None, *extra: str) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "rqcli",
-        "preload",
-        str(src) + "/",
-        "--cache-dir",
-        str(cache),
-        "--tier",
-        "disk",
-        *extra,
-    ]
+    cmd = preload_disk_cmd(src, cache, *extra)
     if inject is not None:  # one refused call (when=N, not N+), on the WAL of the index only
         wal = str(cache / "index.sqlite3-wal")
         trace = ["-e", "trace=pwrite64,fdatasync,fsync"]

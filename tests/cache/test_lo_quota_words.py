@@ -10,10 +10,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cachekit import preload_disk_cmd
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
 
@@ -21,18 +21,7 @@ pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="needs st
 def _preload(
     src: Path, cache: Path, *extra: str, refuse: tuple[str, Path] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "rqcli",
-        "preload",
-        str(src) + "/",
-        "--cache-dir",
-        str(cache),
-        "--tier",
-        "disk",
-        *extra,
-    ]
+    cmd = preload_disk_cmd(src, cache, *extra)
     if refuse is not None:  # link(2) onto that one path refused, every time
         error, path = refuse
         cmd = [

@@ -10,16 +10,14 @@ import io
 import json
 import logging
 import os
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from rqtest import popen_rq_with
 from tmpfs_kit import own_tmpfs
-from xfer_kit import REPO, Recv, journal_records, rq_cmd, rq_env, send, summary, wait_for
+from xfer_kit import REPO, Recv, interrupt_mid_send, rq_cmd, rq_env, send, summary
 
 from rqcli.exitcodes import ExitCode
 from rqcli.output import Output
@@ -106,24 +104,10 @@ def test_an_interrupted_send_says_what_the_receiver_holds_and_to_re_run(
     src = _file(tmp_path / "big.bin", 200)
     recv = Recv(tmp_path / "dest", tmp_path / "cert").start()
     receivers.append(recv)
-    assert recv.proc is not None
-    recv.proc.send_signal(signal.SIGSTOP)
-    proc = subprocess.Popen(
-        rq_cmd("send", str(src), recv.url, *recv.send_args(), "--chunk-size", "1M"),
-        env=rq_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=REPO,
-    )
-    try:
-        recv.proc.send_signal(signal.SIGCONT)
-        assert wait_for(lambda: journal_records(tmp_path / "dest") > 0, 30, step=0.005)
-        time.sleep(0.05)  # its ACKs reach the sender
-        recv.proc.send_signal(signal.SIGSTOP)
-        proc.send_signal(signal.SIGTERM)
-        rc, _, err = _communicate(proc, 30)
-    finally:
-        recv.proc.send_signal(signal.SIGCONT)
+    rc, _, stderr = interrupt_mid_send(
+        recv, src, "--chunk-size", "1M", settle=0.05
+    )  # (its ACKs reach the sender)
+    err = stderr.decode()
     assert rc == ExitCode.INTERRUPTED, err
     last = err.splitlines()[-1]
     assert last.startswith("rq: stopped by SIGTERM; the receiver confirmed "), err
@@ -165,20 +149,7 @@ def test_a_resumed_send_names_the_bytes_already_on_the_receiver(
     src = _file(tmp_path / "ckpt.bin", 64)
     recv = Recv(tmp_path / "dest", tmp_path / "cert", "tcp").start()
     receivers.append(recv)
-    assert recv.proc is not None
-    recv.proc.send_signal(signal.SIGSTOP)
-    proc = subprocess.Popen(
-        rq_cmd("send", str(src), recv.url, *recv.send_args(), "--chunk-size", "1M"),
-        env=rq_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
-    )  # fmt: skip
-    try:
-        recv.proc.send_signal(signal.SIGCONT)
-        assert wait_for(lambda: journal_records(tmp_path / "dest") > 0, 30, step=0.005)
-        recv.proc.send_signal(signal.SIGSTOP)
-        proc.send_signal(signal.SIGTERM)
-        _communicate(proc, 30)
-    finally:
-        recv.proc.send_signal(signal.SIGCONT)
+    interrupt_mid_send(recv, src, "--chunk-size", "1M")
     res = subprocess.run(
         rq_cmd("send", str(src), recv.url, *recv.send_args(), "--chunk-size", "1M"),
         env=rq_env(), capture_output=True, timeout=60, cwd=REPO, check=False,
@@ -202,20 +173,7 @@ def test_files_restarted_for_a_changed_source_are_named_on_both_sides(
     big = _file(ckpt / "shard-0.bin", 64)
     recv = Recv(tmp_path / "dest", tmp_path / "cert", "tcp").start()
     receivers.append(recv)
-    assert recv.proc is not None
-    recv.proc.send_signal(signal.SIGSTOP)
-    proc = subprocess.Popen(
-        rq_cmd("send", str(ckpt), recv.url, *recv.send_args(), "--chunk-size", "1M"),
-        env=rq_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
-    )  # fmt: skip
-    try:
-        recv.proc.send_signal(signal.SIGCONT)
-        assert wait_for(lambda: journal_records(tmp_path / "dest") > 0, 30, step=0.005)
-        recv.proc.send_signal(signal.SIGSTOP)
-        proc.send_signal(signal.SIGTERM)
-        _communicate(proc, 30)
-    finally:
-        recv.proc.send_signal(signal.SIGCONT)
+    interrupt_mid_send(recv, ckpt, "--chunk-size", "1M")
     _file(big, 64)  # the trainer wrote a new shard meanwhile
     res = send([ckpt], recv, "--chunk-size", "1M")
     assert res.returncode == 0, res.stderr

@@ -15,7 +15,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from xfer_kit import REPO, Recv, Relay, journal_records, rq_cmd, rq_env, send, summary, wait_for
+from xfer_kit import (
+    REPO,
+    Recv,
+    Relay,
+    interrupt_mid_send,
+    journal_records,
+    rq_cmd,
+    rq_env,
+    send,
+    summary,
+    wait_for,
+)
 
 from rqcli.exitcodes import ExitCode
 
@@ -151,23 +162,8 @@ def test_ctrl_c_or_sigterm_mid_send_still_ends_the_json_with_a_summary(
     recv = Recv(tmp_path / "dest", tmp_path / "cert").start()
     receivers.append(recv)
     assert recv.proc is not None
-    recv.proc.send_signal(signal.SIGSTOP)  # holds the send mid-way until the Ctrl-C
-    proc = subprocess.Popen(
-        rq_cmd("send", str(src), recv.url, *recv.send_args(), "--json", "--chunk-size", "1M"),
-        env=rq_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=REPO,
-    )
-    try:
-        recv.proc.send_signal(signal.SIGCONT)
-        assert wait_for(lambda: journal_records(tmp_path / "dest") > 0, 30, step=0.005)
-        recv.proc.send_signal(signal.SIGSTOP)
-        proc.send_signal(sig)
-        out, err = proc.communicate(timeout=30)
-    finally:
-        recv.proc.send_signal(signal.SIGCONT)
-    assert proc.returncode == ExitCode.INTERRUPTED, err
+    rc, out, err = interrupt_mid_send(recv, src, "--json", "--chunk-size", "1M", sig=sig)
+    assert rc == ExitCode.INTERRUPTED, err
     why = "interrupted" if sig == signal.SIGINT else "stopped by SIGTERM"
     # (Click added an empty line before); the line goes on with what the receiver holds (dt)
     (line,) = err.decode().splitlines()

@@ -509,3 +509,28 @@ def send_while_stopped(
     finally:
         stopper.join()
         recv.stop()
+
+
+def interrupt_mid_send(
+    recv: Recv, source: Path, *args: str, sig: int = signal.SIGTERM, settle: float = 0.0
+) -> tuple[int, bytes, bytes]:
+    """`rq send SOURCE` to `recv` (with `args`), stopped by `sig` mid-way: the receiver is held
+    (SIGSTOP) until the sender runs, let go until it has journaled a chunk (plus `settle` seconds,
+    for its ACKs to reach the sender), held again, and the signal sent. Returns the sender's exit
+    code, stdout and stderr; the receiver is left running."""
+    assert recv.proc is not None
+    recv.proc.send_signal(signal.SIGSTOP)
+    proc = subprocess.Popen(
+        rq_cmd("send", str(source), recv.url, *recv.send_args(), *args),
+        env=rq_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO,
+    )  # fmt: skip
+    try:
+        recv.proc.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: journal_records(recv.dest) > 0, 30, step=0.005)
+        time.sleep(settle)
+        recv.proc.send_signal(signal.SIGSTOP)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        recv.proc.send_signal(signal.SIGCONT)
+    return proc.returncode, out, err
