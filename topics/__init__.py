@@ -44,18 +44,21 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module on first use (and kept here); after a plain `import
-    topics`, `topics.expr`, `topics.savedspec`, … are there on first use too, as they were when this
-    module imported them all."""
-    module = _LAZY.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value
-        return value
-    if not name.startswith("_") and importlib.util.find_spec(f"topics.{name}") is not None:
-        return importlib.import_module(f"topics.{name}")
-    raise AttributeError(f"module 'topics' has no attribute {name!r}")
+if not TYPE_CHECKING:
+    # (hidden from type checkers: a module __getattr__ makes mypy take every attribute as Any, and
+    # `topics.ReplaySpek` would no longer be flagged; the TYPE_CHECKING imports above type the names)
+    def __getattr__(name: str) -> Any:
+        """A public name, imported from its module on first use (and kept here); after a plain `import
+        topics`, `topics.expr`, `topics.savedspec`, … are there on first use too, as they were when this
+        module imported them all."""
+        module = _LAZY.get(name)
+        if module is not None:
+            value = getattr(importlib.import_module(module), name)
+            globals()[name] = value
+            return value
+        if not name.startswith("_") and importlib.util.find_spec(f"topics.{name}") is not None:
+            return importlib.import_module(f"topics.{name}")
+        raise AttributeError(f"module 'topics' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:

@@ -136,3 +136,17 @@ def test_cache_s3_settings_as_before(tmp_path: Path) -> None:
         copy.close()
     finally:
         c.close()
+
+
+def test_type_checkers_still_see_topics_names(tmp_path: Path) -> None:
+    """A module-level __getattr__ made mypy take every attribute of `topics` as Any: a misspelt
+    `topics.ReplaySpek` passed (dr8). It is hidden from type checkers; the real names keep types."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("import topics\ntopics.ReplaySpek\nreveal_type(topics.ReplaySpec)\n")
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", "/dev/null", "--no-error-summary", str(probe)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=repo,
+    )  # fmt: skip
+    assert 'has no attribute "ReplaySpek"' in out.stdout, out.stdout + out.stderr
+    assert "topics.savedspec.ReplaySpec" in out.stdout, out.stdout
