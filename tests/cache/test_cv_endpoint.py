@@ -28,6 +28,15 @@ def _endpoints(services: Any) -> tuple[str, str]:
     return one, one.replace("127.0.0.1", "localhost")
 
 
+def _cached_from(s3_client: Any, bucket: str, root: Path, ram_dir: Path, endpoint: str, body: bytes) -> str:
+    """s3://BUCKET/k.bin holding `body`, read into the cache at `root` through `endpoint`."""
+    url = f"s3://{bucket}/k.bin"
+    s3_client.put_object(Bucket=bucket, Key="k.bin", Body=body)
+    with Cache(root, ram_dir=ram_dir, endpoint_url=endpoint) as c:
+        c.read_bytes(url)
+    return url
+
+
 def test_an_entry_from_another_endpoint_is_not_served_as_this_ones(
     s3_client: Any, bucket: str, aws_env: dict[str, str], services: Any, tmp_path: Path, ram_dir: Path
 ) -> None:
@@ -64,11 +73,8 @@ def test_a_copy_from_another_endpoint_served_unchecked_says_where_it_came_from(
     s3_client: Any, bucket: str, aws_env: dict[str, str], services: Any, tmp_path: Path, ram_dir: Path
 ) -> None:
     staging, _ = _endpoints(services)
-    url = f"s3://{bucket}/k.bin"
-    s3_client.put_object(Bucket=bucket, Key="k.bin", Body=b"staging bytes")
     root = tmp_path / "c"
-    with Cache(root, ram_dir=ram_dir, endpoint_url=staging) as c:
-        c.read_bytes(url)
+    url = _cached_from(s3_client, bucket, root, ram_dir, staging, b"staging bytes")
     events: list[Any] = []
     with Cache(root, endpoint_url="http://127.0.0.1:9", on_event=events.append) as c:
         assert c.read_bytes(url) == b"staging bytes"  # (as any copy whose store cannot be asked)
@@ -80,11 +86,8 @@ def test_an_index_made_before_the_column_gets_it_and_old_rows_are_revalidated(
     s3_client: Any, bucket: str, aws_env: dict[str, str], services: Any, tmp_path: Path, ram_dir: Path
 ) -> None:
     staging, prod = _endpoints(services)
-    url = f"s3://{bucket}/k.bin"
-    s3_client.put_object(Bucket=bucket, Key="k.bin", Body=b"one")
     root = tmp_path / "c"
-    with Cache(root, ram_dir=ram_dir, endpoint_url=staging) as c:
-        c.read_bytes(url)
+    url = _cached_from(s3_client, bucket, root, ram_dir, staging, b"one")
     # the index as the rq before this change left it: no endpoint column, user_version 1
     db = sqlite3.connect(root / "index.sqlite3")
     db.execute("ALTER TABLE entries DROP COLUMN endpoint")
